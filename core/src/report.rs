@@ -1,0 +1,106 @@
+//! What a process reports when its part of a snapshot is complete, and why a snapshot
+//! can fail.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::ops::Range;
+
+use crate::types::{ChannelId, NodeId, SnapshotId};
+use crate::verifier::Violation;
+
+/// The receiving side of one incoming channel's cut (docs/architecture.md §4).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct IncomingCut {
+    /// Data messages delivered to the application before it recorded its state.
+    pub delivered: u64,
+    /// Data messages that preceded the snapshot's marker on the channel.
+    pub marker_at: u64,
+}
+
+impl IncomingCut {
+    /// The data indices the receiver records: after its state, before the marker.
+    pub fn recorded(&self) -> Range<u64> {
+        self.delivered.min(self.marker_at)..self.marker_at
+    }
+}
+
+/// The sending side of one outgoing channel's cut.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OutgoingCut {
+    /// Data messages the application sent on the channel before it recorded its state.
+    pub sent: u64,
+    /// Data messages that preceded the snapshot's marker on the channel.
+    pub marker_at: u64,
+}
+
+impl OutgoingCut {
+    /// The data indices the sender records: after the marker, before its state (an
+    /// unaligned marker overtook them, or the application sent them while the marker was
+    /// already out).
+    pub fn recorded(&self) -> Range<u64> {
+        self.marker_at..self.sent.max(self.marker_at)
+    }
+}
+
+/// One process's counters for one snapshot, emitted by the engine when the process's part
+/// is complete.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LocalReport {
+    /// The snapshot.
+    pub id: SnapshotId,
+    /// The reporting process.
+    pub node: NodeId,
+    /// One entry per incoming channel.
+    pub incoming: BTreeMap<ChannelId, IncomingCut>,
+    /// One entry per outgoing channel.
+    pub outgoing: BTreeMap<ChannelId, OutgoingCut>,
+}
+
+/// Why a snapshot failed or was aborted. Each names the process or channel concerned.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FailureReason {
+    /// The snapshot passed its timeout; these processes had not reported.
+    Timeout {
+        /// The processes that had not reported.
+        missing: Vec<NodeId>,
+    },
+    /// A participant crashed, left or restarted.
+    NodeLost(NodeId),
+    /// A channel was reset: its peer came back with a new incarnation.
+    ChannelReset(ChannelId),
+    /// The verifier rejected the cut.
+    Inconsistent(Violation),
+    /// The process had no application attached when it had to record its local state.
+    NoApplication(NodeId),
+    /// The coordinator restarted while the snapshot was in flight.
+    CoordinatorRestarted,
+    /// A restore fenced the cluster with a new epoch.
+    Restore,
+    /// A process shut down while the snapshot was in flight.
+    Shutdown(NodeId),
+    /// Storing the snapshot's parts failed.
+    Storage(String),
+    /// A user aborted it.
+    Aborted(String),
+}
+
+impl fmt::Display for FailureReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Timeout { missing } => {
+                write!(f, "timed out; not reported: ")?;
+                let names: Vec<&str> = missing.iter().map(NodeId::as_str).collect();
+                f.write_str(&names.join(", "))
+            }
+            Self::NodeLost(node) => write!(f, "node {node} was lost"),
+            Self::ChannelReset(channel) => write!(f, "channel {channel} was reset"),
+            Self::Inconsistent(violation) => write!(f, "inconsistent cut: {violation}"),
+            Self::NoApplication(node) => write!(f, "node {node} has no application attached"),
+            Self::CoordinatorRestarted => f.write_str("coordinator restarted"),
+            Self::Restore => f.write_str("a restore started a new epoch"),
+            Self::Shutdown(node) => write!(f, "node {node} shut down"),
+            Self::Storage(why) => write!(f, "storage failed: {why}"),
+            Self::Aborted(why) => write!(f, "aborted: {why}"),
+        }
+    }
+}

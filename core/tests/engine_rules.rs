@@ -1,0 +1,529 @@
+//! One state, one event, the exact commands: each rule of Chandy–Lamport and each mode's
+//! difference, as the engine implements it.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+
+use cairn_core::{
+    ChannelId, Command, Event, FailureReason, Ignored, IncomingCut, LocalReport, NodeId, Outcome,
+    OutgoingCut, Plan, SnapshotEngine, SnapshotId, SnapshotMode, Topology,
+};
+
+fn ch(from: &str, to: &str) -> ChannelId {
+    ChannelId::new(from, to)
+}
+
+/// `b` in a full mesh of a, b, c: incoming a->b, c->b; outgoing b->a, b->c.
+fn mesh_b() -> SnapshotEngine {
+    let t = Topology::full_mesh(["a", "b", "c"].map(NodeId::from));
+    SnapshotEngine::new("b".into(), t)
+}
+
+/// `b` waiting on two channels in aligned mode from initiator a: a->b, a->c, c->b, b->a.
+/// The depth-first search from a makes only b->a (into the initiator) a feedback channel.
+fn dag_b() -> SnapshotEngine {
+    let t = Topology::from_channels(
+        ["a", "b", "c"].map(NodeId::from),
+        [ch("a", "b"), ch("a", "c"), ch("c", "b"), ch("b", "a")],
+    )
+    .unwrap();
+    SnapshotEngine::new("b".into(), t)
+}
+
+fn plan(id: u64, mode: SnapshotMode, initiator: &str) -> Plan {
+    Plan::new(id, mode, initiator)
+}
+
+fn feed(e: &mut SnapshotEngine, event: Event) -> Vec<Command> {
+    assert_eq!(e.handle(event), Outcome::Applied);
+    e.drain_commands().collect()
+}
+
+fn marker(from: &str, p: &Plan) -> Event {
+    Event::MarkerReceived {
+        channel: ch(from, "b"),
+        plan: p.clone(),
+    }
+}
+
+fn received(c: ChannelId, count: u64) -> Event {
+    Event::DataReceived { channel: c, count }
+}
+fn delivered(c: ChannelId, count: u64) -> Event {
+    Event::DataDelivered { channel: c, count }
+}
+fn queued(c: ChannelId, count: u64) -> Event {
+    Event::DataQueued { channel: c, count }
+}
+fn transmitted(c: ChannelId, count: u64) -> Event {
+    Event::DataTransmitted { channel: c, count }
+}
+
+fn record(id: u64, c: ChannelId, indices: std::ops::Range<u64>) -> Command {
+    Command::RecordChannelMessages {
+        id: SnapshotId(id),
+        channel: c,
+        indices,
+    }
+}
+
+fn marker_out(to: &str, p: &Plan, front: bool) -> Command {
+    Command::SendMarker {
+        channel: ch("b", to),
+        plan: p.clone(),
+        front,
+    }
+}
+
+#[test]
+fn initiator_records_its_state_behind_the_inbox_and_waits_for_it_before_sending_markers() {
+    let mut e = mesh_b();
+    let p = plan(1, SnapshotMode::ChandyLamport, "b");
+    assert_eq!(
+        feed(&mut e, Event::SnapshotInitiated { plan: p }),
+        vec![Command::EnqueueRecordState {
+            id: SnapshotId(1),
+            front: false
+        }]
+    );
+}
+
+#[test]
+fn recorded_state_sends_a_marker_behind_the_queue_on_every_outgoing_channel() {
+    let mut e = mesh_b();
+    let p = plan(1, SnapshotMode::ChandyLamport, "b");
+    feed(&mut e, Event::SnapshotInitiated { plan: p.clone() });
+    assert_eq!(
+        feed(&mut e, Event::StateRecorded { id: SnapshotId(1) }),
+        vec![marker_out("a", &p, false), marker_out("c", &p, false)]
+    );
+}
+
+#[test]
+fn first_marker_records_the_state_and_its_channel_is_empty() {
+    let mut e = mesh_b();
+    let p = plan(1, SnapshotMode::ChandyLamport, "a");
+    feed(&mut e, received(ch("a", "b"), 4));
+    assert_eq!(
+        feed(&mut e, marker("a", &p)),
+        vec![Command::EnqueueRecordState {
+            id: SnapshotId(1),
+            front: false
+        }]
+    );
+    // Messages on a->b after its marker belong after the cut: not recorded.
+    assert_eq!(feed(&mut e, received(ch("a", "b"), 2)), vec![]);
+}
+
+#[test]
+fn messages_arriving_after_recording_and_before_the_marker_are_channel_state() {
+    let mut e = mesh_b();
+    let p = plan(1, SnapshotMode::ChandyLamport, "a");
+    feed(&mut e, received(ch("c", "b"), 3));
+    feed(&mut e, marker("a", &p));
+    assert_eq!(
+        feed(&mut e, received(ch("c", "b"), 2)),
+        vec![record(1, ch("c", "b"), 3..5)]
+    );
+}
+
+#[test]
+fn marker_on_last_channel_completes_local_snapshot() {
+    let mut e = mesh_b();
+    let p = plan(7, SnapshotMode::ChandyLamport, "a");
+    feed(&mut e, queued(ch("b", "a"), 2));
+    feed(&mut e, received(ch("c", "b"), 1));
+    feed(&mut e, marker("a", &p));
+    feed(&mut e, Event::StateRecorded { id: SnapshotId(7) });
+    feed(&mut e, received(ch("c", "b"), 2));
+    let report = LocalReport {
+        id: SnapshotId(7),
+        node: "b".into(),
+        incoming: BTreeMap::from([
+            (
+                ch("a", "b"),
+                IncomingCut {
+                    delivered: 0,
+                    marker_at: 0,
+                },
+            ),
+            (
+                ch("c", "b"),
+                IncomingCut {
+                    delivered: 1,
+                    marker_at: 3,
+                },
+            ),
+        ]),
+        outgoing: BTreeMap::from([
+            (
+                ch("b", "a"),
+                OutgoingCut {
+                    sent: 2,
+                    marker_at: 2,
+                },
+            ),
+            (
+                ch("b", "c"),
+                OutgoingCut {
+                    sent: 0,
+                    marker_at: 0,
+                },
+            ),
+        ]),
+    };
+    assert_eq!(
+        feed(&mut e, marker("c", &p)),
+        vec![Command::ReportLocalDone { report }]
+    );
+    assert_eq!(e.in_flight().count(), 0);
+}
+
+#[test]
+fn second_marker_on_a_channel_is_ignored() {
+    let mut e = mesh_b();
+    let p = plan(1, SnapshotMode::ChandyLamport, "a");
+    feed(&mut e, marker("a", &p));
+    assert_eq!(
+        e.handle(marker("a", &p)),
+        Outcome::Ignored(Ignored::DuplicateMarker)
+    );
+}
+
+#[test]
+fn marker_of_a_finished_snapshot_is_ignored() {
+    let t = Topology::from_channels(["a", "b"].map(NodeId::from), [ch("a", "b")]).unwrap();
+    let mut e = SnapshotEngine::new("b".into(), t);
+    let p = plan(1, SnapshotMode::ChandyLamport, "a");
+    feed(&mut e, marker("a", &p));
+    feed(&mut e, Event::StateRecorded { id: SnapshotId(1) });
+    assert_eq!(
+        e.handle(marker("a", &p)),
+        Outcome::Ignored(Ignored::FinishedSnapshot)
+    );
+}
+
+#[test]
+fn state_for_an_unknown_snapshot_is_ignored() {
+    let mut e = mesh_b();
+    assert_eq!(
+        e.handle(Event::StateRecorded { id: SnapshotId(9) }),
+        Outcome::Ignored(Ignored::UnknownSnapshot)
+    );
+}
+
+#[test]
+fn unaligned_record_request_overtakes_the_inbox_which_becomes_channel_state() {
+    let mut e = mesh_b();
+    let p = plan(2, SnapshotMode::Unaligned, "a");
+    feed(&mut e, received(ch("a", "b"), 3));
+    feed(&mut e, delivered(ch("a", "b"), 1));
+    feed(&mut e, received(ch("c", "b"), 2));
+    let commands = feed(&mut e, marker("a", &p));
+    assert_eq!(
+        commands,
+        vec![
+            Command::EnqueueRecordState {
+                id: SnapshotId(2),
+                front: true
+            },
+            record(2, ch("a", "b"), 1..3),
+            record(2, ch("c", "b"), 0..2),
+            marker_out("a", &p, true),
+            marker_out("c", &p, true),
+        ]
+    );
+}
+
+#[test]
+fn unaligned_marker_overtakes_the_outgoing_queue_which_the_sender_records() {
+    let mut e = mesh_b();
+    let p = plan(2, SnapshotMode::Unaligned, "b");
+    feed(&mut e, queued(ch("b", "a"), 5));
+    feed(&mut e, transmitted(ch("b", "a"), 2));
+    assert_eq!(
+        feed(&mut e, Event::SnapshotInitiated { plan: p.clone() }),
+        vec![
+            Command::EnqueueRecordState {
+                id: SnapshotId(2),
+                front: true
+            },
+            marker_out("a", &p, true),
+            record(2, ch("b", "a"), 2..5),
+            marker_out("c", &p, true),
+        ]
+    );
+    // Sent after the marker but before the application's state: recorded by the sender.
+    assert_eq!(
+        feed(&mut e, queued(ch("b", "c"), 1)),
+        vec![record(2, ch("b", "c"), 0..1)]
+    );
+    feed(&mut e, Event::StateRecorded { id: SnapshotId(2) });
+    assert_eq!(feed(&mut e, queued(ch("b", "c"), 1)), vec![]);
+}
+
+#[test]
+fn aligned_marker_blocks_its_channel_until_every_marker_arrived() {
+    let mut e = dag_b();
+    let p = plan(3, SnapshotMode::Aligned, "a");
+    // b waits on a->b and c->b.
+    assert_eq!(
+        feed(&mut e, marker("a", &p)),
+        vec![Command::BlockChannel {
+            channel: ch("a", "b")
+        }]
+    );
+    assert!(e.is_blocked(&ch("a", "b")));
+    assert_eq!(
+        feed(&mut e, marker("c", &p)),
+        vec![
+            Command::EnqueueRecordState {
+                id: SnapshotId(3),
+                front: false
+            },
+            Command::UnblockChannel {
+                channel: ch("a", "b")
+            },
+        ]
+    );
+}
+
+#[test]
+fn aligned_initiator_never_waits_for_markers() {
+    let t = Topology::ring(["a", "b", "c"].map(NodeId::from));
+    let mut e = SnapshotEngine::new("a".into(), t);
+    let p = plan(4, SnapshotMode::Aligned, "a");
+    // a is the initiator; a marker for its own snapshot reaching it first (before the
+    // coordinator's initiation) must not make it wait.
+    assert_eq!(
+        feed(
+            &mut e,
+            Event::MarkerReceived {
+                channel: ch("c", "a"),
+                plan: p
+            }
+        ),
+        vec![Command::EnqueueRecordState {
+            id: SnapshotId(4),
+            front: false
+        }]
+    );
+}
+
+#[test]
+fn aligned_full_mesh_waits_only_on_the_depth_first_tree() {
+    // From initiator a the search runs a -> b -> c, so c->b closes a cycle: b waits on
+    // a->b alone.
+    let mut e = mesh_b();
+    let p = plan(3, SnapshotMode::Aligned, "a");
+    assert_eq!(
+        feed(&mut e, marker("a", &p)),
+        vec![Command::EnqueueRecordState {
+            id: SnapshotId(3),
+            front: false
+        }]
+    );
+}
+
+#[test]
+fn aligned_feedback_marker_before_recording_holds_the_channel_without_waiting() {
+    // a -> b, b -> c, c -> b, initiator a: c->b closes the cycle b -> c -> b (feedback).
+    let t = Topology::from_channels(
+        ["a", "b", "c"].map(NodeId::from),
+        [ch("a", "b"), ch("b", "c"), ch("c", "b")],
+    )
+    .unwrap();
+    let mut e = SnapshotEngine::new("b".into(), t);
+    let p = plan(5, SnapshotMode::Aligned, "a");
+    assert_eq!(
+        feed(
+            &mut e,
+            Event::MarkerReceived {
+                channel: ch("c", "b"),
+                plan: p.clone()
+            }
+        ),
+        vec![Command::BlockChannel {
+            channel: ch("c", "b")
+        }]
+    );
+    assert_eq!(
+        feed(
+            &mut e,
+            Event::MarkerReceived {
+                channel: ch("a", "b"),
+                plan: p
+            }
+        ),
+        vec![
+            Command::EnqueueRecordState {
+                id: SnapshotId(5),
+                front: false
+            },
+            Command::UnblockChannel {
+                channel: ch("c", "b")
+            },
+        ]
+    );
+}
+
+#[test]
+fn aligned_first_marker_schedules_the_alignment_timeout() {
+    let mut e = dag_b();
+    let mut p = plan(6, SnapshotMode::Aligned, "a");
+    p.alignment_timeout = Some(Duration::from_millis(100));
+    assert_eq!(
+        feed(&mut e, marker("a", &p)),
+        vec![
+            Command::ScheduleAlignmentTimeout {
+                id: SnapshotId(6),
+                after: Duration::from_millis(100)
+            },
+            Command::BlockChannel {
+                channel: ch("a", "b")
+            },
+        ]
+    );
+}
+
+#[test]
+fn alignment_timeout_switches_to_unaligned_recording() {
+    let mut e = dag_b();
+    let mut p = plan(6, SnapshotMode::Aligned, "a");
+    p.alignment_timeout = Some(Duration::from_millis(100));
+    feed(&mut e, received(ch("a", "b"), 2));
+    feed(&mut e, received(ch("c", "b"), 1));
+    feed(&mut e, marker("a", &p));
+    feed(&mut e, queued(ch("b", "a"), 1));
+    assert_eq!(
+        feed(&mut e, Event::AlignmentTimedOut { id: SnapshotId(6) }),
+        vec![
+            Command::EnqueueRecordState {
+                id: SnapshotId(6),
+                front: true
+            },
+            record(6, ch("a", "b"), 0..2),
+            record(6, ch("c", "b"), 0..1),
+            Command::UnblockChannel {
+                channel: ch("a", "b")
+            },
+            marker_out("a", &p, true),
+            record(6, ch("b", "a"), 0..1),
+        ]
+    );
+    assert_eq!(
+        e.handle(Event::AlignmentTimedOut { id: SnapshotId(6) }),
+        Outcome::Ignored(Ignored::NotAligning)
+    );
+}
+
+#[test]
+fn channel_reset_aborts_every_snapshot_in_flight_naming_the_channel() {
+    let mut e = dag_b();
+    let p = plan(8, SnapshotMode::Aligned, "a");
+    feed(&mut e, marker("a", &p));
+    assert_eq!(
+        feed(
+            &mut e,
+            Event::ChannelReset {
+                channel: ch("a", "b")
+            }
+        ),
+        vec![
+            Command::UnblockChannel {
+                channel: ch("a", "b")
+            },
+            Command::Abort {
+                id: SnapshotId(8),
+                reason: FailureReason::ChannelReset(ch("a", "b"))
+            },
+        ]
+    );
+    assert_eq!(
+        e.handle(marker("c", &p)),
+        Outcome::Ignored(Ignored::FinishedSnapshot)
+    );
+}
+
+#[test]
+fn abort_of_a_snapshot_not_yet_seen_makes_its_late_markers_harmless() {
+    let mut e = mesh_b();
+    let p = plan(9, SnapshotMode::ChandyLamport, "a");
+    let reason = FailureReason::Aborted("by test".into());
+    assert_eq!(
+        feed(
+            &mut e,
+            Event::SnapshotAborted {
+                id: SnapshotId(9),
+                reason
+            }
+        ),
+        vec![]
+    );
+    assert_eq!(
+        e.handle(marker("a", &p)),
+        Outcome::Ignored(Ignored::FinishedSnapshot)
+    );
+}
+
+#[test]
+fn concurrent_snapshots_keep_separate_cuts() {
+    let mut e = mesh_b();
+    let p1 = plan(1, SnapshotMode::ChandyLamport, "a");
+    let p2 = plan(2, SnapshotMode::ChandyLamport, "c");
+    feed(&mut e, marker("a", &p1));
+    feed(&mut e, received(ch("c", "b"), 1));
+    feed(&mut e, marker("c", &p2));
+    // c->b is recording for snapshot 1 only (snapshot 2's marker already came on it);
+    // a->b is recording for snapshot 2 only.
+    assert_eq!(
+        feed(&mut e, received(ch("c", "b"), 1)),
+        vec![record(1, ch("c", "b"), 1..2)]
+    );
+    assert_eq!(
+        feed(&mut e, received(ch("a", "b"), 1)),
+        vec![record(2, ch("a", "b"), 0..1)]
+    );
+    let ids: BTreeSet<SnapshotId> = e.in_flight().collect();
+    assert_eq!(ids, BTreeSet::from([SnapshotId(1), SnapshotId(2)]));
+}
+
+#[test]
+fn process_without_incoming_channels_is_done_once_its_state_is_recorded() {
+    let t = Topology::from_channels(["a", "b"].map(NodeId::from), [ch("a", "b")]).unwrap();
+    let mut e = SnapshotEngine::new("a".into(), t);
+    let p = plan(1, SnapshotMode::ChandyLamport, "a");
+    feed(&mut e, Event::SnapshotInitiated { plan: p.clone() });
+    let commands = feed(&mut e, Event::StateRecorded { id: SnapshotId(1) });
+    assert_eq!(commands.len(), 2);
+    assert_eq!(
+        commands[0],
+        Command::SendMarker {
+            channel: ch("a", "b"),
+            plan: p,
+            front: false
+        }
+    );
+    assert!(matches!(commands[1], Command::ReportLocalDone { .. }));
+}
+
+#[test]
+fn events_on_channels_that_are_not_ours_are_ignored() {
+    let mut e = mesh_b();
+    assert_eq!(
+        e.handle(received(ch("a", "c"), 1)),
+        Outcome::Ignored(Ignored::UnknownChannel)
+    );
+    let p = plan(1, SnapshotMode::ChandyLamport, "a");
+    assert_eq!(
+        e.handle(Event::MarkerReceived {
+            channel: ch("b", "a"),
+            plan: p
+        }),
+        Outcome::Ignored(Ignored::UnknownChannel)
+    );
+    assert_eq!(
+        e.handle(delivered(ch("b", "a"), 1)),
+        Outcome::Ignored(Ignored::UnknownChannel)
+    );
+}

