@@ -43,6 +43,12 @@ cargo fmt --all --check
 say "cargo clippy --workspace --all-targets -- -D warnings"
 cargo clippy --workspace --all-targets --locked -- -D warnings
 
+say "cairn-core stays pure (no tokio, tonic, prost, etcd-client)"
+if cargo tree -p cairn-core -e normal --prefix none --locked | grep -E '^(tokio|tonic|prost|etcd-client) '; then
+  echo "error: cairn-core depends on an I/O crate (above); keep the algorithm sans-IO" >&2
+  exit 1
+fi
+
 say "cargo test --workspace"
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT

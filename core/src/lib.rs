@@ -23,6 +23,26 @@
 //! record request into the application's inbox, send a marker, keep a copy of these
 //! messages as channel state, hold a channel back, report the part as done.
 //!
+//! ```
+//! use cairn_core::{ChannelId, Command, Event, NodeId, Plan, SnapshotEngine, SnapshotMode, Topology};
+//!
+//! // Process b of a two-process ring a -> b -> a.
+//! let topology = Topology::ring([NodeId::from("a"), NodeId::from("b")]);
+//! let mut engine = SnapshotEngine::new("b".into(), topology);
+//!
+//! // The first marker of snapshot 1 arrives from a: record the local state.
+//! let plan = Plan::new(1, SnapshotMode::ChandyLamport, "a");
+//! engine.handle(Event::MarkerReceived { channel: ChannelId::new("a", "b"), plan: plan.clone() });
+//! let commands: Vec<Command> = engine.drain_commands().collect();
+//! assert_eq!(commands, [Command::EnqueueRecordState { id: plan.id, front: false }]);
+//!
+//! // The application answered: the marker goes out and b's part is complete.
+//! engine.handle(Event::StateRecorded { id: plan.id });
+//! let commands: Vec<Command> = engine.drain_commands().collect();
+//! assert!(matches!(&commands[0], Command::SendMarker { channel, .. } if channel == &ChannelId::new("b", "a")));
+//! assert!(matches!(&commands[1], Command::ReportLocalDone { .. }));
+//! ```
+//!
 //! # Layout
 //!
 //! - [`types`]: [`NodeId`], [`SnapshotId`], [`ChannelId`], [`SnapshotMode`], [`Plan`].
