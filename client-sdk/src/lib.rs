@@ -1,8 +1,62 @@
-//! `cairn-sdk`: the Rust SDK an application links, `cairnctl`, and the bank example.
+//! `cairn-sdk`: what an application links to live under cairn.
 //!
-//! Not built yet: it arrives with the node daemon issue. The crate exists so the
-//! workspace has its final shape.
+//! An application talks to the cairn daemon beside it over one [`AppSession`]: it sends
+//! messages to other nodes, receives theirs, and — when a snapshot reaches it — records
+//! its local state. The session's two directions are ordered, which is what makes the
+//! cut exact without pausing anything: messages received before
+//! [`AppEvent::RecordState`] belong in the state, and messages sent before
+//! [`AppSender::state_recorded`] precede the snapshot's marker.
+//!
+//! A message and the state change it stands for must be on the same side of the cut:
+//! reserve room first, then change the state and send in one critical section.
+//!
+//! ```no_run
+//! use std::sync::{Arc, Mutex};
+//! use cairn_sdk::{AppEvent, AppSession};
+//!
+//! # async fn example() -> Result<(), cairn_sdk::Error> {
+//! let mut session = AppSession::connect("127.0.0.1:7200", "counter").await?;
+//! let sender = session.sender();
+//! let count = Arc::new(Mutex::new(0u64));
+//!
+//! // Sending: reserve (may wait), then change state and send together.
+//! let permit = sender.reserve().await?;
+//! {
+//!     let mut c = count.lock().unwrap();
+//!     *c += 1;
+//!     permit.send("n2", bytes::Bytes::from_static(b"hello"))?;
+//! }
+//!
+//! // Receiving, and recording the state when asked.
+//! while let Some(event) = session.next_event().await? {
+//!     match event {
+//!         AppEvent::Message { from, payload } => println!("{from}: {payload:?}"),
+//!         AppEvent::RecordState { snapshot_id } => {
+//!             let c = count.lock().unwrap();
+//!             sender.state_recorded(snapshot_id, c.to_string().into())?;
+//!         }
+//!         AppEvent::Restore { state, .. } => {
+//!             *count.lock().unwrap() = String::from_utf8_lossy(&state).parse().unwrap_or(0);
+//!         }
+//!     }
+//! }
+//! # Ok(()) }
+//! ```
 //!
 //! # Layout
 //!
-//! Empty for now.
+//! - [`session`]: [`AppSession`], [`AppSender`], [`SendPermit`], [`AppEvent`].
+//! - [`coordinator`]: [`CoordinatorClient`].
+//! - [`bank`]: the `cairn-bank` example application.
+//! - [`error`]: [`Error`], with [`Error::is_retryable`].
+
+#![forbid(unsafe_code)]
+
+pub mod bank;
+pub mod coordinator;
+pub mod error;
+pub mod session;
+
+pub use coordinator::CoordinatorClient;
+pub use error::Error;
+pub use session::{AppEvent, AppSender, AppSession, SendPermit};

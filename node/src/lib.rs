@@ -1,9 +1,250 @@
-//! `cairn-node`: the node daemon that runs beside every application process.
+//! `cairn-node`: the daemon that runs beside every application process.
 //!
-//! Not built yet: the peer channels, the application session and the event loop around
-//! `cairn_core::SnapshotEngine` arrive with the node daemon issue. The crate exists so
-//! the workspace has its final shape.
+//! It carries the application's messages to its peers over one long-lived gRPC stream per
+//! directed channel (reliable and FIFO across reconnects), talks to its application over
+//! one ordered session stream, and drives a [`cairn_core::SnapshotEngine`] so that
+//! snapshots are taken without pausing the application.
+//!
+//! ```text
+//!  application ──App/Session──▶ app_service ─┐                ┌─▶ peer_client (one per outgoing channel) ──Peer/Channel──▶
+//!                                            ├─▶ node_loop ───┤
+//!  peers ──Peer/Channel──▶ peer_server ──────┘  (engine, inbox,└─▶ the application's stream (deliveries, record requests)
+//!                                               outgoing queues)
+//! ```
 //!
 //! # Layout
 //!
-//! Empty for now.
+//! - [`config`]: [`NodeConfig`] and the parsers of its flags.
+//! - `node_loop`: the one task that owns the engine, the inbox and the outgoing queues.
+//! - `peer_server`, `peer_client`: the two ends of the peer channels.
+//! - `app_service`: the application session.
+//! - `admin`: `NodeAdmin` (status, snapshots by hand, local parts).
+//! - [`convert`]: wire ↔ domain conversions.
+//! - [`error`]: the daemon's [`Error`] and its gRPC codes.
+
+#![forbid(unsafe_code)]
+
+mod admin;
+mod app_service;
+pub mod config;
+pub mod convert;
+pub mod error;
+mod node_loop;
+mod peer_client;
+mod peer_server;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::AtomicU64;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use cairn_proto::v1 as pb;
+use tokio::net::TcpListener;
+use tokio::sync::{Semaphore, mpsc, oneshot};
+use tokio_stream::wrappers::TcpListenerStream;
+use tokio_util::sync::CancellationToken;
+use tonic::transport::Server;
+
+pub use config::{ConfigError, NodeConfig};
+pub use error::Error;
+
+use node_loop::{LinkStats, LoopMsg, NodeLoop, Shared};
+
+/// Largest gRPC message a daemon accepts.
+const MAX_MESSAGE: usize = 64 << 20;
+
+/// The sockets a daemon serves on, bound by the caller (so tests can bind port 0).
+pub struct Listeners {
+    /// Peers, `NodeAdmin`, health and reflection.
+    pub peer: TcpListener,
+    /// The application session, health and reflection.
+    pub app: TcpListener,
+}
+
+/// Why the daemon could not run.
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    /// The configuration is unusable.
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    /// A server failed.
+    #[error("server failed: {0}")]
+    Serve(#[from] tonic::transport::Error),
+    /// Reflection could not be built.
+    #[error("reflection: {0}")]
+    Reflection(String),
+}
+
+/// Runs a node daemon until `shutdown` is cancelled, then stops accepting, aborts the
+/// snapshots in flight (reason: shutdown), lets outgoing channels drain for at most the
+/// grace period, and returns.
+pub async fn run(
+    config: NodeConfig,
+    listeners: Listeners,
+    shutdown: CancellationToken,
+) -> Result<(), RunError> {
+    let topology = config.topology()?;
+    let me = config.node_id.clone();
+    let incarnation = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(1, |d| d.as_micros() as u64);
+    let buffer = config.channel_buffer.max(1);
+    let in_credits = topology
+        .incoming(&me)
+        .map(|c| (c, Arc::new(Semaphore::new(buffer))))
+        .collect();
+    let outgoing: Vec<_> = topology.outgoing(&me).collect();
+    let out_credits = outgoing
+        .iter()
+        .map(|c| (c.clone(), Arc::new(Semaphore::new(buffer))))
+        .collect();
+    let out_stats: BTreeMap<_, _> = outgoing
+        .iter()
+        .map(|c| (c.clone(), Arc::new(LinkStats::default())))
+        .collect();
+    let shared = Arc::new(Shared {
+        node_id: me.clone(),
+        cluster: config.cluster.clone(),
+        incarnation,
+        topology,
+        max_payload: config.max_payload,
+        in_credits,
+        out_credits,
+        out_stats: out_stats.clone(),
+    });
+
+    let stop = CancellationToken::new();
+    let (loop_tx, loop_rx) = mpsc::channel(1024);
+    let node_loop = NodeLoop::new(shared.clone(), loop_rx, loop_tx.clone(), config.keep_parts);
+    let loop_task = tokio::spawn(node_loop.run(stop.clone()));
+
+    let mut links = Vec::new();
+    for channel in outgoing {
+        let address = config.peers[&channel.to].clone();
+        let link = peer_client::Link {
+            shared: shared.clone(),
+            loop_tx: loop_tx.clone(),
+            stats: out_stats[&channel].clone(),
+            channel,
+            config: peer_client::LinkConfig {
+                address,
+                reconnect_initial: config.reconnect_initial,
+                reconnect_max: config.reconnect_max,
+                window: buffer,
+            },
+        };
+        links.push(tokio::spawn(link.run(stop.clone())));
+    }
+
+    let (health, health_service) = tonic_health::server::health_reporter();
+    for name in ["", "cairn.v1.Peer", "cairn.v1.App", "cairn.v1.NodeAdmin"] {
+        health
+            .set_service_status(name, tonic_health::ServingStatus::NotServing)
+            .await;
+    }
+    let reflection_v1 =
+        cairn_proto::reflection::v1().map_err(|e| RunError::Reflection(e.to_string()))?;
+    let reflection_v1alpha =
+        cairn_proto::reflection::v1alpha().map_err(|e| RunError::Reflection(e.to_string()))?;
+
+    let peer_service = peer_server::PeerService {
+        shared: shared.clone(),
+        loop_tx: loop_tx.clone(),
+        shutdown: stop.clone(),
+    };
+    let admin_service = admin::AdminService {
+        loop_tx: loop_tx.clone(),
+        fault_injection: config.fault_injection,
+    };
+    let app_service = app_service::AppService {
+        shared: shared.clone(),
+        loop_tx: loop_tx.clone(),
+        shutdown: stop.clone(),
+        sessions: AtomicU64::new(0),
+    };
+    let accepting = CancellationToken::new();
+    let peer_server = server()
+        .add_service(health_service.clone())
+        .add_service(reflection_v1.clone())
+        .add_service(reflection_v1alpha.clone())
+        .add_service(
+            pb::peer_server::PeerServer::new(peer_service).max_decoding_message_size(MAX_MESSAGE),
+        )
+        .add_service(pb::node_admin_server::NodeAdminServer::new(admin_service))
+        .serve_with_incoming_shutdown(
+            TcpListenerStream::new(listeners.peer),
+            stop.clone().cancelled_owned(),
+        );
+    let app_server = server()
+        .add_service(health_service)
+        .add_service(reflection_v1)
+        .add_service(reflection_v1alpha)
+        .add_service(
+            pb::app_server::AppServer::new(app_service).max_decoding_message_size(MAX_MESSAGE),
+        )
+        .serve_with_incoming_shutdown(
+            TcpListenerStream::new(listeners.app),
+            accepting.clone().cancelled_owned(),
+        );
+    let peer_server = tokio::spawn(peer_server);
+    let app_server = tokio::spawn(app_server);
+
+    for name in ["", "cairn.v1.Peer", "cairn.v1.App", "cairn.v1.NodeAdmin"] {
+        health
+            .set_service_status(name, tonic_health::ServingStatus::Serving)
+            .await;
+    }
+    tracing::info!(node = %me, cluster = %config.cluster, incarnation, "node daemon serving");
+
+    shutdown.cancelled().await;
+    tracing::info!("shutting down: no new application messages; draining outgoing channels");
+    for name in ["", "cairn.v1.Peer", "cairn.v1.App", "cairn.v1.NodeAdmin"] {
+        health
+            .set_service_status(name, tonic_health::ServingStatus::NotServing)
+            .await;
+    }
+    accepting.cancel();
+    drain(&loop_tx, config.grace_period).await;
+    stop.cancel();
+    let _ = loop_task.await;
+    for link in links {
+        let _ = link.await;
+    }
+    for server in [peer_server, app_server] {
+        match tokio::time::timeout(Duration::from_secs(2), server).await {
+            Ok(Ok(Err(e))) => tracing::warn!("server ended with an error: {e}"),
+            Err(_) => tracing::warn!("server did not stop within 2s; leaving it"),
+            _ => {}
+        }
+    }
+    tracing::info!("node daemon stopped");
+    Ok(())
+}
+
+fn server() -> Server {
+    Server::builder()
+        .tcp_nodelay(true)
+        .initial_stream_window_size(16 << 20)
+        .initial_connection_window_size(32 << 20)
+}
+
+/// Waits until every outgoing channel is empty and acknowledged, or the grace period ends.
+async fn drain(loop_tx: &mpsc::Sender<LoopMsg>, grace: Duration) {
+    let deadline = tokio::time::Instant::now() + grace;
+    loop {
+        let (reply, answer) = oneshot::channel();
+        if loop_tx.send(LoopMsg::Status { reply }).await.is_err() {
+            return;
+        }
+        let Ok(status) = answer.await else { return };
+        let pending: u64 = status.channels.iter().map(|c| c.unacked_frames).sum();
+        if pending == 0 {
+            return;
+        }
+        if tokio::time::Instant::now() >= deadline {
+            tracing::warn!(pending, "grace period over with frames unacknowledged");
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}

@@ -11,6 +11,8 @@
 //!   application session), `NodeAdmin`, `Coordinator`, and the shared types.
 //! - [`bank::v1`]: package `cairn.bank.v1` — the example application's `Bank` service.
 //! - [`FILE_DESCRIPTOR_SET`]: every file's descriptor, for server reflection.
+//! - [`reflection`]: the reflection services (v1 and v1alpha) every cairn server adds, so
+//!   `grpcurl` works with no proto files.
 
 /// Package `cairn.v1`.
 #[allow(missing_docs, clippy::large_enum_variant)]
@@ -30,3 +32,35 @@ pub mod bank {
 /// The encoded `FileDescriptorSet` of every cairn `.proto` file, for server reflection.
 pub const FILE_DESCRIPTOR_SET: &[u8] =
     include_bytes!(concat!(env!("OUT_DIR"), "/cairn_descriptor.bin"));
+
+/// Server reflection for every cairn server, in both `grpc.reflection.v1` and `v1alpha`
+/// (grpcurl 1.8 asks v1alpha), describing cairn's services and `grpc.health.v1`.
+pub mod reflection {
+    use tonic_reflection::server::{Builder, Error};
+
+    fn builder() -> Builder<'static> {
+        Builder::configure()
+            .register_encoded_file_descriptor_set(super::FILE_DESCRIPTOR_SET)
+            .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+    }
+
+    /// The `grpc.reflection.v1` service.
+    pub fn v1() -> Result<
+        tonic_reflection::server::v1::ServerReflectionServer<
+            impl tonic_reflection::server::v1::ServerReflection,
+        >,
+        Error,
+    > {
+        builder().build_v1()
+    }
+
+    /// The `grpc.reflection.v1alpha` service.
+    pub fn v1alpha() -> Result<
+        tonic_reflection::server::v1alpha::ServerReflectionServer<
+            impl tonic_reflection::server::v1alpha::ServerReflection,
+        >,
+        Error,
+    > {
+        builder().build_v1alpha()
+    }
+}

@@ -1,0 +1,262 @@
+//! `cairn-bank`, the example application: a bank whose money moves between nodes as
+//! cairn messages, so that a snapshot's consistency is easy to see — the recorded
+//! balances plus the recorded money in flight must equal the money there is.
+//!
+//! State: JSON `{"balance": N}`. A transfer's payload: JSON `{"amount": N}`. The sender
+//! is debited at once, in the same critical section that queues the message, and the
+//! state is recorded in a critical section too, so a transfer is either wholly before
+//! the cut (debited and sent) or wholly after it.
+
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use cairn_proto::bank::v1 as pb;
+use rand::Rng;
+use rand::seq::IteratorRandom;
+use serde::{Deserialize, Serialize};
+use tokio::net::TcpListener;
+use tokio_stream::wrappers::TcpListenerStream;
+use tokio_util::sync::CancellationToken;
+use tonic::{Request, Response, Status};
+
+use crate::error::Error;
+use crate::session::{AppEvent, AppSender, AppSession};
+
+/// The recorded state of a bank.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BankState {
+    /// The balance.
+    pub balance: u64,
+}
+
+/// A transfer's payload.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TransferPayload {
+    /// The amount moved.
+    pub amount: u64,
+}
+
+impl TransferPayload {
+    /// The payload's bytes.
+    pub fn encode(&self) -> Bytes {
+        Bytes::from(serde_json::to_vec(self).expect("plain struct"))
+    }
+
+    /// Parses a payload.
+    pub fn decode(payload: &[u8]) -> Result<Self, serde_json::Error> {
+        serde_json::from_slice(payload)
+    }
+}
+
+/// How a bank runs.
+#[derive(Debug, Clone)]
+pub struct BankConfig {
+    /// Its node daemon's application address (`host:port`).
+    pub node_address: String,
+    /// The balance it starts with.
+    pub initial_balance: u64,
+    /// Random transfers per second to random peers; 0 for none.
+    pub workload_rate: f64,
+    /// Largest random transfer.
+    pub max_amount: u64,
+    /// How long to keep trying to reach the daemon at start.
+    pub connect_timeout: Duration,
+}
+
+struct Bank {
+    node_id: String,
+    balance: Mutex<u64>,
+    sender: AppSender,
+}
+
+impl Bank {
+    /// Debits and queues the message in one critical section.
+    async fn transfer(&self, to: &str, amount: u64) -> Result<u64, Status> {
+        if amount == 0 {
+            return Err(Status::invalid_argument("amount must be positive"));
+        }
+        if !self.sender.peers().contains(to) {
+            return Err(Status::not_found(format!(
+                "`{to}` is not a peer of {} (peers: {})",
+                self.node_id,
+                self.sender
+                    .peers()
+                    .iter()
+                    .cloned()
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )));
+        }
+        let permit = self.sender.reserve().await.map_err(unavailable)?;
+        let mut balance = self
+            .balance
+            .lock()
+            .expect("never poisoned: no panics inside");
+        if *balance < amount {
+            return Err(Status::failed_precondition(format!(
+                "insufficient funds: balance {} < amount {amount}",
+                *balance
+            )));
+        }
+        permit
+            .send(to, TransferPayload { amount }.encode())
+            .map_err(unavailable)?;
+        *balance -= amount;
+        Ok(*balance)
+    }
+
+    fn balance(&self) -> u64 {
+        *self.balance.lock().expect("never poisoned")
+    }
+}
+
+fn unavailable(e: Error) -> Status {
+    Status::unavailable(format!("node daemon: {e}"))
+}
+
+struct BankService(Arc<Bank>);
+
+#[tonic::async_trait]
+impl pb::bank_server::Bank for BankService {
+    async fn transfer(
+        &self,
+        request: Request<pb::TransferRequest>,
+    ) -> Result<Response<pb::TransferResponse>, Status> {
+        let request = request.into_inner();
+        let balance = self.0.transfer(&request.to, request.amount).await?;
+        Ok(Response::new(pb::TransferResponse { balance }))
+    }
+
+    async fn get_balance(
+        &self,
+        _request: Request<pb::GetBalanceRequest>,
+    ) -> Result<Response<pb::GetBalanceResponse>, Status> {
+        Ok(Response::new(pb::GetBalanceResponse {
+            node_id: self.0.node_id.clone(),
+            balance: self.0.balance(),
+        }))
+    }
+}
+
+/// Connects to the daemon, retrying until `timeout`.
+async fn connect(config: &BankConfig) -> Result<AppSession, Error> {
+    let deadline = tokio::time::Instant::now() + config.connect_timeout;
+    let mut delay = Duration::from_millis(50);
+    loop {
+        match AppSession::connect(&config.node_address, "cairn-bank").await {
+            Ok(session) => return Ok(session),
+            Err(e) if e.is_retryable() && tokio::time::Instant::now() + delay < deadline => {
+                tracing::debug!("daemon not ready ({e}); retrying");
+                tokio::time::sleep(delay).await;
+                delay = (delay * 2).min(Duration::from_secs(1));
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+/// Runs a bank on `listener` until `shutdown`, or until its daemon session ends.
+pub async fn run(
+    config: BankConfig,
+    listener: TcpListener,
+    shutdown: CancellationToken,
+) -> anyhow::Result<()> {
+    let mut session = connect(&config).await?;
+    let bank = Arc::new(Bank {
+        node_id: session.node_id().to_owned(),
+        balance: Mutex::new(config.initial_balance),
+        sender: session.sender(),
+    });
+    let addr: SocketAddr = listener.local_addr()?;
+    tracing::info!(node = %bank.node_id, %addr, balance = config.initial_balance, "bank serving");
+
+    let (health, health_service) = tonic_health::server::health_reporter();
+    health
+        .set_serving::<pb::bank_server::BankServer<BankService>>()
+        .await;
+    let server = tonic::transport::Server::builder()
+        .add_service(health_service)
+        .add_service(cairn_proto::reflection::v1()?)
+        .add_service(cairn_proto::reflection::v1alpha()?)
+        .add_service(pb::bank_server::BankServer::new(BankService(bank.clone())))
+        .serve_with_incoming_shutdown(
+            TcpListenerStream::new(listener),
+            shutdown.clone().cancelled_owned(),
+        );
+    let server = tokio::spawn(server);
+    if config.workload_rate > 0.0 {
+        tokio::spawn(workload(bank.clone(), config.clone(), shutdown.clone()));
+    }
+
+    let result = loop {
+        let event = tokio::select! {
+            _ = shutdown.cancelled() => break Ok(()),
+            event = session.next_event() => event,
+        };
+        match event {
+            Ok(Some(AppEvent::Message { from, payload })) => {
+                match TransferPayload::decode(&payload) {
+                    Ok(t) => *bank.balance.lock().expect("never poisoned") += t.amount,
+                    Err(e) => tracing::error!(%from, "dropping a malformed transfer: {e}"),
+                }
+            }
+            Ok(Some(AppEvent::RecordState { snapshot_id })) => {
+                let balance = bank.balance.lock().expect("never poisoned");
+                let state =
+                    serde_json::to_vec(&BankState { balance: *balance }).expect("plain struct");
+                bank.sender.state_recorded(snapshot_id, state.into())?;
+                tracing::debug!(snapshot_id, balance = *balance, "state recorded");
+            }
+            Ok(Some(AppEvent::Restore {
+                snapshot_id, state, ..
+            })) => match serde_json::from_slice::<BankState>(&state) {
+                Ok(s) => {
+                    *bank.balance.lock().expect("never poisoned") = s.balance;
+                    tracing::info!(snapshot_id, balance = s.balance, "restored");
+                }
+                Err(e) => tracing::error!(snapshot_id, "cannot restore a malformed state: {e}"),
+            },
+            Ok(None) => break Err(anyhow::anyhow!("the node daemon closed the session")),
+            Err(e) => break Err(anyhow::anyhow!("session with the node daemon failed: {e}")),
+        }
+    };
+    shutdown.cancel();
+    let _ = server.await;
+    result
+}
+
+/// Random transfers to random peers at `workload_rate` per second.
+async fn workload(bank: Arc<Bank>, config: BankConfig, shutdown: CancellationToken) {
+    let mut tick = tokio::time::interval(Duration::from_secs_f64(1.0 / config.workload_rate));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = tick.tick() => {}
+        }
+        let balance = bank.balance();
+        if balance == 0 {
+            continue;
+        }
+        let (to, amount) = {
+            let mut rng = rand::rng();
+            let Some(to) = bank.sender.peers().iter().choose(&mut rng).cloned() else {
+                return;
+            };
+            (
+                to,
+                rng.random_range(1..=config.max_amount.min(balance).max(1)),
+            )
+        };
+        match bank.transfer(&to, amount).await {
+            Ok(_) => {}
+            Err(status) if status.code() == tonic::Code::FailedPrecondition => {}
+            Err(status) => {
+                tracing::warn!("workload transfer failed: {}", status.message());
+                return;
+            }
+        }
+    }
+}

@@ -1,0 +1,52 @@
+//! The SDK's error type.
+
+use tonic::{Code, Status};
+
+/// What can go wrong talking to a cairn daemon or coordinator.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum Error {
+    /// The address is malformed or nothing answers there.
+    #[error("cannot connect to {address}: {reason}")]
+    Connect {
+        /// Where.
+        address: String,
+        /// Why.
+        reason: String,
+    },
+    /// The server answered with an error status.
+    #[error("{}: {}", .0.code(), .0.message())]
+    Rpc(Status),
+    /// The destination is not a peer of this node.
+    #[error("`{0}` is not a peer of this node")]
+    UnknownPeer(String),
+    /// The session ended.
+    #[error("the session with the node daemon ended")]
+    SessionClosed,
+    /// The daemon sent something the SDK did not expect.
+    #[error("protocol error: {0}")]
+    Protocol(String),
+}
+
+impl Error {
+    /// Whether trying again later may succeed (the daemon is restarting, the network
+    /// blipped), as opposed to a request that will never work.
+    pub fn is_retryable(&self) -> bool {
+        match self {
+            Self::Connect { .. } | Self::SessionClosed => true,
+            Self::Rpc(status) => matches!(
+                status.code(),
+                Code::Unavailable
+                    | Code::ResourceExhausted
+                    | Code::Aborted
+                    | Code::DeadlineExceeded
+            ),
+            Self::UnknownPeer(_) | Self::Protocol(_) => false,
+        }
+    }
+}
+
+impl From<Status> for Error {
+    fn from(status: Status) -> Self {
+        Self::Rpc(status)
+    }
+}

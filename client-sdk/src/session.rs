@@ -1,0 +1,309 @@
+//! The application's session with its local node daemon.
+
+use std::collections::{BTreeSet, VecDeque};
+use std::sync::Arc;
+
+use bytes::Bytes;
+use cairn_proto::v1 as pb;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::Streaming;
+use tonic::transport::Endpoint;
+
+use crate::error::Error;
+
+/// Largest piece of a recorded state sent in one message.
+const STATE_CHUNK: usize = 1 << 20;
+/// Most messages coalesced into one `SendBatch`.
+const SEND_BATCH: usize = 256;
+/// Messages a session may have on its way to the daemon.
+const SEND_ROOM: usize = 1024;
+
+/// Something the daemon asks of, or hands to, the application.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AppEvent {
+    /// A message from a peer.
+    Message {
+        /// The sending node.
+        from: String,
+        /// The payload, as sent.
+        payload: Bytes,
+    },
+    /// Record your local state now and answer with [`AppSender::state_recorded`].
+    /// Everything received before this event belongs in the state; nothing after it.
+    RecordState {
+        /// The snapshot.
+        snapshot_id: u64,
+    },
+    /// Replace your state with this recorded one.
+    Restore {
+        /// The restore operation.
+        restore_id: String,
+        /// The snapshot restored.
+        snapshot_id: u64,
+        /// The recorded local state.
+        state: Bytes,
+    },
+}
+
+enum Outgoing {
+    Send(String, Bytes),
+    State(u64, Bytes),
+}
+
+/// Sends messages and recorded states; cheap to clone, usable from any task. Everything
+/// sent through clones of one sender reaches the daemon in the order it was sent.
+///
+/// Sends wait for room (the daemon pushes back when a peer is slow); recording a state
+/// never waits, so an application that answers [`AppEvent::RecordState`] from the same
+/// loop that receives messages never stops receiving because its sends are backed up.
+#[derive(Clone)]
+pub struct AppSender {
+    tx: mpsc::UnboundedSender<Outgoing>,
+    room: Arc<Semaphore>,
+    peers: Arc<BTreeSet<String>>,
+}
+
+/// Room for one message, reserved by [`AppSender::reserve`]. Sending through it does not
+/// wait, so it can happen inside the same critical section as the state change the
+/// message stands for (see the crate docs).
+pub struct SendPermit {
+    permit: OwnedSemaphorePermit,
+    sender: AppSender,
+}
+
+impl SendPermit {
+    /// Sends `payload` to node `to`.
+    pub fn send(self, to: &str, payload: Bytes) -> Result<(), Error> {
+        if !self.sender.peers.contains(to) {
+            return Err(Error::UnknownPeer(to.to_owned()));
+        }
+        self.sender
+            .tx
+            .send(Outgoing::Send(to.to_owned(), payload))
+            .map_err(|_| Error::SessionClosed)?;
+        self.permit.forget(); // returned by the writer once the message is on the wire
+        Ok(())
+    }
+}
+
+impl AppSender {
+    /// Waits for room for one message.
+    pub async fn reserve(&self) -> Result<SendPermit, Error> {
+        let permit = self
+            .room
+            .clone()
+            .acquire_owned()
+            .await
+            .map_err(|_| Error::SessionClosed)?;
+        Ok(SendPermit {
+            permit,
+            sender: self.clone(),
+        })
+    }
+
+    /// Sends `payload` to node `to`, waiting while the daemon's queue is full.
+    pub async fn send(&self, to: &str, payload: Bytes) -> Result<(), Error> {
+        if !self.peers.contains(to) {
+            return Err(Error::UnknownPeer(to.to_owned()));
+        }
+        self.reserve().await?.send(to, payload)
+    }
+
+    /// Answers [`AppEvent::RecordState`] with the local state (sent in chunks). Never
+    /// waits: it follows everything sent before it, and precedes everything after.
+    pub fn state_recorded(&self, snapshot_id: u64, state: Bytes) -> Result<(), Error> {
+        self.tx
+            .send(Outgoing::State(snapshot_id, state))
+            .map_err(|_| Error::SessionClosed)
+    }
+
+    /// The nodes this node has a channel to.
+    pub fn peers(&self) -> &BTreeSet<String> {
+        &self.peers
+    }
+}
+
+/// An open session: receive events with [`AppSession::next_event`], send with
+/// [`AppSession::sender`].
+pub struct AppSession {
+    sender: AppSender,
+    inbound: Streaming<pb::NodeToApp>,
+    buffered: VecDeque<AppEvent>,
+    attached: pb::Attached,
+    restore: Option<(String, u64, Vec<u8>)>,
+}
+
+impl AppSession {
+    /// Connects to the daemon's application port (`host:port`) and attaches.
+    pub async fn connect(address: &str, application: &str) -> Result<Self, Error> {
+        let connect_error = |reason: String| Error::Connect {
+            address: address.to_owned(),
+            reason,
+        };
+        let channel = Endpoint::from_shared(format!("http://{address}"))
+            .map_err(|e| connect_error(e.to_string()))?
+            .tcp_nodelay(true)
+            .connect()
+            .await
+            .map_err(|e| connect_error(e.to_string()))?;
+        let mut client =
+            pb::app_client::AppClient::new(channel).max_decoding_message_size(64 << 20);
+        let (wire_tx, wire_rx) = mpsc::channel::<pb::AppToNode>(16);
+        let attach = pb::AppToNode {
+            kind: Some(pb::app_to_node::Kind::Attach(pb::Attach {
+                application: application.to_owned(),
+            })),
+        };
+        wire_tx
+            .send(attach)
+            .await
+            .map_err(|_| Error::SessionClosed)?;
+        let mut inbound = client
+            .session(ReceiverStream::new(wire_rx))
+            .await?
+            .into_inner();
+        let attached = match inbound.message().await? {
+            Some(pb::NodeToApp {
+                kind: Some(pb::node_to_app::Kind::Attached(a)),
+            }) => a,
+            Some(_) => return Err(Error::Protocol("expected Attached first".into())),
+            None => return Err(Error::SessionClosed),
+        };
+        let (tx, rx) = mpsc::unbounded_channel();
+        let room = Arc::new(Semaphore::new(SEND_ROOM));
+        tokio::spawn(write_loop(rx, wire_tx, room.clone()));
+        Ok(Self {
+            sender: AppSender {
+                tx,
+                room,
+                peers: Arc::new(attached.peers.iter().cloned().collect()),
+            },
+            inbound,
+            buffered: VecDeque::new(),
+            attached,
+            restore: None,
+        })
+    }
+
+    /// A sender for this session.
+    pub fn sender(&self) -> AppSender {
+        self.sender.clone()
+    }
+
+    /// This node's id.
+    pub fn node_id(&self) -> &str {
+        &self.attached.node_id
+    }
+
+    /// The cluster's name.
+    pub fn cluster(&self) -> &str {
+        &self.attached.cluster
+    }
+
+    /// The next event; `None` when the daemon closed the session.
+    pub async fn next_event(&mut self) -> Result<Option<AppEvent>, Error> {
+        use pb::node_to_app::Kind;
+        loop {
+            if let Some(event) = self.buffered.pop_front() {
+                return Ok(Some(event));
+            }
+            let Some(message) = self.inbound.message().await? else {
+                return Ok(None);
+            };
+            match message.kind {
+                Some(Kind::Deliver(batch)) => {
+                    self.buffered
+                        .extend(batch.messages.into_iter().map(|m| AppEvent::Message {
+                            from: m.from,
+                            payload: m.payload,
+                        }));
+                }
+                Some(Kind::RecordState(r)) => {
+                    return Ok(Some(AppEvent::RecordState {
+                        snapshot_id: r.snapshot_id,
+                    }));
+                }
+                Some(Kind::Restore(r)) => {
+                    let entry = self
+                        .restore
+                        .get_or_insert_with(|| (r.restore_id.clone(), r.snapshot_id, Vec::new()));
+                    entry.2.extend_from_slice(&r.chunk);
+                    if r.last {
+                        let (restore_id, snapshot_id, state) =
+                            self.restore.take().expect("set above");
+                        return Ok(Some(AppEvent::Restore {
+                            restore_id,
+                            snapshot_id,
+                            state: state.into(),
+                        }));
+                    }
+                }
+                Some(Kind::Attached(_)) | None => {
+                    return Err(Error::Protocol("unexpected message from the daemon".into()));
+                }
+            }
+        }
+    }
+}
+
+/// Coalesces consecutive sends into batches, keeping the order of everything sent, and
+/// splits states into chunks.
+async fn write_loop(
+    mut rx: mpsc::UnboundedReceiver<Outgoing>,
+    wire: mpsc::Sender<pb::AppToNode>,
+    room: Arc<Semaphore>,
+) {
+    use pb::app_to_node::Kind;
+    let mut next = rx.recv().await;
+    while let Some(item) = next.take() {
+        let messages: Vec<Kind> = match item {
+            Outgoing::State(snapshot_id, state) => chunks(&state)
+                .map(|(chunk, last)| {
+                    Kind::StateRecorded(pb::StateRecorded {
+                        snapshot_id,
+                        chunk,
+                        last,
+                    })
+                })
+                .collect(),
+            Outgoing::Send(to, payload) => {
+                let mut batch = vec![pb::Send { to, payload }];
+                while batch.len() < SEND_BATCH {
+                    match rx.try_recv() {
+                        Ok(Outgoing::Send(to, payload)) => batch.push(pb::Send { to, payload }),
+                        Ok(other) => {
+                            next = Some(other);
+                            break;
+                        }
+                        Err(_) => break,
+                    }
+                }
+                let n = batch.len();
+                let kind = Kind::Send(pb::SendBatch { messages: batch });
+                if wire.send(pb::AppToNode { kind: Some(kind) }).await.is_err() {
+                    return;
+                }
+                room.add_permits(n);
+                Vec::new()
+            }
+        };
+        for kind in messages {
+            if wire.send(pb::AppToNode { kind: Some(kind) }).await.is_err() {
+                return;
+            }
+        }
+        if next.is_none() {
+            next = rx.recv().await;
+        }
+    }
+}
+
+/// A state as chunks of at most `STATE_CHUNK` bytes, each with whether it is the last.
+fn chunks(state: &Bytes) -> impl Iterator<Item = (Bytes, bool)> + '_ {
+    let n = state.len().div_ceil(STATE_CHUNK).max(1);
+    (0..n).map(move |i| {
+        let end = ((i + 1) * STATE_CHUNK).min(state.len());
+        (state.slice(i * STATE_CHUNK..end), i + 1 == n)
+    })
+}

@@ -1,0 +1,85 @@
+//! The daemon's errors, each with a deliberate gRPC status code.
+
+use cairn_core::{ChannelId, FailureReason, NodeId, SnapshotId};
+use tonic::{Code, Status};
+
+use crate::convert::InvalidInput;
+
+/// What can go wrong serving a request.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum Error {
+    /// The request or frame is malformed.
+    #[error("invalid input: {0}")]
+    InvalidInput(#[from] InvalidInput),
+    /// A peer of another cluster.
+    #[error("cluster mismatch: this node is in cluster `{ours}`, the peer says `{theirs}`")]
+    WrongCluster {
+        /// Ours.
+        ours: String,
+        /// Theirs.
+        theirs: String,
+    },
+    /// A node that is not a member, or a channel that is not in the topology.
+    #[error("unknown node or channel: {0}")]
+    Unknown(String),
+    /// A frame whose sequence number leaves a gap.
+    #[error("frame out of sequence on {channel}: expected {expected}, got {got}")]
+    OutOfSequence {
+        /// The channel.
+        channel: ChannelId,
+        /// The next sequence number expected.
+        expected: u64,
+        /// What arrived.
+        got: u64,
+    },
+    /// A payload larger than allowed.
+    #[error("payload of {size} bytes exceeds the limit of {limit}")]
+    PayloadTooLarge {
+        /// Its size.
+        size: usize,
+        /// The limit.
+        limit: usize,
+    },
+    /// An application is already attached.
+    #[error("an application session is already attached to node {0}")]
+    AlreadyAttached(NodeId),
+    /// No snapshot part with that id.
+    #[error("snapshot {0} has no complete part on this node (yet)")]
+    NoSuchPart(SnapshotId),
+    /// The snapshot already exists on this node.
+    #[error("snapshot {0} is already known to this node")]
+    DuplicateSnapshot(SnapshotId),
+    /// The snapshot failed on this node.
+    #[error("snapshot {id} failed on this node: {reason}")]
+    SnapshotFailed {
+        /// The snapshot.
+        id: SnapshotId,
+        /// Why.
+        reason: FailureReason,
+    },
+    /// Fault injection is off.
+    #[error("fault injection is disabled; start the daemon with --fault-injection")]
+    FaultInjectionDisabled,
+    /// The daemon is shutting down.
+    #[error("the node is shutting down")]
+    ShuttingDown,
+}
+
+impl From<Error> for Status {
+    fn from(error: Error) -> Self {
+        let code = match &error {
+            Error::InvalidInput(_) => Code::InvalidArgument,
+            Error::WrongCluster { .. } => Code::FailedPrecondition,
+            Error::Unknown(_) => Code::NotFound,
+            Error::OutOfSequence { .. } => Code::OutOfRange,
+            Error::PayloadTooLarge { .. } => Code::ResourceExhausted,
+            Error::AlreadyAttached(_) => Code::FailedPrecondition,
+            Error::NoSuchPart(_) => Code::NotFound,
+            Error::DuplicateSnapshot(_) => Code::AlreadyExists,
+            Error::SnapshotFailed { .. } => Code::FailedPrecondition,
+            Error::FaultInjectionDisabled => Code::PermissionDenied,
+            Error::ShuttingDown => Code::Unavailable,
+        };
+        Status::new(code, error.to_string())
+    }
+}

@@ -1,0 +1,196 @@
+//! `cairn-node`: the cairn node daemon. See `cairn-node --help`.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use cairn_core::NodeId;
+use cairn_node::config::{parse_channel, parse_peer};
+use cairn_node::{Listeners, NodeConfig};
+use clap::{Parser, ValueEnum};
+use tokio_util::sync::CancellationToken;
+
+/// The cairn node daemon: runs beside one application process, carries its messages to
+/// the other nodes over one gRPC stream per directed channel, and takes consistent
+/// snapshots (Chandy–Lamport, aligned, unaligned) without pausing it.
+///
+/// Every flag can also be set by the environment variable shown.
+#[derive(Debug, Parser)]
+#[command(version, max_term_width = 100)]
+struct Args {
+    /// This node's id (stable: e.g. n1, or a StatefulSet pod name).
+    #[arg(long, env = "CAIRN_NODE_ID")]
+    node_id: String,
+    /// The cluster's name; peers of another cluster are refused.
+    #[arg(long, env = "CAIRN_CLUSTER", default_value = "cairn")]
+    cluster: String,
+    /// Every member as ID=HOST:PORT (its peer address), this node included; comma-separated
+    /// or repeated.
+    #[arg(
+        long = "peer",
+        env = "CAIRN_PEERS",
+        value_delimiter = ',',
+        required = true
+    )]
+    peers: Vec<String>,
+    /// Directed channels as FROM>TO, comma-separated or repeated. Default: a full mesh of
+    /// the members.
+    #[arg(long = "channel", env = "CAIRN_CHANNELS", value_delimiter = ',')]
+    channels: Vec<String>,
+    /// Address the peer service (peers, NodeAdmin, health, reflection) listens on.
+    #[arg(long, env = "CAIRN_PEER_LISTEN", default_value = "0.0.0.0:7100")]
+    peer_listen: SocketAddr,
+    /// Address the application session listens on. Loopback by default: it is a sidecar
+    /// port for the application beside this daemon.
+    #[arg(long, env = "CAIRN_APP_LISTEN", default_value = "127.0.0.1:7200")]
+    app_listen: SocketAddr,
+    /// Messages each channel may hold in this daemon before the sender is pushed back.
+    #[arg(long, env = "CAIRN_CHANNEL_BUFFER", default_value_t = 16_384)]
+    channel_buffer: usize,
+    /// Largest application payload, in bytes.
+    #[arg(long, env = "CAIRN_MAX_PAYLOAD", default_value_t = 4 << 20)]
+    max_payload: usize,
+    /// Allow NodeAdmin/InjectFault (for tests; never in production).
+    #[arg(long, env = "CAIRN_FAULT_INJECTION")]
+    fault_injection: bool,
+    /// How long shutdown may take to drain outgoing channels (e.g. 10s, 500ms).
+    #[arg(long, env = "CAIRN_GRACE_PERIOD", default_value = "10s", value_parser = humantime::parse_duration)]
+    grace_period: Duration,
+    /// Log format.
+    #[arg(long, env = "CAIRN_LOG_FORMAT", value_enum, default_value_t = LogFormat::Human)]
+    log_format: LogFormat,
+    /// Log filter, in tracing's EnvFilter syntax (e.g. info, cairn_node=debug).
+    #[arg(long, env = "CAIRN_LOG", default_value = "info")]
+    log: String,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum LogFormat {
+    Human,
+    Json,
+}
+
+/// Exit code for a bad configuration (EX_USAGE).
+const EX_USAGE: u8 = 64;
+
+fn main() -> ExitCode {
+    let args = match Args::try_parse() {
+        Ok(args) => args,
+        Err(e) if e.use_stderr() => {
+            let _ = e.print();
+            return ExitCode::from(EX_USAGE);
+        }
+        Err(e) => {
+            let _ = e.print();
+            return ExitCode::SUCCESS;
+        }
+    };
+    let config = match config(&args) {
+        Ok(config) => config,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::from(EX_USAGE);
+        }
+    };
+    init_logging(args.log_format, &args.log);
+    let runtime = match tokio::runtime::Runtime::new() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: cannot start the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    runtime.block_on(async {
+        let peer = match tokio::net::TcpListener::bind(args.peer_listen).await {
+            Ok(l) => l,
+            Err(e) => {
+                eprintln!(
+                    "error: cannot listen on {} (--peer-listen): {e}",
+                    args.peer_listen
+                );
+                return ExitCode::from(EX_USAGE);
+            }
+        };
+        let app = match tokio::net::TcpListener::bind(args.app_listen).await {
+            Ok(l) => l,
+            Err(e) => {
+                eprintln!(
+                    "error: cannot listen on {} (--app-listen): {e}",
+                    args.app_listen
+                );
+                return ExitCode::from(EX_USAGE);
+            }
+        };
+        let shutdown = CancellationToken::new();
+        tokio::spawn(cancel_on_signal(shutdown.clone()));
+        match cairn_node::run(config, Listeners { peer, app }, shutdown).await {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                tracing::error!("{e}");
+                ExitCode::FAILURE
+            }
+        }
+    })
+}
+
+fn config(args: &Args) -> Result<NodeConfig, cairn_node::ConfigError> {
+    let mut peers = BTreeMap::new();
+    for text in &args.peers {
+        let (id, addr) = parse_peer(text)?;
+        peers.insert(id, addr);
+    }
+    let mut config = NodeConfig::new(
+        NodeId::new(args.node_id.clone()),
+        args.cluster.clone(),
+        peers,
+    );
+    if !args.channels.is_empty() {
+        config.channels = Some(
+            args.channels
+                .iter()
+                .map(|c| parse_channel(c))
+                .collect::<Result<_, _>>()?,
+        );
+    }
+    if args.channel_buffer == 0 {
+        return Err(cairn_node::ConfigError::Invalid(
+            "--channel-buffer must be at least 1".into(),
+        ));
+    }
+    config.channel_buffer = args.channel_buffer;
+    config.max_payload = args.max_payload;
+    config.fault_injection = args.fault_injection;
+    config.grace_period = args.grace_period;
+    config.topology()?;
+    Ok(config)
+}
+
+fn init_logging(format: LogFormat, filter: &str) {
+    let filter = tracing_subscriber::EnvFilter::try_new(filter)
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Human => builder.init(),
+        LogFormat::Json => builder.json().init(),
+    }
+}
+
+/// SIGTERM or SIGINT starts a graceful shutdown.
+async fn cancel_on_signal(shutdown: CancellationToken) {
+    use tokio::signal::unix::{SignalKind, signal};
+    let (Ok(mut term), Ok(mut int)) = (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) else {
+        tracing::error!("cannot install signal handlers");
+        return;
+    };
+    tokio::select! {
+        _ = term.recv() => tracing::info!("SIGTERM"),
+        _ = int.recv() => tracing::info!("SIGINT"),
+    }
+    shutdown.cancel();
+}

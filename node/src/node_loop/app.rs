@@ -1,0 +1,149 @@
+//! The node loop's side of the application session: attaching, the application's sends
+//! and recorded states, and handing it the inbox in order.
+
+use std::collections::BTreeMap;
+
+use bytes::Bytes;
+use cairn_core::{ChannelId, Event, FailureReason, SnapshotId};
+use cairn_proto::v1 as pb;
+use tokio::sync::mpsc::OwnedPermit;
+use tonic::Status;
+
+use super::{App, AppTx, DELIVER_BATCH, InboxItem, NodeLoop, OutItem};
+use crate::error::Error;
+
+impl NodeLoop {
+    pub(super) fn attach_app(&mut self, session: u64, tx: AppTx) -> Result<pb::Attached, Error> {
+        if self.app.is_some() {
+            return Err(Error::AlreadyAttached(self.shared.node_id.clone()));
+        }
+        tracing::info!(session, "application attached");
+        self.app = Some(App { session, tx });
+        Ok(pb::Attached {
+            node_id: self.shared.node_id.to_string(),
+            cluster: self.shared.cluster.clone(),
+            peers: self.outgoing.keys().map(|c| c.to.to_string()).collect(),
+            incarnation: self.shared.incarnation,
+        })
+    }
+
+    /// The application left (or its stream broke). Snapshots waiting for its state fail:
+    /// the state they need is gone.
+    pub(super) fn detach_app(&mut self, session: Option<u64>) {
+        match (&self.app, session) {
+            (Some(app), Some(s)) if app.session != s => return,
+            (None, _) => return,
+            _ => {}
+        }
+        tracing::info!("application detached");
+        self.app = None;
+        let mut waiting: Vec<SnapshotId> = std::mem::take(&mut self.awaiting_state)
+            .into_iter()
+            .collect();
+        self.inbox.retain(|item| match item {
+            InboxItem::Record(id) => {
+                waiting.push(*id);
+                false
+            }
+            InboxItem::Deliver { .. } => true,
+        });
+        for id in waiting {
+            let reason = FailureReason::NoApplication(self.shared.node_id.clone());
+            self.feed(Event::SnapshotAborted { id, reason });
+        }
+    }
+
+    pub(super) fn on_app_send(&mut self, session: u64, sends: Vec<(ChannelId, Bytes)>) {
+        if self.app.as_ref().map(|a| a.session) != Some(session) {
+            // A session already replaced; its sends never entered a queue.
+            for (channel, _) in &sends {
+                self.shared.out_credits[channel].add_permits(1);
+            }
+            return;
+        }
+        let mut counts: BTreeMap<ChannelId, u64> = BTreeMap::new();
+        for (channel, payload) in sends {
+            let out = self
+                .outgoing
+                .get_mut(&channel)
+                .expect("validated by the session");
+            out.queue.push_back(OutItem::Data {
+                index: out.next_index,
+                payload,
+            });
+            out.next_index += 1;
+            out.data_messages += 1;
+            *counts.entry(channel).or_default() += 1;
+        }
+        for (channel, count) in counts {
+            self.feed(Event::DataQueued {
+                channel: channel.clone(),
+                count,
+            });
+            self.serve_pull(&channel);
+        }
+    }
+
+    /// A chunk of recorded state. The first chunk is the cut: the engine learns of it
+    /// then. The part completes once the last chunk is in.
+    pub(super) fn on_app_state(&mut self, session: u64, id: SnapshotId, chunk: Bytes, last: bool) {
+        if self.app.as_ref().map(|a| a.session) != Some(session)
+            || !self.awaiting_state.contains(&id)
+        {
+            tracing::debug!(snapshot = %id, "state for a snapshot not awaiting one: ignored");
+            return;
+        }
+        if self.recordings.state_chunk(id, chunk, last) {
+            self.feed(Event::StateRecorded { id });
+        }
+        if last {
+            self.awaiting_state.remove(&id);
+            self.recordings.state_done(id);
+        }
+    }
+
+    /// Hands the application the front of the inbox: a record request alone, or a batch
+    /// of messages up to the next record request.
+    pub(super) fn deliver(&mut self, permit: OwnedPermit<Result<pb::NodeToApp, Status>>) {
+        use pb::node_to_app::Kind;
+        if let Some(InboxItem::Record(id)) = self.inbox.front() {
+            let id = *id;
+            self.inbox.pop_front();
+            self.awaiting_state.insert(id);
+            let kind = Kind::RecordState(pb::RecordState { snapshot_id: id.0 });
+            permit.send(Ok(pb::NodeToApp { kind: Some(kind) }));
+            return;
+        }
+        let mut messages = Vec::with_capacity(DELIVER_BATCH.min(self.inbox.len()));
+        let mut counts: BTreeMap<ChannelId, u64> = BTreeMap::new();
+        while messages.len() < DELIVER_BATCH {
+            match self.inbox.front() {
+                Some(InboxItem::Deliver { .. }) => {}
+                _ => break,
+            }
+            let Some(InboxItem::Deliver {
+                channel,
+                generation,
+                payload,
+                ..
+            }) = self.inbox.pop_front()
+            else {
+                unreachable!()
+            };
+            self.shared.in_credits[&channel].add_permits(1);
+            messages.push(pb::Deliver {
+                from: channel.from.to_string(),
+                payload,
+            });
+            if self.incoming[&channel].generation == generation {
+                *counts.entry(channel).or_default() += 1;
+            }
+        }
+        permit.send(Ok(pb::NodeToApp {
+            kind: Some(Kind::Deliver(pb::DeliverBatch { messages })),
+        }));
+        for (channel, count) in counts {
+            self.feed(Event::DataDelivered { channel, count });
+        }
+    }
+}

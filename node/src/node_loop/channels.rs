@@ -1,0 +1,232 @@
+//! The node loop's side of the peer channels: frames coming in (in order, without
+//! duplicates, held back while blocked) and frames going out (pulled by each channel's
+//! sending task).
+
+use bytes::Bytes;
+use cairn_core::{ChannelId, Event};
+use cairn_proto::v1 as pb;
+
+use super::{InItem, InboxItem, NodeLoop, OutFrame, OutItem};
+use crate::convert::channel_to_pb;
+
+impl NodeLoop {
+    /// A peer (re)opened a channel. A new incarnation of the peer means it restarted: the
+    /// channel starts over, and the snapshots in flight here fail naming it.
+    pub(super) fn on_inbound_opened(&mut self, channel: &ChannelId, incarnation: u64) -> u64 {
+        let Some(incoming) = self.incoming.get_mut(channel) else {
+            return 0;
+        };
+        if incoming.incarnation != 0 && incoming.incarnation != incarnation {
+            tracing::warn!(%channel, old = incoming.incarnation, new = incarnation, "peer restarted: resetting channel");
+            let held = incoming
+                .held
+                .drain(..)
+                .filter(|i| matches!(i, InItem::Data(_)))
+                .count();
+            incoming.received_seq = 0;
+            incoming.generation += 1;
+            incoming.next_index = 0;
+            incoming.blocked = false;
+            incoming.incarnation = incarnation;
+            self.shared.in_credits[channel].add_permits(held);
+            self.feed(Event::ChannelReset {
+                channel: channel.clone(),
+            });
+        }
+        let incoming = self.incoming.get_mut(channel).expect("checked");
+        incoming.incarnation = incarnation;
+        incoming.received_seq
+    }
+
+    pub(super) fn on_inbound_frames(
+        &mut self,
+        channel: ChannelId,
+        incarnation: u64,
+        first_seq: u64,
+        items: Vec<InItem>,
+    ) {
+        let credits = self.shared.in_credits[&channel].clone();
+        let incoming = self
+            .incoming
+            .get_mut(&channel)
+            .expect("validated by the peer service");
+        if incoming.incarnation != incarnation {
+            // A stream of an incarnation already replaced: its frames are void.
+            credits.add_permits(
+                items
+                    .iter()
+                    .filter(|i| matches!(i, InItem::Data(_)))
+                    .count(),
+            );
+            return;
+        }
+        let mut fresh = Vec::with_capacity(items.len());
+        for (i, item) in items.into_iter().enumerate() {
+            let seq = first_seq + i as u64;
+            if seq <= incoming.received_seq {
+                if matches!(item, InItem::Data(_)) {
+                    credits.add_permits(1); // a resent duplicate
+                }
+                continue;
+            }
+            incoming.received_seq = seq;
+            fresh.push(item);
+        }
+        let incoming = self.incoming.get_mut(&channel).expect("present");
+        incoming.held.extend(fresh);
+        self.take_in(&channel);
+    }
+
+    /// Moves frames from the channel's held queue into the inbox until it is empty or the
+    /// channel is blocked. Data runs are reported to the engine as one event each.
+    fn take_in(&mut self, channel: &ChannelId) {
+        loop {
+            let incoming = self.incoming.get_mut(channel).expect("present");
+            if incoming.blocked {
+                return;
+            }
+            let mut run = 0u64;
+            while let Some(InItem::Data(_)) = incoming.held.front() {
+                let Some(InItem::Data(payload)) = incoming.held.pop_front() else {
+                    unreachable!()
+                };
+                self.inbox.push_back(InboxItem::Deliver {
+                    channel: channel.clone(),
+                    generation: incoming.generation,
+                    index: incoming.next_index,
+                    payload,
+                });
+                incoming.next_index += 1;
+                incoming.data_messages += 1;
+                run += 1;
+            }
+            let marker = match incoming.held.pop_front() {
+                Some(InItem::Marker(plan)) => Some(plan),
+                _ => None,
+            };
+            if run > 0 {
+                self.feed(Event::DataReceived {
+                    channel: channel.clone(),
+                    count: run,
+                });
+            }
+            match marker {
+                Some(plan) => {
+                    self.seen.insert(plan.id);
+                    self.feed(Event::MarkerReceived {
+                        channel: channel.clone(),
+                        plan,
+                    });
+                }
+                None => return,
+            }
+        }
+    }
+
+    pub(super) fn unblock(&mut self, channel: ChannelId) {
+        if let Some(incoming) = self.incoming.get_mut(&channel) {
+            incoming.blocked = false;
+            self.take_in(&channel);
+        }
+    }
+
+    /// Answers the channel's waiting pull, if any, with what its queue holds.
+    pub(super) fn serve_pull(&mut self, channel: &ChannelId) {
+        let out = self.outgoing.get_mut(channel).expect("outgoing channel");
+        if out.queue.is_empty() || out.pending_pull.is_none() {
+            return;
+        }
+        let (max, reply) = out.pending_pull.take().expect("checked");
+        let n = max.min(out.queue.len());
+        let mut frames = Vec::with_capacity(n);
+        let mut data = 0u64;
+        for item in out.queue.drain(..n) {
+            frames.push(match item {
+                OutItem::Data { payload, .. } => {
+                    data += 1;
+                    OutFrame::Data(payload)
+                }
+                OutItem::Marker(plan) => OutFrame::Marker(plan),
+            });
+        }
+        if reply.send(frames).is_err() {
+            // The sending task is gone: the daemon is stopping.
+            tracing::debug!(%channel, "pull answered after its task ended");
+        }
+        if data > 0 {
+            self.feed(Event::DataTransmitted {
+                channel: channel.clone(),
+                count: data,
+            });
+        }
+    }
+
+    /// The peer restarted: what it never acknowledged goes out again, ahead of the queue,
+    /// renumbered from 0; markers of the failed snapshots are dropped.
+    pub(super) fn on_outbound_reset(&mut self, channel: ChannelId, requeue: Vec<Bytes>) {
+        self.feed(Event::ChannelReset {
+            channel: channel.clone(),
+        });
+        let out = self.outgoing.get_mut(&channel).expect("outgoing channel");
+        let queued: Vec<Bytes> = out
+            .queue
+            .drain(..)
+            .filter_map(|item| match item {
+                OutItem::Data { payload, .. } => Some(payload),
+                OutItem::Marker(_) => None,
+            })
+            .collect();
+        out.next_index = 0;
+        for payload in requeue.into_iter().chain(queued) {
+            out.queue.push_back(OutItem::Data {
+                index: out.next_index,
+                payload,
+            });
+            out.next_index += 1;
+        }
+        let count = out.next_index;
+        if count > 0 {
+            self.feed(Event::DataQueued {
+                channel: channel.clone(),
+                count,
+            });
+        }
+        self.serve_pull(&channel);
+    }
+
+    pub(super) fn status(&self) -> pb::NodeStatus {
+        let mut channels = Vec::new();
+        for (channel, incoming) in &self.incoming {
+            channels.push(pb::ChannelStatus {
+                channel: Some(channel_to_pb(channel)),
+                connected: incoming.incarnation != 0,
+                unacked_frames: 0,
+                data_messages: incoming.data_messages,
+                reconnects: 0,
+                held: incoming.blocked,
+            });
+        }
+        for (channel, out) in &self.outgoing {
+            let stats = &self.shared.out_stats[channel];
+            use std::sync::atomic::Ordering::Relaxed;
+            channels.push(pb::ChannelStatus {
+                channel: Some(channel_to_pb(channel)),
+                connected: stats.connected.load(Relaxed),
+                unacked_frames: stats.unacked.load(Relaxed) + out.queue.len() as u64,
+                data_messages: out.data_messages,
+                reconnects: stats.reconnects.load(Relaxed),
+                held: false,
+            });
+        }
+        pb::NodeStatus {
+            node_id: self.shared.node_id.to_string(),
+            cluster: self.shared.cluster.clone(),
+            incarnation: self.shared.incarnation,
+            epoch: 0,
+            application_attached: self.app.is_some(),
+            inbox_depth: self.inbox.len() as u64,
+            channels,
+            snapshots_in_flight: self.engine.in_flight().map(|id| id.0).collect(),
+        }
+    }
+}

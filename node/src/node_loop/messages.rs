@@ -1,0 +1,127 @@
+//! What the services and channel tasks tell the node loop, and the shared per-channel
+//! state they use without asking it.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64};
+use std::time::Duration;
+
+use bytes::Bytes;
+use cairn_core::{ChannelId, NodeId, Plan, SnapshotId, SnapshotMode, Topology};
+use cairn_proto::v1 as pb;
+use tokio::sync::{Semaphore, mpsc, oneshot};
+use tonic::Status;
+
+use crate::error::Error;
+
+/// One frame of an incoming channel, decoded.
+#[derive(Debug, Clone)]
+pub(crate) enum InItem {
+    /// An application message.
+    Data(Bytes),
+    /// A marker.
+    Marker(Plan),
+}
+
+/// One frame of an outgoing channel, handed to its sending task.
+#[derive(Debug, Clone)]
+pub(crate) enum OutFrame {
+    /// An application message.
+    Data(Bytes),
+    /// A marker.
+    Marker(Plan),
+}
+
+/// The stream the node loop writes to the attached application.
+pub(crate) type AppTx = mpsc::Sender<Result<pb::NodeToApp, Status>>;
+
+/// A request to the node loop.
+pub(crate) enum LoopMsg {
+    /// A peer opened (or reopened) an incoming channel; the reply is the highest sequence
+    /// number already held from that incarnation.
+    InboundOpened {
+        channel: ChannelId,
+        incarnation: u64,
+        reply: oneshot::Sender<u64>,
+    },
+    /// Frames of an incoming channel, numbered from `first_seq`. Their data items hold
+    /// credits of the channel's incoming semaphore.
+    InboundFrames {
+        channel: ChannelId,
+        incarnation: u64,
+        first_seq: u64,
+        items: Vec<InItem>,
+    },
+    /// An outgoing channel's task wants up to `max` frames.
+    Pull {
+        channel: ChannelId,
+        max: usize,
+        reply: oneshot::Sender<Vec<OutFrame>>,
+    },
+    /// An outgoing channel's peer restarted; `requeue` is what it never acknowledged.
+    OutboundReset {
+        channel: ChannelId,
+        requeue: Vec<Bytes>,
+    },
+    /// An application wants to attach.
+    AppAttach {
+        session: u64,
+        tx: AppTx,
+        reply: oneshot::Sender<Result<pb::Attached, Error>>,
+    },
+    /// Messages from the application; each holds a credit of its outgoing channel.
+    AppSend {
+        session: u64,
+        sends: Vec<(ChannelId, Bytes)>,
+    },
+    /// A chunk of the application's recorded state.
+    AppState {
+        session: u64,
+        id: SnapshotId,
+        chunk: Bytes,
+        last: bool,
+    },
+    /// The application's session ended.
+    AppDetached { session: u64 },
+    /// Start a snapshot here (NodeAdmin).
+    Initiate {
+        id: SnapshotId,
+        mode: SnapshotMode,
+        alignment_timeout: Option<Duration>,
+        reply: oneshot::Sender<Result<Plan, Error>>,
+    },
+    /// This node's part of a snapshot (NodeAdmin).
+    GetPart {
+        id: SnapshotId,
+        reply: oneshot::Sender<Result<pb::LocalSnapshot, Error>>,
+    },
+    /// The node's status (NodeAdmin).
+    Status {
+        reply: oneshot::Sender<pb::NodeStatus>,
+    },
+    /// A scheduled alignment timeout passed.
+    AlignmentTimedOut { id: SnapshotId },
+}
+
+/// Counters of one outgoing channel, kept by its sending task.
+#[derive(Debug, Default)]
+pub(crate) struct LinkStats {
+    pub connected: AtomicBool,
+    pub reconnects: AtomicU64,
+    pub unacked: AtomicU64,
+}
+
+/// What every part of the daemon may read without asking the loop.
+#[derive(Debug)]
+pub(crate) struct Shared {
+    pub node_id: NodeId,
+    pub cluster: String,
+    pub incarnation: u64,
+    pub topology: Topology,
+    pub max_payload: usize,
+    /// Credits of each incoming channel: messages held inside this daemon.
+    pub in_credits: BTreeMap<ChannelId, Arc<Semaphore>>,
+    /// Credits of each outgoing channel: messages queued or unacknowledged.
+    pub out_credits: BTreeMap<ChannelId, Arc<Semaphore>>,
+    pub out_stats: BTreeMap<ChannelId, Arc<LinkStats>>,
+}

@@ -1,0 +1,344 @@
+//! The node loop: one task that owns the [`SnapshotEngine`], the application's inbox and
+//! every outgoing queue, so that the position of a marker or a record request among the
+//! messages is decided in one place, without locks.
+
+mod messages;
+mod recording;
+
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::sync::Arc;
+
+use bytes::Bytes;
+use cairn_core::{ChannelId, Command, Event, FailureReason, Plan, SnapshotEngine, SnapshotId};
+use tokio::sync::{mpsc, oneshot};
+use tokio_util::sync::CancellationToken;
+
+use crate::error::Error;
+pub(crate) use messages::{AppTx, InItem, LinkStats, LoopMsg, OutFrame, Shared};
+use recording::Recordings;
+
+/// Most messages handed to the application in one `DeliverBatch`.
+const DELIVER_BATCH: usize = 256;
+
+enum InboxItem {
+    Deliver {
+        channel: ChannelId,
+        generation: u64,
+        index: u64,
+        payload: Bytes,
+    },
+    Record(SnapshotId),
+}
+
+#[derive(Default)]
+struct Incoming {
+    /// The sending daemon's incarnation; 0 before the first contact.
+    incarnation: u64,
+    /// Highest sequence number taken in (processed or held).
+    received_seq: u64,
+    /// Bumped at each reset, so messages of an older incarnation are not counted.
+    generation: u64,
+    /// Data index of the next message.
+    next_index: u64,
+    blocked: bool,
+    held: VecDeque<InItem>,
+    data_messages: u64,
+}
+
+enum OutItem {
+    Data { index: u64, payload: Bytes },
+    Marker(Plan),
+}
+
+#[derive(Default)]
+struct Outgoing {
+    queue: VecDeque<OutItem>,
+    next_index: u64,
+    pending_pull: Option<(usize, oneshot::Sender<Vec<OutFrame>>)>,
+    data_messages: u64,
+}
+
+struct App {
+    session: u64,
+    tx: AppTx,
+}
+
+/// The loop's state. See the module docs.
+pub(crate) struct NodeLoop {
+    shared: Arc<Shared>,
+    engine: SnapshotEngine,
+    rx: mpsc::Receiver<LoopMsg>,
+    self_tx: mpsc::Sender<LoopMsg>,
+    inbox: VecDeque<InboxItem>,
+    incoming: BTreeMap<ChannelId, Incoming>,
+    outgoing: BTreeMap<ChannelId, Outgoing>,
+    app: Option<App>,
+    /// Snapshots whose record request the application has, and whose state is not complete.
+    awaiting_state: BTreeSet<SnapshotId>,
+    recordings: Recordings,
+    /// Every snapshot id this node has met, so an initiation cannot reuse one.
+    seen: BTreeSet<SnapshotId>,
+    pending: VecDeque<Event>,
+}
+
+impl NodeLoop {
+    pub(crate) fn new(
+        shared: Arc<Shared>,
+        rx: mpsc::Receiver<LoopMsg>,
+        self_tx: mpsc::Sender<LoopMsg>,
+        keep_parts: usize,
+    ) -> Self {
+        let engine = SnapshotEngine::new(shared.node_id.clone(), shared.topology.clone());
+        let incoming = shared
+            .topology
+            .incoming(&shared.node_id)
+            .map(|c| (c, Incoming::default()))
+            .collect();
+        let outgoing = shared
+            .topology
+            .outgoing(&shared.node_id)
+            .map(|c| (c, Outgoing::default()))
+            .collect();
+        Self {
+            engine,
+            rx,
+            self_tx,
+            inbox: VecDeque::new(),
+            incoming,
+            outgoing,
+            app: None,
+            awaiting_state: BTreeSet::new(),
+            recordings: Recordings::new(shared.node_id.clone(), keep_parts),
+            seen: BTreeSet::new(),
+            pending: VecDeque::new(),
+            shared,
+        }
+    }
+
+    /// Runs until `shutdown`; then fails every snapshot in flight here with that reason.
+    pub(crate) async fn run(mut self, shutdown: CancellationToken) {
+        loop {
+            let deliver = self.deliverable().map(|tx| tx.reserve_owned());
+            tokio::select! {
+                biased;
+                _ = shutdown.cancelled() => break,
+                permit = async { deliver.expect("guarded").await }, if deliver.is_some() => {
+                    match permit {
+                        Ok(permit) => self.deliver(permit),
+                        Err(_) => self.detach_app(None),
+                    }
+                }
+                msg = self.rx.recv() => match msg {
+                    Some(msg) => self.on_message(msg),
+                    None => break,
+                },
+            }
+        }
+        let in_flight: Vec<SnapshotId> = self.engine.in_flight().collect();
+        for id in in_flight {
+            let reason = FailureReason::Shutdown(self.shared.node_id.clone());
+            tracing::warn!(snapshot = %id, "aborting snapshot: node shutting down");
+            self.feed(Event::SnapshotAborted { id, reason });
+        }
+    }
+
+    /// The application's stream, if there is something to hand it.
+    fn deliverable(&self) -> Option<AppTx> {
+        match &self.app {
+            Some(app) if !self.inbox.is_empty() => Some(app.tx.clone()),
+            _ => None,
+        }
+    }
+
+    fn on_message(&mut self, msg: LoopMsg) {
+        match msg {
+            LoopMsg::InboundOpened {
+                channel,
+                incarnation,
+                reply,
+            } => {
+                let received = self.on_inbound_opened(&channel, incarnation);
+                let _ = reply.send(received);
+            }
+            LoopMsg::InboundFrames {
+                channel,
+                incarnation,
+                first_seq,
+                items,
+            } => self.on_inbound_frames(channel, incarnation, first_seq, items),
+            LoopMsg::Pull {
+                channel,
+                max,
+                reply,
+            } => {
+                if let Some(out) = self.outgoing.get_mut(&channel) {
+                    out.pending_pull = Some((max, reply));
+                    self.serve_pull(&channel);
+                }
+            }
+            LoopMsg::OutboundReset { channel, requeue } => self.on_outbound_reset(channel, requeue),
+            LoopMsg::AppAttach { session, tx, reply } => {
+                let _ = reply.send(self.attach_app(session, tx));
+            }
+            LoopMsg::AppSend { session, sends } => self.on_app_send(session, sends),
+            LoopMsg::AppState {
+                session,
+                id,
+                chunk,
+                last,
+            } => self.on_app_state(session, id, chunk, last),
+            LoopMsg::AppDetached { session } => self.detach_app(Some(session)),
+            LoopMsg::Initiate {
+                id,
+                mode,
+                alignment_timeout,
+                reply,
+            } => {
+                let result = if self.seen.contains(&id) || id.0 == 0 {
+                    Err(Error::DuplicateSnapshot(id))
+                } else {
+                    let plan = Plan {
+                        id,
+                        mode,
+                        initiators: BTreeSet::from([self.shared.node_id.clone()]),
+                        alignment_timeout,
+                    };
+                    self.seen.insert(id);
+                    self.feed(Event::SnapshotInitiated { plan: plan.clone() });
+                    Ok(plan)
+                };
+                let _ = reply.send(result);
+            }
+            LoopMsg::GetPart { id, reply } => {
+                let _ = reply.send(self.recordings.part(id));
+            }
+            LoopMsg::Status { reply } => {
+                let _ = reply.send(self.status());
+            }
+            LoopMsg::AlignmentTimedOut { id } => self.feed(Event::AlignmentTimedOut { id }),
+        }
+    }
+
+    /// Feeds one event, then every event its commands cause, executing commands in order.
+    fn feed(&mut self, event: Event) {
+        self.pending.push_back(event);
+        while let Some(event) = self.pending.pop_front() {
+            self.engine.handle(event);
+            let commands: Vec<Command> = self.engine.drain_commands().collect();
+            for command in commands {
+                self.execute(command);
+            }
+        }
+    }
+
+    fn execute(&mut self, command: Command) {
+        match command {
+            Command::EnqueueRecordState { id, front } => {
+                if self.app.is_none() {
+                    tracing::warn!(snapshot = %id, "no application attached: snapshot fails here");
+                    let reason = FailureReason::NoApplication(self.shared.node_id.clone());
+                    self.pending
+                        .push_back(Event::SnapshotAborted { id, reason });
+                } else if front {
+                    self.inbox.push_front(InboxItem::Record(id));
+                } else {
+                    self.inbox.push_back(InboxItem::Record(id));
+                }
+            }
+            Command::SendMarker {
+                channel,
+                plan,
+                front,
+            } => {
+                self.seen.insert(plan.id);
+                let out = self.outgoing.get_mut(&channel).expect("outgoing channel");
+                if front {
+                    out.queue.push_front(OutItem::Marker(plan));
+                } else {
+                    out.queue.push_back(OutItem::Marker(plan));
+                }
+                self.serve_pull(&channel);
+            }
+            Command::RecordChannelMessages {
+                id,
+                channel,
+                indices,
+            } => {
+                let messages = self.copy_messages(&channel, indices.clone());
+                debug_assert_eq!(messages.len() as u64, indices.end - indices.start);
+                self.recordings.record_messages(id, channel, messages);
+            }
+            Command::BlockChannel { channel } => {
+                if let Some(incoming) = self.incoming.get_mut(&channel) {
+                    incoming.blocked = true;
+                }
+            }
+            Command::UnblockChannel { channel } => self.unblock(channel),
+            Command::ScheduleAlignmentTimeout { id, after } => {
+                let tx = self.self_tx.clone();
+                tokio::spawn(async move {
+                    tokio::time::sleep(after).await;
+                    let _ = tx.send(LoopMsg::AlignmentTimedOut { id }).await;
+                });
+            }
+            Command::ReportLocalDone { report } => {
+                tracing::debug!(snapshot = %report.id, "local part complete");
+                self.recordings.report(report);
+            }
+            Command::Abort { id, reason } => {
+                tracing::warn!(snapshot = %id, %reason, "snapshot failed on this node");
+                self.awaiting_state.remove(&id);
+                self.recordings.fail(id, reason);
+            }
+        }
+    }
+
+    /// Copies the payloads of `indices` on `channel`: from the inbox for an incoming
+    /// channel, from the outgoing queue for an outgoing one (the engine promises they are
+    /// there). Searched from the back, where the newest messages are.
+    fn copy_messages(
+        &self,
+        channel: &ChannelId,
+        indices: std::ops::Range<u64>,
+    ) -> Vec<(u64, Bytes)> {
+        let mut found: Vec<(u64, Bytes)> =
+            Vec::with_capacity((indices.end - indices.start) as usize);
+        if let Some(incoming) = self.incoming.get(channel) {
+            let generation = incoming.generation;
+            for item in self.inbox.iter().rev() {
+                if let InboxItem::Deliver {
+                    channel: c,
+                    generation: g,
+                    index,
+                    payload,
+                } = item
+                {
+                    if c == channel && *g == generation {
+                        if *index < indices.start {
+                            break;
+                        }
+                        if indices.contains(index) {
+                            found.push((*index, payload.clone()));
+                        }
+                    }
+                }
+            }
+        } else if let Some(out) = self.outgoing.get(channel) {
+            for item in out.queue.iter().rev() {
+                if let OutItem::Data { index, payload } = item {
+                    if *index < indices.start {
+                        break;
+                    }
+                    if indices.contains(index) {
+                        found.push((*index, payload.clone()));
+                    }
+                }
+            }
+        }
+        found.reverse();
+        found
+    }
+}
+
+mod app;
+mod channels;

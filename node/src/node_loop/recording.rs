@@ -1,0 +1,144 @@
+//! What this node recorded for each snapshot — the application's state and the channel
+//! messages — until its part is complete, and the completed parts afterwards.
+
+use std::collections::BTreeMap;
+
+use bytes::{Bytes, BytesMut};
+use cairn_core::{ChannelId, FailureReason, LocalReport, NodeId, SnapshotId};
+use cairn_proto::v1 as pb;
+
+use crate::convert::{channel_to_pb, incoming_to_pb, outgoing_to_pb};
+use crate::error::Error;
+
+#[derive(Default)]
+struct Recording {
+    state: Vec<Bytes>,
+    state_started: bool,
+    state_done: bool,
+    channels: BTreeMap<ChannelId, Vec<(u64, Bytes)>>,
+    report: Option<LocalReport>,
+}
+
+/// Recordings in progress and the parts they became.
+pub(super) struct Recordings {
+    node: NodeId,
+    keep: usize,
+    active: BTreeMap<SnapshotId, Recording>,
+    parts: BTreeMap<SnapshotId, Result<pb::LocalSnapshot, FailureReason>>,
+}
+
+impl Recordings {
+    pub(super) fn new(node: NodeId, keep: usize) -> Self {
+        Self {
+            node,
+            keep: keep.max(1),
+            active: BTreeMap::new(),
+            parts: BTreeMap::new(),
+        }
+    }
+
+    pub(super) fn record_messages(
+        &mut self,
+        id: SnapshotId,
+        channel: ChannelId,
+        messages: Vec<(u64, Bytes)>,
+    ) {
+        let recording = self.active.entry(id).or_default();
+        recording
+            .channels
+            .entry(channel)
+            .or_default()
+            .extend(messages);
+    }
+
+    /// Adds a chunk of the application's state; true for the first one.
+    pub(super) fn state_chunk(&mut self, id: SnapshotId, chunk: Bytes, _last: bool) -> bool {
+        let recording = self.active.entry(id).or_default();
+        let first = !recording.state_started;
+        recording.state_started = true;
+        if !chunk.is_empty() {
+            recording.state.push(chunk);
+        }
+        first
+    }
+
+    pub(super) fn state_done(&mut self, id: SnapshotId) {
+        if let Some(recording) = self.active.get_mut(&id) {
+            recording.state_done = true;
+        }
+        self.try_complete(id);
+    }
+
+    pub(super) fn report(&mut self, report: LocalReport) {
+        let id = report.id;
+        self.active.entry(id).or_default().report = Some(report);
+        self.try_complete(id);
+    }
+
+    pub(super) fn fail(&mut self, id: SnapshotId, reason: FailureReason) {
+        self.active.remove(&id);
+        self.store(id, Err(reason));
+    }
+
+    pub(super) fn part(&self, id: SnapshotId) -> Result<pb::LocalSnapshot, Error> {
+        match self.parts.get(&id) {
+            Some(Ok(part)) => Ok(part.clone()),
+            Some(Err(reason)) => Err(Error::SnapshotFailed {
+                id,
+                reason: reason.clone(),
+            }),
+            None => Err(Error::NoSuchPart(id)),
+        }
+    }
+
+    fn try_complete(&mut self, id: SnapshotId) {
+        let ready = self
+            .active
+            .get(&id)
+            .is_some_and(|r| r.state_done && r.report.is_some());
+        if !ready {
+            return;
+        }
+        let recording = self.active.remove(&id).expect("checked");
+        let report = recording.report.expect("checked");
+        let mut state = BytesMut::with_capacity(recording.state.iter().map(Bytes::len).sum());
+        for chunk in &recording.state {
+            state.extend_from_slice(chunk);
+        }
+        let part = pb::LocalSnapshot {
+            snapshot_id: id.0,
+            node_id: self.node.to_string(),
+            local_state: state.freeze(),
+            incoming: report
+                .incoming
+                .iter()
+                .map(|(c, cut)| incoming_to_pb(c, cut))
+                .collect(),
+            outgoing: report
+                .outgoing
+                .iter()
+                .map(|(c, cut)| outgoing_to_pb(c, cut))
+                .collect(),
+            channel_states: recording
+                .channels
+                .into_iter()
+                .map(|(c, messages)| pb::ChannelState {
+                    channel: Some(channel_to_pb(&c)),
+                    messages: messages
+                        .into_iter()
+                        .map(|(index, payload)| pb::RecordedMessage { index, payload })
+                        .collect(),
+                })
+                .collect(),
+        };
+        tracing::info!(snapshot = %id, "local snapshot part complete");
+        self.store(id, Ok(part));
+    }
+
+    fn store(&mut self, id: SnapshotId, part: Result<pb::LocalSnapshot, FailureReason>) {
+        self.parts.insert(id, part);
+        while self.parts.len() > self.keep {
+            self.parts.pop_first();
+        }
+    }
+}

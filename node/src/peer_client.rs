@@ -1,0 +1,300 @@
+//! The sending end of one peer channel: a task that keeps a stream open to the peer,
+//! pulls frames from the node loop, numbers them, keeps them until acknowledged, and after
+//! a broken connection reconnects (exponential backoff with jitter) and resends what the
+//! peer does not have. A peer that comes back with a new incarnation lost everything
+//! unacknowledged: the node loop resets the channel and queues it again.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::sync::atomic::Ordering::Relaxed;
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use cairn_core::ChannelId;
+use cairn_proto::v1 as pb;
+use rand::Rng;
+use tokio::sync::{mpsc, oneshot};
+use tokio_stream::wrappers::ReceiverStream;
+use tokio_util::sync::CancellationToken;
+use tonic::transport::{Channel, Endpoint};
+
+use crate::convert::plan_to_pb;
+use crate::node_loop::{LinkStats, LoopMsg, OutFrame, Shared};
+
+/// Most frames asked of the node loop at once.
+const PULL_MAX: usize = 1024;
+/// Most payload bytes in one `FrameBatch`.
+const BATCH_BYTES: usize = 1 << 20;
+
+/// Settings of the sending side.
+#[derive(Debug, Clone)]
+pub(crate) struct LinkConfig {
+    pub address: String,
+    pub reconnect_initial: Duration,
+    pub reconnect_max: Duration,
+    /// Most unacknowledged frames.
+    pub window: usize,
+}
+
+pub(crate) struct Link {
+    pub shared: Arc<Shared>,
+    pub loop_tx: mpsc::Sender<LoopMsg>,
+    pub channel: ChannelId,
+    pub config: LinkConfig,
+    pub stats: Arc<LinkStats>,
+}
+
+struct State {
+    next_seq: u64,
+    unacked: VecDeque<(u64, OutFrame)>,
+    peer_incarnation: Option<u64>,
+    pull: Option<oneshot::Receiver<Vec<OutFrame>>>,
+}
+
+enum Ended {
+    Shutdown,
+    /// The connection failed or broke; the reason is logged.
+    Broken(String),
+}
+
+impl Link {
+    pub(crate) async fn run(self, shutdown: CancellationToken) {
+        let mut state = State {
+            next_seq: 1,
+            unacked: VecDeque::new(),
+            peer_incarnation: None,
+            pull: None,
+        };
+        let mut delay = self.config.reconnect_initial;
+        loop {
+            match self.session(&mut state, &shutdown).await {
+                Ended::Shutdown => return,
+                Ended::Broken(why) => {
+                    tracing::debug!(channel = %self.channel, %why, "channel down; reconnecting");
+                }
+            }
+            if self.stats.connected.swap(false, Relaxed) {
+                delay = self.config.reconnect_initial;
+            }
+            let jitter = rand::rng().random_range(0.5..1.5);
+            tokio::select! {
+                _ = shutdown.cancelled() => return,
+                _ = tokio::time::sleep(delay.mul_f64(jitter)) => {}
+            }
+            delay = (delay * 2).min(self.config.reconnect_max);
+        }
+    }
+
+    async fn connect(&self) -> Result<Channel, String> {
+        Endpoint::from_shared(format!("http://{}", self.config.address))
+            .map_err(|e| e.to_string())?
+            .connect_timeout(Duration::from_secs(2))
+            .tcp_nodelay(true)
+            .initial_stream_window_size(16 << 20)
+            .initial_connection_window_size(32 << 20)
+            .connect()
+            .await
+            .map_err(|e| format!("connect to {}: {e}", self.config.address))
+    }
+
+    /// One connection's life: handshake, resend, then send and acknowledge until it breaks.
+    async fn session(&self, state: &mut State, shutdown: &CancellationToken) -> Ended {
+        let channel = tokio::select! {
+            _ = shutdown.cancelled() => return Ended::Shutdown,
+            c = self.connect() => match c {
+                Ok(c) => c,
+                Err(e) => return Ended::Broken(e),
+            },
+        };
+        let (tx, rx) = mpsc::channel::<pb::PeerFrame>(8);
+        let handshake = pb::PeerFrame {
+            kind: Some(pb::peer_frame::Kind::Handshake(pb::Handshake {
+                cluster: self.shared.cluster.clone(),
+                from: self.channel.from.to_string(),
+                to: self.channel.to.to_string(),
+                incarnation: self.shared.incarnation,
+                epoch: 0,
+            })),
+        };
+        let _ = tx.send(handshake).await;
+        let mut client = pb::peer_client::PeerClient::new(channel)
+            .max_decoding_message_size(64 << 20)
+            .max_encoding_message_size(64 << 20);
+        let mut acks = match client.channel(ReceiverStream::new(rx)).await {
+            Ok(response) => response.into_inner(),
+            Err(status) => return self.refused(status),
+        };
+        let accepted = match acks.message().await {
+            Ok(Some(pb::PeerAck {
+                kind: Some(pb::peer_ack::Kind::Accepted(a)),
+            })) => a,
+            Ok(_) => return Ended::Broken("peer did not accept the handshake".into()),
+            Err(status) => return self.refused(status),
+        };
+        if state
+            .peer_incarnation
+            .is_some_and(|i| i != accepted.incarnation)
+        {
+            tracing::warn!(channel = %self.channel, "peer restarted: resetting channel");
+            let requeue: Vec<Bytes> = state
+                .unacked
+                .drain(..)
+                .filter_map(|(_, f)| match f {
+                    OutFrame::Data(p) => Some(p),
+                    OutFrame::Marker(_) => None,
+                })
+                .collect();
+            state.next_seq = 1;
+            if self
+                .loop_tx
+                .send(LoopMsg::OutboundReset {
+                    channel: self.channel.clone(),
+                    requeue,
+                })
+                .await
+                .is_err()
+            {
+                return Ended::Shutdown;
+            }
+        } else {
+            self.acknowledge(state, accepted.acked_seq);
+        }
+        if state.peer_incarnation.is_some() {
+            self.stats.reconnects.fetch_add(1, Relaxed);
+        }
+        state.peer_incarnation = Some(accepted.incarnation);
+        self.stats.connected.store(true, Relaxed);
+        // Resend what the peer does not have, in order.
+        let resend: Vec<(u64, OutFrame)> = state.unacked.iter().cloned().collect();
+        for batch in batches(resend) {
+            if tx.send(batch).await.is_err() {
+                return Ended::Broken("stream closed while resending".into());
+            }
+        }
+        loop {
+            if state.pull.is_none() && state.unacked.len() < self.config.window {
+                let (reply, rx) = oneshot::channel();
+                let max = PULL_MAX.min(self.config.window - state.unacked.len());
+                let pull = LoopMsg::Pull {
+                    channel: self.channel.clone(),
+                    max,
+                    reply,
+                };
+                if self.loop_tx.send(pull).await.is_err() {
+                    return Ended::Shutdown;
+                }
+                state.pull = Some(rx);
+            }
+            tokio::select! {
+                _ = shutdown.cancelled() => return Ended::Shutdown,
+                ack = acks.message() => match ack {
+                    Ok(Some(pb::PeerAck { kind: Some(pb::peer_ack::Kind::Ack(ack)) })) => {
+                        self.acknowledge(state, ack.seq);
+                    }
+                    Ok(Some(_)) => return Ended::Broken("unexpected message from peer".into()),
+                    Ok(None) => return Ended::Broken("peer closed the stream".into()),
+                    Err(status) => return self.refused(status),
+                },
+                frames = async { state.pull.as_mut().expect("guarded").await }, if state.pull.is_some() => {
+                    state.pull = None;
+                    let Ok(frames) = frames else { return Ended::Shutdown };
+                    let mut numbered = Vec::with_capacity(frames.len());
+                    for frame in frames {
+                        numbered.push((state.next_seq, frame.clone()));
+                        state.unacked.push_back((state.next_seq, frame));
+                        state.next_seq += 1;
+                    }
+                    self.stats.unacked.store(state.unacked.len() as u64, Relaxed);
+                    for batch in batches(numbered) {
+                        if tx.send(batch).await.is_err() {
+                            return Ended::Broken("stream closed".into());
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    fn refused(&self, status: tonic::Status) -> Ended {
+        use tonic::Code;
+        if matches!(
+            status.code(),
+            Code::FailedPrecondition | Code::NotFound | Code::InvalidArgument
+        ) {
+            tracing::error!(channel = %self.channel, "peer refused the channel: {}", status.message());
+        }
+        Ended::Broken(status.to_string())
+    }
+
+    /// Forgets frames up to `seq` and returns their credits.
+    fn acknowledge(&self, state: &mut State, seq: u64) {
+        let mut data = 0;
+        while state.unacked.front().is_some_and(|(s, _)| *s <= seq) {
+            if let Some((_, OutFrame::Data(_))) = state.unacked.pop_front() {
+                data += 1;
+            }
+        }
+        if data > 0 {
+            self.shared.out_credits[&self.channel].add_permits(data);
+        }
+        self.stats
+            .unacked
+            .store(state.unacked.len() as u64, Relaxed);
+    }
+}
+
+/// Packs numbered frames into batches: consecutive messages as one blob plus lengths,
+/// markers between them, at most `BATCH_BYTES` of payload per batch.
+fn batches(frames: Vec<(u64, OutFrame)>) -> Vec<pb::PeerFrame> {
+    let mut out = Vec::new();
+    let mut iter = frames.into_iter().peekable();
+    while let Some(&(first_seq, _)) = iter.peek() {
+        let mut batch = pb::FrameBatch {
+            first_seq,
+            frames: Vec::new(),
+            epoch: 0,
+        };
+        let mut bytes = 0;
+        while bytes < BATCH_BYTES {
+            match iter.peek() {
+                None => break,
+                Some((_, OutFrame::Marker(_))) => {
+                    let Some((_, OutFrame::Marker(plan))) = iter.next() else {
+                        unreachable!()
+                    };
+                    batch.frames.push(pb::Frame {
+                        kind: Some(pb::frame::Kind::Marker(pb::Marker {
+                            plan: Some(plan_to_pb(&plan, 0)),
+                        })),
+                    });
+                }
+                Some((_, OutFrame::Data(_))) => {
+                    let mut blob = BytesMut::new();
+                    let mut lengths = Vec::new();
+                    while let Some((_, OutFrame::Data(p))) = iter.peek() {
+                        if bytes > 0 && bytes + p.len() > BATCH_BYTES {
+                            break;
+                        }
+                        bytes += p.len();
+                        blob.extend_from_slice(p);
+                        lengths.push(p.len() as u32);
+                        iter.next();
+                    }
+                    batch.frames.push(pb::Frame {
+                        kind: Some(pb::frame::Kind::Data(pb::DataRun {
+                            payloads: blob.freeze(),
+                            lengths,
+                        })),
+                    });
+                    if matches!(iter.peek(), Some((_, OutFrame::Data(_)))) {
+                        break; // full: the rest goes into the next batch
+                    }
+                }
+            }
+        }
+        out.push(pb::PeerFrame {
+            kind: Some(pb::peer_frame::Kind::Batch(batch)),
+        });
+    }
+    out
+}

@@ -1,0 +1,263 @@
+//! The receiving end of the peer channels: `cairn.v1.Peer/Channel`. Each stream is one
+//! directed channel; this side checks the handshake and every frame, takes credits for
+//! the messages it forwards to the node loop (so a full buffer stops the reading, and
+//! HTTP/2 flow control pushes back on the sender), and acknowledges cumulatively.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use cairn_core::ChannelId;
+use cairn_proto::v1 as pb;
+use tokio::sync::{mpsc, oneshot};
+use tokio_stream::wrappers::ReceiverStream;
+use tokio_util::sync::CancellationToken;
+use tonic::{Request, Response, Status, Streaming};
+
+use crate::convert::{InvalidInput, plan_from_pb};
+use crate::error::Error;
+use crate::node_loop::{InItem, LoopMsg, Shared};
+
+/// The `Peer` service.
+pub(crate) struct PeerService {
+    pub shared: Arc<Shared>,
+    pub loop_tx: mpsc::Sender<LoopMsg>,
+    pub shutdown: CancellationToken,
+}
+
+#[tonic::async_trait]
+impl pb::peer_server::Peer for PeerService {
+    type ChannelStream = ReceiverStream<Result<pb::PeerAck, Status>>;
+
+    async fn channel(
+        &self,
+        request: Request<Streaming<pb::PeerFrame>>,
+    ) -> Result<Response<Self::ChannelStream>, Status> {
+        let mut frames = request.into_inner();
+        let first = frames
+            .message()
+            .await?
+            .ok_or_else(|| invalid("the stream ended before its handshake"))?;
+        let Some(pb::peer_frame::Kind::Handshake(handshake)) = first.kind else {
+            return Err(invalid("the first frame of a channel must be a handshake").into());
+        };
+        let channel = self.check_handshake(&handshake)?;
+        let (reply, opened) = oneshot::channel();
+        self.loop_tx
+            .send(LoopMsg::InboundOpened {
+                channel: channel.clone(),
+                incarnation: handshake.incarnation,
+                reply,
+            })
+            .await
+            .map_err(|_| Error::ShuttingDown)?;
+        let acked = opened.await.map_err(|_| Error::ShuttingDown)?;
+        tracing::debug!(%channel, incarnation = handshake.incarnation, acked, "channel opened");
+        let (tx, rx) = mpsc::channel(64);
+        let accepted = pb::PeerAck {
+            kind: Some(pb::peer_ack::Kind::Accepted(pb::HandshakeAccepted {
+                incarnation: self.shared.incarnation,
+                acked_seq: acked,
+            })),
+        };
+        tx.send(Ok(accepted))
+            .await
+            .map_err(|_| Error::ShuttingDown)?;
+        let reader = Reader {
+            shared: self.shared.clone(),
+            loop_tx: self.loop_tx.clone(),
+            channel,
+            incarnation: handshake.incarnation,
+            expected: acked + 1,
+        };
+        let shutdown = self.shutdown.clone();
+        tokio::spawn(async move {
+            if let Err(status) = reader.run(frames, &tx, shutdown).await {
+                tracing::warn!("closing channel stream: {}", status.message());
+                let _ = tx.send(Err(status)).await;
+            }
+        });
+        Ok(Response::new(ReceiverStream::new(rx)))
+    }
+}
+
+fn invalid(what: &str) -> Error {
+    Error::InvalidInput(InvalidInput(what.to_owned()))
+}
+
+impl PeerService {
+    fn check_handshake(&self, handshake: &pb::Handshake) -> Result<ChannelId, Error> {
+        if handshake.cluster != self.shared.cluster {
+            return Err(Error::WrongCluster {
+                ours: self.shared.cluster.clone(),
+                theirs: handshake.cluster.clone(),
+            });
+        }
+        if handshake.to != self.shared.node_id.as_str() {
+            return Err(Error::Unknown(format!(
+                "this is node {}, not {}",
+                self.shared.node_id, handshake.to
+            )));
+        }
+        let channel = ChannelId::new(handshake.from.as_str(), handshake.to.as_str());
+        if !self.shared.in_credits.contains_key(&channel) {
+            return Err(Error::Unknown(format!(
+                "no channel {channel} in the topology (is {} a member?)",
+                handshake.from
+            )));
+        }
+        if handshake.incarnation == 0 {
+            return Err(invalid("handshake incarnation must not be 0"));
+        }
+        Ok(channel)
+    }
+}
+
+struct Reader {
+    shared: Arc<Shared>,
+    loop_tx: mpsc::Sender<LoopMsg>,
+    channel: ChannelId,
+    incarnation: u64,
+    /// The next sequence number this stream has not forwarded yet.
+    expected: u64,
+}
+
+impl Reader {
+    async fn run(
+        mut self,
+        mut frames: Streaming<pb::PeerFrame>,
+        tx: &mpsc::Sender<Result<pb::PeerAck, Status>>,
+        shutdown: CancellationToken,
+    ) -> Result<(), Status> {
+        loop {
+            let frame = tokio::select! {
+                _ = shutdown.cancelled() => return Ok(()),
+                frame = frames.message() => frame,
+            };
+            let batch = match frame {
+                Ok(Some(pb::PeerFrame {
+                    kind: Some(pb::peer_frame::Kind::Batch(batch)),
+                })) => batch,
+                Ok(Some(_)) => {
+                    return Err(self.fail(invalid("expected a frame batch after the handshake")));
+                }
+                Ok(None) => return Ok(()),
+                Err(status) => {
+                    tracing::debug!(channel = %self.channel, %status, "channel stream broke");
+                    return Ok(());
+                }
+            };
+            if batch.first_seq == 0 || batch.first_seq > self.expected {
+                return Err(self.fail(Error::OutOfSequence {
+                    channel: self.channel.clone(),
+                    expected: self.expected,
+                    got: batch.first_seq,
+                }));
+            }
+            let items = self.decode(&batch).map_err(|e| self.fail(e))?;
+            let last = batch.first_seq + items.len() as u64 - 1;
+            if items.is_empty() {
+                continue;
+            }
+            // Frames before `expected` were forwarded already (a resend after reconnect).
+            let skip = (self.expected - batch.first_seq) as usize;
+            let fresh: Vec<InItem> = items.into_iter().skip(skip).collect();
+            self.forward(fresh).await?;
+            let ack = pb::PeerAck {
+                kind: Some(pb::peer_ack::Kind::Ack(pb::Ack { seq: last })),
+            };
+            if tx.send(Ok(ack)).await.is_err() {
+                return Ok(());
+            }
+        }
+    }
+
+    fn fail(&self, error: Error) -> Status {
+        let status: Status = error.into();
+        Status::new(
+            status.code(),
+            format!("{}: {}", self.channel, status.message()),
+        )
+    }
+
+    fn decode(&self, batch: &pb::FrameBatch) -> Result<Vec<InItem>, Error> {
+        let mut items = Vec::new();
+        for frame in &batch.frames {
+            match &frame.kind {
+                Some(pb::frame::Kind::Data(run)) => {
+                    let total: u64 = run.lengths.iter().map(|l| u64::from(*l)).sum();
+                    if total != run.payloads.len() as u64 {
+                        return Err(invalid(&format!(
+                            "data run lengths add up to {total} bytes but it carries {}",
+                            run.payloads.len()
+                        )));
+                    }
+                    let mut at = 0usize;
+                    for len in &run.lengths {
+                        let len = *len as usize;
+                        if len > self.shared.max_payload {
+                            return Err(Error::PayloadTooLarge {
+                                size: len,
+                                limit: self.shared.max_payload,
+                            });
+                        }
+                        let payload: Bytes = run.payloads.slice(at..at + len);
+                        items.push(InItem::Data(payload));
+                        at += len;
+                    }
+                }
+                Some(pb::frame::Kind::Marker(marker)) => {
+                    let plan = marker
+                        .plan
+                        .as_ref()
+                        .ok_or_else(|| invalid("marker without a plan"))?;
+                    items.push(InItem::Marker(plan_from_pb(plan)?));
+                }
+                None => return Err(invalid("frame with neither data nor marker")),
+            }
+        }
+        Ok(items)
+    }
+
+    /// Forwards items in order, taking one credit per message. When the channel's buffer
+    /// is full, what is ready goes first, then the reader waits for credits — and stops
+    /// reading the stream meanwhile.
+    async fn forward(&mut self, items: Vec<InItem>) -> Result<(), Status> {
+        let credits = self.shared.in_credits[&self.channel].clone();
+        let mut ready = Vec::with_capacity(items.len());
+        for item in items {
+            if let InItem::Data(_) = item {
+                match credits.try_acquire() {
+                    Ok(permit) => permit.forget(),
+                    Err(_) => {
+                        self.send(std::mem::take(&mut ready)).await?;
+                        credits
+                            .acquire()
+                            .await
+                            .map_err(|_| Status::from(Error::ShuttingDown))?
+                            .forget();
+                    }
+                }
+            }
+            ready.push(item);
+        }
+        self.send(ready).await
+    }
+
+    async fn send(&mut self, items: Vec<InItem>) -> Result<(), Status> {
+        if items.is_empty() {
+            return Ok(());
+        }
+        let n = items.len() as u64;
+        self.loop_tx
+            .send(LoopMsg::InboundFrames {
+                channel: self.channel.clone(),
+                incarnation: self.incarnation,
+                first_seq: self.expected,
+                items,
+            })
+            .await
+            .map_err(|_| Status::from(Error::ShuttingDown))?;
+        self.expected += n;
+        Ok(())
+    }
+}
