@@ -49,6 +49,9 @@ if cargo tree -p cairn-core -e normal --prefix none --locked | grep -E '^(tokio|
   exit 1
 fi
 
+say "cargo build --bins (the multi-process tests run the built binaries)"
+cargo build --workspace --bins --locked
+
 say "cargo test --workspace"
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT

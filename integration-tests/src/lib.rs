@@ -5,7 +5,17 @@
 //!
 //! - [`sim`]: the seeded simulation, its ground-truth oracle and the broken engines that
 //!   prove the oracle can fail. Its tests live in `tests/simulation.rs`.
+//! - [`processes`]: child processes killed on drop, free ports, polling with a deadline.
+//! - [`bank_cluster`]: real `cairn-node` + `cairn-bank` processes on static config.
+//! - [`cut`]: a real snapshot's parts, verified and its money counted.
+//! - [`local`]: node daemons inside the test process.
+//! - [`proxy`]: a TCP proxy that cuts its connections on demand.
 
 #![forbid(unsafe_code)]
 
+pub mod bank_cluster;
+pub mod cut;
+pub mod local;
+pub mod processes;
+pub mod proxy;
 pub mod sim;

@@ -62,6 +62,7 @@ fn main() -> ExitCode {
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     let Ok(runtime) = tokio::runtime::Runtime::new() else {
         eprintln!("error: cannot start the runtime");

@@ -1,0 +1,112 @@
+//! Real processes for tests: the built binaries, started on free loopback ports and
+//! killed (by pid) when their guard drops, pass or fail.
+
+use std::net::TcpListener;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+/// A child process that is killed and reaped when dropped.
+pub struct ChildGuard {
+    name: String,
+    child: Child,
+}
+
+impl ChildGuard {
+    /// Starts `command`, its output appended to `log`.
+    pub fn spawn(name: &str, mut command: Command, log: &std::path::Path) -> anyhow::Result<Self> {
+        let out = std::fs::File::create(log)?;
+        let child = command
+            .stdin(Stdio::null())
+            .stdout(out.try_clone()?)
+            .stderr(out)
+            .spawn()
+            .map_err(|e| anyhow::anyhow!("cannot start {name}: {e}"))?;
+        Ok(Self {
+            name: name.to_owned(),
+            child,
+        })
+    }
+
+    /// The process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Whether it is still running.
+    pub fn running(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(None))
+    }
+
+    /// Kills it now (SIGKILL) and reaps it.
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// Its name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+}
+
+impl Drop for ChildGuard {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// A free TCP port on 127.0.0.1 for a process to listen on. It is drawn below the
+/// kernel's ephemeral range (read from /proc), so that the outgoing connections of the
+/// processes already running cannot take it before its process binds it.
+pub fn free_port() -> u16 {
+    use rand::Rng;
+    let ephemeral_start: u16 = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|s| s.split_whitespace().next()?.parse().ok())
+        .unwrap_or(32768);
+    let low = 10_000.min(ephemeral_start / 2);
+    let mut rng = rand::rng();
+    for _ in 0..1000 {
+        let port = rng.random_range(low..ephemeral_start);
+        if TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
+    panic!("no free port below {ephemeral_start} after 1000 tries")
+}
+
+/// The directory holding the workspace's built binaries (next to the test executable).
+pub fn binary(name: &str) -> anyhow::Result<PathBuf> {
+    let exe = std::env::current_exe()?;
+    let dir = exe
+        .parent()
+        .and_then(|deps| deps.parent())
+        .ok_or_else(|| anyhow::anyhow!("cannot locate the target directory"))?;
+    let path = dir.join(name);
+    if !path.exists() {
+        anyhow::bail!(
+            "{} is missing: build the binaries first with `cargo build --bins` (scripts/test.sh does)",
+            path.display()
+        );
+    }
+    Ok(path)
+}
+
+/// Retries `probe` every 20 ms until it succeeds or `timeout` passes.
+pub async fn eventually<T, F, Fut>(what: &str, timeout: Duration, mut probe: F) -> anyhow::Result<T>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = anyhow::Result<T>>,
+{
+    let deadline = tokio::time::Instant::now() + timeout;
+    loop {
+        match probe().await {
+            Ok(value) => return Ok(value),
+            Err(e) if tokio::time::Instant::now() >= deadline => {
+                anyhow::bail!("{what}: not within {timeout:?}: {e:#}")
+            }
+            Err(_) => tokio::time::sleep(Duration::from_millis(20)).await,
+        }
+    }
+}
