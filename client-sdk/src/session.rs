@@ -144,6 +144,10 @@ impl AppSession {
         let channel = Endpoint::from_shared(format!("http://{address}"))
             .map_err(|e| connect_error(e.to_string()))?
             .tcp_nodelay(true)
+            // Small windows: what waits in HTTP/2 buffers stays small, so the daemon's
+            // backpressure reaches the application quickly.
+            .initial_stream_window_size(256 << 10)
+            .initial_connection_window_size(1 << 20)
             .connect()
             .await
             .map_err(|e| connect_error(e.to_string()))?;

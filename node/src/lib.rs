@@ -52,6 +52,8 @@ use node_loop::{LinkStats, LoopMsg, NodeLoop, Shared};
 
 /// Largest gRPC message a daemon accepts.
 const MAX_MESSAGE: usize = 64 << 20;
+/// HTTP/2 stream window of the application session, in bytes.
+const APP_STREAM_WINDOW: u32 = 256 << 10;
 
 /// The sockets a daemon serves on, bound by the caller (so tests can bind port 0).
 pub struct Listeners {
@@ -175,7 +177,12 @@ pub async fn run(
             TcpListenerStream::new(listeners.peer),
             stop.clone().cancelled_owned(),
         );
-    let app_server = server()
+    // The application is beside the daemon: small windows keep what waits in HTTP/2
+    // buffers small, so backpressure reaches a fast application quickly.
+    let app_server = Server::builder()
+        .tcp_nodelay(true)
+        .initial_stream_window_size(APP_STREAM_WINDOW)
+        .initial_connection_window_size(APP_STREAM_WINDOW * 4)
         .add_service(health_service)
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha)

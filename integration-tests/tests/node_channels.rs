@@ -1,0 +1,361 @@
+//! In-process daemons: the peer channel survives cut connections, pushes back on a fast
+//! sender, and refuses bad input with a clear status while serving everyone else.
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use cairn_core::NodeId;
+use cairn_integration_tests::local::{LocalCluster, bind};
+use cairn_integration_tests::proxy::CuttingProxy;
+use cairn_proto::v1 as pb;
+use cairn_sdk::{AppEvent, AppSession};
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::Code;
+
+/// Receives `n` messages at `session`, checking each is the next number; `pause` slows
+/// the application down after every ten messages.
+async fn receive_numbers(
+    mut session: AppSession,
+    n: u64,
+    pause: Option<Duration>,
+) -> anyhow::Result<u64> {
+    let mut next = 0u64;
+    while next < n {
+        match session.next_event().await? {
+            Some(AppEvent::Message { payload, .. }) => {
+                let got = u64::from_be_bytes(payload.as_ref().try_into()?);
+                anyhow::ensure!(got == next, "expected message {next}, got {got}");
+                next += 1;
+                if let (Some(pause), 0) = (pause, next % 10) {
+                    tokio::time::sleep(pause).await;
+                }
+            }
+            Some(other) => anyhow::bail!("unexpected event {other:?}"),
+            None => anyhow::bail!("session ended after {next} messages"),
+        }
+    }
+    Ok(next)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_message_arrives_once_and_in_order_while_connections_are_cut_again_and_again() {
+    const N: u64 = 30_000;
+    let bound = bind(&["a", "b"]).await.unwrap();
+    let b_peer = bound.addresses[&NodeId::from("b")].0;
+    let proxy = CuttingProxy::start(b_peer).await.unwrap();
+    let proxy_addr = proxy.addr.to_string();
+    let cluster = bound.start(|id, config| {
+        if id.as_str() == "a" {
+            config.peers.insert("b".into(), proxy_addr.clone());
+            config.reconnect_initial = Duration::from_millis(5);
+            config.reconnect_max = Duration::from_millis(50);
+        }
+    });
+    let a = AppSession::connect(&cluster.nodes[&NodeId::from("a")].app.to_string(), "sender")
+        .await
+        .unwrap();
+    let b = AppSession::connect(
+        &cluster.nodes[&NodeId::from("b")].app.to_string(),
+        "receiver",
+    )
+    .await
+    .unwrap();
+    let receiver = tokio::spawn(receive_numbers(b, N, None));
+    let sender = a.sender();
+    let sending = tokio::spawn(async move {
+        for i in 0..N {
+            sender
+                .send("b", Bytes::copy_from_slice(&i.to_be_bytes()))
+                .await?;
+        }
+        anyhow::Ok(())
+    });
+    let mut cuts = 0;
+    while !receiver.is_finished() {
+        tokio::time::sleep(Duration::from_millis(15)).await;
+        cuts += proxy.cut();
+    }
+    sending.await.unwrap().unwrap();
+    assert_eq!(receiver.await.unwrap().unwrap(), N);
+    assert!(
+        cuts >= 3,
+        "only {cuts} connections were cut: the test did not test reconnection"
+    );
+    let status = cluster.status("a").await.unwrap();
+    let reconnects: u64 = status.channels.iter().map(|c| c.reconnects).sum();
+    assert!(reconnects >= 3, "a reconnected only {reconnects} times");
+    cluster.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_receiver_slows_the_sender_and_memory_stays_bounded() {
+    const N: u64 = 40_000;
+    const BUFFER: usize = 256;
+    let cluster = bind(&["a", "b"])
+        .await
+        .unwrap()
+        .start(|_, config| config.channel_buffer = BUFFER);
+    let a = AppSession::connect(&cluster.nodes[&NodeId::from("a")].app.to_string(), "fast")
+        .await
+        .unwrap();
+    let b = AppSession::connect(&cluster.nodes[&NodeId::from("b")].app.to_string(), "slow")
+        .await
+        .unwrap();
+    let (progress_tx, mut progress) = mpsc::unbounded_channel::<u64>();
+    let receiver = tokio::spawn(async move {
+        // Receive slowly: about 10 messages per millisecond.
+        let mut session = b;
+        let mut next = 0u64;
+        while next < N {
+            let Some(AppEvent::Message { payload, .. }) = session.next_event().await? else {
+                anyhow::bail!("session ended");
+            };
+            anyhow::ensure!(
+                u64::from_be_bytes(payload[..8].try_into()?) == next,
+                "out of order at {next}"
+            );
+            next += 1;
+            if next % 10 == 0 {
+                let _ = progress_tx.send(next);
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+        }
+        anyhow::Ok(next)
+    });
+    let sender = a.sender();
+    let mut peak_out = 0;
+    let mut peak_inbox = 0;
+    let mut received = 0;
+    for i in 0..N {
+        let mut payload = vec![0u8; 128];
+        payload[..8].copy_from_slice(&i.to_be_bytes());
+        sender.send("b", Bytes::from(payload)).await.unwrap();
+        if i % 2000 == 0 {
+            let a_status = cluster.status("a").await.unwrap();
+            let b_status = cluster.status("b").await.unwrap();
+            peak_out = peak_out.max(
+                a_status
+                    .channels
+                    .iter()
+                    .map(|c| c.unacked_frames)
+                    .max()
+                    .unwrap_or(0),
+            );
+            peak_inbox = peak_inbox.max(b_status.inbox_depth);
+        }
+    }
+    while let Ok(n) = progress.try_recv() {
+        received = n;
+    }
+    // The sender finished: it can only have been this far ahead of the receiver if the
+    // daemons pushed back, so it was slowed to the receiver's pace.
+    assert!(
+        received >= N / 2,
+        "the sender finished when the receiver had only {received} of {N}: nothing pushed back"
+    );
+    assert!(
+        peak_out <= BUFFER as u64,
+        "a held {peak_out} frames for b, more than its buffer of {BUFFER}"
+    );
+    assert!(
+        peak_inbox <= BUFFER as u64,
+        "b's inbox held {peak_inbox}, more than its buffer of {BUFFER}"
+    );
+    assert_eq!(
+        receiver.await.unwrap().unwrap(),
+        N,
+        "nothing may be dropped"
+    );
+    cluster.stop().await.unwrap();
+}
+
+/// Opens a raw peer stream to `node` and sends `frames`; returns the status that ends it.
+async fn peer_stream_status(
+    cluster: &LocalCluster,
+    node: &str,
+    frames: Vec<pb::PeerFrame>,
+) -> Code {
+    let addr = cluster.nodes[&NodeId::from(node)].peer;
+    let mut client = pb::peer_client::PeerClient::connect(format!("http://{addr}"))
+        .await
+        .unwrap();
+    let (tx, rx) = mpsc::channel(16);
+    for frame in frames {
+        tx.send(frame).await.unwrap();
+    }
+    let mut acks = match client.channel(ReceiverStream::new(rx)).await {
+        Ok(response) => response.into_inner(),
+        Err(status) => return status.code(),
+    };
+    loop {
+        match tokio::time::timeout(Duration::from_secs(5), acks.message()).await {
+            Ok(Ok(Some(_))) => continue,
+            Ok(Ok(None)) => return Code::Ok,
+            Ok(Err(status)) => return status.code(),
+            Err(_) => return Code::DeadlineExceeded,
+        }
+    }
+}
+
+fn handshake(cluster: &str, from: &str, to: &str) -> pb::PeerFrame {
+    pb::PeerFrame {
+        kind: Some(pb::peer_frame::Kind::Handshake(pb::Handshake {
+            cluster: cluster.into(),
+            from: from.into(),
+            to: to.into(),
+            incarnation: 7,
+            epoch: 0,
+        })),
+    }
+}
+
+fn batch(first_seq: u64, frames: Vec<pb::frame::Kind>) -> pb::PeerFrame {
+    pb::PeerFrame {
+        kind: Some(pb::peer_frame::Kind::Batch(pb::FrameBatch {
+            first_seq,
+            frames: frames
+                .into_iter()
+                .map(|k| pb::Frame { kind: Some(k) })
+                .collect(),
+            epoch: 0,
+        })),
+    }
+}
+
+fn data(payloads: &[&[u8]]) -> pb::frame::Kind {
+    pb::frame::Kind::Data(pb::DataRun {
+        payloads: Bytes::from(payloads.concat()),
+        lengths: payloads.iter().map(|p| p.len() as u32).collect(),
+    })
+}
+
+fn marker(mode: i32) -> pb::frame::Kind {
+    pb::frame::Kind::Marker(pb::Marker {
+        plan: Some(pb::SnapshotPlan {
+            snapshot_id: 1,
+            mode,
+            initiators: vec!["a".into()],
+            alignment_timeout_ms: 0,
+            epoch: 0,
+        }),
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_input_gets_a_clear_status_and_closes_only_its_own_stream() {
+    // Node b alone; the test plays peer a with raw frames.
+    let bound = bind(&["a", "b"]).await.unwrap();
+    let mut cluster = bound.start(|_, config| config.max_payload = 1024);
+    drop(cluster.nodes.remove(&NodeId::from("a")));
+    let b_app = cluster.nodes[&NodeId::from("b")].app.to_string();
+    let mut b = AppSession::connect(&b_app, "bank").await.unwrap();
+
+    let cases: Vec<(&str, Vec<pb::PeerFrame>, Code)> = vec![
+        (
+            "wrong cluster",
+            vec![handshake("other", "a", "b")],
+            Code::FailedPrecondition,
+        ),
+        (
+            "unknown node",
+            vec![handshake("test", "zz", "b")],
+            Code::NotFound,
+        ),
+        (
+            "wrong receiver",
+            vec![handshake("test", "a", "c")],
+            Code::NotFound,
+        ),
+        (
+            "no handshake",
+            vec![batch(1, vec![data(&[b"x"])])],
+            Code::InvalidArgument,
+        ),
+        (
+            "malformed data run",
+            vec![
+                handshake("test", "a", "b"),
+                batch(
+                    1,
+                    vec![pb::frame::Kind::Data(pb::DataRun {
+                        payloads: Bytes::from_static(b"abc"),
+                        lengths: vec![2, 5],
+                    })],
+                ),
+            ],
+            Code::InvalidArgument,
+        ),
+        (
+            "frame out of sequence",
+            vec![handshake("test", "a", "b"), batch(5, vec![data(&[b"x"])])],
+            Code::OutOfRange,
+        ),
+        (
+            "oversize payload",
+            vec![
+                handshake("test", "a", "b"),
+                batch(1, vec![data(&[&[0u8; 2048]])]),
+            ],
+            Code::ResourceExhausted,
+        ),
+        (
+            "marker in an unknown mode",
+            vec![handshake("test", "a", "b"), batch(1, vec![marker(99)])],
+            Code::InvalidArgument,
+        ),
+    ];
+    for (what, frames, expected) in cases {
+        let code = peer_stream_status(&cluster, "b", frames).await;
+        assert_eq!(code, expected, "{what}");
+    }
+
+    // A second application session is refused; the first one keeps working.
+    let second = AppSession::connect(&b_app, "intruder").await;
+    match second {
+        Err(cairn_sdk::Error::Rpc(status)) => assert_eq!(status.code(), Code::FailedPrecondition),
+        Err(other) => panic!("second session: unexpected error {other}"),
+        Ok(_) => panic!("a second application session was accepted"),
+    }
+
+    // b still serves a well-behaved peer, and its application gets the message.
+    let addr = cluster.nodes[&NodeId::from("b")].peer;
+    let mut client = pb::peer_client::PeerClient::connect(format!("http://{addr}"))
+        .await
+        .unwrap();
+    let (tx, rx) = mpsc::channel(4);
+    tx.send(handshake("test", "a", "b")).await.unwrap();
+    let mut acks = client
+        .channel(ReceiverStream::new(rx))
+        .await
+        .unwrap()
+        .into_inner();
+    let Some(pb::PeerAck {
+        kind: Some(pb::peer_ack::Kind::Accepted(_)),
+    }) = acks.message().await.unwrap()
+    else {
+        panic!("handshake not accepted")
+    };
+    tx.send(batch(1, vec![data(&[b"hello"])])).await.unwrap();
+    let Some(pb::PeerAck {
+        kind: Some(pb::peer_ack::Kind::Ack(ack)),
+    }) = acks.message().await.unwrap()
+    else {
+        panic!("no ack")
+    };
+    assert_eq!(ack.seq, 1);
+    match b.next_event().await.unwrap() {
+        Some(AppEvent::Message { from, payload }) => {
+            assert_eq!((from.as_str(), payload.as_ref()), ("a", b"hello".as_ref()));
+        }
+        other => panic!("unexpected {other:?}"),
+    }
+
+    // Sending to a node that is not a peer is refused before it reaches the daemon.
+    assert!(matches!(
+        b.sender().send("zz", Bytes::from_static(b"x")).await,
+        Err(cairn_sdk::Error::UnknownPeer(_))
+    ));
+    drop(acks);
+    cluster.stop().await.unwrap();
+}
