@@ -46,7 +46,7 @@
 //! # Layout
 //!
 //! - [`session`]: [`AppSession`], [`AppSender`], [`SendPermit`], [`AppEvent`].
-//! - [`coordinator`]: [`CoordinatorClient`].
+//! - [`coordinator`]: the coordinator client, [`CoordinatorClient`].
 //! - [`bank`]: the `cairn-bank` example application.
 //! - [`error`]: [`Error`], with [`Error::is_retryable`].
 

@@ -41,6 +41,7 @@ pub struct LocalNode {
     pub peer: SocketAddr,
     /// Its application address.
     pub app: SocketAddr,
+    config: NodeConfig,
     shutdown: CancellationToken,
     task: JoinHandle<Result<(), cairn_node::RunError>>,
 }
@@ -66,12 +67,13 @@ impl Bound {
             configure(id, &mut config);
             let listeners = self.listeners.remove(id).expect("bound");
             let shutdown = CancellationToken::new();
-            let task = tokio::spawn(cairn_node::run(config, listeners, shutdown.clone()));
+            let task = tokio::spawn(cairn_node::run(config.clone(), listeners, shutdown.clone()));
             nodes.insert(
                 id.clone(),
                 LocalNode {
                     peer: *peer,
                     app: *app,
+                    config,
                     shutdown,
                     task,
                 },
@@ -102,6 +104,24 @@ impl LocalCluster {
             .get_node_status(pb::GetNodeStatusRequest {})
             .await?
             .into_inner())
+    }
+
+    /// Stops node `id` and starts it again on the same addresses: a new incarnation.
+    pub async fn restart(&mut self, id: &str) -> anyhow::Result<()> {
+        let node = self.nodes.get_mut(&NodeId::from(id)).expect("member");
+        node.shutdown.cancel();
+        (&mut node.task).await??;
+        let listeners = Listeners {
+            peer: TcpListener::bind(node.peer).await?,
+            app: TcpListener::bind(node.app).await?,
+        };
+        node.shutdown = CancellationToken::new();
+        node.task = tokio::spawn(cairn_node::run(
+            node.config.clone(),
+            listeners,
+            node.shutdown.clone(),
+        ));
+        Ok(())
     }
 
     /// Stops every node and waits for them.

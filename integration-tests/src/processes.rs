@@ -38,6 +38,23 @@ impl ChildGuard {
         matches!(self.child.try_wait(), Ok(None))
     }
 
+    /// Sends SIGTERM and waits up to `timeout` for it to exit; its exit status, or
+    /// `None` if it did not exit in time (it is then killed).
+    pub fn terminate(&mut self, timeout: Duration) -> Option<std::process::ExitStatus> {
+        let _ = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status();
+        let deadline = std::time::Instant::now() + timeout;
+        while std::time::Instant::now() < deadline {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                return Some(status);
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        self.kill();
+        None
+    }
+
     /// Kills it now (SIGKILL) and reaps it.
     pub fn kill(&mut self) {
         let _ = self.child.kill();

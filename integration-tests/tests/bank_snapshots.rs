@@ -52,3 +52,19 @@ async fn three_banks_snapshot_in_every_mode_and_the_money_adds_up() {
 async fn five_banks_snapshot_in_every_mode_and_the_money_adds_up() {
     snapshots_add_up(5).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_stops_a_daemon_cleanly_within_its_grace_period() {
+    let mut cluster = BankCluster::start(2, 100.0, &[])
+        .await
+        .expect("cluster starts");
+    // The daemons run with a 1 s grace period.
+    let status = cluster.members[0]
+        .node_process()
+        .terminate(Duration::from_secs(5))
+        .expect("the daemon did not exit within 5 s of SIGTERM");
+    assert!(
+        status.success(),
+        "the daemon exited with {status} on SIGTERM"
+    );
+}

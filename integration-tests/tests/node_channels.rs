@@ -27,7 +27,7 @@ async fn receive_numbers(
                 let got = u64::from_be_bytes(payload.as_ref().try_into()?);
                 anyhow::ensure!(got == next, "expected message {next}, got {got}");
                 next += 1;
-                if let (Some(pause), 0) = (pause, next % 10) {
+                if let (Some(pause), true) = (pause, next.is_multiple_of(10)) {
                     tokio::time::sleep(pause).await;
                 }
             }
@@ -116,7 +116,7 @@ async fn a_slow_receiver_slows_the_sender_and_memory_stays_bounded() {
                 "out of order at {next}"
             );
             next += 1;
-            if next % 10 == 0 {
+            if next.is_multiple_of(10) {
                 let _ = progress_tx.send(next);
                 tokio::time::sleep(Duration::from_millis(1)).await;
             }
@@ -131,7 +131,7 @@ async fn a_slow_receiver_slows_the_sender_and_memory_stays_bounded() {
         let mut payload = vec![0u8; 128];
         payload[..8].copy_from_slice(&i.to_be_bytes());
         sender.send("b", Bytes::from(payload)).await.unwrap();
-        if i % 2000 == 0 {
+        if i.is_multiple_of(2000) {
             let a_status = cluster.status("a").await.unwrap();
             let b_status = cluster.status("b").await.unwrap();
             peak_out = peak_out.max(
@@ -357,5 +357,105 @@ async fn bad_input_gets_a_clear_status_and_closes_only_its_own_stream() {
         Err(cairn_sdk::Error::UnknownPeer(_))
     ));
     drop(acks);
+    cluster.stop().await.unwrap();
+}
+
+/// Answers every record request with a fixed state, ignoring messages.
+async fn answer_snapshots(mut session: AppSession) {
+    let sender = session.sender();
+    while let Ok(Some(event)) = session.next_event().await {
+        if let AppEvent::RecordState { snapshot_id } = event {
+            let _ = sender.state_recorded(snapshot_id, Bytes::from_static(b"state"));
+        }
+    }
+}
+
+async fn initiate(cluster: &LocalCluster, node: &str, id: u64) {
+    cluster
+        .admin(node)
+        .await
+        .unwrap()
+        .initiate_snapshot(pb::InitiateSnapshotRequest {
+            snapshot_id: id,
+            mode: pb::SnapshotMode::ChandyLamport as i32,
+            alignment_timeout_ms: 0,
+        })
+        .await
+        .unwrap();
+}
+
+/// Waits until node `node`'s part of snapshot `id` is settled; returns the status code
+/// and message (OK when the part is complete).
+async fn part_outcome(cluster: &LocalCluster, node: &str, id: u64) -> (Code, String) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let mut admin = cluster.admin(node).await.unwrap();
+        match admin
+            .get_local_snapshot(pb::GetLocalSnapshotRequest { snapshot_id: id })
+            .await
+        {
+            Ok(_) => return (Code::Ok, String::new()),
+            Err(s) if s.code() == Code::NotFound && tokio::time::Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            Err(s) => return (s.code(), s.message().to_owned()),
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_snapshot_reaching_a_node_without_an_application_fails_there_with_that_reason() {
+    let cluster = bind(&["a", "b"]).await.unwrap().start(|_, _| {});
+    let a = AppSession::connect(&cluster.nodes[&NodeId::from("a")].app.to_string(), "app")
+        .await
+        .unwrap();
+    tokio::spawn(answer_snapshots(a));
+    initiate(&cluster, "a", 1).await;
+    let (code, message) = part_outcome(&cluster, "b", 1).await;
+    assert_eq!(code, Code::FailedPrecondition, "{message}");
+    assert!(
+        message.contains("node b has no application attached"),
+        "{message}"
+    );
+    cluster.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_peer_restart_resets_the_channel_and_fails_the_snapshot_in_flight_naming_it() {
+    let mut cluster = bind(&["a", "b"]).await.unwrap().start(|_, config| {
+        config.reconnect_initial = Duration::from_millis(5);
+        config.reconnect_max = Duration::from_millis(50);
+    });
+    let a = AppSession::connect(&cluster.nodes[&NodeId::from("a")].app.to_string(), "app")
+        .await
+        .unwrap();
+    tokio::spawn(answer_snapshots(a));
+    // b's application never answers: the snapshot stays in flight at a and b.
+    let silent = AppSession::connect(&cluster.nodes[&NodeId::from("b")].app.to_string(), "silent")
+        .await
+        .unwrap();
+    initiate(&cluster, "a", 1).await;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while !cluster
+        .status("b")
+        .await
+        .unwrap()
+        .snapshots_in_flight
+        .contains(&1)
+    {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "snapshot 1 never reached b"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    drop(silent);
+    cluster.restart("b").await.unwrap();
+    let (code, message) = part_outcome(&cluster, "a", 1).await;
+    assert_eq!(code, Code::FailedPrecondition, "{message}");
+    assert!(
+        message.contains("channel a->b was reset") || message.contains("channel b->a was reset"),
+        "{message}"
+    );
     cluster.stop().await.unwrap();
 }

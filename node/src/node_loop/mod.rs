@@ -312,14 +312,14 @@ impl NodeLoop {
                     index,
                     payload,
                 } = item
+                    && c == channel
+                    && *g == generation
                 {
-                    if c == channel && *g == generation {
-                        if *index < indices.start {
-                            break;
-                        }
-                        if indices.contains(index) {
-                            found.push((*index, payload.clone()));
-                        }
+                    if *index < indices.start {
+                        break;
+                    }
+                    if indices.contains(index) {
+                        found.push((*index, payload.clone()));
                     }
                 }
             }
