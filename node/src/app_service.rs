@@ -52,12 +52,8 @@ impl pb::app_server::App for AppService {
             })
             .await
             .map_err(|_| Error::ShuttingDown)?;
-        let attached = attached.await.map_err(|_| Error::ShuttingDown)??;
+        attached.await.map_err(|_| Error::ShuttingDown)??;
         tracing::info!(session, application = %attach.application, "session opened");
-        let hello = pb::NodeToApp {
-            kind: Some(pb::node_to_app::Kind::Attached(attached)),
-        };
-        tx.send(Ok(hello)).await.map_err(|_| Error::ShuttingDown)?;
         let reader = SessionReader {
             shared: self.shared.clone(),
             loop_tx: self.loop_tx.clone(),

@@ -13,18 +13,25 @@ use super::{App, AppTx, DELIVER_BATCH, InboxItem, NodeLoop, OutItem};
 use crate::error::Error;
 
 impl NodeLoop {
-    pub(super) fn attach_app(&mut self, session: u64, tx: AppTx) -> Result<pb::Attached, Error> {
+    /// Attaches an application. The loop itself puts `Attached` first on the session's
+    /// stream, so that no delivery can precede it.
+    pub(super) fn attach_app(&mut self, session: u64, tx: AppTx) -> Result<(), Error> {
         if self.app.is_some() {
             return Err(Error::AlreadyAttached(self.shared.node_id.clone()));
         }
-        tracing::info!(session, "application attached");
-        self.app = Some(App { session, tx });
-        Ok(pb::Attached {
+        let attached = pb::Attached {
             node_id: self.shared.node_id.to_string(),
             cluster: self.shared.cluster.clone(),
             peers: self.outgoing.keys().map(|c| c.to.to_string()).collect(),
             incarnation: self.shared.incarnation,
-        })
+        };
+        let hello = pb::NodeToApp {
+            kind: Some(pb::node_to_app::Kind::Attached(attached)),
+        };
+        tx.try_send(Ok(hello)).map_err(|_| Error::ShuttingDown)?;
+        tracing::info!(session, "application attached");
+        self.app = Some(App { session, tx });
+        Ok(())
     }
 
     /// The application left (or its stream broke). Snapshots waiting for its state fail:

@@ -67,7 +67,7 @@ pub(crate) enum LoopMsg {
     AppAttach {
         session: u64,
         tx: AppTx,
-        reply: oneshot::Sender<Result<pb::Attached, Error>>,
+        reply: oneshot::Sender<Result<(), Error>>,
     },
     /// Messages from the application; each holds a credit of its outgoing channel.
     AppSend {
