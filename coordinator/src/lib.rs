@@ -1,8 +1,135 @@
-//! `cairn-coordinator`: membership, triggering, collection, metadata and blob storage.
-//!
-//! Not built yet: it arrives with the coordinator issue, around
-//! `cairn_core::SnapshotTracker`. The crate exists so the workspace has its final shape.
+//! `cairn-coordinator`: turns the node daemons into a product. It keeps the members'
+//! sessions, starts snapshots and follows them with a [`cairn_core::SnapshotTracker`],
+//! stores every part's bytes as content-defined chunks in a blob store and the metadata
+//! as JSON in etcd (or an embedded file store), verifies each cut, and answers users.
 //!
 //! # Layout
 //!
-//! Empty for now.
+//! - [`config`]: [`CoordinatorConfig`].
+//! - `state`: the one task that owns membership and the tracker.
+//! - `service`: the `cairn.v1.Coordinator` gRPC service.
+//! - [`store`]: the metadata store (etcd or a file) and its JSON records.
+//! - [`blob`]: the content-addressed chunk store.
+//! - [`error`]: the coordinator's [`Error`] and its gRPC codes.
+
+#![forbid(unsafe_code)]
+
+pub mod blob;
+pub mod config;
+pub mod error;
+mod records_conv;
+mod service;
+mod state;
+pub mod store;
+
+use std::sync::Arc;
+use std::sync::atomic::AtomicU64;
+
+use cairn_proto::v1 as pb;
+use tokio::net::TcpListener;
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::TcpListenerStream;
+use tokio_util::sync::CancellationToken;
+
+pub use config::CoordinatorConfig;
+pub use error::Error;
+
+use blob::BlobStore;
+use store::{AnyKv, EtcdKv, FileKv, Keys};
+
+/// Why the coordinator could not run.
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    /// The metadata store is unusable at start.
+    #[error(transparent)]
+    Store(#[from] store::StoreError),
+    /// The blob directory is unusable.
+    #[error("blob store {path}: {error}")]
+    Blob {
+        /// The directory.
+        path: String,
+        /// Why.
+        error: std::io::Error,
+    },
+    /// Recovery after a restart failed.
+    #[error("recovery: {0}")]
+    Recover(#[from] Error),
+    /// The server failed.
+    #[error("server: {0}")]
+    Serve(#[from] tonic::transport::Error),
+    /// Reflection could not be built.
+    #[error("reflection: {0}")]
+    Reflection(String),
+}
+
+/// Runs the coordinator on `listener` until `shutdown`.
+pub async fn run(
+    config: CoordinatorConfig,
+    listener: TcpListener,
+    shutdown: CancellationToken,
+) -> Result<(), RunError> {
+    let keys = Keys::new(&config.cluster);
+    let stop = CancellationToken::new();
+    let kv = Arc::new(if config.etcd.is_empty() {
+        let path = config.data_dir.join("metadata.json");
+        tracing::info!(path = %path.display(), "embedded metadata store");
+        AnyKv::File(FileKv::open(&path, &keys.members()).await?)
+    } else {
+        tracing::info!(endpoints = ?config.etcd, "etcd metadata store");
+        AnyKv::Etcd(EtcdKv::connect(&config.etcd, stop.clone()).await?)
+    });
+    let blob_dir = config.data_dir.join("blobs");
+    let blobs = BlobStore::open(&blob_dir)
+        .await
+        .map_err(|error| RunError::Blob {
+            path: blob_dir.display().to_string(),
+            error,
+        })?;
+    let (tx, rx) = mpsc::channel(1024);
+    let state = state::State::new(
+        state::Settings {
+            cluster: config.cluster.clone(),
+            retention: config.retention,
+        },
+        kv.clone(),
+        blobs.clone(),
+        config.max_concurrent,
+        tx.clone(),
+    );
+    state.recover().await?;
+    let state_task = tokio::spawn(state.run(rx));
+
+    let service = service::CoordinatorService {
+        tx: tx.clone(),
+        kv,
+        blobs,
+        keys,
+        default_timeout: config.default_timeout,
+        sessions: AtomicU64::new(0),
+    };
+    drop(tx);
+    let (health, health_service) = tonic_health::server::health_reporter();
+    health
+        .set_serving::<pb::coordinator_server::CoordinatorServer<service::CoordinatorService>>()
+        .await;
+    let addr = listener.local_addr().ok();
+    tracing::info!(?addr, cluster = %config.cluster, "coordinator serving");
+    let result = tonic::transport::Server::builder()
+        .add_service(health_service)
+        .add_service(
+            cairn_proto::reflection::v1().map_err(|e| RunError::Reflection(e.to_string()))?,
+        )
+        .add_service(
+            cairn_proto::reflection::v1alpha().map_err(|e| RunError::Reflection(e.to_string()))?,
+        )
+        .add_service(
+            pb::coordinator_server::CoordinatorServer::new(service)
+                .max_decoding_message_size(64 << 20),
+        )
+        .serve_with_incoming_shutdown(TcpListenerStream::new(listener), shutdown.cancelled_owned())
+        .await;
+    stop.cancel();
+    let _ = tokio::time::timeout(config.grace_period, state_task).await;
+    tracing::info!("coordinator stopped");
+    Ok(result?)
+}

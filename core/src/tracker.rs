@@ -189,6 +189,11 @@ impl SnapshotTracker {
         pick.into_iter().collect()
     }
 
+    /// The most snapshots allowed in flight at once.
+    pub fn max_in_flight(&self) -> usize {
+        self.max_in_flight
+    }
+
     /// The snapshots in flight.
     pub fn in_flight(&self) -> impl Iterator<Item = &Plan> + '_ {
         self.in_flight.values().map(|t| &t.plan)

@@ -1,0 +1,46 @@
+//! The coordinator's errors, each with a deliberate gRPC status code.
+
+use tonic::{Code, Status};
+
+use crate::store::StoreError;
+
+/// What can go wrong serving a request.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum Error {
+    /// The request is malformed.
+    #[error("invalid argument: {0}")]
+    InvalidArgument(String),
+    /// No snapshot with that id.
+    #[error("snapshot {0} not found")]
+    NotFound(u64),
+    /// The cluster is not in a state that allows the request.
+    #[error("{0}")]
+    FailedPrecondition(String),
+    /// Too many snapshots in flight.
+    #[error("{0}")]
+    ResourceExhausted(String),
+    /// The metadata store cannot be reached.
+    #[error("{0}")]
+    Store(#[from] StoreError),
+    /// The blob store failed.
+    #[error("blob store: {0}")]
+    Blob(String),
+    /// The coordinator is shutting down.
+    #[error("the coordinator is shutting down")]
+    ShuttingDown,
+}
+
+impl From<Error> for Status {
+    fn from(error: Error) -> Self {
+        let code = match &error {
+            Error::InvalidArgument(_) => Code::InvalidArgument,
+            Error::NotFound(_) => Code::NotFound,
+            Error::FailedPrecondition(_) => Code::FailedPrecondition,
+            Error::ResourceExhausted(_) => Code::ResourceExhausted,
+            Error::Store(_) => Code::Unavailable,
+            Error::Blob(_) => Code::Internal,
+            Error::ShuttingDown => Code::Unavailable,
+        };
+        Status::new(code, error.to_string())
+    }
+}

@@ -1,0 +1,148 @@
+//! Conversions between the stored JSON records, the domain and the wire.
+
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use cairn_core::{FailureReason, SnapshotMode};
+use cairn_proto::v1 as pb;
+
+use crate::store::{FailureRecord, SnapshotRecord, VerdictRecord};
+
+/// Milliseconds since the Unix epoch.
+pub fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+/// The stored name of a mode.
+pub fn mode_name(mode: SnapshotMode) -> String {
+    mode.to_string()
+}
+
+/// The wire value of a stored mode name.
+pub fn mode_pb(name: &str) -> pb::SnapshotMode {
+    match name {
+        "UNALIGNED" => pb::SnapshotMode::Unaligned,
+        "ALIGNED" => pb::SnapshotMode::Aligned,
+        _ => pb::SnapshotMode::ChandyLamport,
+    }
+}
+
+/// The wire value of a stored status.
+pub fn status_pb(name: &str) -> pb::SnapshotStatus {
+    match name {
+        "IN_PROGRESS" => pb::SnapshotStatus::InProgress,
+        "COMPLETED" => pb::SnapshotStatus::Completed,
+        "FAILED" => pb::SnapshotStatus::Failed,
+        "ABORTED" => pb::SnapshotStatus::Aborted,
+        _ => pb::SnapshotStatus::Unspecified,
+    }
+}
+
+/// The stored name of a wire status.
+pub fn status_name(status: pb::SnapshotStatus) -> &'static str {
+    match status {
+        pb::SnapshotStatus::InProgress => "IN_PROGRESS",
+        pb::SnapshotStatus::Completed => "COMPLETED",
+        pb::SnapshotStatus::Failed => "FAILED",
+        pb::SnapshotStatus::Aborted => "ABORTED",
+        pb::SnapshotStatus::Unspecified => "",
+    }
+}
+
+/// A failure for the store.
+pub fn failure_record(reason: &FailureReason) -> FailureRecord {
+    let wire = cairn_node::convert::failure_to_pb(reason);
+    let kind = pb::failure_reason::Kind::try_from(wire.kind)
+        .map(|k| k.as_str_name().trim_start_matches("KIND_").to_owned())
+        .unwrap_or_default();
+    FailureRecord {
+        kind: if matches!(reason, FailureReason::Aborted(_)) {
+            "ABORTED".into()
+        } else {
+            kind
+        },
+        message: wire.message,
+        nodes: wire.nodes,
+        channel: wire.channel.map(|c| format!("{}->{}", c.from, c.to)),
+    }
+}
+
+fn failure_pb(record: &FailureRecord) -> pb::FailureReason {
+    let kind = pb::failure_reason::Kind::from_str_name(&format!("KIND_{}", record.kind))
+        .unwrap_or(pb::failure_reason::Kind::Unspecified);
+    pb::FailureReason {
+        kind: kind as i32,
+        message: record.message.clone(),
+        nodes: record.nodes.clone(),
+        channel: record.channel.as_ref().and_then(|c| {
+            let (from, to) = c.split_once("->")?;
+            Some(pb::ChannelRef {
+                from: from.into(),
+                to: to.into(),
+            })
+        }),
+    }
+}
+
+fn verdict_pb(record: &VerdictRecord) -> pb::Verdict {
+    pb::Verdict {
+        consistent: record.consistent,
+        violation: record.violation.clone(),
+        recorded_messages: record.recorded_messages,
+    }
+}
+
+/// A snapshot for the wire, without its parts.
+pub fn snapshot_pb(record: &SnapshotRecord) -> pb::Snapshot {
+    pb::Snapshot {
+        plan: Some(pb::SnapshotPlan {
+            snapshot_id: record.id,
+            mode: mode_pb(&record.mode) as i32,
+            initiators: record.initiators.clone(),
+            alignment_timeout_ms: record.alignment_timeout_ms,
+            epoch: 0,
+        }),
+        status: status_pb(&record.status) as i32,
+        failure: record.failure.as_ref().map(failure_pb),
+        verdict: record.verdict.as_ref().map(verdict_pb),
+        started_at_ms: record.started_at_ms,
+        finished_at_ms: record.finished_at_ms,
+        labels: record.labels.clone().into_iter().collect(),
+        nodes: record
+            .nodes
+            .iter()
+            .map(|n| pb::NodePart {
+                node_id: n.clone(),
+                recorded: record.recorded.contains(n),
+                reported: record.reported.contains(n),
+                ..Default::default()
+            })
+            .collect(),
+        bytes_new: record.bytes_new,
+        bytes_reused: record.bytes_reused,
+        channels: record
+            .channels
+            .iter()
+            .filter_map(|c| {
+                let (from, to) = c.split_once("->")?;
+                Some(pb::ChannelRef {
+                    from: from.into(),
+                    to: to.into(),
+                })
+            })
+            .collect(),
+    }
+}
+
+/// A snapshot's progress for watchers.
+pub fn progress_pb(record: &SnapshotRecord) -> pb::SnapshotProgress {
+    pb::SnapshotProgress {
+        snapshot_id: record.id,
+        status: status_pb(&record.status) as i32,
+        recorded: record.recorded.clone(),
+        reported: record.reported.clone(),
+        failure: record.failure.as_ref().map(failure_pb),
+        verdict: record.verdict.as_ref().map(verdict_pb),
+    }
+}

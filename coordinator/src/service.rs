@@ -1,0 +1,474 @@
+//! `cairn.v1.Coordinator`: what users script against, and what node daemons use to keep
+//! a session and upload their parts.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use bytes::Bytes;
+use cairn_core::{ChannelId, LocalReport, NodeId, NodePart, SnapshotId, StartRequest};
+use cairn_node::convert::{channel_from_pb, incoming_from_pb, outgoing_from_pb};
+use cairn_proto::v1 as pb;
+use prost::Message;
+use tokio::sync::{mpsc, oneshot};
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::{Request, Response, Status, Streaming};
+
+use crate::blob::BlobStore;
+use crate::error::Error;
+use crate::records_conv::{snapshot_pb, status_name};
+use crate::state::{Msg, mode_of};
+use crate::store::records::CutRecord;
+use crate::store::{AnyKv, ChunkList, Keys, Kv, PartRecord, SnapshotRecord};
+
+/// The `Coordinator` service.
+pub(crate) struct CoordinatorService {
+    pub tx: mpsc::Sender<Msg>,
+    pub kv: Arc<AnyKv>,
+    pub blobs: BlobStore,
+    pub keys: Keys,
+    pub default_timeout: Duration,
+    pub sessions: AtomicU64,
+}
+
+impl CoordinatorService {
+    async fn ask<T>(&self, make: impl FnOnce(oneshot::Sender<T>) -> Msg) -> Result<T, Status> {
+        let (reply, answer) = oneshot::channel();
+        self.tx
+            .send(make(reply))
+            .await
+            .map_err(|_| Error::ShuttingDown)?;
+        Ok(answer.await.map_err(|_| Error::ShuttingDown)?)
+    }
+
+    async fn record(&self, id: u64) -> Result<SnapshotRecord, Error> {
+        let value = self
+            .kv
+            .get(&self.keys.snapshot(id))
+            .await?
+            .ok_or(Error::NotFound(id))?;
+        serde_json::from_slice(&value)
+            .map_err(|e| Error::Blob(format!("snapshot {id}: unreadable record: {e}")))
+    }
+
+    async fn parts(&self, id: u64) -> Result<Vec<PartRecord>, Error> {
+        let mut parts = Vec::new();
+        for (key, value) in self.kv.list(&self.keys.parts(id)).await? {
+            let part =
+                serde_json::from_slice(&value).map_err(|e| Error::Blob(format!("{key}: {e}")))?;
+            parts.push(part);
+        }
+        Ok(parts)
+    }
+
+    async fn node_part(
+        &self,
+        part: &PartRecord,
+        include_data: bool,
+        record: &SnapshotRecord,
+    ) -> Result<pb::NodePart, Error> {
+        let cut = |c: &CutRecord| {
+            let (from, to) = c.channel.split_once("->").unwrap_or_default();
+            Some(pb::ChannelRef {
+                from: from.into(),
+                to: to.into(),
+            })
+        };
+        let mut out = pb::NodePart {
+            node_id: part.node.clone(),
+            recorded: true,
+            reported: true,
+            local_state_bytes: part.local_state.size,
+            incoming: part
+                .incoming
+                .iter()
+                .map(|c| pb::IncomingCut {
+                    channel: cut(c),
+                    delivered: c.count,
+                    marker_at: c.marker_at,
+                    recorded_from: c.count.min(c.marker_at),
+                    recorded_to: c.marker_at,
+                })
+                .collect(),
+            outgoing: part
+                .outgoing
+                .iter()
+                .map(|c| pb::OutgoingCut {
+                    channel: cut(c),
+                    sent: c.count,
+                    marker_at: c.marker_at,
+                    recorded_from: c.marker_at,
+                    recorded_to: c.count.max(c.marker_at),
+                })
+                .collect(),
+            ..Default::default()
+        };
+        let _ = record;
+        if include_data {
+            out.local_state = Bytes::from(self.read(&part.local_state).await?);
+            let states = self.read(&part.channel_states).await?;
+            let mut buf = &states[..];
+            while !buf.is_empty() {
+                let state = pb::ChannelState::decode_length_delimited(&mut buf)
+                    .map_err(|e| Error::Blob(format!("channel states of {}: {e}", part.node)))?;
+                out.channel_states.push(state);
+            }
+        }
+        Ok(out)
+    }
+
+    async fn read(&self, list: &ChunkList) -> Result<Vec<u8>, Error> {
+        self.blobs
+            .read(list)
+            .await
+            .map_err(|e| Error::Blob(e.to_string()))
+    }
+}
+
+#[tonic::async_trait]
+impl pb::coordinator_server::Coordinator for CoordinatorService {
+    async fn start_snapshot(
+        &self,
+        request: Request<pb::StartSnapshotRequest>,
+    ) -> Result<Response<pb::StartSnapshotResponse>, Status> {
+        let r = request.into_inner();
+        let mode = mode_of(r.mode)?;
+        let request = StartRequest {
+            mode,
+            initiators: r
+                .initiators
+                .iter()
+                .map(|n| NodeId::new(n.clone()))
+                .collect(),
+            alignment_timeout: (r.alignment_timeout_ms > 0)
+                .then(|| Duration::from_millis(r.alignment_timeout_ms)),
+        };
+        let timeout = if r.timeout_ms > 0 {
+            Duration::from_millis(r.timeout_ms)
+        } else {
+            self.default_timeout
+        };
+        let labels: BTreeMap<String, String> = r.labels.into_iter().collect();
+        let id = self
+            .ask(|reply| Msg::Start {
+                request,
+                timeout,
+                labels,
+                reply,
+            })
+            .await??;
+        Ok(Response::new(pb::StartSnapshotResponse { snapshot_id: id }))
+    }
+
+    async fn get_snapshot(
+        &self,
+        request: Request<pb::GetSnapshotRequest>,
+    ) -> Result<Response<pb::Snapshot>, Status> {
+        let r = request.into_inner();
+        let record = self.record(r.snapshot_id).await?;
+        let mut snapshot = snapshot_pb(&record);
+        let parts = self.parts(r.snapshot_id).await?;
+        for part in &parts {
+            let full = self.node_part(part, r.include_data, &record).await?;
+            if let Some(slot) = snapshot.nodes.iter_mut().find(|n| n.node_id == part.node) {
+                *slot = full;
+            }
+        }
+        Ok(Response::new(snapshot))
+    }
+
+    async fn list_snapshots(
+        &self,
+        request: Request<pb::ListSnapshotsRequest>,
+    ) -> Result<Response<pb::ListSnapshotsResponse>, Status> {
+        let r = request.into_inner();
+        let status = pb::SnapshotStatus::try_from(r.status)
+            .map_err(|_| Error::InvalidArgument(format!("unknown status {}", r.status)))?;
+        let page_size = if r.page_size == 0 {
+            100
+        } else {
+            r.page_size.min(1000)
+        } as usize;
+        let before: u64 = if r.page_token.is_empty() {
+            u64::MAX
+        } else {
+            r.page_token
+                .parse()
+                .map_err(|_| Error::InvalidArgument(format!("bad page token `{}`", r.page_token)))?
+        };
+        let mut records: Vec<SnapshotRecord> = self
+            .kv
+            .list(&self.keys.snapshots())
+            .await
+            .map_err(Error::from)?
+            .into_iter()
+            .filter_map(|(_, v)| serde_json::from_slice::<SnapshotRecord>(&v).ok())
+            .filter(|r| r.id < before)
+            .filter(|r| {
+                status == pb::SnapshotStatus::Unspecified || r.status == status_name(status)
+            })
+            .collect();
+        records.sort_by(|a, b| b.id.cmp(&a.id));
+        let more = records.len() > page_size;
+        records.truncate(page_size);
+        let next_page_token = if more {
+            records.last().map(|r| r.id.to_string()).unwrap_or_default()
+        } else {
+            String::new()
+        };
+        Ok(Response::new(pb::ListSnapshotsResponse {
+            snapshots: records.iter().map(snapshot_pb).collect(),
+            next_page_token,
+        }))
+    }
+
+    type WatchSnapshotStream = ReceiverStream<Result<pb::SnapshotProgress, Status>>;
+
+    async fn watch_snapshot(
+        &self,
+        request: Request<pb::WatchSnapshotRequest>,
+    ) -> Result<Response<Self::WatchSnapshotStream>, Status> {
+        let id = request.into_inner().snapshot_id;
+        let (tx, rx) = mpsc::channel(64);
+        self.ask(|reply| Msg::Watch { id, tx, reply }).await??;
+        Ok(Response::new(ReceiverStream::new(rx)))
+    }
+
+    async fn abort_snapshot(
+        &self,
+        request: Request<pb::AbortSnapshotRequest>,
+    ) -> Result<Response<pb::Snapshot>, Status> {
+        let r = request.into_inner();
+        let record = self
+            .ask(|reply| Msg::Abort {
+                id: r.snapshot_id,
+                reason: r.reason,
+                reply,
+            })
+            .await??;
+        Ok(Response::new(snapshot_pb(&record)))
+    }
+
+    async fn delete_snapshot(
+        &self,
+        request: Request<pb::DeleteSnapshotRequest>,
+    ) -> Result<Response<pb::DeleteSnapshotResponse>, Status> {
+        let id = request.into_inner().snapshot_id;
+        let bytes_freed = self.ask(|reply| Msg::Delete { id, reply }).await??;
+        Ok(Response::new(pb::DeleteSnapshotResponse { bytes_freed }))
+    }
+
+    async fn restore_snapshot(
+        &self,
+        _request: Request<pb::RestoreSnapshotRequest>,
+    ) -> Result<Response<pb::RestoreOperation>, Status> {
+        Err(Status::unimplemented("restore is not built yet"))
+    }
+
+    async fn get_restore(
+        &self,
+        _request: Request<pb::GetRestoreRequest>,
+    ) -> Result<Response<pb::RestoreOperation>, Status> {
+        Err(Status::unimplemented("restore is not built yet"))
+    }
+
+    async fn list_nodes(
+        &self,
+        _request: Request<pb::ListNodesRequest>,
+    ) -> Result<Response<pb::ListNodesResponse>, Status> {
+        Ok(Response::new(
+            self.ask(|reply| Msg::ListNodes { reply }).await?,
+        ))
+    }
+
+    async fn get_policy(
+        &self,
+        _request: Request<pb::GetPolicyRequest>,
+    ) -> Result<Response<pb::Policy>, Status> {
+        Err(Status::unimplemented(
+            "scheduled snapshots are not built yet",
+        ))
+    }
+
+    async fn set_policy(
+        &self,
+        _request: Request<pb::SetPolicyRequest>,
+    ) -> Result<Response<pb::Policy>, Status> {
+        Err(Status::unimplemented(
+            "scheduled snapshots are not built yet",
+        ))
+    }
+
+    type NodeSessionStream = ReceiverStream<Result<pb::CoordinatorToNode, Status>>;
+
+    async fn node_session(
+        &self,
+        request: Request<Streaming<pb::NodeToCoordinator>>,
+    ) -> Result<Response<Self::NodeSessionStream>, Status> {
+        use pb::node_to_coordinator::Kind;
+        let mut inbound = request.into_inner();
+        let Some(pb::NodeToCoordinator {
+            kind: Some(Kind::Register(register)),
+        }) = inbound.message().await?
+        else {
+            return Err(Error::InvalidArgument(
+                "the first message of a node session must be Register".into(),
+            )
+            .into());
+        };
+        let node = NodeId::new(register.node_id.clone());
+        let session = self.sessions.fetch_add(1, Ordering::Relaxed) + 1;
+        let (tx, rx) = mpsc::channel(256);
+        let membership = self
+            .ask(|reply| Msg::Register {
+                register,
+                session,
+                tx: tx.clone(),
+                reply,
+            })
+            .await??;
+        let registered = pb::CoordinatorToNode {
+            kind: Some(pb::coordinator_to_node::Kind::Registered(membership)),
+        };
+        tx.send(Ok(registered))
+            .await
+            .map_err(|_| Error::ShuttingDown)?;
+        let state = self.tx.clone();
+        tokio::spawn(async move {
+            loop {
+                match inbound.message().await {
+                    Ok(Some(pb::NodeToCoordinator {
+                        kind: Some(Kind::Snapshot(event)),
+                    })) => {
+                        let msg = Msg::NodeEvent {
+                            node: node.clone(),
+                            event,
+                        };
+                        if state.send(msg).await.is_err() {
+                            return;
+                        }
+                    }
+                    Ok(Some(_)) => {}
+                    Ok(None) | Err(_) => break,
+                }
+            }
+            let _ = state.send(Msg::SessionEnded { node, session }).await;
+        });
+        Ok(Response::new(ReceiverStream::new(rx)))
+    }
+
+    async fn upload_snapshot_part(
+        &self,
+        request: Request<Streaming<pb::UploadChunk>>,
+    ) -> Result<Response<pb::UploadSnapshotPartResponse>, Status> {
+        use pb::upload_chunk::Kind;
+        let mut chunks = request.into_inner();
+        let Some(pb::UploadChunk {
+            kind: Some(Kind::Header(header)),
+        }) = chunks.message().await?
+        else {
+            return Err(Error::InvalidArgument("an upload starts with its header".into()).into());
+        };
+        let id = header.snapshot_id;
+        let node = NodeId::new(header.node_id.clone());
+        self.ask(|reply| Msg::CheckUpload {
+            id,
+            node: node.clone(),
+            reply,
+        })
+        .await??;
+        let invalid = |e: cairn_node::convert::InvalidInput| Error::InvalidArgument(e.to_string());
+        let incoming: BTreeMap<_, _> = header
+            .incoming
+            .iter()
+            .map(incoming_from_pb)
+            .collect::<Result<_, _>>()
+            .map_err(invalid)?;
+        let outgoing: BTreeMap<_, _> = header
+            .outgoing
+            .iter()
+            .map(outgoing_from_pb)
+            .collect::<Result<_, _>>()
+            .map_err(invalid)?;
+        let blob_error = |e: std::io::Error| Error::Blob(e.to_string());
+        let mut local_state = self.blobs.writer();
+        let mut channel_states = self.blobs.writer();
+        let mut recorded: BTreeMap<ChannelId, Vec<u64>> = BTreeMap::new();
+        let mut messages = 0u64;
+        while let Some(chunk) = chunks.message().await? {
+            match chunk.kind {
+                Some(Kind::LocalState(bytes)) => {
+                    local_state.write(&bytes).await.map_err(blob_error)?
+                }
+                Some(Kind::ChannelState(state)) => {
+                    let channel = channel_from_pb(state.channel.as_ref()).map_err(invalid)?;
+                    let indices = recorded.entry(channel).or_default();
+                    indices.extend(state.messages.iter().map(|m| m.index));
+                    messages += state.messages.len() as u64;
+                    channel_states
+                        .write(&state.encode_length_delimited_to_vec())
+                        .await
+                        .map_err(blob_error)?;
+                }
+                Some(Kind::Header(_)) | None => {
+                    return Err(
+                        Error::InvalidArgument("a second header in one upload".into()).into(),
+                    );
+                }
+            }
+        }
+        let local_state = local_state.finish().await.map_err(blob_error)?;
+        let channel_states = channel_states.finish().await.map_err(blob_error)?;
+        let bytes_new = local_state.new + channel_states.new;
+        let bytes_reused = local_state.reused + channel_states.reused;
+        let cut = |c: &ChannelId, count: u64, marker_at: u64| CutRecord {
+            channel: c.to_string(),
+            count,
+            marker_at,
+        };
+        let record = PartRecord {
+            node: node.to_string(),
+            incarnation: header.incarnation,
+            incoming: incoming
+                .iter()
+                .map(|(c, x)| cut(c, x.delivered, x.marker_at))
+                .collect(),
+            outgoing: outgoing
+                .iter()
+                .map(|(c, x)| cut(c, x.sent, x.marker_at))
+                .collect(),
+            local_state: local_state.list,
+            channel_states: channel_states.list,
+            recorded_messages: messages,
+            bytes_new,
+            bytes_reused,
+        };
+        let value = serde_json::to_vec_pretty(&record).expect("plain record");
+        self.kv
+            .put(&self.keys.part(id, node.as_str()), value)
+            .await
+            .map_err(Error::from)?;
+        let part = NodePart {
+            report: LocalReport {
+                id: SnapshotId(id),
+                node,
+                incoming,
+                outgoing,
+            },
+            recorded,
+        };
+        self.tx
+            .send(Msg::PartStored {
+                part,
+                bytes_new,
+                bytes_reused,
+            })
+            .await
+            .map_err(|_| Error::ShuttingDown)?;
+        Ok(Response::new(pb::UploadSnapshotPartResponse {
+            bytes_new,
+            bytes_reused,
+        }))
+    }
+}

@@ -1,0 +1,687 @@
+//! The coordinator's one task that owns membership and the [`SnapshotTracker`]: every
+//! change to a snapshot's lifecycle happens here, in order, and is written to the
+//! metadata store before anyone is told.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use cairn_core::{
+    ChannelId, FailureReason, NodeId, NodePart, SnapshotId, SnapshotMode, SnapshotTracker,
+    StartError, StartRequest, Topology, tracker,
+};
+use cairn_proto::v1 as pb;
+use tokio::sync::{mpsc, oneshot};
+use tonic::Status;
+
+use crate::blob::BlobStore;
+use crate::error::Error;
+use crate::records_conv::{failure_record, mode_name, now_ms, progress_pb};
+use crate::store::{AnyKv, Keys, Kv, MemberRecord, SnapshotRecord, VerdictRecord};
+
+/// The stream a node's session reads its commands from.
+pub(crate) type NodeTx = mpsc::Sender<Result<pb::CoordinatorToNode, Status>>;
+/// A watcher's stream.
+pub(crate) type WatchTx = mpsc::Sender<Result<pb::SnapshotProgress, Status>>;
+
+/// A request to the coordinator task.
+pub(crate) enum Msg {
+    Register {
+        register: pb::Register,
+        session: u64,
+        tx: NodeTx,
+        reply: oneshot::Sender<Result<pb::Membership, Error>>,
+    },
+    SessionEnded {
+        node: NodeId,
+        session: u64,
+    },
+    NodeEvent {
+        node: NodeId,
+        event: pb::NodeSnapshotEvent,
+    },
+    CheckUpload {
+        id: u64,
+        node: NodeId,
+        reply: oneshot::Sender<Result<(), Error>>,
+    },
+    PartStored {
+        part: NodePart,
+        bytes_new: u64,
+        bytes_reused: u64,
+    },
+    Start {
+        request: StartRequest,
+        timeout: Duration,
+        labels: BTreeMap<String, String>,
+        reply: oneshot::Sender<Result<u64, Error>>,
+    },
+    Abort {
+        id: u64,
+        reason: String,
+        reply: oneshot::Sender<Result<SnapshotRecord, Error>>,
+    },
+    Delete {
+        id: u64,
+        reply: oneshot::Sender<Result<u64, Error>>,
+    },
+    TimedOut {
+        id: u64,
+    },
+    Watch {
+        id: u64,
+        tx: WatchTx,
+        reply: oneshot::Sender<Result<(), Error>>,
+    },
+    ListNodes {
+        reply: oneshot::Sender<pb::ListNodesResponse>,
+    },
+}
+
+struct Member {
+    record: MemberRecord,
+    session: u64,
+    tx: NodeTx,
+    last_seen_ms: u64,
+}
+
+/// Settings the task needs.
+pub(crate) struct Settings {
+    pub cluster: String,
+    pub retention: usize,
+}
+
+pub(crate) struct State {
+    settings: Settings,
+    kv: Arc<AnyKv>,
+    blobs: BlobStore,
+    keys: Keys,
+    members: BTreeMap<NodeId, Member>,
+    tracker: SnapshotTracker,
+    inflight: BTreeMap<u64, SnapshotRecord>,
+    watchers: BTreeMap<u64, Vec<WatchTx>>,
+    self_tx: mpsc::Sender<Msg>,
+}
+
+impl State {
+    pub(crate) fn new(
+        settings: Settings,
+        kv: Arc<AnyKv>,
+        blobs: BlobStore,
+        max_in_flight: usize,
+        self_tx: mpsc::Sender<Msg>,
+    ) -> Self {
+        Self {
+            keys: Keys::new(&settings.cluster),
+            settings,
+            kv,
+            blobs,
+            members: BTreeMap::new(),
+            tracker: SnapshotTracker::new(max_in_flight.max(1)),
+            inflight: BTreeMap::new(),
+            watchers: BTreeMap::new(),
+            self_tx,
+        }
+    }
+
+    /// Marks every snapshot a previous coordinator left in flight as failed.
+    pub(crate) async fn recover(&self) -> Result<(), Error> {
+        for (key, value) in self.kv.list(&self.keys.snapshots()).await? {
+            let Ok(mut record) = serde_json::from_slice::<SnapshotRecord>(&value) else {
+                tracing::warn!(%key, "skipping an unreadable snapshot record");
+                continue;
+            };
+            if record.status == "IN_PROGRESS" {
+                record.status = "FAILED".into();
+                record.failure = Some(failure_record(&FailureReason::CoordinatorRestarted));
+                record.finished_at_ms = now_ms();
+                tracing::warn!(
+                    snapshot = record.id,
+                    "snapshot failed: coordinator restarted"
+                );
+                self.put_record(&record).await?;
+            }
+        }
+        Ok(())
+    }
+
+    pub(crate) async fn run(mut self, mut rx: mpsc::Receiver<Msg>) {
+        while let Some(msg) = rx.recv().await {
+            self.handle(msg).await;
+        }
+        let ids: Vec<u64> = self.inflight.keys().copied().collect();
+        for id in ids {
+            let update = self.tracker.fail(
+                SnapshotId(id),
+                FailureReason::Aborted("coordinator shut down".into()),
+            );
+            self.settle(id, update).await;
+        }
+    }
+
+    async fn handle(&mut self, msg: Msg) {
+        match msg {
+            Msg::Register {
+                register,
+                session,
+                tx,
+                reply,
+            } => {
+                let result = self.register(register, session, tx).await;
+                let _ = reply.send(result);
+            }
+            Msg::SessionEnded { node, session } => self.session_ended(node, session).await,
+            Msg::NodeEvent { node, event } => self.node_event(node, event).await,
+            Msg::CheckUpload { id, node, reply } => {
+                let ok = match self.inflight.get(&id) {
+                    None => Err(Error::FailedPrecondition(format!(
+                        "snapshot {id} is not in progress"
+                    ))),
+                    Some(r) if !r.nodes.iter().any(|n| n == node.as_str()) => {
+                        Err(Error::FailedPrecondition(format!(
+                            "node {node} is not a participant of snapshot {id}"
+                        )))
+                    }
+                    Some(_) => Ok(()),
+                };
+                let _ = reply.send(ok);
+            }
+            Msg::PartStored {
+                part,
+                bytes_new,
+                bytes_reused,
+            } => {
+                let id = part.report.id.0;
+                let node = part.report.node.to_string();
+                if let Some(record) = self.inflight.get_mut(&id) {
+                    record.bytes_new += bytes_new;
+                    record.bytes_reused += bytes_reused;
+                    if !record.reported.contains(&node) {
+                        record.reported.push(node.clone());
+                    }
+                    if !record.recorded.contains(&node) {
+                        record.recorded.push(node);
+                    }
+                }
+                let update = self.tracker.part_reported(part);
+                self.settle(id, update).await;
+            }
+            Msg::Start {
+                request,
+                timeout,
+                labels,
+                reply,
+            } => {
+                let result = self.start(request, timeout, labels).await;
+                let _ = reply.send(result);
+            }
+            Msg::Abort { id, reason, reply } => {
+                let result = self.abort(id, reason).await;
+                let _ = reply.send(result);
+            }
+            Msg::Delete { id, reply } => {
+                let result = self.delete(id).await;
+                let _ = reply.send(result);
+            }
+            Msg::TimedOut { id } => {
+                let update = self.tracker.timed_out(SnapshotId(id));
+                self.settle(id, update).await;
+            }
+            Msg::Watch { id, tx, reply } => {
+                let result = self.watch(id, tx).await;
+                let _ = reply.send(result);
+            }
+            Msg::ListNodes { reply } => {
+                let _ = reply.send(self.list_nodes());
+            }
+        }
+    }
+
+    fn topology(&self) -> Result<Topology, Error> {
+        let nodes: Vec<NodeId> = self.members.keys().cloned().collect();
+        let mut channels = Vec::new();
+        for (id, member) in &self.members {
+            for peer in &member.record.peers {
+                let peer = NodeId::new(peer.clone());
+                if !self.members.contains_key(&peer) {
+                    return Err(Error::FailedPrecondition(format!(
+                        "node {peer}, a peer of {id}, has not registered with the coordinator"
+                    )));
+                }
+                channels.push(ChannelId::new(id.clone(), peer));
+            }
+        }
+        Topology::from_channels(nodes, channels)
+            .map_err(|e| Error::FailedPrecondition(e.to_string()))
+    }
+
+    fn membership(&self) -> pb::Membership {
+        let (nodes, channels) = self.list_nodes_parts();
+        pb::Membership {
+            nodes,
+            channels,
+            epoch: 0,
+        }
+    }
+
+    fn list_nodes_parts(&self) -> (Vec<pb::NodeInfo>, Vec<pb::ChannelRef>) {
+        let nodes = self
+            .members
+            .values()
+            .map(|m| pb::NodeInfo {
+                node_id: m.record.node.clone(),
+                address: m.record.address.clone(),
+                incarnation: m.record.incarnation,
+                application_attached: false,
+                last_seen_ms: m.last_seen_ms,
+            })
+            .collect();
+        let channels = self
+            .members
+            .values()
+            .flat_map(|m| {
+                m.record.peers.iter().map(|p| pb::ChannelRef {
+                    from: m.record.node.clone(),
+                    to: p.clone(),
+                })
+            })
+            .collect();
+        (nodes, channels)
+    }
+
+    fn list_nodes(&self) -> pb::ListNodesResponse {
+        let (nodes, channels) = self.list_nodes_parts();
+        pb::ListNodesResponse { nodes, channels }
+    }
+
+    async fn register(
+        &mut self,
+        register: pb::Register,
+        session: u64,
+        tx: NodeTx,
+    ) -> Result<pb::Membership, Error> {
+        if register.cluster != self.settings.cluster {
+            return Err(Error::FailedPrecondition(format!(
+                "cluster mismatch: the coordinator serves `{}`, the node says `{}`",
+                self.settings.cluster, register.cluster
+            )));
+        }
+        if register.node_id.is_empty() || register.address.is_empty() {
+            return Err(Error::InvalidArgument(
+                "register needs node_id and address".into(),
+            ));
+        }
+        let node = NodeId::new(register.node_id.clone());
+        if let Some(old) = self.members.get(&node)
+            && old.record.incarnation != register.incarnation
+        {
+            tracing::warn!(%node, "node restarted: failing the snapshots in flight through it");
+            for (id, outcome) in self.tracker.node_lost(&node) {
+                self.settle(id.0, tracker::Update::Finished(outcome)).await;
+            }
+        }
+        let record = MemberRecord {
+            node: register.node_id.clone(),
+            address: register.address,
+            incarnation: register.incarnation,
+            peers: register.peers,
+            registered_at_ms: now_ms(),
+        };
+        let value = serde_json::to_vec(&record).expect("plain record");
+        self.kv
+            .put_ephemeral(&self.keys.member(&record.node), value)
+            .await?;
+        tracing::info!(%node, address = %record.address, "node registered");
+        self.members.insert(
+            node,
+            Member {
+                record,
+                session,
+                tx,
+                last_seen_ms: now_ms(),
+            },
+        );
+        let membership = self.membership();
+        self.broadcast(pb::coordinator_to_node::Kind::Membership(
+            membership.clone(),
+        ));
+        Ok(membership)
+    }
+
+    async fn session_ended(&mut self, node: NodeId, session: u64) {
+        if self.members.get(&node).map(|m| m.session) != Some(session) {
+            return; // an older session of a node that has re-registered
+        }
+        tracing::warn!(%node, "node session ended");
+        self.members.remove(&node);
+        if let Err(e) = self.kv.delete(&self.keys.member(node.as_str())).await {
+            tracing::warn!("{e}");
+        }
+        for (id, outcome) in self.tracker.node_lost(&node) {
+            self.settle(id.0, tracker::Update::Finished(outcome)).await;
+        }
+        self.broadcast(pb::coordinator_to_node::Kind::Membership(self.membership()));
+    }
+
+    async fn node_event(&mut self, node: NodeId, event: pb::NodeSnapshotEvent) {
+        use pb::node_snapshot_event::Kind;
+        if let Some(member) = self.members.get_mut(&node) {
+            member.last_seen_ms = now_ms();
+        }
+        let id = event.snapshot_id;
+        match event.kind {
+            Some(Kind::StateRecorded(_)) => {
+                let update = self.tracker.state_recorded(SnapshotId(id), &node);
+                if let (tracker::Update::Progress, Some(record)) =
+                    (&update, self.inflight.get_mut(&id))
+                {
+                    if !record.recorded.contains(&node.to_string()) {
+                        record.recorded.push(node.to_string());
+                    }
+                    let record = record.clone();
+                    self.publish(&record).await;
+                }
+            }
+            Some(Kind::Failed(reason)) => {
+                let update = self
+                    .tracker
+                    .fail(SnapshotId(id), node_failure(&node, &reason));
+                self.settle(id, update).await;
+            }
+            Some(Kind::PartUploaded(_)) | None => {}
+        }
+    }
+
+    async fn start(
+        &mut self,
+        request: StartRequest,
+        timeout: Duration,
+        labels: BTreeMap<String, String>,
+    ) -> Result<u64, Error> {
+        let topology = self.topology()?;
+        if topology.nodes().is_empty() {
+            return Err(Error::FailedPrecondition(
+                "no node has registered with the coordinator".into(),
+            ));
+        }
+        // Check the limits before an id is spent.
+        if self.tracker.in_flight().count() >= self.tracker.max_in_flight() {
+            return Err(Error::ResourceExhausted(format!(
+                "{} snapshots are already in flight, the most allowed (--max-concurrent)",
+                self.tracker.max_in_flight()
+            )));
+        }
+        let id = self.kv.fetch_increment(&self.keys.next_id()).await? + 1;
+        let plan = self
+            .tracker
+            .start(SnapshotId(id), request, &topology)
+            .map_err(|e| match e {
+                StartError::TooManyInFlight { .. } | StartError::AlignedInFlight(_) => {
+                    Error::ResourceExhausted(e.to_string())
+                }
+                StartError::Unreachable { .. }
+                | StartError::UnknownInitiator(_)
+                | StartError::DuplicateId(_) => Error::InvalidArgument(e.to_string()),
+                StartError::NoMembers => Error::FailedPrecondition(e.to_string()),
+            })?;
+        let record = SnapshotRecord {
+            id,
+            mode: mode_name(plan.mode),
+            initiators: plan.initiators.iter().map(ToString::to_string).collect(),
+            alignment_timeout_ms: plan.alignment_timeout.map_or(0, |d| d.as_millis() as u64),
+            status: "IN_PROGRESS".into(),
+            failure: None,
+            verdict: None,
+            started_at_ms: now_ms(),
+            finished_at_ms: 0,
+            timeout_ms: timeout.as_millis() as u64,
+            labels,
+            nodes: topology.nodes().iter().map(ToString::to_string).collect(),
+            channels: topology
+                .channels()
+                .iter()
+                .map(ToString::to_string)
+                .collect(),
+            recorded: Vec::new(),
+            reported: Vec::new(),
+            bytes_new: 0,
+            bytes_reused: 0,
+        };
+        if let Err(e) = self.put_record(&record).await {
+            self.tracker
+                .fail(SnapshotId(id), FailureReason::Storage(e.to_string()));
+            return Err(e);
+        }
+        self.inflight.insert(id, record);
+        let wire_plan = cairn_node::convert::plan_to_pb(&plan, 0);
+        for initiator in &plan.initiators {
+            if let Some(member) = self.members.get(initiator) {
+                let command = pb::CoordinatorToNode {
+                    kind: Some(pb::coordinator_to_node::Kind::Initiate(wire_plan.clone())),
+                };
+                let _ = member.tx.try_send(Ok(command));
+            }
+        }
+        let tx = self.self_tx.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(timeout).await;
+            let _ = tx.send(Msg::TimedOut { id }).await;
+        });
+        tracing::info!(snapshot = id, mode = %plan.mode, "snapshot started");
+        Ok(id)
+    }
+
+    async fn abort(&mut self, id: u64, reason: String) -> Result<SnapshotRecord, Error> {
+        if !self.inflight.contains_key(&id) {
+            return match self.get_record(id).await? {
+                Some(record) => Err(Error::FailedPrecondition(format!(
+                    "snapshot {id} is already {}",
+                    record.status
+                ))),
+                None => Err(Error::NotFound(id)),
+            };
+        }
+        let reason = if reason.is_empty() {
+            "aborted by a user".to_owned()
+        } else {
+            reason
+        };
+        let update = self
+            .tracker
+            .fail(SnapshotId(id), FailureReason::Aborted(reason));
+        self.settle(id, update).await;
+        self.get_record(id).await?.ok_or(Error::NotFound(id))
+    }
+
+    async fn delete(&mut self, id: u64) -> Result<u64, Error> {
+        if self.inflight.contains_key(&id) {
+            return Err(Error::FailedPrecondition(format!(
+                "snapshot {id} is in progress; abort it first"
+            )));
+        }
+        if self.get_record(id).await?.is_none() {
+            return Err(Error::NotFound(id));
+        }
+        self.kv.delete_prefix(&self.keys.parts(id)).await?;
+        self.kv.delete(&self.keys.snapshot(id)).await?;
+        tracing::info!(snapshot = id, "snapshot deleted");
+        self.collect_garbage().await
+    }
+
+    async fn watch(&mut self, id: u64, tx: WatchTx) -> Result<(), Error> {
+        let record = match self.inflight.get(&id) {
+            Some(r) => r.clone(),
+            None => self.get_record(id).await?.ok_or(Error::NotFound(id))?,
+        };
+        let _ = tx.try_send(Ok(progress_pb(&record)));
+        if record.status == "IN_PROGRESS" {
+            self.watchers.entry(id).or_default().push(tx);
+        }
+        Ok(())
+    }
+
+    /// Applies a tracker update: progress is published; an end is stored, published, and
+    /// (if failed) sent to every node so that their engines drop the snapshot.
+    async fn settle(&mut self, id: u64, update: tracker::Update) {
+        match update {
+            tracker::Update::Ignored => {}
+            tracker::Update::Progress => {
+                if let Some(record) = self.inflight.get(&id).cloned() {
+                    self.publish(&record).await;
+                }
+            }
+            tracker::Update::Finished(outcome) => {
+                let Some(mut record) = self.inflight.remove(&id) else {
+                    return;
+                };
+                record.finished_at_ms = now_ms();
+                match &outcome {
+                    tracker::Outcome::Completed(consistent) => {
+                        record.status = "COMPLETED".into();
+                        record.verdict = Some(VerdictRecord {
+                            consistent: true,
+                            violation: String::new(),
+                            recorded_messages: consistent.recorded_messages,
+                        });
+                        tracing::info!(
+                            snapshot = id,
+                            ms = record.finished_at_ms - record.started_at_ms,
+                            "snapshot completed and verified"
+                        );
+                    }
+                    tracker::Outcome::Failed(reason) => {
+                        record.status = if matches!(reason, FailureReason::Aborted(_)) {
+                            "ABORTED"
+                        } else {
+                            "FAILED"
+                        }
+                        .into();
+                        if let Some(violation) = outcome.violation() {
+                            record.verdict = Some(VerdictRecord {
+                                consistent: false,
+                                violation: violation.to_string(),
+                                recorded_messages: 0,
+                            });
+                        }
+                        record.failure = Some(failure_record(reason));
+                        tracing::warn!(snapshot = id, %reason, "snapshot did not complete");
+                        let abort = pb::AbortSnapshotRequest {
+                            snapshot_id: id,
+                            reason: reason.to_string(),
+                        };
+                        self.broadcast(pb::coordinator_to_node::Kind::Abort(abort));
+                    }
+                }
+                self.publish(&record).await;
+                self.watchers.remove(&id);
+                if record.status == "COMPLETED"
+                    && let Err(e) = self.apply_retention().await
+                {
+                    tracing::warn!("retention: {e}");
+                }
+            }
+        }
+    }
+
+    /// Stores the record and tells its watchers.
+    async fn publish(&mut self, record: &SnapshotRecord) {
+        if let Err(e) = self.put_record(record).await {
+            tracing::error!(
+                snapshot = record.id,
+                "cannot store the snapshot record: {e}"
+            );
+        }
+        if let Some(watchers) = self.watchers.get_mut(&record.id) {
+            let progress = progress_pb(record);
+            watchers.retain(|w| w.try_send(Ok(progress.clone())).is_ok() || !w.is_closed());
+        }
+    }
+
+    fn broadcast(&self, kind: pb::coordinator_to_node::Kind) {
+        for member in self.members.values() {
+            let _ = member.tx.try_send(Ok(pb::CoordinatorToNode {
+                kind: Some(kind.clone()),
+            }));
+        }
+    }
+
+    async fn put_record(&self, record: &SnapshotRecord) -> Result<(), Error> {
+        let value = serde_json::to_vec_pretty(record).expect("plain record");
+        Ok(self.kv.put(&self.keys.snapshot(record.id), value).await?)
+    }
+
+    async fn get_record(&self, id: u64) -> Result<Option<SnapshotRecord>, Error> {
+        match self.kv.get(&self.keys.snapshot(id)).await? {
+            Some(value) => Ok(serde_json::from_slice(&value).ok()),
+            None => Ok(None),
+        }
+    }
+
+    /// Keeps the newest `retention` completed snapshots; deletes older ones.
+    async fn apply_retention(&mut self) -> Result<(), Error> {
+        if self.settings.retention == 0 {
+            return Ok(());
+        }
+        let mut completed: Vec<u64> = Vec::new();
+        for (_, value) in self.kv.list(&self.keys.snapshots()).await? {
+            if let Ok(record) = serde_json::from_slice::<SnapshotRecord>(&value)
+                && record.status == "COMPLETED"
+            {
+                completed.push(record.id);
+            }
+        }
+        completed.sort_unstable();
+        let excess = completed.len().saturating_sub(self.settings.retention);
+        for id in completed.into_iter().take(excess) {
+            self.kv.delete_prefix(&self.keys.parts(id)).await?;
+            self.kv.delete(&self.keys.snapshot(id)).await?;
+            tracing::info!(snapshot = id, "retention: deleted");
+        }
+        if excess > 0 {
+            self.collect_garbage().await?;
+        }
+        Ok(())
+    }
+
+    /// Removes chunks no stored part refers to. Skipped while snapshots are in flight:
+    /// their parts may be uploading chunks not yet listed anywhere.
+    async fn collect_garbage(&self) -> Result<u64, Error> {
+        if !self.inflight.is_empty() {
+            return Ok(0);
+        }
+        let mut referenced = BTreeSet::new();
+        let parts_root = format!("/cairn/{}/parts/", self.settings.cluster);
+        for (_, value) in self.kv.list(&parts_root).await? {
+            if let Ok(part) = serde_json::from_slice::<crate::store::PartRecord>(&value) {
+                referenced.extend(part.local_state.chunks);
+                referenced.extend(part.channel_states.chunks);
+            }
+        }
+        let freed = self
+            .blobs
+            .collect_garbage(&referenced)
+            .await
+            .map_err(|e| Error::Blob(e.to_string()))?;
+        Ok(freed)
+    }
+}
+
+fn node_failure(node: &NodeId, reason: &pb::FailureReason) -> FailureReason {
+    use pb::failure_reason::Kind;
+    match Kind::try_from(reason.kind).unwrap_or(Kind::Unspecified) {
+        Kind::ChannelReset => match &reason.channel {
+            Some(c) => FailureReason::ChannelReset(ChannelId::new(c.from.as_str(), c.to.as_str())),
+            None => FailureReason::NodeLost(node.clone()),
+        },
+        Kind::NoApplication => FailureReason::NoApplication(node.clone()),
+        Kind::Shutdown => FailureReason::Shutdown(node.clone()),
+        Kind::NodeLost => FailureReason::NodeLost(node.clone()),
+        _ => FailureReason::Aborted(format!("on node {node}: {}", reason.message)),
+    }
+}
+
+/// The mode of a start request from the wire.
+pub(crate) fn mode_of(value: i32) -> Result<SnapshotMode, Error> {
+    cairn_node::convert::mode_from_pb(value, Some(SnapshotMode::ChandyLamport))
+        .map_err(|e| Error::InvalidArgument(e.to_string()))
+}

@@ -1,0 +1,151 @@
+//! The metadata store: a small key-value interface that etcd and the embedded file store
+//! both implement, and the cairn records kept in it as readable JSON.
+//!
+//! Keys, under `/cairn/<cluster>/`:
+//!
+//! | key | value |
+//! |---|---|
+//! | `next-snapshot-id` | the next id to hand out (decimal) |
+//! | `snapshots/<id, 20 digits>` | [`SnapshotRecord`] |
+//! | `parts/<id, 20 digits>/<node>` | [`PartRecord`]: one node's part |
+//! | `members/<node>` | [`MemberRecord`] (in etcd under the coordinator's lease) |
+
+mod etcd;
+mod file;
+pub(crate) mod records;
+
+use std::future::Future;
+
+pub use etcd::EtcdKv;
+pub use file::FileKv;
+pub use records::{
+    ChunkList, FailureRecord, MemberRecord, PartRecord, SnapshotRecord, VerdictRecord,
+};
+
+/// A metadata store that cannot be reached or answered wrongly.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("metadata store: {0}")]
+pub struct StoreError(pub String);
+
+/// The key-value operations cairn needs. Values are JSON.
+pub trait Kv: Send + Sync + 'static {
+    /// The value of `key`.
+    fn get(&self, key: &str) -> impl Future<Output = Result<Option<Vec<u8>>, StoreError>> + Send;
+    /// Sets `key`.
+    fn put(&self, key: &str, value: Vec<u8>)
+    -> impl Future<Output = Result<(), StoreError>> + Send;
+    /// Sets `key` for as long as this coordinator lives (etcd: under its lease).
+    fn put_ephemeral(
+        &self,
+        key: &str,
+        value: Vec<u8>,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send;
+    /// Removes `key`.
+    fn delete(&self, key: &str) -> impl Future<Output = Result<(), StoreError>> + Send;
+    /// Removes every key under `prefix`.
+    fn delete_prefix(&self, prefix: &str) -> impl Future<Output = Result<(), StoreError>> + Send;
+    /// Every key under `prefix` with its value, in key order.
+    fn list(
+        &self,
+        prefix: &str,
+    ) -> impl Future<Output = Result<Vec<(String, Vec<u8>)>, StoreError>> + Send;
+    /// Atomically reads the number at `key` (0 if absent), stores it plus one, and returns
+    /// the number read.
+    fn fetch_increment(&self, key: &str) -> impl Future<Output = Result<u64, StoreError>> + Send;
+}
+
+/// Either store, chosen at start.
+pub enum AnyKv {
+    /// etcd.
+    Etcd(EtcdKv),
+    /// The embedded file store.
+    File(FileKv),
+}
+
+impl Kv for AnyKv {
+    async fn get(&self, key: &str) -> Result<Option<Vec<u8>>, StoreError> {
+        match self {
+            Self::Etcd(s) => s.get(key).await,
+            Self::File(s) => s.get(key).await,
+        }
+    }
+    async fn put(&self, key: &str, value: Vec<u8>) -> Result<(), StoreError> {
+        match self {
+            Self::Etcd(s) => s.put(key, value).await,
+            Self::File(s) => s.put(key, value).await,
+        }
+    }
+    async fn put_ephemeral(&self, key: &str, value: Vec<u8>) -> Result<(), StoreError> {
+        match self {
+            Self::Etcd(s) => s.put_ephemeral(key, value).await,
+            Self::File(s) => s.put_ephemeral(key, value).await,
+        }
+    }
+    async fn delete(&self, key: &str) -> Result<(), StoreError> {
+        match self {
+            Self::Etcd(s) => s.delete(key).await,
+            Self::File(s) => s.delete(key).await,
+        }
+    }
+    async fn delete_prefix(&self, prefix: &str) -> Result<(), StoreError> {
+        match self {
+            Self::Etcd(s) => s.delete_prefix(prefix).await,
+            Self::File(s) => s.delete_prefix(prefix).await,
+        }
+    }
+    async fn list(&self, prefix: &str) -> Result<Vec<(String, Vec<u8>)>, StoreError> {
+        match self {
+            Self::Etcd(s) => s.list(prefix).await,
+            Self::File(s) => s.list(prefix).await,
+        }
+    }
+    async fn fetch_increment(&self, key: &str) -> Result<u64, StoreError> {
+        match self {
+            Self::Etcd(s) => s.fetch_increment(key).await,
+            Self::File(s) => s.fetch_increment(key).await,
+        }
+    }
+}
+
+/// The keys of one cluster.
+#[derive(Debug, Clone)]
+pub struct Keys {
+    root: String,
+}
+
+impl Keys {
+    /// Keys under `/cairn/<cluster>/`.
+    pub fn new(cluster: &str) -> Self {
+        Self {
+            root: format!("/cairn/{cluster}/"),
+        }
+    }
+    /// The id counter.
+    pub fn next_id(&self) -> String {
+        format!("{}next-snapshot-id", self.root)
+    }
+    /// Every snapshot record.
+    pub fn snapshots(&self) -> String {
+        format!("{}snapshots/", self.root)
+    }
+    /// One snapshot record.
+    pub fn snapshot(&self, id: u64) -> String {
+        format!("{}snapshots/{id:020}", self.root)
+    }
+    /// Every part of one snapshot.
+    pub fn parts(&self, id: u64) -> String {
+        format!("{}parts/{id:020}/", self.root)
+    }
+    /// One node's part.
+    pub fn part(&self, id: u64, node: &str) -> String {
+        format!("{}parts/{id:020}/{node}", self.root)
+    }
+    /// Every member.
+    pub fn members(&self) -> String {
+        format!("{}members/", self.root)
+    }
+    /// One member.
+    pub fn member(&self, node: &str) -> String {
+        format!("{}members/{node}", self.root)
+    }
+}

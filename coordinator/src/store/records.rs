@@ -1,0 +1,133 @@
+//! The JSON records kept in the metadata store; `etcdctl get --prefix /cairn/` shows them.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+/// A snapshot: its plan, lifecycle, verdict, sizes and timings.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SnapshotRecord {
+    /// The id.
+    pub id: u64,
+    /// CHANDY_LAMPORT, UNALIGNED or ALIGNED.
+    pub mode: String,
+    /// The initiators.
+    pub initiators: Vec<String>,
+    /// Aligned mode's alignment timeout; 0 for none.
+    pub alignment_timeout_ms: u64,
+    /// IN_PROGRESS, COMPLETED, FAILED or ABORTED.
+    pub status: String,
+    /// Why it failed or was aborted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failure: Option<FailureRecord>,
+    /// The verifier's verdict, once every part arrived.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub verdict: Option<VerdictRecord>,
+    /// Milliseconds since the Unix epoch.
+    pub started_at_ms: u64,
+    /// Milliseconds since the Unix epoch; 0 while in progress.
+    pub finished_at_ms: u64,
+    /// The timeout it ran under.
+    pub timeout_ms: u64,
+    /// Labels given at start.
+    #[serde(default)]
+    pub labels: BTreeMap<String, String>,
+    /// The participants.
+    pub nodes: Vec<String>,
+    /// The channels, as `from->to`.
+    pub channels: Vec<String>,
+    /// Participants whose application recorded its state.
+    #[serde(default)]
+    pub recorded: Vec<String>,
+    /// Participants whose part is stored.
+    #[serde(default)]
+    pub reported: Vec<String>,
+    /// Bytes stored that no earlier snapshot had stored.
+    pub bytes_new: u64,
+    /// Bytes shared with earlier snapshots.
+    pub bytes_reused: u64,
+}
+
+/// Why a snapshot failed.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FailureRecord {
+    /// A stable word: TIMEOUT, NODE_LOST, CHANNEL_RESET, INCONSISTENT, …
+    pub kind: String,
+    /// A sentence naming the node or channel.
+    pub message: String,
+    /// The nodes concerned.
+    #[serde(default)]
+    pub nodes: Vec<String>,
+    /// The channel concerned, as `from->to`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub channel: Option<String>,
+}
+
+/// The consistency check's verdict.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VerdictRecord {
+    /// Whether the cut is complete and consistent.
+    pub consistent: bool,
+    /// The first violation; empty when consistent.
+    pub violation: String,
+    /// Messages recorded as channel state.
+    pub recorded_messages: u64,
+}
+
+/// Bytes stored as content-addressed chunks.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ChunkList {
+    /// Total size.
+    pub size: u64,
+    /// The chunks' sha256, in order.
+    pub chunks: Vec<String>,
+}
+
+/// One counter pair of a channel's cut.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CutRecord {
+    /// The channel, as `from->to`.
+    pub channel: String,
+    /// Incoming: delivered before recording. Outgoing: sent before recording.
+    pub count: u64,
+    /// Data messages before the marker.
+    pub marker_at: u64,
+}
+
+/// One node's stored part of a snapshot.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PartRecord {
+    /// The node.
+    pub node: String,
+    /// Its daemon's incarnation.
+    pub incarnation: u64,
+    /// Incoming channels: `count` is delivered.
+    pub incoming: Vec<CutRecord>,
+    /// Outgoing channels: `count` is sent.
+    pub outgoing: Vec<CutRecord>,
+    /// The application's local state.
+    pub local_state: ChunkList,
+    /// The recorded channel states, as length-delimited `cairn.v1.ChannelState` messages.
+    pub channel_states: ChunkList,
+    /// Messages recorded by this node.
+    pub recorded_messages: u64,
+    /// Bytes this part stored anew.
+    pub bytes_new: u64,
+    /// Bytes this part shared with what was stored before.
+    pub bytes_reused: u64,
+}
+
+/// A registered node daemon.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MemberRecord {
+    /// The node's id.
+    pub node: String,
+    /// Its peer address.
+    pub address: String,
+    /// Its daemon's incarnation.
+    pub incarnation: u64,
+    /// Its outgoing channels' receivers.
+    pub peers: Vec<String>,
+    /// Milliseconds since the Unix epoch.
+    pub registered_at_ms: u64,
+}
