@@ -320,20 +320,13 @@ impl pb::coordinator_server::Coordinator for CoordinatorService {
         let node = NodeId::new(register.node_id.clone());
         let session = self.sessions.fetch_add(1, Ordering::Relaxed) + 1;
         let (tx, rx) = mpsc::channel(256);
-        let membership = self
-            .ask(|reply| Msg::Register {
-                register,
-                session,
-                tx: tx.clone(),
-                reply,
-            })
-            .await??;
-        let registered = pb::CoordinatorToNode {
-            kind: Some(pb::coordinator_to_node::Kind::Registered(membership)),
-        };
-        tx.send(Ok(registered))
-            .await
-            .map_err(|_| Error::ShuttingDown)?;
+        self.ask(|reply| Msg::Register {
+            register,
+            session,
+            tx,
+            reply,
+        })
+        .await??;
         let state = self.tx.clone();
         tokio::spawn(async move {
             loop {

@@ -333,18 +333,29 @@ impl State {
             .await?;
         tracing::info!(%node, address = %record.address, "node registered");
         self.members.insert(
-            node,
+            node.clone(),
             Member {
                 record,
                 session,
-                tx,
+                tx: tx.clone(),
                 last_seen_ms: now_ms(),
             },
         );
         let membership = self.membership();
-        self.broadcast(pb::coordinator_to_node::Kind::Membership(
-            membership.clone(),
-        ));
+        // `Registered` goes first on the new session, before any command can.
+        let registered = pb::coordinator_to_node::Kind::Registered(membership.clone());
+        tx.try_send(Ok(pb::CoordinatorToNode {
+            kind: Some(registered),
+        }))
+        .map_err(|_| Error::ShuttingDown)?;
+        for (id, member) in &self.members {
+            if *id != node {
+                let update = pb::coordinator_to_node::Kind::Membership(membership.clone());
+                let _ = member
+                    .tx
+                    .try_send(Ok(pb::CoordinatorToNode { kind: Some(update) }));
+            }
+        }
         Ok(membership)
     }
 

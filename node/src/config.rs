@@ -32,6 +32,11 @@ pub struct NodeConfig {
     pub reconnect_max: Duration,
     /// Completed local snapshot parts kept for `GetLocalSnapshot`.
     pub keep_parts: usize,
+    /// The coordinator's address; `None` runs without one (snapshots by `NodeAdmin` only).
+    pub coordinator: Option<String>,
+    /// The peer address the coordinator advertises for this node; default: its entry in
+    /// `peers`.
+    pub advertise: Option<String>,
 }
 
 impl NodeConfig {
@@ -53,6 +58,8 @@ impl NodeConfig {
             reconnect_initial: Duration::from_millis(50),
             reconnect_max: Duration::from_secs(2),
             keep_parts: 256,
+            coordinator: None,
+            advertise: None,
         }
     }
 

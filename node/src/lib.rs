@@ -28,6 +28,7 @@ mod admin;
 mod app_service;
 pub mod config;
 pub mod convert;
+mod coordinator_link;
 pub mod error;
 mod node_loop;
 mod peer_client;
@@ -117,8 +118,29 @@ pub async fn run(
 
     let stop = CancellationToken::new();
     let (loop_tx, loop_rx) = mpsc::channel(1024);
-    let node_loop = NodeLoop::new(shared.clone(), loop_rx, loop_tx.clone(), config.keep_parts);
+    let (events_tx, events_rx) = mpsc::unbounded_channel();
+    let events = config.coordinator.is_some().then_some(events_tx);
+    let node_loop = NodeLoop::new(
+        shared.clone(),
+        loop_rx,
+        loop_tx.clone(),
+        config.keep_parts,
+        events,
+    );
     let loop_task = tokio::spawn(node_loop.run(stop.clone()));
+    let link_task = config.coordinator.clone().map(|address| {
+        let link = coordinator_link::CoordinatorLink {
+            shared: shared.clone(),
+            loop_tx: loop_tx.clone(),
+            advertise: config
+                .advertise
+                .clone()
+                .unwrap_or_else(|| config.peers[&me].clone()),
+            address,
+            events: events_rx,
+        };
+        tokio::spawn(link.run(stop.clone()))
+    });
 
     let mut links = Vec::new();
     for channel in outgoing {
@@ -214,6 +236,9 @@ pub async fn run(
     drain(&loop_tx, config.grace_period).await;
     stop.cancel();
     let _ = loop_task.await;
+    if let Some(task) = link_task {
+        let _ = task.await;
+    }
     for link in links {
         let _ = link.await;
     }

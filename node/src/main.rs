@@ -45,6 +45,14 @@ struct Args {
     /// port for the application beside this daemon.
     #[arg(long, env = "CAIRN_APP_LISTEN", default_value = "127.0.0.1:7200")]
     app_listen: SocketAddr,
+    /// The coordinator's address (HOST:PORT). Without it the daemon runs alone: snapshots
+    /// are started through NodeAdmin/InitiateSnapshot.
+    #[arg(long, env = "CAIRN_COORDINATOR")]
+    coordinator: Option<String>,
+    /// The peer address the coordinator lists for this node. Default: this node's entry in
+    /// --peer.
+    #[arg(long, env = "CAIRN_ADVERTISE")]
+    advertise: Option<String>,
     /// Messages each channel may hold in this daemon before the sender is pushed back.
     #[arg(long, env = "CAIRN_CHANNEL_BUFFER", default_value_t = 16_384)]
     channel_buffer: usize,
@@ -162,6 +170,8 @@ fn config(args: &Args) -> Result<NodeConfig, cairn_node::ConfigError> {
     config.max_payload = args.max_payload;
     config.fault_injection = args.fault_injection;
     config.grace_period = args.grace_period;
+    config.coordinator = args.coordinator.clone();
+    config.advertise = args.advertise.clone();
     config.topology()?;
     Ok(config)
 }

@@ -101,6 +101,13 @@ pub(crate) enum LoopMsg {
     },
     /// A scheduled alignment timeout passed.
     AlignmentTimedOut { id: SnapshotId },
+    /// The coordinator made this node an initiator of a snapshot.
+    InitiatePlan { plan: Plan },
+    /// The coordinator aborted a snapshot.
+    Abort {
+        id: SnapshotId,
+        reason: cairn_core::FailureReason,
+    },
 }
 
 /// Counters of one outgoing channel, kept by its sending task.

@@ -13,6 +13,7 @@ use cairn_core::{ChannelId, Command, Event, FailureReason, Plan, SnapshotEngine,
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
+use crate::coordinator_link::NodeEvent;
 use crate::error::Error;
 pub(crate) use messages::{AppTx, InItem, LinkStats, LoopMsg, OutFrame, Shared};
 use recording::Recordings;
@@ -87,6 +88,7 @@ impl NodeLoop {
         rx: mpsc::Receiver<LoopMsg>,
         self_tx: mpsc::Sender<LoopMsg>,
         keep_parts: usize,
+        events: Option<mpsc::UnboundedSender<NodeEvent>>,
     ) -> Self {
         let engine = SnapshotEngine::new(shared.node_id.clone(), shared.topology.clone());
         let incoming = shared
@@ -108,7 +110,7 @@ impl NodeLoop {
             outgoing,
             app: None,
             awaiting_state: BTreeSet::new(),
-            recordings: Recordings::new(shared.node_id.clone(), keep_parts),
+            recordings: Recordings::new(shared.node_id.clone(), keep_parts, events),
             seen: BTreeSet::new(),
             pending: VecDeque::new(),
             shared,
@@ -216,6 +218,16 @@ impl NodeLoop {
                 let _ = reply.send(self.status());
             }
             LoopMsg::AlignmentTimedOut { id } => self.feed(Event::AlignmentTimedOut { id }),
+            LoopMsg::InitiatePlan { plan } => {
+                if plan.initiators.contains(&self.shared.node_id) {
+                    self.seen.insert(plan.id);
+                    self.feed(Event::SnapshotInitiated { plan });
+                }
+            }
+            LoopMsg::Abort { id, reason } => {
+                self.seen.insert(id);
+                self.feed(Event::SnapshotAborted { id, reason });
+            }
         }
     }
 

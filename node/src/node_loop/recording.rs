@@ -7,7 +7,10 @@ use bytes::{Bytes, BytesMut};
 use cairn_core::{ChannelId, FailureReason, LocalReport, NodeId, SnapshotId};
 use cairn_proto::v1 as pb;
 
+use tokio::sync::mpsc;
+
 use crate::convert::{channel_to_pb, incoming_to_pb, outgoing_to_pb};
+use crate::coordinator_link::NodeEvent;
 use crate::error::Error;
 
 #[derive(Default)]
@@ -23,15 +26,22 @@ struct Recording {
 pub(super) struct Recordings {
     node: NodeId,
     keep: usize,
+    /// Where the coordinator link hears of state, parts and failures, if there is one.
+    events: Option<mpsc::UnboundedSender<NodeEvent>>,
     active: BTreeMap<SnapshotId, Recording>,
     parts: BTreeMap<SnapshotId, Result<pb::LocalSnapshot, FailureReason>>,
 }
 
 impl Recordings {
-    pub(super) fn new(node: NodeId, keep: usize) -> Self {
+    pub(super) fn new(
+        node: NodeId,
+        keep: usize,
+        events: Option<mpsc::UnboundedSender<NodeEvent>>,
+    ) -> Self {
         Self {
             node,
             keep: keep.max(1),
+            events,
             active: BTreeMap::new(),
             parts: BTreeMap::new(),
         }
@@ -59,6 +69,9 @@ impl Recordings {
         if !chunk.is_empty() {
             recording.state.push(chunk);
         }
+        if first {
+            self.tell(NodeEvent::StateRecorded(id));
+        }
         first
     }
 
@@ -77,7 +90,17 @@ impl Recordings {
 
     pub(super) fn fail(&mut self, id: SnapshotId, reason: FailureReason) {
         self.active.remove(&id);
+        // An abort the coordinator ordered needs no report back.
+        if !matches!(reason, FailureReason::Aborted(_)) {
+            self.tell(NodeEvent::Failed(id, reason.clone()));
+        }
         self.store(id, Err(reason));
+    }
+
+    fn tell(&self, event: NodeEvent) {
+        if let Some(events) = &self.events {
+            let _ = events.send(event);
+        }
     }
 
     pub(super) fn part(&self, id: SnapshotId) -> Result<pb::LocalSnapshot, Error> {
@@ -132,6 +155,7 @@ impl Recordings {
                 .collect(),
         };
         tracing::info!(snapshot = %id, "local snapshot part complete");
+        self.tell(NodeEvent::PartReady(Box::new(part.clone())));
         self.store(id, Ok(part));
     }
 

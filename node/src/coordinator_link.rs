@@ -1,0 +1,255 @@
+//! The daemon's session with the coordinator (when started with `--coordinator`): it
+//! registers, takes snapshot commands (initiate, abort), reports progress and failures,
+//! and uploads each completed part in chunks. After a broken session it registers again.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use cairn_core::{FailureReason, SnapshotId};
+use cairn_proto::v1 as pb;
+use rand::Rng;
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+use tokio_util::sync::CancellationToken;
+use tonic::transport::{Channel, Endpoint};
+
+use crate::convert::{failure_to_pb, plan_from_pb};
+use crate::node_loop::{LoopMsg, Shared};
+
+/// Largest piece of a state or of a channel's messages per upload message.
+const UPLOAD_CHUNK: usize = 1 << 20;
+
+/// What the node loop tells the coordinator.
+#[derive(Debug)]
+pub(crate) enum NodeEvent {
+    /// The application recorded its state for this snapshot.
+    StateRecorded(SnapshotId),
+    /// This node's part is complete.
+    PartReady(Box<pb::LocalSnapshot>),
+    /// The snapshot failed here.
+    Failed(SnapshotId, FailureReason),
+}
+
+pub(crate) struct CoordinatorLink {
+    pub shared: Arc<Shared>,
+    pub loop_tx: mpsc::Sender<LoopMsg>,
+    pub address: String,
+    pub advertise: String,
+    pub events: mpsc::UnboundedReceiver<NodeEvent>,
+}
+
+impl CoordinatorLink {
+    pub(crate) async fn run(mut self, shutdown: CancellationToken) {
+        let mut delay = Duration::from_millis(100);
+        loop {
+            match self.session(&shutdown).await {
+                Ok(()) => return,
+                Err(why) => {
+                    tracing::warn!(coordinator = %self.address, "coordinator session: {why}; retrying")
+                }
+            }
+            let jitter = rand::rng().random_range(0.5..1.5);
+            tokio::select! {
+                _ = shutdown.cancelled() => return,
+                _ = tokio::time::sleep(delay.mul_f64(jitter)) => {}
+            }
+            delay = (delay * 2).min(Duration::from_secs(5));
+        }
+    }
+
+    async fn connect(&self) -> Result<Channel, String> {
+        Endpoint::from_shared(format!("http://{}", self.address))
+            .map_err(|e| e.to_string())?
+            .connect_timeout(Duration::from_secs(3))
+            .connect()
+            .await
+            .map_err(|e| format!("cannot connect: {e}"))
+    }
+
+    /// One session; `Ok` only on shutdown.
+    async fn session(&mut self, shutdown: &CancellationToken) -> Result<(), String> {
+        use pb::coordinator_to_node::Kind;
+        let channel = tokio::select! {
+            _ = shutdown.cancelled() => return Ok(()),
+            c = self.connect() => c?,
+        };
+        let mut client = pb::coordinator_client::CoordinatorClient::new(channel)
+            .max_encoding_message_size(64 << 20);
+        let (tx, rx) = mpsc::channel(64);
+        let register = pb::Register {
+            cluster: self.shared.cluster.clone(),
+            node_id: self.shared.node_id.to_string(),
+            address: self.advertise.clone(),
+            incarnation: self.shared.incarnation,
+            peers: self
+                .shared
+                .topology
+                .outgoing(&self.shared.node_id)
+                .map(|c| c.to.to_string())
+                .collect(),
+        };
+        let first = pb::NodeToCoordinator {
+            kind: Some(pb::node_to_coordinator::Kind::Register(register)),
+        };
+        tx.send(first).await.map_err(|_| "session closed")?;
+        let mut commands = client
+            .node_session(ReceiverStream::new(rx))
+            .await
+            .map_err(|s| format!("refused: {}", s.message()))?
+            .into_inner();
+        match commands.message().await {
+            Ok(Some(pb::CoordinatorToNode {
+                kind: Some(Kind::Registered(m)),
+            })) => {
+                tracing::info!(members = m.nodes.len(), "registered with the coordinator");
+            }
+            Ok(other) => return Err(format!("expected Registered, got {other:?}")),
+            Err(s) => return Err(format!("refused: {}", s.message())),
+        }
+        loop {
+            tokio::select! {
+                _ = shutdown.cancelled() => return Ok(()),
+                command = commands.message() => match command {
+                    Ok(Some(pb::CoordinatorToNode { kind: Some(kind) })) => self.command(kind).await,
+                    Ok(Some(_)) => {}
+                    Ok(None) => return Err("the coordinator closed the session".into()),
+                    Err(s) => return Err(s.message().to_owned()),
+                },
+                event = self.events.recv() => match event {
+                    Some(event) => self.report(event, &tx, &client).await?,
+                    None => return Ok(()),
+                },
+            }
+        }
+    }
+
+    async fn command(&self, kind: pb::coordinator_to_node::Kind) {
+        use pb::coordinator_to_node::Kind;
+        match kind {
+            Kind::Initiate(plan) => match plan_from_pb(&plan) {
+                Ok(plan) => {
+                    let _ = self.loop_tx.send(LoopMsg::InitiatePlan { plan }).await;
+                }
+                Err(e) => tracing::error!("coordinator sent a bad plan: {e}"),
+            },
+            Kind::Abort(abort) => {
+                let reason = FailureReason::Aborted(abort.reason);
+                let id = SnapshotId(abort.snapshot_id);
+                let _ = self.loop_tx.send(LoopMsg::Abort { id, reason }).await;
+            }
+            Kind::Membership(m) => {
+                tracing::debug!(members = m.nodes.len(), "membership update");
+            }
+            Kind::Registered(_) => {}
+            Kind::Restore(_) => tracing::warn!("restore requested, but restore is not built yet"),
+        }
+    }
+
+    async fn report(
+        &self,
+        event: NodeEvent,
+        tx: &mpsc::Sender<pb::NodeToCoordinator>,
+        client: &pb::coordinator_client::CoordinatorClient<Channel>,
+    ) -> Result<(), String> {
+        use pb::node_snapshot_event::Kind;
+        let (id, kind) = match event {
+            NodeEvent::StateRecorded(id) => (id, Kind::StateRecorded(pb::Empty {})),
+            NodeEvent::Failed(id, reason) => (id, Kind::Failed(failure_to_pb(&reason))),
+            NodeEvent::PartReady(part) => {
+                let mut client = client.clone();
+                let node = self.shared.node_id.clone();
+                let incarnation = self.shared.incarnation;
+                tokio::spawn(async move {
+                    let id = part.snapshot_id;
+                    match client
+                        .upload_snapshot_part(upload_stream(*part, incarnation))
+                        .await
+                    {
+                        Ok(r) => {
+                            let r = r.into_inner();
+                            tracing::debug!(
+                                snapshot = id,
+                                new = r.bytes_new,
+                                reused = r.bytes_reused,
+                                "part uploaded"
+                            );
+                        }
+                        Err(s) => {
+                            tracing::warn!(snapshot = id, %node, "upload refused: {}", s.message())
+                        }
+                    }
+                });
+                return Ok(());
+            }
+        };
+        let event = pb::NodeToCoordinator {
+            kind: Some(pb::node_to_coordinator::Kind::Snapshot(
+                pb::NodeSnapshotEvent {
+                    snapshot_id: id.0,
+                    kind: Some(kind),
+                },
+            )),
+        };
+        tx.send(event)
+            .await
+            .map_err(|_| "session closed".to_owned())
+    }
+}
+
+/// A part as upload messages: the header, the local state in chunks, then each channel's
+/// messages in pieces of at most `UPLOAD_CHUNK` bytes.
+fn upload_stream(
+    part: pb::LocalSnapshot,
+    incarnation: u64,
+) -> tokio_stream::Iter<std::vec::IntoIter<pb::UploadChunk>> {
+    use pb::upload_chunk::Kind;
+    let mut chunks = vec![pb::UploadChunk {
+        kind: Some(Kind::Header(pb::UploadHeader {
+            snapshot_id: part.snapshot_id,
+            node_id: part.node_id.clone(),
+            incarnation,
+            incoming: part.incoming,
+            outgoing: part.outgoing,
+        })),
+    }];
+    let state: Bytes = part.local_state;
+    let mut at = 0;
+    while at < state.len() {
+        let end = (at + UPLOAD_CHUNK).min(state.len());
+        chunks.push(pb::UploadChunk {
+            kind: Some(Kind::LocalState(state.slice(at..end))),
+        });
+        at = end;
+    }
+    for channel_state in part.channel_states {
+        let mut piece = pb::ChannelState {
+            channel: channel_state.channel.clone(),
+            messages: Vec::new(),
+        };
+        let mut size = 0;
+        for message in channel_state.messages {
+            size += message.payload.len() + 16;
+            piece.messages.push(message);
+            if size >= UPLOAD_CHUNK {
+                let full = std::mem::replace(
+                    &mut piece,
+                    pb::ChannelState {
+                        channel: channel_state.channel.clone(),
+                        messages: Vec::new(),
+                    },
+                );
+                chunks.push(pb::UploadChunk {
+                    kind: Some(Kind::ChannelState(full)),
+                });
+                size = 0;
+            }
+        }
+        if !piece.messages.is_empty() {
+            chunks.push(pb::UploadChunk {
+                kind: Some(Kind::ChannelState(piece)),
+            });
+        }
+    }
+    tokio_stream::iter(chunks)
+}
