@@ -48,6 +48,7 @@
 //! - [`session`]: [`AppSession`], [`AppSender`], [`SendPermit`], [`AppEvent`].
 //! - [`coordinator`]: the coordinator client, [`CoordinatorClient`].
 //! - [`bank`]: the `cairn-bank` example application.
+//! - [`local_cluster`]: the processes of `cairnctl cluster up`.
 //! - [`error`]: [`Error`], with [`Error::is_retryable`].
 
 #![forbid(unsafe_code)]
@@ -55,6 +56,7 @@
 pub mod bank;
 pub mod coordinator;
 pub mod error;
+pub mod local_cluster;
 pub mod session;
 
 pub use coordinator::CoordinatorClient;

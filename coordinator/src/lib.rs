@@ -97,7 +97,7 @@ pub async fn run(
         tx.clone(),
     );
     state.recover().await?;
-    let state_task = tokio::spawn(state.run(rx));
+    let state_task = tokio::spawn(state.run(rx, shutdown.clone()));
 
     let service = service::CoordinatorService {
         tx: tx.clone(),

@@ -145,9 +145,21 @@ impl State {
         Ok(())
     }
 
-    pub(crate) async fn run(mut self, mut rx: mpsc::Receiver<Msg>) {
-        while let Some(msg) = rx.recv().await {
-            self.handle(msg).await;
+    /// Serves requests until `shutdown`; then fails what is in flight and closes every
+    /// node session and watch stream, so the server can finish its graceful shutdown.
+    pub(crate) async fn run(
+        mut self,
+        mut rx: mpsc::Receiver<Msg>,
+        shutdown: tokio_util::sync::CancellationToken,
+    ) {
+        loop {
+            tokio::select! {
+                _ = shutdown.cancelled() => break,
+                msg = rx.recv() => match msg {
+                    Some(msg) => self.handle(msg).await,
+                    None => break,
+                },
+            }
         }
         let ids: Vec<u64> = self.inflight.keys().copied().collect();
         for id in ids {
@@ -157,6 +169,8 @@ impl State {
             );
             self.settle(id, update).await;
         }
+        self.members.clear();
+        self.watchers.clear();
     }
 
     async fn handle(&mut self, msg: Msg) {

@@ -59,9 +59,9 @@ pub struct LocalReport {
 /// Why a snapshot failed or was aborted. Each names the process or channel concerned.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum FailureReason {
-    /// The snapshot passed its timeout; these processes had not reported.
+    /// The snapshot passed its timeout waiting for these processes.
     Timeout {
-        /// The processes that had not reported.
+        /// The processes that had not recorded their state, or else not reported.
         missing: Vec<NodeId>,
     },
     /// A participant crashed, left or restarted.
@@ -88,7 +88,7 @@ impl fmt::Display for FailureReason {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Self::Timeout { missing } => {
-                write!(f, "timed out; not reported: ")?;
+                write!(f, "timed out waiting for ")?;
                 let names: Vec<&str> = missing.iter().map(NodeId::as_str).collect();
                 f.write_str(&names.join(", "))
             }

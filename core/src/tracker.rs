@@ -248,18 +248,30 @@ impl SnapshotTracker {
         }
     }
 
-    /// The snapshot passed its timeout: it fails naming who had not reported.
+    /// The snapshot passed its timeout: it fails naming whom it waited for — the processes
+    /// whose application never recorded its state if there are any (they hold everyone
+    /// else up), else those whose part never arrived.
     pub fn timed_out(&mut self, id: SnapshotId) -> Update {
         let Some(t) = self.in_flight.get(&id) else {
             return Update::Ignored;
         };
-        let missing = t
+        let not_recorded: Vec<NodeId> = t
             .topology
             .nodes()
             .iter()
-            .filter(|n| !t.parts.contains_key(n))
+            .filter(|n| !t.recorded.contains(*n) && !t.parts.contains_key(n))
             .cloned()
             .collect();
+        let missing = if not_recorded.is_empty() {
+            t.topology
+                .nodes()
+                .iter()
+                .filter(|n| !t.parts.contains_key(n))
+                .cloned()
+                .collect()
+        } else {
+            not_recorded
+        };
         self.fail(id, FailureReason::Timeout { missing })
     }
 

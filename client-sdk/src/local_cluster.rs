@@ -1,0 +1,204 @@
+//! A local cluster of processes — a coordinator, N node daemons and N bank applications on
+//! loopback — as `cairnctl cluster up` and `cairnctl demo` start it. Every process is
+//! killed when the cluster is dropped.
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::Duration;
+
+use serde::Serialize;
+use tokio::process::{Child, Command};
+
+/// Where each process of a local cluster listens.
+#[derive(Debug, Clone, Serialize)]
+pub struct Addresses {
+    /// The coordinator.
+    pub coordinator: String,
+    /// etcd endpoints, if the coordinator uses etcd.
+    pub etcd: Vec<String>,
+    /// The coordinator's data directory.
+    pub data_dir: PathBuf,
+    /// One entry per node.
+    pub nodes: Vec<NodeAddresses>,
+}
+
+/// One node's addresses.
+#[derive(Debug, Clone, Serialize)]
+pub struct NodeAddresses {
+    /// Its id.
+    pub id: String,
+    /// Its daemon's peer (and NodeAdmin) address.
+    pub peer: String,
+    /// Its daemon's application address.
+    pub app: String,
+    /// Its bank's address.
+    pub bank: String,
+}
+
+/// What to start.
+#[derive(Debug, Clone)]
+pub struct ClusterSpec {
+    /// Nodes (and banks).
+    pub nodes: usize,
+    /// etcd endpoints; empty for the embedded store.
+    pub etcd: Vec<String>,
+    /// The coordinator's data directory; the processes' logs go beside it.
+    pub data_dir: PathBuf,
+    /// Random transfers per second per bank.
+    pub workload: f64,
+    /// Each bank's starting balance.
+    pub initial_balance: u64,
+    /// Where the binaries are.
+    pub bin_dir: PathBuf,
+}
+
+/// The running processes.
+pub struct LocalCluster {
+    /// Their addresses.
+    pub addresses: Addresses,
+    children: Vec<(String, Child)>,
+}
+
+/// A free port below the kernel's ephemeral range, so that no outgoing connection of the
+/// processes already started can take it before its own process binds it.
+pub fn free_port() -> std::io::Result<u16> {
+    use rand::Rng;
+    let ephemeral: u16 = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|s| s.split_whitespace().next()?.parse().ok())
+        .unwrap_or(32768);
+    let low = 10_000.min(ephemeral / 2);
+    let mut rng = rand::rng();
+    for _ in 0..1000 {
+        let port = rng.random_range(low..ephemeral);
+        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return Ok(port);
+        }
+    }
+    Err(std::io::Error::other("no free port found"))
+}
+
+fn loopback() -> std::io::Result<String> {
+    Ok(format!("127.0.0.1:{}", free_port()?))
+}
+
+impl LocalCluster {
+    /// Starts every process. The binaries `cairn-coordinator`, `cairn-node` and
+    /// `cairn-bank` must be in `spec.bin_dir`.
+    pub async fn start(spec: &ClusterSpec) -> anyhow::Result<Self> {
+        for bin in ["cairn-coordinator", "cairn-node", "cairn-bank"] {
+            if !spec.bin_dir.join(bin).exists() {
+                anyhow::bail!(
+                    "{} is missing from {}: build every binary first with `cargo build --release --bins`",
+                    bin,
+                    spec.bin_dir.display()
+                );
+            }
+        }
+        std::fs::create_dir_all(&spec.data_dir)?;
+        let logs = spec.data_dir.join("logs");
+        std::fs::create_dir_all(&logs)?;
+        let coordinator = loopback()?;
+        let nodes: Vec<NodeAddresses> = (1..=spec.nodes)
+            .map(|i| {
+                Ok(NodeAddresses {
+                    id: format!("n{i}"),
+                    peer: loopback()?,
+                    app: loopback()?,
+                    bank: loopback()?,
+                })
+            })
+            .collect::<std::io::Result<_>>()?;
+        let mut cluster = Self {
+            addresses: Addresses {
+                coordinator: coordinator.clone(),
+                etcd: spec.etcd.clone(),
+                data_dir: spec.data_dir.clone(),
+                nodes: nodes.clone(),
+            },
+            children: Vec::new(),
+        };
+        let mut command = Command::new(spec.bin_dir.join("cairn-coordinator"));
+        command
+            .args(["--listen", &coordinator])
+            .arg("--data-dir")
+            .arg(&spec.data_dir);
+        if !spec.etcd.is_empty() {
+            command.args(["--etcd", &spec.etcd.join(",")]);
+        }
+        cluster.spawn("coordinator", command, &logs)?;
+        let peers = nodes
+            .iter()
+            .map(|n| format!("{}={}", n.id, n.peer))
+            .collect::<Vec<_>>()
+            .join(",");
+        for node in &nodes {
+            let mut command = Command::new(spec.bin_dir.join("cairn-node"));
+            command.args([
+                "--node-id",
+                &node.id,
+                "--peer",
+                &peers,
+                "--peer-listen",
+                &node.peer,
+            ]);
+            command.args([
+                "--app-listen",
+                &node.app,
+                "--coordinator",
+                &coordinator,
+                "--grace-period",
+                "2s",
+            ]);
+            cluster.spawn(&format!("{}.node", node.id), command, &logs)?;
+            let mut command = Command::new(spec.bin_dir.join("cairn-bank"));
+            command.args(["--node", &node.app, "--listen", &node.bank]);
+            command.args(["--initial-balance", &spec.initial_balance.to_string()]);
+            command.args(["--workload", &spec.workload.to_string()]);
+            cluster.spawn(&format!("{}.bank", node.id), command, &logs)?;
+        }
+        Ok(cluster)
+    }
+
+    fn spawn(&mut self, name: &str, mut command: Command, logs: &Path) -> anyhow::Result<()> {
+        let log = std::fs::File::create(logs.join(format!("{name}.log")))?;
+        let child = command
+            .stdin(Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log)
+            .kill_on_drop(true)
+            .spawn()
+            .map_err(|e| anyhow::anyhow!("cannot start {name}: {e}"))?;
+        self.children.push((name.to_owned(), child));
+        Ok(())
+    }
+
+    /// Processes that have exited, with their status.
+    pub fn exited(&mut self) -> Vec<String> {
+        self.children
+            .iter_mut()
+            .filter_map(|(name, child)| match child.try_wait() {
+                Ok(Some(status)) => Some(format!("{name} exited ({status})")),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// Stops every process: SIGTERM, then SIGKILL after `grace`.
+    pub async fn stop(mut self, grace: Duration) {
+        for (_, child) in &self.children {
+            if let Some(pid) = child.id() {
+                let _ = Command::new("kill")
+                    .args(["-TERM", &pid.to_string()])
+                    .status()
+                    .await;
+            }
+        }
+        for (name, child) in &mut self.children {
+            if tokio::time::timeout(grace, child.wait()).await.is_err() {
+                tracing::warn!("{name} did not stop within {grace:?}; killing it");
+                let _ = child.kill().await;
+            }
+        }
+    }
+}
