@@ -60,7 +60,11 @@ impl BlobStore {
         } else {
             let dir = path.parent().expect("has a parent");
             tokio::fs::create_dir_all(dir).await?;
-            let tmp = dir.join(format!(".{hash}.tmp"));
+            // Concurrent uploads may store the same chunk: each writes its own temporary
+            // file, and the renames (same content) may both win.
+            static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+            let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let tmp = dir.join(format!(".{hash}.{}.{n}.tmp", std::process::id()));
             tokio::fs::write(&tmp, data).await?;
             tokio::fs::rename(&tmp, &path).await?;
             stored.new += data.len() as u64;

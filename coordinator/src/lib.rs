@@ -5,7 +5,7 @@
 //!
 //! # Layout
 //!
-//! - [`config`]: [`CoordinatorConfig`].
+//! - [`config`]: the configuration, [`CoordinatorConfig`].
 //! - `state`: the one task that owns membership and the tracker.
 //! - `service`: the `cairn.v1.Coordinator` gRPC service.
 //! - [`store`]: the metadata store (etcd or a file) and its JSON records.
@@ -76,7 +76,7 @@ pub async fn run(
         AnyKv::File(FileKv::open(&path, &keys.members()).await?)
     } else {
         tracing::info!(endpoints = ?config.etcd, "etcd metadata store");
-        AnyKv::Etcd(EtcdKv::connect(&config.etcd, stop.clone()).await?)
+        AnyKv::Etcd(Box::new(EtcdKv::connect(&config.etcd, stop.clone()).await?))
     });
     let blob_dir = config.data_dir.join("blobs");
     let blobs = BlobStore::open(&blob_dir)

@@ -209,7 +209,7 @@ impl pb::coordinator_server::Coordinator for CoordinatorService {
                 status == pb::SnapshotStatus::Unspecified || r.status == status_name(status)
             })
             .collect();
-        records.sort_by(|a, b| b.id.cmp(&a.id));
+        records.sort_by_key(|r| std::cmp::Reverse(r.id));
         let more = records.len() > page_size;
         records.truncate(page_size);
         let next_page_token = if more {

@@ -701,6 +701,7 @@ fn node_failure(node: &NodeId, reason: &pb::FailureReason) -> FailureReason {
         Kind::NoApplication => FailureReason::NoApplication(node.clone()),
         Kind::Shutdown => FailureReason::Shutdown(node.clone()),
         Kind::NodeLost => FailureReason::NodeLost(node.clone()),
+        Kind::Storage => FailureReason::Storage(reason.message.clone()),
         _ => FailureReason::Aborted(format!("on node {node}: {}", reason.message)),
     }
 }

@@ -9,12 +9,16 @@
 //! - [`bank_cluster`]: real `cairn-node` + `cairn-bank` processes on static config.
 //! - [`cut`]: a real snapshot's parts, verified and its money counted.
 //! - [`local`]: node daemons inside the test process.
+//! - [`etcd`]: a real etcd started by the test.
+//! - [`coordinated`]: a coordinator, node daemons and banks as processes.
 //! - [`proxy`]: a TCP proxy that cuts its connections on demand.
 
 #![forbid(unsafe_code)]
 
 pub mod bank_cluster;
+pub mod coordinated;
 pub mod cut;
+pub mod etcd;
 pub mod local;
 pub mod processes;
 pub mod proxy;

@@ -160,6 +160,7 @@ impl CoordinatorLink {
                 let mut client = client.clone();
                 let node = self.shared.node_id.clone();
                 let incarnation = self.shared.incarnation;
+                let tx = tx.clone();
                 tokio::spawn(async move {
                     let id = part.snapshot_id;
                     match client
@@ -176,7 +177,18 @@ impl CoordinatorLink {
                             );
                         }
                         Err(s) => {
-                            tracing::warn!(snapshot = id, %node, "upload refused: {}", s.message())
+                            tracing::warn!(snapshot = id, %node, "upload refused: {}", s.message());
+                            // Tell the coordinator now rather than let the snapshot time out.
+                            let why = format!("upload of {node}'s part failed: {}", s.message());
+                            let reason = failure_to_pb(&FailureReason::Storage(why));
+                            let event = pb::NodeSnapshotEvent {
+                                snapshot_id: id,
+                                kind: Some(pb::node_snapshot_event::Kind::Failed(reason)),
+                            };
+                            let message = pb::NodeToCoordinator {
+                                kind: Some(pb::node_to_coordinator::Kind::Snapshot(event)),
+                            };
+                            let _ = tx.send(message).await;
                         }
                     }
                 });

@@ -136,20 +136,36 @@ impl Link {
             .is_some_and(|i| i != accepted.incarnation)
         {
             tracing::warn!(channel = %self.channel, "peer restarted: resetting channel");
-            let requeue: Vec<Bytes> = state
-                .unacked
-                .drain(..)
-                .filter_map(|(_, f)| match f {
-                    OutFrame::Data(p) => Some(p),
-                    OutFrame::Marker(_) => None,
-                })
-                .collect();
+            let mut frames: Vec<OutFrame> = state.unacked.drain(..).map(|(_, f)| f).collect();
+            // Frames the loop already handed over count as transmitted before the reset:
+            // withdraw the pull, and take whatever it was answered with.
+            if let Some(pull) = state.pull.take() {
+                let cancel = LoopMsg::CancelPull {
+                    channel: self.channel.clone(),
+                };
+                if self.loop_tx.send(cancel).await.is_err() {
+                    return Ended::Shutdown;
+                }
+                if let Ok(pulled) = pull.await {
+                    frames.extend(pulled);
+                }
+            }
+            let mut requeue: Vec<Bytes> = Vec::new();
+            let mut lost_markers = Vec::new();
+            for frame in frames {
+                match frame {
+                    OutFrame::Data(p) => requeue.push(p),
+                    OutFrame::Marker(plan) => lost_markers.push(plan.id),
+                }
+            }
             state.next_seq = 1;
+            self.stats.unacked.store(0, Relaxed);
             if self
                 .loop_tx
                 .send(LoopMsg::OutboundReset {
                     channel: self.channel.clone(),
                     requeue,
+                    lost_markers,
                 })
                 .await
                 .is_err()

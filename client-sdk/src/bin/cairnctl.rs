@@ -680,6 +680,36 @@ async fn demo_story(cluster: &LocalCluster, nodes: usize, total: u64) -> anyhow:
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+    // Every bank must be attached before a snapshot reaches its daemon.
+    for node in &cluster.addresses.nodes {
+        loop {
+            let attached = async {
+                let mut admin = pb::node_admin_client::NodeAdminClient::connect(format!(
+                    "http://{}",
+                    node.peer
+                ))
+                .await?;
+                anyhow::Ok(
+                    admin
+                        .get_node_status(pb::GetNodeStatusRequest {})
+                        .await?
+                        .into_inner()
+                        .application_attached,
+                )
+            }
+            .await
+            .unwrap_or(false);
+            if attached {
+                break;
+            }
+            anyhow::ensure!(
+                Instant::now() < deadline,
+                "the bank beside {} did not attach within 30 s",
+                node.id
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
     // Let the workload run for a moment so that messages are in flight.
     tokio::time::sleep(Duration::from_secs(1)).await;
     let mut rows = Vec::new();

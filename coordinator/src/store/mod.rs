@@ -57,7 +57,7 @@ pub trait Kv: Send + Sync + 'static {
 /// Either store, chosen at start.
 pub enum AnyKv {
     /// etcd.
-    Etcd(EtcdKv),
+    Etcd(Box<EtcdKv>),
     /// The embedded file store.
     File(FileKv),
 }

@@ -162,11 +162,29 @@ impl NodeLoop {
     }
 
     /// The peer restarted: what it never acknowledged goes out again, ahead of the queue,
-    /// renumbered from 0; markers of the failed snapshots are dropped.
-    pub(super) fn on_outbound_reset(&mut self, channel: ChannelId, requeue: Vec<Bytes>) {
+    /// renumbered from 0; markers are dropped. Snapshots in flight here fail (the engine
+    /// aborts them), and so do snapshots already complete here whose marker the peer never
+    /// got: their cut on this channel is lost with the peer's old incarnation.
+    pub(super) fn on_outbound_reset(
+        &mut self,
+        channel: ChannelId,
+        requeue: Vec<Bytes>,
+        lost_markers: Vec<cairn_core::SnapshotId>,
+    ) {
         self.feed(Event::ChannelReset {
             channel: channel.clone(),
         });
+        let mut lost: std::collections::BTreeSet<cairn_core::SnapshotId> =
+            lost_markers.into_iter().collect();
+        for item in &self.outgoing[&channel].queue {
+            if let OutItem::Marker(plan) = item {
+                lost.insert(plan.id);
+            }
+        }
+        for id in lost {
+            let reason = cairn_core::FailureReason::ChannelReset(channel.clone());
+            self.recordings.fail_completed(id, reason);
+        }
         let out = self.outgoing.get_mut(&channel).expect("outgoing channel");
         let queued: Vec<Bytes> = out
             .queue

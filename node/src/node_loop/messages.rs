@@ -58,10 +58,14 @@ pub(crate) enum LoopMsg {
         max: usize,
         reply: oneshot::Sender<Vec<OutFrame>>,
     },
-    /// An outgoing channel's peer restarted; `requeue` is what it never acknowledged.
+    /// An outgoing channel's task withdraws its waiting pull (before a reset).
+    CancelPull { channel: ChannelId },
+    /// An outgoing channel's peer restarted; `requeue` is the data it never acknowledged,
+    /// `lost_markers` the snapshots whose markers it never acknowledged.
     OutboundReset {
         channel: ChannelId,
         requeue: Vec<Bytes>,
+        lost_markers: Vec<SnapshotId>,
     },
     /// An application wants to attach.
     AppAttach {

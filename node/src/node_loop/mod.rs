@@ -178,7 +178,16 @@ impl NodeLoop {
                     self.serve_pull(&channel);
                 }
             }
-            LoopMsg::OutboundReset { channel, requeue } => self.on_outbound_reset(channel, requeue),
+            LoopMsg::CancelPull { channel } => {
+                if let Some(out) = self.outgoing.get_mut(&channel) {
+                    out.pending_pull = None;
+                }
+            }
+            LoopMsg::OutboundReset {
+                channel,
+                requeue,
+                lost_markers,
+            } => self.on_outbound_reset(channel, requeue, lost_markers),
             LoopMsg::AppAttach { session, tx, reply } => {
                 let _ = reply.send(self.attach_app(session, tx));
             }

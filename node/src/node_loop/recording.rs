@@ -97,6 +97,16 @@ impl Recordings {
         self.store(id, Err(reason));
     }
 
+    /// A snapshot this node finished whose marker never reached a peer: it cannot
+    /// complete anywhere, so it fails here too (nothing happens for one already failed).
+    pub(super) fn fail_completed(&mut self, id: SnapshotId, reason: FailureReason) {
+        if matches!(self.parts.get(&id), Some(Ok(_))) {
+            tracing::warn!(snapshot = %id, %reason, "a completed part's marker was lost");
+            self.tell(NodeEvent::Failed(id, reason.clone()));
+            self.store(id, Err(reason));
+        }
+    }
+
     fn tell(&self, event: NodeEvent) {
         if let Some(events) = &self.events {
             let _ = events.send(event);

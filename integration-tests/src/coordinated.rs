@@ -1,0 +1,318 @@
+//! A coordinated cluster of real processes: `cairn-coordinator` (embedded store or etcd),
+//! `cairn-node` daemons registered with it, and `cairn-bank` apps — or, for chosen nodes,
+//! no bank, so a test can attach its own application.
+
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::Duration;
+
+use cairn_proto::v1 as pb;
+use tonic::transport::Channel;
+
+use crate::processes::{ChildGuard, binary, eventually, free_port};
+
+/// Which metadata store the coordinator uses.
+#[derive(Debug, Clone)]
+pub enum Store {
+    /// The embedded file store.
+    Embedded,
+    /// etcd at this endpoint.
+    Etcd(String),
+}
+
+/// One member's processes.
+pub struct CoordinatedNode {
+    /// Its id.
+    pub id: String,
+    /// Its peer address.
+    pub peer: String,
+    /// Its application address.
+    pub app: String,
+    /// Its bank's address, if it has one.
+    pub bank: Option<String>,
+    node_args: Vec<String>,
+    node: Option<ChildGuard>,
+    bank_process: Option<ChildGuard>,
+}
+
+/// The processes; all killed when dropped.
+pub struct CoordinatedCluster {
+    /// The coordinator's address.
+    pub coordinator: String,
+    /// The members.
+    pub nodes: Vec<CoordinatedNode>,
+    coordinator_args: Vec<String>,
+    coordinator_process: Option<ChildGuard>,
+    dir: PathBuf,
+    /// Each bank's starting balance.
+    pub initial_balance: u64,
+}
+
+impl CoordinatedCluster {
+    /// Starts a coordinator and `n` nodes; nodes whose index is in `without_bank` get no
+    /// bank. `coordinator_args` are added to the coordinator's command line.
+    pub async fn start(
+        n: usize,
+        store: Store,
+        without_bank: &[usize],
+        coordinator_args: &[&str],
+    ) -> anyhow::Result<Self> {
+        let dir = std::env::temp_dir().join(format!(
+            "cairn-coord-test-{}-{}",
+            std::process::id(),
+            free_port()
+        ));
+        std::fs::create_dir_all(&dir)?;
+        let coordinator = format!("127.0.0.1:{}", free_port());
+        let mut args = vec![
+            "--listen".to_owned(),
+            coordinator.clone(),
+            "--data-dir".to_owned(),
+        ];
+        args.push(dir.join("data").display().to_string());
+        if let Store::Etcd(endpoint) = &store {
+            args.extend(["--etcd".to_owned(), endpoint.clone()]);
+        }
+        args.extend(coordinator_args.iter().map(|a| (*a).to_owned()));
+        let ids: Vec<String> = (1..=n).map(|i| format!("n{i}")).collect();
+        let peers: Vec<(String, String)> = ids
+            .iter()
+            .map(|id| (id.clone(), format!("127.0.0.1:{}", free_port())))
+            .collect();
+        let peer_list = peers
+            .iter()
+            .map(|(id, a)| format!("{id}={a}"))
+            .collect::<Vec<_>>()
+            .join(",");
+        let mut cluster = Self {
+            coordinator: coordinator.clone(),
+            nodes: Vec::new(),
+            coordinator_args: args,
+            coordinator_process: None,
+            dir,
+            initial_balance: 1000,
+        };
+        cluster.start_coordinator()?;
+        for (i, (id, peer)) in peers.into_iter().enumerate() {
+            let app = format!("127.0.0.1:{}", free_port());
+            let node_args = vec![
+                "--node-id".into(),
+                id.clone(),
+                "--peer".into(),
+                peer_list.clone(),
+                "--peer-listen".into(),
+                peer.clone(),
+                "--app-listen".into(),
+                app.clone(),
+                "--coordinator".into(),
+                coordinator.clone(),
+                "--grace-period".into(),
+                "1s".into(),
+            ];
+            let bank = (!without_bank.contains(&i)).then(|| format!("127.0.0.1:{}", free_port()));
+            cluster.nodes.push(CoordinatedNode {
+                id,
+                peer,
+                app,
+                bank,
+                node_args,
+                node: None,
+                bank_process: None,
+            });
+            cluster.start_node(i)?;
+        }
+        cluster.wait_registered(n).await?;
+        for i in 0..n {
+            if cluster.nodes[i].bank.is_some() {
+                cluster.wait_app_attached(i).await?;
+            }
+        }
+        Ok(cluster)
+    }
+
+    fn log(&self, name: &str) -> PathBuf {
+        self.dir.join(format!("{name}.log"))
+    }
+
+    /// (Re)starts the coordinator with its original arguments.
+    pub fn start_coordinator(&mut self) -> anyhow::Result<()> {
+        let mut command = Command::new(binary("cairn-coordinator")?);
+        command.args(&self.coordinator_args);
+        let log = self.log(&format!("coordinator-{}", free_port()));
+        self.coordinator_process = Some(ChildGuard::spawn("cairn-coordinator", command, &log)?);
+        Ok(())
+    }
+
+    /// Kills the coordinator (SIGKILL).
+    pub fn kill_coordinator(&mut self) {
+        if let Some(mut p) = self.coordinator_process.take() {
+            p.kill();
+        }
+    }
+
+    /// (Re)starts node `i`'s daemon and, if it has one, its bank.
+    pub fn start_node(&mut self, i: usize) -> anyhow::Result<()> {
+        let node_bin = binary("cairn-node")?;
+        let bank_bin = binary("cairn-bank")?;
+        let log = self.log(&format!("{}-node-{}", self.nodes[i].id, free_port()));
+        let mut command = Command::new(node_bin);
+        command.args(&self.nodes[i].node_args);
+        self.nodes[i].node = Some(ChildGuard::spawn("cairn-node", command, &log)?);
+        if let Some(bank) = self.nodes[i].bank.clone() {
+            let log = self.log(&format!("{}-bank-{}", self.nodes[i].id, free_port()));
+            let mut command = Command::new(bank_bin);
+            command.args([
+                "--node",
+                &self.nodes[i].app,
+                "--listen",
+                &bank,
+                "--workload",
+                "200",
+            ]);
+            command.args(["--initial-balance", &self.initial_balance.to_string()]);
+            self.nodes[i].bank_process = Some(ChildGuard::spawn("cairn-bank", command, &log)?);
+        }
+        Ok(())
+    }
+
+    /// Kills node `i`'s daemon and bank (SIGKILL).
+    pub fn kill_node(&mut self, i: usize) {
+        if let Some(mut p) = self.nodes[i].bank_process.take() {
+            p.kill();
+        }
+        if let Some(mut p) = self.nodes[i].node.take() {
+            p.kill();
+        }
+    }
+
+    /// A client of the coordinator.
+    pub async fn client(
+        &self,
+    ) -> anyhow::Result<pb::coordinator_client::CoordinatorClient<Channel>> {
+        Ok(pb::coordinator_client::CoordinatorClient::connect(format!(
+            "http://{}",
+            self.coordinator
+        ))
+        .await?)
+    }
+
+    /// Waits until `n` nodes are registered.
+    pub async fn wait_registered(&self, n: usize) -> anyhow::Result<()> {
+        eventually("nodes register", Duration::from_secs(30), || async {
+            let nodes = self
+                .client()
+                .await?
+                .list_nodes(pb::ListNodesRequest {})
+                .await?
+                .into_inner()
+                .nodes;
+            anyhow::ensure!(nodes.len() == n, "{} of {n} registered", nodes.len());
+            Ok(())
+        })
+        .await
+        .map_err(|e| anyhow::anyhow!("{e} (logs in {})", self.dir.display()))
+    }
+
+    /// Waits until node `i`'s daemon has an application attached.
+    pub async fn wait_app_attached(&self, i: usize) -> anyhow::Result<()> {
+        let peer = self.nodes[i].peer.clone();
+        eventually("application attaches", Duration::from_secs(30), || {
+            let peer = peer.clone();
+            async move {
+                let mut admin =
+                    pb::node_admin_client::NodeAdminClient::connect(format!("http://{peer}"))
+                        .await?;
+                let status = admin
+                    .get_node_status(pb::GetNodeStatusRequest {})
+                    .await?
+                    .into_inner();
+                anyhow::ensure!(status.application_attached, "no application yet");
+                Ok(())
+            }
+        })
+        .await
+    }
+
+    /// Starts a snapshot; returns its id.
+    pub async fn start_snapshot(
+        &self,
+        request: pb::StartSnapshotRequest,
+    ) -> Result<u64, tonic::Status> {
+        let mut client = self
+            .client()
+            .await
+            .map_err(|e| tonic::Status::unavailable(e.to_string()))?;
+        Ok(client
+            .start_snapshot(request)
+            .await?
+            .into_inner()
+            .snapshot_id)
+    }
+
+    /// Follows snapshot `id` until it ends; returns it with its data.
+    pub async fn wait(&self, id: u64) -> anyhow::Result<pb::Snapshot> {
+        let mut client = self.client().await?;
+        let mut stream = client
+            .watch_snapshot(pb::WatchSnapshotRequest { snapshot_id: id })
+            .await?
+            .into_inner();
+        let deadline = Duration::from_secs(60);
+        tokio::time::timeout(deadline, async {
+            while let Some(p) = stream.message().await? {
+                if p.status != pb::SnapshotStatus::InProgress as i32 {
+                    break;
+                }
+            }
+            anyhow::Ok(())
+        })
+        .await
+        .map_err(|_| anyhow::anyhow!("snapshot {id} did not end within {deadline:?}"))??;
+        Ok(client
+            .get_snapshot(pb::GetSnapshotRequest {
+                snapshot_id: id,
+                include_data: true,
+            })
+            .await?
+            .into_inner())
+    }
+
+    /// The money there is.
+    pub fn total(&self) -> u64 {
+        self.initial_balance * self.nodes.iter().filter(|n| n.bank.is_some()).count() as u64
+    }
+
+    /// Where the logs are.
+    pub fn logs(&self) -> &std::path::Path {
+        &self.dir
+    }
+}
+
+impl Drop for CoordinatedCluster {
+    fn drop(&mut self) {
+        for i in 0..self.nodes.len() {
+            self.kill_node(i);
+        }
+        self.kill_coordinator();
+        if std::thread::panicking() {
+            eprintln!("cluster logs kept in {}", self.dir.display());
+        } else {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
+    }
+}
+
+/// Sums a snapshot of banks: recorded balances plus recorded transfers in flight.
+pub fn bank_money(snapshot: &pb::Snapshot) -> anyhow::Result<u64> {
+    let mut total = 0;
+    for node in &snapshot.nodes {
+        let state: cairn_sdk::bank::BankState = serde_json::from_slice(&node.local_state)
+            .map_err(|e| anyhow::anyhow!("{}: {e}", node.node_id))?;
+        total += state.balance;
+        for channel in &node.channel_states {
+            for m in &channel.messages {
+                total += cairn_sdk::bank::TransferPayload::decode(&m.payload)?.amount;
+            }
+        }
+    }
+    Ok(total)
+}

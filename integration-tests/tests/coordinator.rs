@@ -1,0 +1,373 @@
+//! The coordinator with real processes, the same suite on the embedded store and on a real
+//! etcd the test starts itself: lifecycle in every mode, overlapping snapshots, the
+//! concurrency limit, timeouts, a node killed mid-snapshot, a coordinator restart, and an
+//! etcd outage.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use cairn_integration_tests::coordinated::{CoordinatedCluster, Store, bank_money};
+use cairn_integration_tests::etcd::Etcd;
+use cairn_proto::v1 as pb;
+use cairn_sdk::bank::{BankState, TransferPayload};
+use cairn_sdk::{AppEvent, AppSession};
+use tokio::task::JoinHandle;
+use tonic::Code;
+
+fn start(mode: pb::SnapshotMode, timeout_ms: u64) -> pb::StartSnapshotRequest {
+    pb::StartSnapshotRequest {
+        mode: mode as i32,
+        timeout_ms,
+        ..Default::default()
+    }
+}
+
+const MODES: [pb::SnapshotMode; 3] = [
+    pb::SnapshotMode::ChandyLamport,
+    pb::SnapshotMode::Unaligned,
+    pb::SnapshotMode::Aligned,
+];
+
+fn assert_completed(snapshot: &pb::Snapshot, total: u64) {
+    let id = snapshot.plan.as_ref().map_or(0, |p| p.snapshot_id);
+    assert_eq!(
+        snapshot.status,
+        pb::SnapshotStatus::Completed as i32,
+        "snapshot {id}: {:?}",
+        snapshot.failure
+    );
+    assert!(
+        snapshot.verdict.as_ref().is_some_and(|v| v.consistent),
+        "snapshot {id}: {:?}",
+        snapshot.verdict
+    );
+    assert_eq!(
+        bank_money(snapshot).unwrap(),
+        total,
+        "snapshot {id}: the money does not add up"
+    );
+}
+
+/// An application for a node without a bank: it keeps the money it receives and answers
+/// record requests only while `answer` is set, so a test can hold a snapshot in flight.
+fn controlled_app(address: String, answer: Arc<AtomicBool>) -> JoinHandle<()> {
+    tokio::spawn(async move {
+        let mut session = loop {
+            match AppSession::connect(&address, "controlled").await {
+                Ok(s) => break s,
+                Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
+            }
+        };
+        let sender = session.sender();
+        let mut balance = 0u64;
+        while let Ok(Some(event)) = session.next_event().await {
+            match event {
+                AppEvent::Message { payload, .. } => {
+                    balance += TransferPayload::decode(&payload).map_or(0, |t| t.amount);
+                }
+                AppEvent::RecordState { snapshot_id } => {
+                    while !answer.load(Ordering::Relaxed) {
+                        tokio::time::sleep(Duration::from_millis(20)).await;
+                    }
+                    let state = serde_json::to_vec(&BankState { balance }).unwrap();
+                    let _ = sender.state_recorded(snapshot_id, state.into());
+                }
+                AppEvent::Restore { .. } => {}
+            }
+        }
+    })
+}
+
+async fn etcd() -> (Etcd, Store) {
+    let etcd = Etcd::start().await.expect("etcd starts");
+    let store = Store::Etcd(etcd.endpoint.clone());
+    (etcd, store)
+}
+
+async fn lifecycle(store: Store) -> CoordinatedCluster {
+    let cluster = CoordinatedCluster::start(3, store, &[], &["--max-concurrent", "4"])
+        .await
+        .unwrap();
+    for mode in MODES {
+        let id = cluster.start_snapshot(start(mode, 20_000)).await.unwrap();
+        assert_completed(&cluster.wait(id).await.unwrap(), cluster.total());
+    }
+    // Overlapping: all three modes at once.
+    let mut ids = Vec::new();
+    for mode in MODES {
+        ids.push(cluster.start_snapshot(start(mode, 20_000)).await.unwrap());
+    }
+    for id in ids {
+        assert_completed(&cluster.wait(id).await.unwrap(), cluster.total());
+    }
+    let mut client = cluster.client().await.unwrap();
+    let list = client
+        .list_snapshots(pb::ListSnapshotsRequest {
+            status: pb::SnapshotStatus::Completed as i32,
+            page_size: 4,
+            page_token: String::new(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(list.snapshots.len(), 4);
+    assert_eq!(
+        list.snapshots[0].plan.as_ref().unwrap().snapshot_id,
+        6,
+        "newest first"
+    );
+    assert!(!list.next_page_token.is_empty());
+    let err = client
+        .get_snapshot(pb::GetSnapshotRequest {
+            snapshot_id: 999,
+            include_data: false,
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::NotFound);
+    let deleted = client
+        .delete_snapshot(pb::DeleteSnapshotRequest { snapshot_id: 1 })
+        .await
+        .unwrap();
+    let _ = deleted.into_inner().bytes_freed;
+    assert_eq!(
+        client
+            .get_snapshot(pb::GetSnapshotRequest {
+                snapshot_id: 1,
+                include_data: false
+            })
+            .await
+            .unwrap_err()
+            .code(),
+        Code::NotFound
+    );
+    cluster
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn embedded_store_lifecycle_in_every_mode_and_overlapping() {
+    lifecycle(Store::Embedded).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn etcd_lifecycle_in_every_mode_and_overlapping_readable_with_etcdctl() {
+    let (etcd, store) = etcd().await;
+    let _cluster = lifecycle(store).await;
+    let dump = etcd.get_prefix("/cairn/").await.unwrap();
+    assert!(
+        dump.contains("/cairn/cairn/snapshots/00000000000000000006"),
+        "{dump}"
+    );
+    assert!(dump.contains("\"status\": \"COMPLETED\""), "{dump}");
+    assert!(dump.contains("/cairn/cairn/members/n1"), "{dump}");
+    assert!(
+        dump.contains("/cairn/cairn/parts/00000000000000000006/n2"),
+        "{dump}"
+    );
+}
+
+async fn failures(store: Store) {
+    let mut cluster = CoordinatedCluster::start(3, store, &[2], &["--max-concurrent", "1"])
+        .await
+        .unwrap();
+    let answer = Arc::new(AtomicBool::new(false));
+    let app = controlled_app(cluster.nodes[2].app.clone(), answer.clone());
+    cluster.wait_app_attached(2).await.unwrap();
+
+    // n3 holds the snapshot: the limit refuses a second one, and the timeout names n3.
+    let held = cluster
+        .start_snapshot(start(pb::SnapshotMode::ChandyLamport, 1500))
+        .await
+        .unwrap();
+    let refused = cluster
+        .start_snapshot(start(pb::SnapshotMode::Unaligned, 1500))
+        .await
+        .unwrap_err();
+    assert_eq!(refused.code(), Code::ResourceExhausted, "{refused}");
+    let timed_out = cluster.wait(held).await.unwrap();
+    assert_eq!(timed_out.status, pb::SnapshotStatus::Failed as i32);
+    let failure = timed_out.failure.unwrap();
+    assert_eq!(
+        failure.kind,
+        pb::failure_reason::Kind::Timeout as i32,
+        "{failure:?}"
+    );
+    assert!(failure.message.contains("n3"), "{}", failure.message);
+
+    // A node killed mid-snapshot: the snapshot fails naming it.
+    let id = cluster
+        .start_snapshot(start(pb::SnapshotMode::ChandyLamport, 30_000))
+        .await
+        .unwrap();
+    let mut client = cluster.client().await.unwrap();
+    let mut progress = client
+        .watch_snapshot(pb::WatchSnapshotRequest { snapshot_id: id })
+        .await
+        .unwrap()
+        .into_inner();
+    while let Some(p) = progress.message().await.unwrap() {
+        if p.recorded.len() >= 2 {
+            break;
+        }
+    }
+    cluster.kill_node(2);
+    app.abort();
+    let lost = cluster.wait(id).await.unwrap();
+    assert_eq!(lost.status, pb::SnapshotStatus::Failed as i32);
+    let failure = lost.failure.unwrap();
+    assert!(failure.message.contains("n3"), "{}", failure.message);
+
+    // Back again, later snapshots complete.
+    cluster.start_node(2).unwrap();
+    answer.store(true, Ordering::Relaxed);
+    let _app = controlled_app(cluster.nodes[2].app.clone(), answer.clone());
+    cluster.wait_registered(3).await.unwrap();
+    cluster.wait_app_attached(2).await.unwrap();
+    // A snapshot started before every peer has reconnected to n3's new incarnation fails
+    // naming the reset channel; once the channels are back, snapshots complete.
+    for attempt in 1..=5 {
+        let id = cluster
+            .start_snapshot(start(pb::SnapshotMode::Unaligned, 20_000))
+            .await
+            .unwrap();
+        let done = cluster.wait(id).await.unwrap();
+        if done.status == pb::SnapshotStatus::Completed as i32 {
+            return;
+        }
+        let failure = done.failure.unwrap();
+        assert_eq!(
+            failure.kind,
+            pb::failure_reason::Kind::ChannelReset as i32,
+            "{failure:?}"
+        );
+        assert!(failure.message.contains("n3"), "{}", failure.message);
+        assert!(
+            attempt < 5,
+            "no snapshot completed after n3 came back: {failure:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn embedded_store_limit_timeout_and_killed_node() {
+    failures(Store::Embedded).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn etcd_limit_timeout_and_killed_node() {
+    let (_etcd, store) = etcd().await;
+    failures(store).await;
+}
+
+async fn coordinator_restart(store: Store) {
+    let mut cluster = CoordinatedCluster::start(3, store, &[2], &[])
+        .await
+        .unwrap();
+    let answer = Arc::new(AtomicBool::new(true));
+    let _app = controlled_app(cluster.nodes[2].app.clone(), answer.clone());
+    cluster.wait_app_attached(2).await.unwrap();
+    let completed = cluster
+        .start_snapshot(start(pb::SnapshotMode::Aligned, 20_000))
+        .await
+        .unwrap();
+    let snapshot = cluster.wait(completed).await.unwrap();
+    assert_eq!(
+        snapshot.status,
+        pb::SnapshotStatus::Completed as i32,
+        "{:?}",
+        snapshot.failure
+    );
+
+    answer.store(false, Ordering::Relaxed);
+    let in_flight = cluster
+        .start_snapshot(start(pb::SnapshotMode::ChandyLamport, 60_000))
+        .await
+        .unwrap();
+    cluster.kill_coordinator();
+    cluster.start_coordinator().unwrap();
+    cluster.wait_registered(3).await.unwrap();
+    let mut client = cluster.client().await.unwrap();
+    let failed = client
+        .get_snapshot(pb::GetSnapshotRequest {
+            snapshot_id: in_flight,
+            include_data: false,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(failed.status, pb::SnapshotStatus::Failed as i32);
+    assert!(
+        failed
+            .failure
+            .as_ref()
+            .unwrap()
+            .message
+            .contains("coordinator restarted"),
+        "{:?}",
+        failed.failure
+    );
+    let kept = client
+        .get_snapshot(pb::GetSnapshotRequest {
+            snapshot_id: completed,
+            include_data: false,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(kept.status, pb::SnapshotStatus::Completed as i32);
+
+    answer.store(true, Ordering::Relaxed);
+    let next = cluster
+        .start_snapshot(start(pb::SnapshotMode::Unaligned, 20_000))
+        .await
+        .unwrap();
+    assert!(next > in_flight, "ids only grow: {next} after {in_flight}");
+    let done = cluster.wait(next).await.unwrap();
+    assert_eq!(
+        done.status,
+        pb::SnapshotStatus::Completed as i32,
+        "{:?}",
+        done.failure
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn embedded_store_coordinator_restart_fails_in_flight_and_keeps_completed() {
+    coordinator_restart(Store::Embedded).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn etcd_coordinator_restart_fails_in_flight_and_keeps_completed() {
+    let (_etcd, store) = etcd().await;
+    coordinator_restart(store).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn etcd_outage_answers_unavailable_and_the_coordinator_recovers_by_itself() {
+    let (mut etcd, store) = etcd().await;
+    let cluster = CoordinatedCluster::start(3, store, &[], &[]).await.unwrap();
+    etcd.stop();
+    let err = cluster
+        .start_snapshot(start(pb::SnapshotMode::ChandyLamport, 20_000))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::Unavailable, "{err}");
+    assert!(err.message().contains("etcd"), "{}", err.message());
+    etcd.resume().await.unwrap();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    let id = loop {
+        match cluster
+            .start_snapshot(start(pb::SnapshotMode::ChandyLamport, 20_000))
+            .await
+        {
+            Ok(id) => break id,
+            Err(e) if e.code() == Code::Unavailable && tokio::time::Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            Err(e) => panic!("after etcd came back: {e}"),
+        }
+    };
+    assert_completed(&cluster.wait(id).await.unwrap(), cluster.total());
+}
