@@ -287,9 +287,11 @@ async fn cluster_up(
         spec.data_dir.join("logs").display()
     );
     let mut ticker = tokio::time::interval(Duration::from_millis(500));
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     let code = loop {
         tokio::select! {
             _ = tokio::signal::ctrl_c() => break ExitCode::SUCCESS,
+            _ = term.recv() => break ExitCode::SUCCESS,
             _ = ticker.tick() => {
                 let exited = cluster.exited();
                 if !exited.is_empty() {
