@@ -14,6 +14,8 @@ use tokio::process::{Child, Command};
 pub struct Addresses {
     /// The coordinator.
     pub coordinator: String,
+    /// The coordinator's Prometheus `/metrics` address.
+    pub coordinator_metrics: String,
     /// etcd endpoints, if the coordinator uses etcd.
     pub etcd: Vec<String>,
     /// The coordinator's data directory.
@@ -33,6 +35,8 @@ pub struct NodeAddresses {
     pub app: String,
     /// Its bank's address.
     pub bank: String,
+    /// Its daemon's Prometheus `/metrics` address.
+    pub metrics: String,
 }
 
 /// What to start.
@@ -99,6 +103,7 @@ impl LocalCluster {
         let logs = spec.data_dir.join("logs");
         std::fs::create_dir_all(&logs)?;
         let coordinator = loopback()?;
+        let coordinator_metrics = loopback()?;
         let nodes: Vec<NodeAddresses> = (1..=spec.nodes)
             .map(|i| {
                 Ok(NodeAddresses {
@@ -106,12 +111,14 @@ impl LocalCluster {
                     peer: loopback()?,
                     app: loopback()?,
                     bank: loopback()?,
+                    metrics: loopback()?,
                 })
             })
             .collect::<std::io::Result<_>>()?;
         let mut cluster = Self {
             addresses: Addresses {
                 coordinator: coordinator.clone(),
+                coordinator_metrics: coordinator_metrics.clone(),
                 etcd: spec.etcd.clone(),
                 data_dir: spec.data_dir.clone(),
                 nodes: nodes.clone(),
@@ -120,7 +127,12 @@ impl LocalCluster {
         };
         let mut command = Command::new(spec.bin_dir.join("cairn-coordinator"));
         command
-            .args(["--listen", &coordinator])
+            .args([
+                "--listen",
+                &coordinator,
+                "--metrics-listen",
+                &coordinator_metrics,
+            ])
             .arg("--data-dir")
             .arg(&spec.data_dir);
         if !spec.etcd.is_empty() {
@@ -149,6 +161,8 @@ impl LocalCluster {
                 &coordinator,
                 "--grace-period",
                 "2s",
+                "--metrics-listen",
+                &node.metrics,
             ]);
             cluster.spawn(&format!("{}.node", node.id), command, &logs)?;
             let mut command = Command::new(spec.bin_dir.join("cairn-bank"));

@@ -17,6 +17,7 @@
 pub mod blob;
 pub mod config;
 pub mod error;
+mod metrics;
 mod records_conv;
 mod service;
 mod state;
@@ -62,10 +63,12 @@ pub enum RunError {
     Reflection(String),
 }
 
-/// Runs the coordinator on `listener` until `shutdown`.
+/// Runs the coordinator on `listener` until `shutdown`; serves Prometheus metrics on
+/// `metrics_listener` if given.
 pub async fn run(
     config: CoordinatorConfig,
     listener: TcpListener,
+    metrics_listener: Option<TcpListener>,
     shutdown: CancellationToken,
 ) -> Result<(), RunError> {
     let keys = Keys::new(&config.cluster);
@@ -85,8 +88,19 @@ pub async fn run(
             path: blob_dir.display().to_string(),
             error,
         })?;
+    let metrics = metrics::CoordinatorMetrics::default();
+    let mut registry = prometheus_client::registry::Registry::default();
+    metrics.register(&mut registry);
+    if let Some(listener) = metrics_listener {
+        tokio::spawn(cairn_node::metrics::serve(
+            listener,
+            Arc::new(registry),
+            stop.clone(),
+        ));
+    }
     let (tx, rx) = mpsc::channel(1024);
     let state = state::State::new(
+        metrics,
         state::Settings {
             cluster: config.cluster.clone(),
             retention: config.retention,

@@ -38,6 +38,9 @@ struct Args {
     /// Completed snapshots to keep (older ones and their unshared chunks are deleted); 0 keeps all.
     #[arg(long, env = "CAIRN_RETENTION", default_value_t = 0)]
     retention: usize,
+    /// Address of the Prometheus /metrics endpoint; none: no endpoint.
+    #[arg(long, env = "CAIRN_METRICS_LISTEN")]
+    metrics_listen: Option<SocketAddr>,
     /// Log filter (tracing EnvFilter syntax).
     #[arg(long, env = "CAIRN_LOG", default_value = "info")]
     log: String,
@@ -104,7 +107,17 @@ fn main() -> ExitCode {
         config.default_timeout = args.snapshot_timeout;
         config.max_concurrent = args.max_concurrent;
         config.retention = args.retention;
-        match cairn_coordinator::run(config, listener, shutdown).await {
+        let metrics = match args.metrics_listen {
+            None => None,
+            Some(addr) => match tokio::net::TcpListener::bind(addr).await {
+                Ok(l) => Some(l),
+                Err(e) => {
+                    eprintln!("error: cannot listen on {addr} (--metrics-listen): {e}");
+                    return ExitCode::from(EX_USAGE);
+                }
+            },
+        };
+        match cairn_coordinator::run(config, listener, metrics, shutdown).await {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
                 tracing::error!("{e}");

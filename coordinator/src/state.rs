@@ -92,6 +92,7 @@ pub(crate) struct Settings {
 }
 
 pub(crate) struct State {
+    metrics: crate::metrics::CoordinatorMetrics,
     settings: Settings,
     kv: Arc<AnyKv>,
     blobs: BlobStore,
@@ -105,6 +106,7 @@ pub(crate) struct State {
 
 impl State {
     pub(crate) fn new(
+        metrics: crate::metrics::CoordinatorMetrics,
         settings: Settings,
         kv: Arc<AnyKv>,
         blobs: BlobStore,
@@ -112,6 +114,7 @@ impl State {
         self_tx: mpsc::Sender<Msg>,
     ) -> Self {
         Self {
+            metrics,
             keys: Keys::new(&settings.cluster),
             settings,
             kv,
@@ -355,6 +358,7 @@ impl State {
                 last_seen_ms: now_ms(),
             },
         );
+        self.metrics.members.set(self.members.len() as i64);
         let membership = self.membership();
         // `Registered` goes first on the new session, before any command can.
         let registered = pb::coordinator_to_node::Kind::Registered(membership.clone());
@@ -379,6 +383,7 @@ impl State {
         }
         tracing::warn!(%node, "node session ended");
         self.members.remove(&node);
+        self.metrics.members.set(self.members.len() as i64);
         if let Err(e) = self.kv.delete(&self.keys.member(node.as_str())).await {
             tracing::warn!("{e}");
         }
@@ -478,6 +483,7 @@ impl State {
             return Err(e);
         }
         self.inflight.insert(id, record);
+        self.metrics.in_flight.set(self.inflight.len() as i64);
         let wire_plan = cairn_node::convert::plan_to_pb(&plan, 0);
         for initiator in &plan.initiators {
             if let Some(member) = self.members.get(initiator) {
@@ -560,6 +566,7 @@ impl State {
                     return;
                 };
                 record.finished_at_ms = now_ms();
+                self.metrics.in_flight.set(self.inflight.len() as i64);
                 match &outcome {
                     tracker::Outcome::Completed(consistent) => {
                         record.status = "COMPLETED".into();
@@ -599,12 +606,30 @@ impl State {
                 }
                 self.publish(&record).await;
                 self.watchers.remove(&id);
+                self.count_end(&record);
                 if record.status == "COMPLETED"
                     && let Err(e) = self.apply_retention().await
                 {
                     tracing::warn!("retention: {e}");
                 }
             }
+        }
+    }
+
+    fn count_end(&self, record: &SnapshotRecord) {
+        let status = record.status.to_lowercase();
+        self.metrics
+            .snapshots
+            .get_or_create(&crate::metrics::StatusLabel { status })
+            .inc();
+        if record.status == "COMPLETED" {
+            let seconds =
+                record.finished_at_ms.saturating_sub(record.started_at_ms) as f64 / 1000.0;
+            self.metrics.duration.observe(seconds);
+            self.metrics.bytes_new.inc_by(record.bytes_new);
+            self.metrics.bytes_reused.inc_by(record.bytes_reused);
+            let recorded = record.verdict.as_ref().map_or(0, |v| v.recorded_messages);
+            self.metrics.recorded_messages.inc_by(recorded);
         }
     }
 

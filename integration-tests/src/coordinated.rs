@@ -30,6 +30,8 @@ pub struct CoordinatedNode {
     pub app: String,
     /// Its bank's address, if it has one.
     pub bank: Option<String>,
+    /// Its daemon's `/metrics` address.
+    pub metrics: String,
     node_args: Vec<String>,
     node: Option<ChildGuard>,
     bank_process: Option<ChildGuard>,
@@ -39,6 +41,8 @@ pub struct CoordinatedNode {
 pub struct CoordinatedCluster {
     /// The coordinator's address.
     pub coordinator: String,
+    /// The coordinator's `/metrics` address.
+    pub coordinator_metrics: String,
     /// The members.
     pub nodes: Vec<CoordinatedNode>,
     coordinator_args: Vec<String>,
@@ -46,6 +50,7 @@ pub struct CoordinatedCluster {
     dir: PathBuf,
     /// Each bank's starting balance.
     pub initial_balance: u64,
+    keep_logs: bool,
 }
 
 impl CoordinatedCluster {
@@ -64,9 +69,12 @@ impl CoordinatedCluster {
         ));
         std::fs::create_dir_all(&dir)?;
         let coordinator = format!("127.0.0.1:{}", free_port());
+        let coordinator_metrics = format!("127.0.0.1:{}", free_port());
         let mut args = vec![
             "--listen".to_owned(),
             coordinator.clone(),
+            "--metrics-listen".to_owned(),
+            coordinator_metrics.clone(),
             "--data-dir".to_owned(),
         ];
         args.push(dir.join("data").display().to_string());
@@ -86,15 +94,18 @@ impl CoordinatedCluster {
             .join(",");
         let mut cluster = Self {
             coordinator: coordinator.clone(),
+            coordinator_metrics,
             nodes: Vec::new(),
             coordinator_args: args,
             coordinator_process: None,
             dir,
             initial_balance: 1000,
+            keep_logs: false,
         };
         cluster.start_coordinator()?;
         for (i, (id, peer)) in peers.into_iter().enumerate() {
             let app = format!("127.0.0.1:{}", free_port());
+            let metrics = format!("127.0.0.1:{}", free_port());
             let node_args = vec![
                 "--node-id".into(),
                 id.clone(),
@@ -108,9 +119,12 @@ impl CoordinatedCluster {
                 coordinator.clone(),
                 "--grace-period".into(),
                 "1s".into(),
+                "--metrics-listen".into(),
+                metrics.clone(),
             ];
             let bank = (!without_bank.contains(&i)).then(|| format!("127.0.0.1:{}", free_port()));
             cluster.nodes.push(CoordinatedNode {
+                metrics,
                 id,
                 peer,
                 app,
@@ -121,11 +135,19 @@ impl CoordinatedCluster {
             });
             cluster.start_node(i)?;
         }
-        cluster.wait_registered(n).await?;
-        for i in 0..n {
-            if cluster.nodes[i].bank.is_some() {
-                cluster.wait_app_attached(i).await?;
+        let ready = async {
+            cluster.wait_registered(n).await?;
+            for i in 0..n {
+                if cluster.nodes[i].bank.is_some() {
+                    cluster.wait_app_attached(i).await?;
+                }
             }
+            anyhow::Ok(())
+        }
+        .await;
+        if let Err(e) = ready {
+            cluster.keep_logs = true;
+            anyhow::bail!("{e} (logs kept in {})", cluster.dir.display());
         }
         Ok(cluster)
     }
@@ -293,12 +315,24 @@ impl Drop for CoordinatedCluster {
             self.kill_node(i);
         }
         self.kill_coordinator();
-        if std::thread::panicking() {
+        if std::thread::panicking() || self.keep_logs {
             eprintln!("cluster logs kept in {}", self.dir.display());
         } else {
             let _ = std::fs::remove_dir_all(&self.dir);
         }
     }
+}
+
+/// The Prometheus text served at `http://{address}/metrics`.
+pub async fn scrape(address: &str) -> anyhow::Result<String> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(address).await?;
+    let request = format!("GET /metrics HTTP/1.1\r\nHost: {address}\r\nConnection: close\r\n\r\n");
+    stream.write_all(request.as_bytes()).await?;
+    let mut response = String::new();
+    stream.read_to_string(&mut response).await?;
+    anyhow::ensure!(response.starts_with("HTTP/1.1 200"), "{response}");
+    Ok(response)
 }
 
 /// Sums a snapshot of banks: recorded balances plus recorded transfers in flight.

@@ -27,7 +27,14 @@ pub async fn bind(ids: &[&str]) -> anyhow::Result<Bound> {
         let peer = TcpListener::bind("127.0.0.1:0").await?;
         let app = TcpListener::bind("127.0.0.1:0").await?;
         addresses.insert(NodeId::from(*id), (peer.local_addr()?, app.local_addr()?));
-        listeners.insert(NodeId::from(*id), Listeners { peer, app });
+        listeners.insert(
+            NodeId::from(*id),
+            Listeners {
+                peer,
+                app,
+                metrics: None,
+            },
+        );
     }
     Ok(Bound {
         addresses,
@@ -114,6 +121,7 @@ impl LocalCluster {
         let listeners = Listeners {
             peer: TcpListener::bind(node.peer).await?,
             app: TcpListener::bind(node.app).await?,
+            metrics: None,
         };
         node.shutdown = CancellationToken::new();
         node.task = tokio::spawn(cairn_node::run(

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use cairn_integration_tests::coordinated::{CoordinatedCluster, Store, bank_money};
+use cairn_integration_tests::coordinated::{CoordinatedCluster, Store, bank_money, scrape};
 use cairn_integration_tests::etcd::Etcd;
 use cairn_proto::v1 as pb;
 use cairn_sdk::bank::{BankState, TransferPayload};
@@ -147,7 +147,36 @@ async fn lifecycle(store: Store) -> CoordinatedCluster {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn embedded_store_lifecycle_in_every_mode_and_overlapping() {
-    lifecycle(Store::Embedded).await;
+    let cluster = lifecycle(Store::Embedded).await;
+    // Prometheus metrics count what happened.
+    let coordinator = scrape(&cluster.coordinator_metrics).await.unwrap();
+    assert!(
+        coordinator.contains("cairn_snapshots_total{status=\"completed\"} 6"),
+        "{coordinator}"
+    );
+    assert!(
+        coordinator.contains("cairn_snapshot_duration_seconds_count 6"),
+        "{coordinator}"
+    );
+    assert!(coordinator.contains("cairn_members 3"), "{coordinator}");
+    let node = scrape(&cluster.nodes[0].metrics).await.unwrap();
+    assert!(
+        node.contains("cairn_node_snapshots_total{outcome=\"completed\"} 6"),
+        "{node}"
+    );
+    assert!(
+        node.contains("cairn_node_markers_total{direction=\"sent\"}"),
+        "{node}"
+    );
+    assert!(
+        node.contains("cairn_node_messages_total{direction=\"received\"}"),
+        "{node}"
+    );
+    assert!(node.contains("cairn_node_app_queue_depth"), "{node}");
+    assert!(
+        node.contains("cairn_node_channel_reconnects_total"),
+        "{node}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -21,6 +21,7 @@
 //! - `admin`: `NodeAdmin` (status, snapshots by hand, local parts).
 //! - [`convert`]: wire ↔ domain conversions.
 //! - [`error`]: the daemon's [`Error`] and its gRPC codes.
+//! - [`metrics`]: Prometheus metrics and the `/metrics` endpoint.
 
 #![forbid(unsafe_code)]
 
@@ -30,6 +31,7 @@ pub mod config;
 pub mod convert;
 mod coordinator_link;
 pub mod error;
+pub mod metrics;
 mod node_loop;
 mod peer_client;
 mod peer_server;
@@ -62,6 +64,8 @@ pub struct Listeners {
     pub peer: TcpListener,
     /// The application session, health and reflection.
     pub app: TcpListener,
+    /// Prometheus `/metrics`, if wanted.
+    pub metrics: Option<TcpListener>,
 }
 
 /// Why the daemon could not run.
@@ -105,7 +109,11 @@ pub async fn run(
         .iter()
         .map(|c| (c.clone(), Arc::new(LinkStats::default())))
         .collect();
+    let metrics = metrics::NodeMetrics::default();
+    let mut registry = prometheus_client::registry::Registry::default();
+    metrics.register(&mut registry);
     let shared = Arc::new(Shared {
+        metrics,
         node_id: me.clone(),
         cluster: config.cluster.clone(),
         incarnation,
@@ -217,6 +225,9 @@ pub async fn run(
         );
     let peer_server = tokio::spawn(peer_server);
     let app_server = tokio::spawn(app_server);
+    if let Some(listener) = listeners.metrics {
+        tokio::spawn(metrics::serve(listener, Arc::new(registry), stop.clone()));
+    }
 
     for name in ["", "cairn.v1.Peer", "cairn.v1.App", "cairn.v1.NodeAdmin"] {
         health

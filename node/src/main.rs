@@ -65,6 +65,9 @@ struct Args {
     /// How long shutdown may take to drain outgoing channels (e.g. 10s, 500ms).
     #[arg(long, env = "CAIRN_GRACE_PERIOD", default_value = "10s", value_parser = humantime::parse_duration)]
     grace_period: Duration,
+    /// Address of the Prometheus /metrics endpoint; none: no endpoint.
+    #[arg(long, env = "CAIRN_METRICS_LISTEN")]
+    metrics_listen: Option<SocketAddr>,
     /// Log format.
     #[arg(long, env = "CAIRN_LOG_FORMAT", value_enum, default_value_t = LogFormat::Human)]
     log_format: LogFormat,
@@ -130,9 +133,19 @@ fn main() -> ExitCode {
                 return ExitCode::from(EX_USAGE);
             }
         };
+        let metrics = match args.metrics_listen {
+            None => None,
+            Some(addr) => match tokio::net::TcpListener::bind(addr).await {
+                Ok(l) => Some(l),
+                Err(e) => {
+                    eprintln!("error: cannot listen on {addr} (--metrics-listen): {e}");
+                    return ExitCode::from(EX_USAGE);
+                }
+            },
+        };
         let shutdown = CancellationToken::new();
         tokio::spawn(cancel_on_signal(shutdown.clone()));
-        match cairn_node::run(config, Listeners { peer, app }, shutdown).await {
+        match cairn_node::run(config, Listeners { peer, app, metrics }, shutdown).await {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
                 tracing::error!("{e}");

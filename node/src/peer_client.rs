@@ -177,6 +177,7 @@ impl Link {
         }
         if state.peer_incarnation.is_some() {
             self.stats.reconnects.fetch_add(1, Relaxed);
+            self.shared.metrics.reconnects.inc();
         }
         state.peer_incarnation = Some(accepted.incarnation);
         self.stats.connected.store(true, Relaxed);

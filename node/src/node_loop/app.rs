@@ -82,6 +82,8 @@ impl NodeLoop {
             out.data_messages += 1;
             *counts.entry(channel).or_default() += 1;
         }
+        let sent: u64 = counts.values().sum();
+        self.shared.metrics.messages("sent", sent);
         for (channel, count) in counts {
             self.feed(Event::DataQueued {
                 channel: channel.clone(),
@@ -149,6 +151,10 @@ impl NodeLoop {
         permit.send(Ok(pb::NodeToApp {
             kind: Some(Kind::Deliver(pb::DeliverBatch { messages })),
         }));
+        self.shared
+            .metrics
+            .app_queue_depth
+            .set(self.inbox.len() as i64);
         for (channel, count) in counts {
             self.feed(Event::DataDelivered { channel, count });
         }

@@ -105,6 +105,11 @@ impl NodeLoop {
                 _ => None,
             };
             if run > 0 {
+                self.shared.metrics.messages("received", run);
+                self.shared
+                    .metrics
+                    .app_queue_depth
+                    .set(self.inbox.len() as i64);
                 self.feed(Event::DataReceived {
                     channel: channel.clone(),
                     count: run,
@@ -112,6 +117,7 @@ impl NodeLoop {
             }
             match marker {
                 Some(plan) => {
+                    self.shared.metrics.marker("received");
                     self.seen.insert(plan.id);
                     self.feed(Event::MarkerReceived {
                         channel: channel.clone(),

@@ -125,6 +125,7 @@ pub(crate) struct LinkStats {
 /// What every part of the daemon may read without asking the loop.
 #[derive(Debug)]
 pub(crate) struct Shared {
+    pub metrics: crate::metrics::NodeMetrics,
     pub node_id: NodeId,
     pub cluster: String,
     pub incarnation: u64,

@@ -271,6 +271,7 @@ impl NodeLoop {
                 plan,
                 front,
             } => {
+                self.shared.metrics.marker("sent");
                 self.seen.insert(plan.id);
                 let out = self.outgoing.get_mut(&channel).expect("outgoing channel");
                 if front {
@@ -286,6 +287,10 @@ impl NodeLoop {
                 indices,
             } => {
                 let messages = self.copy_messages(&channel, indices.clone());
+                self.shared
+                    .metrics
+                    .recorded_messages
+                    .inc_by(messages.len() as u64);
                 debug_assert_eq!(messages.len() as u64, indices.end - indices.start);
                 self.recordings.record_messages(id, channel, messages);
             }
@@ -304,10 +309,12 @@ impl NodeLoop {
             }
             Command::ReportLocalDone { report } => {
                 tracing::debug!(snapshot = %report.id, "local part complete");
+                self.shared.metrics.outcome("completed");
                 self.recordings.report(report);
             }
             Command::Abort { id, reason } => {
                 tracing::warn!(snapshot = %id, %reason, "snapshot failed on this node");
+                self.shared.metrics.outcome("failed");
                 self.awaiting_state.remove(&id);
                 self.recordings.fail(id, reason);
             }

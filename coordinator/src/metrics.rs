@@ -1,0 +1,83 @@
+//! The coordinator's Prometheus metrics (served by `cairn_node::metrics::serve`).
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+
+/// A snapshot's final status.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(crate) struct StatusLabel {
+    /// completed, failed or aborted.
+    pub status: String,
+}
+
+/// The coordinator's metrics.
+#[derive(Clone, Debug)]
+pub(crate) struct CoordinatorMetrics {
+    pub snapshots: Family<StatusLabel, Counter>,
+    pub duration: Histogram,
+    pub bytes_new: Counter,
+    pub bytes_reused: Counter,
+    pub recorded_messages: Counter,
+    pub in_flight: Gauge,
+    pub members: Gauge,
+}
+
+impl Default for CoordinatorMetrics {
+    fn default() -> Self {
+        Self {
+            snapshots: Family::default(),
+            // 1 ms to about 65 s.
+            duration: Histogram::new(exponential_buckets(0.001, 2.0, 17)),
+            bytes_new: Counter::default(),
+            bytes_reused: Counter::default(),
+            recorded_messages: Counter::default(),
+            in_flight: Gauge::default(),
+            members: Gauge::default(),
+        }
+    }
+}
+
+impl CoordinatorMetrics {
+    /// Registers every metric in `registry`.
+    pub(crate) fn register(&self, registry: &mut Registry) {
+        registry.register(
+            "cairn_snapshots",
+            "Snapshots that ended, by status",
+            self.snapshots.clone(),
+        );
+        registry.register(
+            "cairn_snapshot_duration_seconds",
+            "From start to completed and verified",
+            self.duration.clone(),
+        );
+        registry.register(
+            "cairn_snapshot_bytes_new",
+            "Bytes stored that no earlier snapshot had stored",
+            self.bytes_new.clone(),
+        );
+        registry.register(
+            "cairn_snapshot_bytes_reused",
+            "Bytes shared with earlier snapshots",
+            self.bytes_reused.clone(),
+        );
+        registry.register(
+            "cairn_recorded_channel_messages",
+            "Messages recorded as channel state in completed snapshots",
+            self.recorded_messages.clone(),
+        );
+        registry.register(
+            "cairn_snapshots_in_flight",
+            "Snapshots in progress",
+            self.in_flight.clone(),
+        );
+        registry.register(
+            "cairn_members",
+            "Registered node daemons",
+            self.members.clone(),
+        );
+    }
+}

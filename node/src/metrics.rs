@@ -1,0 +1,139 @@
+//! Prometheus metrics: the daemon's counters, and a `/metrics` endpoint that the
+//! coordinator reuses for its own registry.
+
+use std::sync::Arc;
+
+use axum::response::IntoResponse;
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+/// A label naming an outcome.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct OutcomeLabel {
+    /// `completed` or `failed`.
+    pub outcome: String,
+}
+
+/// A label naming a direction.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct DirectionLabel {
+    /// `sent` or `received`.
+    pub direction: String,
+}
+
+/// The node daemon's metrics.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct NodeMetrics {
+    /// This node's parts of snapshots, by outcome.
+    pub snapshots: Family<OutcomeLabel, Counter>,
+    /// Markers sent and received.
+    pub markers: Family<DirectionLabel, Counter>,
+    /// Application messages sent and received.
+    pub messages: Family<DirectionLabel, Counter>,
+    /// Messages this node recorded as channel state.
+    pub recorded_messages: Counter,
+    /// Times an outgoing channel reconnected.
+    pub reconnects: Counter,
+    /// Messages waiting for the application.
+    pub app_queue_depth: Gauge,
+}
+
+impl NodeMetrics {
+    /// Registers every metric in `registry`.
+    pub(crate) fn register(&self, registry: &mut Registry) {
+        registry.register(
+            "cairn_node_snapshots",
+            "This node's parts of snapshots, by outcome",
+            self.snapshots.clone(),
+        );
+        registry.register(
+            "cairn_node_markers",
+            "Snapshot markers sent and received",
+            self.markers.clone(),
+        );
+        registry.register(
+            "cairn_node_messages",
+            "Application messages sent and received",
+            self.messages.clone(),
+        );
+        registry.register(
+            "cairn_node_recorded_channel_messages",
+            "Messages recorded as channel state",
+            self.recorded_messages.clone(),
+        );
+        registry.register(
+            "cairn_node_channel_reconnects",
+            "Reconnects of outgoing channels",
+            self.reconnects.clone(),
+        );
+        registry.register(
+            "cairn_node_app_queue_depth",
+            "Messages waiting for the application",
+            self.app_queue_depth.clone(),
+        );
+    }
+
+    pub(crate) fn outcome(&self, outcome: &str) {
+        self.snapshots
+            .get_or_create(&OutcomeLabel {
+                outcome: outcome.into(),
+            })
+            .inc();
+    }
+
+    pub(crate) fn marker(&self, direction: &str) {
+        self.markers
+            .get_or_create(&DirectionLabel {
+                direction: direction.into(),
+            })
+            .inc();
+    }
+
+    pub(crate) fn messages(&self, direction: &str, n: u64) {
+        self.messages
+            .get_or_create(&DirectionLabel {
+                direction: direction.into(),
+            })
+            .inc_by(n);
+    }
+}
+
+/// Serves `registry` as Prometheus text at `GET /metrics` until `shutdown`.
+pub async fn serve(
+    listener: TcpListener,
+    registry: Arc<Registry>,
+    shutdown: CancellationToken,
+) -> std::io::Result<()> {
+    let app = axum::Router::new().route(
+        "/metrics",
+        axum::routing::get(move || {
+            let registry = registry.clone();
+            async move {
+                let mut body = String::new();
+                match prometheus_client::encoding::text::encode(&mut body, &registry) {
+                    Ok(()) => (
+                        [(
+                            axum::http::header::CONTENT_TYPE,
+                            "text/plain; version=0.0.4; charset=utf-8",
+                        )],
+                        body,
+                    )
+                        .into_response(),
+                    Err(e) => (
+                        axum::http::StatusCode::INTERNAL_SERVER_ERROR,
+                        format!("encoding failed: {e}"),
+                    )
+                        .into_response(),
+                }
+            }
+        }),
+    );
+    axum::serve(listener, app)
+        .with_graceful_shutdown(shutdown.cancelled_owned())
+        .await
+}
