@@ -373,16 +373,11 @@ impl SnapshotEngine {
         };
         let start = inbound.received;
         inbound.received += count;
-        for (id, snapshot) in &self.snapshots {
-            let cut = &snapshot.incoming[channel];
-            if cut.delivered.is_some() && cut.marker_at.is_none() {
-                self.commands.push_back(Command::RecordChannelMessages {
-                    id: *id,
-                    channel: channel.clone(),
-                    indices: start..start + count,
-                });
-            }
-        }
+        // Open from the recording point until the marker.
+        self.record_where_open(channel, start..start + count, |s| {
+            let cut = &s.incoming[channel];
+            cut.delivered.is_some() && cut.marker_at.is_none()
+        });
         Outcome::Applied
     }
 
@@ -392,17 +387,31 @@ impl SnapshotEngine {
         };
         let start = outbound.queued;
         outbound.queued += count;
+        // Open from the marker until the application's state.
+        self.record_where_open(channel, start..start + count, |s| {
+            let cut = &s.outgoing[channel];
+            cut.marker_at.is_some() && cut.sent.is_none()
+        });
+        Outcome::Applied
+    }
+
+    /// Records `indices` of `channel` for every snapshot whose recording window on that
+    /// channel is `open`.
+    fn record_where_open(
+        &mut self,
+        channel: &ChannelId,
+        indices: std::ops::Range<u64>,
+        open: impl Fn(&LocalSnapshot) -> bool,
+    ) {
         for (id, snapshot) in &self.snapshots {
-            let cut = &snapshot.outgoing[channel];
-            if cut.marker_at.is_some() && cut.sent.is_none() {
+            if open(snapshot) {
                 self.commands.push_back(Command::RecordChannelMessages {
                     id: *id,
                     channel: channel.clone(),
-                    indices: start..start + count,
+                    indices: indices.clone(),
                 });
             }
         }
-        Outcome::Applied
     }
 
     /// A reset channel starts counting again, and every snapshot in flight here fails:

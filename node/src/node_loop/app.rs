@@ -118,6 +118,11 @@ impl NodeLoop {
         if let Some(InboxItem::Record(id)) = self.inbox.front() {
             let id = *id;
             self.inbox.pop_front();
+            if !self.engine.in_flight().any(|x| x == id) {
+                // Aborted while the request waited in the inbox: the application need not
+                // record anything for it.
+                return;
+            }
             self.awaiting_state.insert(id);
             let kind = Kind::RecordState(pb::RecordState { snapshot_id: id.0 });
             permit.send(Ok(pb::NodeToApp { kind: Some(kind) }));

@@ -118,7 +118,7 @@ impl NodeLoop {
             match marker {
                 Some(plan) => {
                     self.shared.metrics.marker("received");
-                    self.seen.insert(plan.id);
+                    self.remember(plan.id);
                     self.feed(Event::MarkerReceived {
                         channel: channel.clone(),
                         plan,

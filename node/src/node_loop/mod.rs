@@ -77,7 +77,7 @@ pub(crate) struct NodeLoop {
     /// Snapshots whose record request the application has, and whose state is not complete.
     awaiting_state: BTreeSet<SnapshotId>,
     recordings: Recordings,
-    /// Every snapshot id this node has met, so an initiation cannot reuse one.
+    /// The newest snapshot ids this node has met, so an initiation cannot reuse one.
     seen: BTreeSet<SnapshotId>,
     pending: VecDeque<Event>,
 }
@@ -214,7 +214,7 @@ impl NodeLoop {
                         initiators: BTreeSet::from([self.shared.node_id.clone()]),
                         alignment_timeout,
                     };
-                    self.seen.insert(id);
+                    self.remember(id);
                     self.feed(Event::SnapshotInitiated { plan: plan.clone() });
                     Ok(plan)
                 };
@@ -229,14 +229,22 @@ impl NodeLoop {
             LoopMsg::AlignmentTimedOut { id } => self.feed(Event::AlignmentTimedOut { id }),
             LoopMsg::InitiatePlan { plan } => {
                 if plan.initiators.contains(&self.shared.node_id) {
-                    self.seen.insert(plan.id);
+                    self.remember(plan.id);
                     self.feed(Event::SnapshotInitiated { plan });
                 }
             }
             LoopMsg::Abort { id, reason } => {
-                self.seen.insert(id);
+                self.remember(id);
                 self.feed(Event::SnapshotAborted { id, reason });
             }
+        }
+    }
+
+    /// Remembers a snapshot id as used (the newest 4,096), so an initiation cannot reuse it.
+    fn remember(&mut self, id: SnapshotId) {
+        self.seen.insert(id);
+        while self.seen.len() > 4096 {
+            self.seen.pop_first();
         }
     }
 
@@ -272,7 +280,7 @@ impl NodeLoop {
                 front,
             } => {
                 self.shared.metrics.marker("sent");
-                self.seen.insert(plan.id);
+                self.remember(plan.id);
                 let out = self.outgoing.get_mut(&channel).expect("outgoing channel");
                 if front {
                     out.queue.push_front(OutItem::Marker(plan));
