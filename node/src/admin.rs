@@ -1,6 +1,8 @@
 //! `cairn.v1.NodeAdmin`: the daemon's status, snapshots started by hand (static
 //! configurations and tests), and this node's completed parts.
 
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use cairn_core::SnapshotId;
@@ -8,14 +10,14 @@ use cairn_proto::v1 as pb;
 use tokio::sync::{mpsc, oneshot};
 use tonic::{Request, Response, Status};
 
-use crate::convert::{InvalidInput, mode_from_pb, plan_to_pb};
+use crate::convert::{InvalidInput, channel_from_pb, mode_from_pb, plan_to_pb};
 use crate::error::Error;
-use crate::node_loop::LoopMsg;
+use crate::node_loop::{HoldFault, LoopMsg, Shared};
 
 /// The `NodeAdmin` service.
 pub(crate) struct AdminService {
     pub loop_tx: mpsc::Sender<LoopMsg>,
-    pub fault_injection: bool,
+    pub shared: Arc<Shared>,
 }
 
 impl AdminService {
@@ -76,13 +78,57 @@ impl pb::node_admin_server::NodeAdmin for AdminService {
 
     async fn inject_fault(
         &self,
-        _request: Request<pb::InjectFaultRequest>,
+        request: Request<pb::InjectFaultRequest>,
     ) -> Result<Response<pb::InjectFaultResponse>, Status> {
-        if !self.fault_injection {
+        use pb::inject_fault_request::Fault;
+        if !self.shared.fault_injection {
             return Err(Error::FaultInjectionDisabled.into());
         }
-        Err(Status::unimplemented(
-            "fault injection is enabled but not built yet; it arrives with the end-to-end issue",
-        ))
+        let request = request.into_inner();
+        let channel = channel_from_pb(request.channel.as_ref()).map_err(Error::from)?;
+        let me = &self.shared.node_id;
+        let Some(faults) = self.shared.faults.get(&channel) else {
+            return Err(Error::Unknown(format!("node {me} has no channel {channel}")).into());
+        };
+        let incoming = channel.to == *me;
+        let invalid =
+            |what: &str| -> Status { Error::InvalidInput(InvalidInput(what.to_owned())).into() };
+        let hold = |fault: HoldFault| LoopMsg::Fault {
+            channel: channel.clone(),
+            fault,
+        };
+        let message = match request.fault {
+            None => return Err(invalid("no fault given")),
+            Some(Fault::Cut(_)) => {
+                faults.cut.notify_one();
+                None
+            }
+            Some(Fault::Delay(delay)) if !incoming => {
+                faults.delay_ms.store(delay.millis, Ordering::Relaxed);
+                None
+            }
+            Some(Fault::Delay(_)) => {
+                return Err(invalid(&format!(
+                    "delay {channel} at its sender, node {}",
+                    channel.from
+                )));
+            }
+            Some(_) if !incoming => {
+                return Err(invalid(&format!(
+                    "hold {channel} at its receiver, node {}",
+                    channel.to
+                )));
+            }
+            Some(Fault::Hold(_)) => Some(hold(HoldFault::Hold)),
+            Some(Fault::Release(r)) => Some(hold(HoldFault::Release(r.frames))),
+            Some(Fault::Resume(_)) => Some(hold(HoldFault::Resume)),
+        };
+        if let Some(message) = message {
+            self.loop_tx
+                .send(message)
+                .await
+                .map_err(|_| Error::ShuttingDown)?;
+        }
+        Ok(Response::new(pb::InjectFaultResponse {}))
     }
 }

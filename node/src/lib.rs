@@ -112,6 +112,11 @@ pub async fn run(
     let metrics = metrics::NodeMetrics::default();
     let mut registry = prometheus_client::registry::Registry::default();
     metrics.register(&mut registry);
+    let faults = topology
+        .incoming(&me)
+        .chain(topology.outgoing(&me))
+        .map(|c| (c, Arc::default()))
+        .collect();
     let shared = Arc::new(Shared {
         metrics,
         node_id: me.clone(),
@@ -122,6 +127,8 @@ pub async fn run(
         in_credits,
         out_credits,
         out_stats: out_stats.clone(),
+        faults,
+        fault_injection: config.fault_injection,
     });
 
     let stop = CancellationToken::new();
@@ -157,6 +164,7 @@ pub async fn run(
             shared: shared.clone(),
             loop_tx: loop_tx.clone(),
             stats: out_stats[&channel].clone(),
+            faults: shared.faults[&channel].clone(),
             channel,
             config: peer_client::LinkConfig {
                 address,
@@ -186,7 +194,7 @@ pub async fn run(
     };
     let admin_service = admin::AdminService {
         loop_tx: loop_tx.clone(),
-        fault_injection: config.fault_injection,
+        shared: shared.clone(),
     };
     let app_service = app_service::AppService {
         shared: shared.clone(),

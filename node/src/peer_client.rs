@@ -19,7 +19,7 @@ use tokio_util::sync::CancellationToken;
 use tonic::transport::{Channel, Endpoint};
 
 use crate::convert::plan_to_pb;
-use crate::node_loop::{LinkStats, LoopMsg, OutFrame, Shared};
+use crate::node_loop::{ChannelFaults, LinkStats, LoopMsg, OutFrame, Shared};
 
 /// Most frames asked of the node loop at once.
 const PULL_MAX: usize = 1024;
@@ -42,6 +42,7 @@ pub(crate) struct Link {
     pub channel: ChannelId,
     pub config: LinkConfig,
     pub stats: Arc<LinkStats>,
+    pub faults: Arc<ChannelFaults>,
 }
 
 struct State {
@@ -204,6 +205,7 @@ impl Link {
             }
             tokio::select! {
                 _ = shutdown.cancelled() => return Ended::Shutdown,
+                _ = self.faults.cut.notified() => return Ended::Broken("cut by fault injection".into()),
                 ack = acks.message() => match ack {
                     Ok(Some(pb::PeerAck { kind: Some(pb::peer_ack::Kind::Ack(ack)) })) => {
                         self.acknowledge(state, ack.seq);
@@ -222,6 +224,11 @@ impl Link {
                         state.next_seq += 1;
                     }
                     self.stats.unacked.store(state.unacked.len() as u64, Relaxed);
+                    let delay = self.faults.delay_ms.load(Relaxed);
+                    if delay > 0 {
+                        // Fault injection: every batch waits (frames keep their order).
+                        tokio::time::sleep(Duration::from_millis(delay)).await;
+                    }
                     for batch in batches(numbered) {
                         if tx.send(batch).await.is_err() {
                             return Ended::Broken("stream closed".into());

@@ -129,8 +129,10 @@ impl Reader {
         shutdown: CancellationToken,
     ) -> Result<(), Status> {
         loop {
+            let cut = &self.shared.faults[&self.channel].cut;
             let frame = tokio::select! {
                 _ = shutdown.cancelled() => return Ok(()),
+                _ = cut.notified() => return Err(Status::unavailable(format!("{}: cut by fault injection", self.channel))),
                 frame = frames.message() => frame,
             };
             let batch = match frame {

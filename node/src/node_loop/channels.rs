@@ -6,7 +6,7 @@ use bytes::Bytes;
 use cairn_core::{ChannelId, Event};
 use cairn_proto::v1 as pb;
 
-use super::{InItem, InboxItem, NodeLoop, OutFrame, OutItem};
+use super::{HoldFault, InItem, InboxItem, NodeLoop, OutFrame, OutItem};
 use crate::convert::channel_to_pb;
 
 impl NodeLoop {
@@ -82,14 +82,12 @@ impl NodeLoop {
     fn take_in(&mut self, channel: &ChannelId) {
         loop {
             let incoming = self.incoming.get_mut(channel).expect("present");
-            if incoming.blocked {
-                return;
-            }
             let mut run = 0u64;
-            while let Some(InItem::Data(_)) = incoming.held.front() {
+            while incoming.may_take() && matches!(incoming.held.front(), Some(InItem::Data(_))) {
                 let Some(InItem::Data(payload)) = incoming.held.pop_front() else {
                     unreachable!()
                 };
+                incoming.took();
                 self.inbox.push_back(InboxItem::Deliver {
                     channel: channel.clone(),
                     generation: incoming.generation,
@@ -100,8 +98,14 @@ impl NodeLoop {
                 incoming.data_messages += 1;
                 run += 1;
             }
-            let marker = match incoming.held.pop_front() {
-                Some(InItem::Marker(plan)) => Some(plan),
+            let marker = match incoming.held.front() {
+                Some(InItem::Marker(_)) if incoming.may_take() => {
+                    incoming.took();
+                    match incoming.held.pop_front() {
+                        Some(InItem::Marker(plan)) => Some(plan),
+                        _ => unreachable!(),
+                    }
+                }
                 _ => None,
             };
             if run > 0 {
@@ -127,6 +131,26 @@ impl NodeLoop {
                 None => return,
             }
         }
+    }
+
+    /// Fault injection on an incoming channel: hold its frames, let `n` through, resume.
+    pub(super) fn fault(&mut self, channel: &ChannelId, fault: HoldFault) {
+        let Some(incoming) = self.incoming.get_mut(channel) else {
+            return;
+        };
+        match fault {
+            HoldFault::Hold => {
+                incoming.fault_hold = true;
+                incoming.release = 0;
+            }
+            HoldFault::Release(n) => incoming.release += n,
+            HoldFault::Resume => {
+                incoming.fault_hold = false;
+                incoming.release = 0;
+            }
+        }
+        tracing::info!(%channel, ?fault, "fault injected");
+        self.take_in(channel);
     }
 
     pub(super) fn unblock(&mut self, channel: ChannelId) {
@@ -227,7 +251,7 @@ impl NodeLoop {
                 unacked_frames: 0,
                 data_messages: incoming.data_messages,
                 reconnects: 0,
-                held: incoming.blocked,
+                held: incoming.blocked || incoming.fault_hold,
             });
         }
         for (channel, out) in &self.outgoing {

@@ -58,6 +58,11 @@ pub(crate) enum LoopMsg {
         max: usize,
         reply: oneshot::Sender<Vec<OutFrame>>,
     },
+    /// Fault injection on an incoming channel.
+    Fault {
+        channel: ChannelId,
+        fault: HoldFault,
+    },
     /// An outgoing channel's task withdraws its waiting pull (before a reset).
     CancelPull { channel: ChannelId },
     /// An outgoing channel's peer restarted; `requeue` is the data it never acknowledged,
@@ -114,6 +119,26 @@ pub(crate) enum LoopMsg {
     },
 }
 
+/// Holding back an incoming channel's frames (fault injection).
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum HoldFault {
+    /// Stop taking frames in.
+    Hold,
+    /// Take this many more frames in, then hold again.
+    Release(u64),
+    /// Take frames in freely again.
+    Resume,
+}
+
+/// Faults either end of a channel can be asked to inject at its own side.
+#[derive(Debug, Default)]
+pub(crate) struct ChannelFaults {
+    /// Break the channel's current connection (it reconnects and resends).
+    pub cut: tokio::sync::Notify,
+    /// Milliseconds to wait before sending each batch (sender side).
+    pub delay_ms: AtomicU64,
+}
+
 /// Counters of one outgoing channel, kept by its sending task.
 #[derive(Debug, Default)]
 pub(crate) struct LinkStats {
@@ -136,4 +161,8 @@ pub(crate) struct Shared {
     /// Credits of each outgoing channel: messages queued or unacknowledged.
     pub out_credits: BTreeMap<ChannelId, Arc<Semaphore>>,
     pub out_stats: BTreeMap<ChannelId, Arc<LinkStats>>,
+    /// Fault injection handles of every channel of this node.
+    pub faults: BTreeMap<ChannelId, Arc<ChannelFaults>>,
+    /// Whether fault injection is allowed.
+    pub fault_injection: bool,
 }

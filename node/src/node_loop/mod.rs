@@ -15,7 +15,9 @@ use tokio_util::sync::CancellationToken;
 
 use crate::coordinator_link::NodeEvent;
 use crate::error::Error;
-pub(crate) use messages::{AppTx, InItem, LinkStats, LoopMsg, OutFrame, Shared};
+pub(crate) use messages::{
+    AppTx, ChannelFaults, HoldFault, InItem, LinkStats, LoopMsg, OutFrame, Shared,
+};
 use recording::Recordings;
 
 /// Most messages handed to the application in one `DeliverBatch`.
@@ -44,6 +46,23 @@ struct Incoming {
     blocked: bool,
     held: VecDeque<InItem>,
     data_messages: u64,
+    /// Fault injection holds the channel...
+    fault_hold: bool,
+    /// ...except for this many more frames.
+    release: u64,
+}
+
+impl Incoming {
+    /// Whether the next held frame may go in.
+    fn may_take(&self) -> bool {
+        !self.blocked && (!self.fault_hold || self.release > 0)
+    }
+
+    fn took(&mut self) {
+        if self.fault_hold {
+            self.release -= 1;
+        }
+    }
 }
 
 enum OutItem {
@@ -178,6 +197,7 @@ impl NodeLoop {
                     self.serve_pull(&channel);
                 }
             }
+            LoopMsg::Fault { channel, fault } => self.fault(&channel, fault),
             LoopMsg::CancelPull { channel } => {
                 if let Some(out) = self.outgoing.get_mut(&channel) {
                     out.pending_pull = None;

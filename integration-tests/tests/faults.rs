@@ -1,0 +1,232 @@
+//! Fault injection through NodeAdmin: refused unless enabled; a held channel holds a
+//! snapshot's marker back, and the snapshot completes once the channel is released, with
+//! the held messages recorded in it; a cut connection resumes without loss.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use cairn_core::{NodeId, Topology};
+use cairn_integration_tests::cut::check_bank_cut;
+use cairn_integration_tests::local::{LocalCluster, bind};
+use cairn_proto::bank::v1 as bank_pb;
+use cairn_proto::v1 as pb;
+use cairn_sdk::bank::{self, BankConfig};
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+use tonic::Code;
+
+fn fault(from: &str, to: &str, fault: pb::inject_fault_request::Fault) -> pb::InjectFaultRequest {
+    pb::InjectFaultRequest {
+        channel: Some(pb::ChannelRef {
+            from: from.into(),
+            to: to.into(),
+        }),
+        fault: Some(fault),
+    }
+}
+
+/// Starts a bank beside every node; returns their addresses by node.
+async fn start_banks(
+    cluster: &LocalCluster,
+    shutdown: &CancellationToken,
+) -> BTreeMap<NodeId, String> {
+    let mut addresses = BTreeMap::new();
+    for (id, node) in &cluster.nodes {
+        let config = BankConfig {
+            node_address: node.app.to_string(),
+            initial_balance: 1000,
+            workload_rate: 300.0,
+            max_amount: 10,
+            connect_timeout: Duration::from_secs(10),
+        };
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        addresses.insert(id.clone(), listener.local_addr().unwrap().to_string());
+        tokio::spawn(bank::run(config, listener, shutdown.clone()));
+    }
+    for id in cluster.nodes.keys() {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        while !cluster
+            .status(id.as_str())
+            .await
+            .unwrap()
+            .application_attached
+        {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "bank at {id} never attached"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+    addresses
+}
+
+async fn part(
+    cluster: &LocalCluster,
+    node: &str,
+    id: u64,
+) -> Result<pb::LocalSnapshot, tonic::Status> {
+    let mut admin = cluster.admin(node).await.unwrap();
+    admin
+        .get_local_snapshot(pb::GetLocalSnapshotRequest { snapshot_id: id })
+        .await
+        .map(|r| r.into_inner())
+}
+
+async fn wait_part(cluster: &LocalCluster, node: &str, id: u64) -> pb::LocalSnapshot {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        match part(cluster, node, id).await {
+            Ok(p) => return p,
+            Err(s) if s.code() == Code::NotFound && tokio::time::Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            Err(s) => panic!("part of {node} in snapshot {id}: {s}"),
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fault_injection_is_refused_unless_enabled() {
+    let cluster = bind(&["a", "b"]).await.unwrap().start(|_, _| {});
+    let mut admin = cluster.admin("b").await.unwrap();
+    let err = admin
+        .inject_fault(fault(
+            "a",
+            "b",
+            pb::inject_fault_request::Fault::Hold(pb::Hold {}),
+        ))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::PermissionDenied, "{err}");
+    cluster.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_marker_held_behind_a_held_channel_completes_its_snapshot_once_released() {
+    use pb::inject_fault_request::Fault;
+    let cluster = bind(&["a", "b", "c"])
+        .await
+        .unwrap()
+        .start(|_, config| config.fault_injection = true);
+    let shutdown = CancellationToken::new();
+    let banks = start_banks(&cluster, &shutdown).await;
+    let mut b = cluster.admin("b").await.unwrap();
+
+    // Faults only make sense at the right end of a channel.
+    let err = b
+        .inject_fault(fault("b", "a", Fault::Hold(pb::Hold {})))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::InvalidArgument, "{err}");
+    let err = b
+        .inject_fault(fault("a", "b", Fault::Delay(pb::Delay { millis: 5 })))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::InvalidArgument, "{err}");
+
+    b.inject_fault(fault("a", "b", Fault::Hold(pb::Hold {})))
+        .await
+        .unwrap();
+    // Let a few frames through, and still hold the rest.
+    b.inject_fault(fault("a", "b", Fault::Release(pb::Release { frames: 3 })))
+        .await
+        .unwrap();
+    let status = cluster.status("b").await.unwrap();
+    let held = status.channels.iter().find(|c| {
+        c.channel
+            .as_ref()
+            .is_some_and(|r| r.from == "a" && r.to == "b")
+    });
+    assert!(
+        held.is_some_and(|c| c.held),
+        "a->b is not reported held: {status:?}"
+    );
+
+    // A transfer a makes now precedes a's marker on a->b, and is held at b: it will be in
+    // flight at the cut.
+    let mut bank_a =
+        bank_pb::bank_client::BankClient::connect(format!("http://{}", banks[&NodeId::from("a")]))
+            .await
+            .unwrap();
+    bank_a
+        .transfer(bank_pb::TransferRequest {
+            to: "b".into(),
+            amount: 1,
+        })
+        .await
+        .unwrap();
+    let mut a = cluster.admin("a").await.unwrap();
+    a.initiate_snapshot(pb::InitiateSnapshotRequest {
+        snapshot_id: 1,
+        mode: pb::SnapshotMode::ChandyLamport as i32,
+        alignment_timeout_ms: 0,
+    })
+    .await
+    .unwrap();
+    // a and c finish; b cannot: a's marker is behind the held frames.
+    wait_part(&cluster, "a", 1).await;
+    wait_part(&cluster, "c", 1).await;
+    assert_eq!(
+        part(&cluster, "b", 1).await.unwrap_err().code(),
+        Code::NotFound
+    );
+
+    b.inject_fault(fault("a", "b", Fault::Resume(pb::Resume {})))
+        .await
+        .unwrap();
+    let mut parts = BTreeMap::new();
+    for node in ["a", "b", "c"] {
+        parts.insert(NodeId::from(node), wait_part(&cluster, node, 1).await);
+    }
+    let cut = check_bank_cut(
+        &Topology::full_mesh(["a", "b", "c"].map(NodeId::from)),
+        &parts,
+    )
+    .unwrap();
+    assert_eq!(
+        cut.total(),
+        3000,
+        "balances {} + in flight {}",
+        cut.balances,
+        cut.in_flight
+    );
+    // The held messages were in flight at the cut: b recorded them on a->b.
+    let held_recorded: usize = parts[&NodeId::from("b")]
+        .channel_states
+        .iter()
+        .filter(|s| s.channel.as_ref().is_some_and(|r| r.from == "a"))
+        .map(|s| s.messages.len())
+        .sum();
+    assert!(
+        held_recorded > 0,
+        "no held message was recorded as channel state of a->b"
+    );
+
+    // A cut connection comes back, and the next snapshot completes.
+    a.inject_fault(fault("a", "b", Fault::Cut(pb::Cut {})))
+        .await
+        .unwrap();
+    a.inject_fault(fault("a", "c", Fault::Delay(pb::Delay { millis: 2 })))
+        .await
+        .unwrap();
+    a.initiate_snapshot(pb::InitiateSnapshotRequest {
+        snapshot_id: 2,
+        mode: pb::SnapshotMode::Unaligned as i32,
+        alignment_timeout_ms: 0,
+    })
+    .await
+    .unwrap();
+    let mut parts = BTreeMap::new();
+    for node in ["a", "b", "c"] {
+        parts.insert(NodeId::from(node), wait_part(&cluster, node, 2).await);
+    }
+    let cut = check_bank_cut(
+        &Topology::full_mesh(["a", "b", "c"].map(NodeId::from)),
+        &parts,
+    )
+    .unwrap();
+    assert_eq!(cut.total(), 3000);
+    shutdown.cancel();
+    cluster.stop().await.unwrap();
+}
