@@ -62,6 +62,17 @@ impl CoordinatedCluster {
         without_bank: &[usize],
         coordinator_args: &[&str],
     ) -> anyhow::Result<Self> {
+        Self::start_with(n, store, without_bank, coordinator_args, &[]).await
+    }
+
+    /// As [`Self::start`], with `extra_node_args` added to every daemon's command line.
+    pub async fn start_with(
+        n: usize,
+        store: Store,
+        without_bank: &[usize],
+        coordinator_args: &[&str],
+        extra_node_args: &[&str],
+    ) -> anyhow::Result<Self> {
         let dir = std::env::temp_dir().join(format!(
             "cairn-coord-test-{}-{}",
             std::process::id(),
@@ -122,6 +133,8 @@ impl CoordinatedCluster {
                 "--metrics-listen".into(),
                 metrics.clone(),
             ];
+            let mut node_args = node_args;
+            node_args.extend(extra_node_args.iter().map(|a| (*a).to_owned()));
             let bank = (!without_bank.contains(&i)).then(|| format!("127.0.0.1:{}", free_port()));
             cluster.nodes.push(CoordinatedNode {
                 metrics,
