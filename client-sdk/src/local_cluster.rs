@@ -175,6 +175,13 @@ impl LocalCluster {
     }
 
     fn spawn(&mut self, name: &str, mut command: Command, logs: &Path) -> anyhow::Result<()> {
+        // Each process gets its configuration from its flags alone, not from CAIRN_
+        // variables meant for cairnctl.
+        for (key, _) in std::env::vars_os() {
+            if key.to_string_lossy().starts_with("CAIRN_") {
+                command.env_remove(&key);
+            }
+        }
         let log = std::fs::File::create(logs.join(format!("{name}.log")))?;
         let child = command
             .stdin(Stdio::null())

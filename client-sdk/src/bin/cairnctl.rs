@@ -53,13 +53,13 @@ enum Command {
     /// snapshot verified and the money adds up.
     Demo {
         /// Nodes in the cluster.
-        #[arg(long, default_value_t = 3)]
+        #[arg(long, env = "CAIRN_NODES", default_value_t = 3)]
         nodes: usize,
         /// Random transfers per second per bank.
-        #[arg(long, default_value_t = 200.0)]
+        #[arg(long, env = "CAIRN_WORKLOAD", default_value_t = 200.0)]
         workload: f64,
         /// Directory for the cluster's data and logs (default: a temporary one, removed after).
-        #[arg(long)]
+        #[arg(long, env = "CAIRN_DIR")]
         dir: Option<PathBuf>,
     },
 }
@@ -69,22 +69,22 @@ enum SnapshotCommand {
     /// Start a snapshot and print its id.
     Start {
         /// The mode.
-        #[arg(long, value_enum, default_value_t = Mode::ChandyLamport)]
+        #[arg(long, env = "CAIRN_MODE", value_enum, default_value_t = Mode::ChandyLamport)]
         mode: Mode,
         /// An initiator (repeatable); default: the coordinator chooses one.
-        #[arg(long)]
+        #[arg(long, env = "CAIRN_INITIATORS", value_delimiter = ',')]
         initiator: Vec<String>,
         /// Timeout (e.g. 30s); default: the coordinator's.
-        #[arg(long, value_parser = humantime::parse_duration)]
+        #[arg(long, env = "CAIRN_SNAPSHOT_TIMEOUT", value_parser = humantime::parse_duration)]
         timeout: Option<Duration>,
         /// Aligned mode: switch to unaligned after this long aligning (e.g. 100ms).
-        #[arg(long, value_parser = humantime::parse_duration)]
+        #[arg(long, env = "CAIRN_ALIGNMENT_TIMEOUT", value_parser = humantime::parse_duration)]
         alignment_timeout: Option<Duration>,
         /// A label KEY=VALUE (repeatable).
-        #[arg(long)]
+        #[arg(long, env = "CAIRN_LABELS", value_delimiter = ',')]
         label: Vec<String>,
         /// Wait until it ends and print it.
-        #[arg(long)]
+        #[arg(long, env = "CAIRN_WAIT")]
         wait: bool,
     },
     /// Show one snapshot.
@@ -92,16 +92,16 @@ enum SnapshotCommand {
         /// Its id.
         id: u64,
         /// Include each node's state and the recorded messages.
-        #[arg(long)]
+        #[arg(long, env = "CAIRN_DATA")]
         data: bool,
     },
     /// List snapshots, newest first.
     List {
         /// Only this status.
-        #[arg(long, value_enum)]
+        #[arg(long, env = "CAIRN_STATUS", value_enum)]
         status: Option<Status>,
         /// At most this many.
-        #[arg(long, default_value_t = 50)]
+        #[arg(long, env = "CAIRN_LIMIT", default_value_t = 50)]
         limit: u32,
     },
     /// Follow a snapshot's progress until it ends.
@@ -114,7 +114,7 @@ enum SnapshotCommand {
         /// Its id.
         id: u64,
         /// Why.
-        #[arg(long, default_value = "aborted with cairnctl")]
+        #[arg(long, env = "CAIRN_REASON", default_value = "aborted with cairnctl")]
         reason: String,
     },
     /// Delete a finished snapshot and the chunks only it used.
@@ -130,19 +130,19 @@ enum ClusterCommand {
     /// foreground until interrupted (Ctrl-C), then stop them all.
     Up {
         /// Nodes (and bank apps).
-        #[arg(long, default_value_t = 3)]
+        #[arg(long, env = "CAIRN_NODES", default_value_t = 3)]
         nodes: usize,
         /// etcd endpoint(s) for the coordinator (default: the embedded store).
-        #[arg(long)]
+        #[arg(long, env = "CAIRN_ETCD", value_delimiter = ',')]
         etcd: Vec<String>,
         /// Data directory (metadata, blobs, logs).
-        #[arg(long, default_value = "cairn-cluster")]
+        #[arg(long, env = "CAIRN_DIR", default_value = "cairn-cluster")]
         dir: PathBuf,
         /// Where to write the addresses.
-        #[arg(long, default_value = "cairn-cluster.json")]
+        #[arg(long, env = "CAIRN_ADDRESSES", default_value = "cairn-cluster.json")]
         addresses: PathBuf,
         /// Random transfers per second per bank.
-        #[arg(long, default_value_t = 0.0)]
+        #[arg(long, env = "CAIRN_WORKLOAD", default_value_t = 0.0)]
         workload: f64,
     },
 }
