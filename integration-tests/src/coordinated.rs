@@ -311,6 +311,50 @@ impl CoordinatedCluster {
             .into_inner())
     }
 
+    /// Waits until at least `n` participants of snapshot `id` recorded their state.
+    pub async fn wait_recorded(&self, id: u64, n: usize) -> anyhow::Result<()> {
+        let mut client = self.client().await?;
+        let mut progress = client
+            .watch_snapshot(pb::WatchSnapshotRequest { snapshot_id: id })
+            .await?
+            .into_inner();
+        while let Some(p) = progress.message().await? {
+            if p.recorded.len() >= n {
+                return Ok(());
+            }
+        }
+        anyhow::bail!("snapshot {id} ended before {n} participants recorded")
+    }
+
+    /// After `node` restarted: starts snapshots until one completes. Those started before
+    /// every peer reconnected to its new incarnation may fail, but only naming `node`.
+    pub async fn complete_after_restart(
+        &self,
+        node: &str,
+        attempts: usize,
+    ) -> anyhow::Result<pb::Snapshot> {
+        for _ in 0..attempts {
+            let request = pb::StartSnapshotRequest {
+                mode: pb::SnapshotMode::Unaligned as i32,
+                timeout_ms: 20_000,
+                ..Default::default()
+            };
+            let id = self.start_snapshot(request).await?;
+            let snapshot = self.wait(id).await?;
+            if snapshot.status == pb::SnapshotStatus::Completed as i32 {
+                return Ok(snapshot);
+            }
+            let failure = snapshot.failure.unwrap_or_default();
+            anyhow::ensure!(
+                failure.message.contains(node),
+                "snapshot {id} failed without naming {node}: {}",
+                failure.message
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        anyhow::bail!("no snapshot completed in {attempts} attempts after {node} came back")
+    }
+
     /// The money there is.
     pub fn total(&self) -> u64 {
         self.initial_balance * self.nodes.iter().filter(|n| n.bank.is_some()).count() as u64

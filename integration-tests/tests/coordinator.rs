@@ -229,17 +229,7 @@ async fn failures(store: Store) {
         .start_snapshot(start(pb::SnapshotMode::ChandyLamport, 30_000))
         .await
         .unwrap();
-    let mut client = cluster.client().await.unwrap();
-    let mut progress = client
-        .watch_snapshot(pb::WatchSnapshotRequest { snapshot_id: id })
-        .await
-        .unwrap()
-        .into_inner();
-    while let Some(p) = progress.message().await.unwrap() {
-        if p.recorded.len() >= 2 {
-            break;
-        }
-    }
+    cluster.wait_recorded(id, 2).await.unwrap();
     cluster.kill_node(2);
     app.abort();
     let lost = cluster.wait(id).await.unwrap();
@@ -255,28 +245,7 @@ async fn failures(store: Store) {
     cluster.wait_app_attached(2).await.unwrap();
     // A snapshot started before every peer has reconnected to n3's new incarnation fails
     // naming the reset channel; once the channels are back, snapshots complete.
-    for attempt in 1..=5 {
-        let id = cluster
-            .start_snapshot(start(pb::SnapshotMode::Unaligned, 20_000))
-            .await
-            .unwrap();
-        let done = cluster.wait(id).await.unwrap();
-        if done.status == pb::SnapshotStatus::Completed as i32 {
-            return;
-        }
-        let failure = done.failure.unwrap();
-        assert_eq!(
-            failure.kind,
-            pb::failure_reason::Kind::ChannelReset as i32,
-            "{failure:?}"
-        );
-        assert!(failure.message.contains("n3"), "{}", failure.message);
-        assert!(
-            attempt < 5,
-            "no snapshot completed after n3 came back: {failure:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    cluster.complete_after_restart("n3", 5).await.unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

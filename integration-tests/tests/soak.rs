@@ -4,8 +4,6 @@
 //! middle of a snapshot: that snapshot fails naming it, and once it is back later snapshots
 //! complete.
 
-use std::time::Duration;
-
 use cairn_integration_tests::coordinated::{CoordinatedCluster, Store, bank_money};
 use cairn_proto::v1 as pb;
 use tonic::Code;
@@ -121,16 +119,7 @@ async fn a_hundred_overlapping_snapshots_under_cuts_all_verify_and_the_money_add
         .unwrap()
         .into_inner()
         .snapshot_id;
-    let mut progress = client
-        .watch_snapshot(pb::WatchSnapshotRequest { snapshot_id: id })
-        .await
-        .unwrap()
-        .into_inner();
-    while let Some(p) = progress.message().await.unwrap() {
-        if p.recorded.len() >= 4 {
-            break;
-        }
-    }
+    cluster.wait_recorded(id, 4).await.unwrap();
     cluster.kill_node(4);
     let snapshot = cluster.wait(id).await.unwrap();
     assert_eq!(snapshot.status, pb::SnapshotStatus::Failed as i32);
@@ -150,27 +139,5 @@ async fn a_hundred_overlapping_snapshots_under_cuts_all_verify_and_the_money_add
     cluster.start_node(4).unwrap();
     cluster.wait_registered(5).await.unwrap();
     cluster.wait_app_attached(4).await.unwrap();
-    for attempt in 1..=10 {
-        let id = client
-            .start_snapshot(pb::StartSnapshotRequest {
-                timeout_ms: 30_000,
-                ..Default::default()
-            })
-            .await
-            .unwrap()
-            .into_inner()
-            .snapshot_id;
-        let snapshot = cluster.wait(id).await.unwrap();
-        if snapshot.status == pb::SnapshotStatus::Completed as i32 {
-            return;
-        }
-        let failure = snapshot.failure.unwrap();
-        assert!(failure.message.contains("n5"), "{}", failure.message);
-        assert!(
-            attempt < 10,
-            "no snapshot completed after n5 came back: {}",
-            failure.message
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    cluster.complete_after_restart("n5", 10).await.unwrap();
 }
