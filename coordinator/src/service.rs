@@ -340,6 +340,17 @@ impl pb::coordinator_server::Coordinator for CoordinatorService {
                             return;
                         }
                     }
+                    Ok(Some(pb::NodeToCoordinator {
+                        kind: Some(Kind::Heartbeat(beat)),
+                    })) => {
+                        let msg = Msg::Heartbeat {
+                            node: node.clone(),
+                            application_attached: beat.application_attached,
+                        };
+                        if state.send(msg).await.is_err() {
+                            return;
+                        }
+                    }
                     Ok(Some(_)) => {}
                     Ok(None) | Err(_) => break,
                 }

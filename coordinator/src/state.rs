@@ -40,6 +40,10 @@ pub(crate) enum Msg {
         node: NodeId,
         event: pb::NodeSnapshotEvent,
     },
+    Heartbeat {
+        node: NodeId,
+        application_attached: bool,
+    },
     CheckUpload {
         id: u64,
         node: NodeId,
@@ -83,6 +87,7 @@ struct Member {
     session: u64,
     tx: NodeTx,
     last_seen_ms: u64,
+    application_attached: bool,
 }
 
 /// Settings the task needs.
@@ -189,6 +194,15 @@ impl State {
             }
             Msg::SessionEnded { node, session } => self.session_ended(node, session).await,
             Msg::NodeEvent { node, event } => self.node_event(node, event).await,
+            Msg::Heartbeat {
+                node,
+                application_attached,
+            } => {
+                if let Some(member) = self.members.get_mut(&node) {
+                    member.last_seen_ms = now_ms();
+                    member.application_attached = application_attached;
+                }
+            }
             Msg::CheckUpload { id, node, reply } => {
                 let ok = match self.inflight.get(&id) {
                     None => Err(Error::FailedPrecondition(format!(
@@ -289,7 +303,7 @@ impl State {
                 node_id: m.record.node.clone(),
                 address: m.record.address.clone(),
                 incarnation: m.record.incarnation,
-                application_attached: false,
+                application_attached: m.application_attached,
                 last_seen_ms: m.last_seen_ms,
             })
             .collect();
@@ -356,6 +370,7 @@ impl State {
                 session,
                 tx: tx.clone(),
                 last_seen_ms: now_ms(),
+                application_attached: false,
             },
         );
         self.metrics.members.set(self.members.len() as i64);

@@ -177,6 +177,25 @@ async fn embedded_store_lifecycle_in_every_mode_and_overlapping() {
         node.contains("cairn_node_channel_reconnects_total"),
         "{node}"
     );
+    // Heartbeats tell the coordinator each node's application is attached.
+    let mut client = cluster.client().await.unwrap();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let nodes = client
+            .list_nodes(pb::ListNodesRequest {})
+            .await
+            .unwrap()
+            .into_inner()
+            .nodes;
+        if nodes.len() == 3 && nodes.iter().all(|n| n.application_attached) {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "ListNodes never showed every application attached: {nodes:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

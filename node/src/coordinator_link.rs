@@ -17,6 +17,9 @@ use tonic::transport::{Channel, Endpoint};
 use crate::convert::{failure_to_pb, plan_from_pb};
 use crate::node_loop::{LoopMsg, Shared};
 
+/// How often the node tells the coordinator it is alive, and whether its application is.
+const HEARTBEAT: Duration = Duration::from_secs(2);
+
 /// Largest piece of a state or of a channel's messages per upload message.
 const UPLOAD_CHUNK: usize = 1 << 20;
 
@@ -107,9 +110,23 @@ impl CoordinatorLink {
             Ok(other) => return Err(format!("expected Registered, got {other:?}")),
             Err(s) => return Err(format!("refused: {}", s.message())),
         }
+        let mut heartbeat = tokio::time::interval(HEARTBEAT);
         loop {
             tokio::select! {
                 _ = shutdown.cancelled() => return Ok(()),
+                _ = heartbeat.tick() => {
+                    let (reply, status) = tokio::sync::oneshot::channel();
+                    if self.loop_tx.send(LoopMsg::Status { reply }).await.is_err() {
+                        return Ok(());
+                    }
+                    let Ok(status) = status.await else { return Ok(()) };
+                    let beat = pb::NodeToCoordinator {
+                        kind: Some(pb::node_to_coordinator::Kind::Heartbeat(pb::Heartbeat {
+                            application_attached: status.application_attached,
+                        })),
+                    };
+                    tx.send(beat).await.map_err(|_| "session closed")?;
+                }
                 command = commands.message() => match command {
                     Ok(Some(pb::CoordinatorToNode { kind: Some(kind) })) => self.command(kind).await,
                     Ok(Some(_)) => {}
