@@ -49,11 +49,13 @@
 //! - [`coordinator`]: the coordinator client, [`CoordinatorClient`].
 //! - [`bank`]: the `cairn-bank` example application.
 //! - [`local_cluster`]: the processes of `cairnctl cluster up`.
+//! - [`cli`]: start-up plumbing shared by cairn's binaries (flags, logging, signals).
 //! - [`error`]: [`Error`], with [`Error::is_retryable`].
 
 #![forbid(unsafe_code)]
 
 pub mod bank;
+pub mod cli;
 pub mod coordinator;
 pub mod error;
 pub mod local_cluster;

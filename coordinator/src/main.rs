@@ -6,8 +6,8 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use cairn_coordinator::CoordinatorConfig;
+use cairn_sdk::cli;
 use clap::Parser;
-use tokio_util::sync::CancellationToken;
 
 /// The cairn coordinator: node daemons register with it; it starts snapshots, collects
 /// and verifies them, stores their bytes as deduplicated chunks and their metadata in
@@ -49,74 +49,34 @@ struct Args {
     log_format: String,
 }
 
-const EX_USAGE: u8 = 64;
-
 fn main() -> ExitCode {
-    let args = match Args::try_parse() {
+    let args: Args = match cli::parse_or_exit() {
         Ok(args) => args,
-        Err(e) if e.use_stderr() => {
-            let _ = e.print();
-            return ExitCode::from(EX_USAGE);
-        }
-        Err(e) => {
-            let _ = e.print();
-            return ExitCode::SUCCESS;
-        }
+        Err(code) => return code,
     };
     if args.max_concurrent == 0 {
-        eprintln!("error: --max-concurrent must be at least 1");
-        return ExitCode::from(EX_USAGE);
+        return cli::usage_error("--max-concurrent must be at least 1");
     }
-    let filter = tracing_subscriber::EnvFilter::try_new(&args.log)
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()));
-    if args.log_format == "json" {
-        builder.json().init();
-    } else {
-        builder.init();
-    }
+    cli::init_logging(&args.log, args.log_format == "json");
     let Ok(runtime) = tokio::runtime::Runtime::new() else {
         eprintln!("error: cannot start the runtime");
         return ExitCode::FAILURE;
     };
     runtime.block_on(async {
-        let listener = match tokio::net::TcpListener::bind(args.listen).await {
+        let listener = match cli::bind(args.listen, "--listen").await {
             Ok(l) => l,
-            Err(e) => {
-                eprintln!("error: cannot listen on {} (--listen): {e}", args.listen);
-                return ExitCode::from(EX_USAGE);
-            }
+            Err(code) => return code,
         };
-        let shutdown = CancellationToken::new();
-        let signal = shutdown.clone();
-        tokio::spawn(async move {
-            use tokio::signal::unix::{SignalKind, signal as unix_signal};
-            if let (Ok(mut term), Ok(mut int)) = (
-                unix_signal(SignalKind::terminate()),
-                unix_signal(SignalKind::interrupt()),
-            ) {
-                tokio::select! { _ = term.recv() => {}, _ = int.recv() => {} }
-                signal.cancel();
-            }
-        });
+        let metrics = match cli::bind_optional(args.metrics_listen, "--metrics-listen").await {
+            Ok(l) => l,
+            Err(code) => return code,
+        };
+        let shutdown = cli::shutdown_on_signal();
         let mut config = CoordinatorConfig::new(args.cluster, args.data_dir);
         config.etcd = args.etcd;
         config.default_timeout = args.snapshot_timeout;
         config.max_concurrent = args.max_concurrent;
         config.retention = args.retention;
-        let metrics = match args.metrics_listen {
-            None => None,
-            Some(addr) => match tokio::net::TcpListener::bind(addr).await {
-                Ok(l) => Some(l),
-                Err(e) => {
-                    eprintln!("error: cannot listen on {addr} (--metrics-listen): {e}");
-                    return ExitCode::from(EX_USAGE);
-                }
-            },
-        };
         match cairn_coordinator::run(config, listener, metrics, shutdown).await {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {

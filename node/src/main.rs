@@ -8,8 +8,8 @@ use std::time::Duration;
 use cairn_core::NodeId;
 use cairn_node::config::{parse_channel, parse_peer};
 use cairn_node::{Listeners, NodeConfig};
+use cairn_sdk::cli;
 use clap::{Parser, ValueEnum};
-use tokio_util::sync::CancellationToken;
 
 /// The cairn node daemon: runs beside one application process, carries its messages to
 /// the other nodes over one gRPC stream per directed channel, and takes consistent
@@ -82,29 +82,16 @@ enum LogFormat {
     Json,
 }
 
-/// Exit code for a bad configuration (EX_USAGE).
-const EX_USAGE: u8 = 64;
-
 fn main() -> ExitCode {
-    let args = match Args::try_parse() {
+    let args: Args = match cli::parse_or_exit() {
         Ok(args) => args,
-        Err(e) if e.use_stderr() => {
-            let _ = e.print();
-            return ExitCode::from(EX_USAGE);
-        }
-        Err(e) => {
-            let _ = e.print();
-            return ExitCode::SUCCESS;
-        }
+        Err(code) => return code,
     };
     let config = match config(&args) {
         Ok(config) => config,
-        Err(e) => {
-            eprintln!("error: {e}");
-            return ExitCode::from(EX_USAGE);
-        }
+        Err(e) => return cli::usage_error(e),
     };
-    init_logging(args.log_format, &args.log);
+    cli::init_logging(&args.log, matches!(args.log_format, LogFormat::Json));
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(rt) => rt,
         Err(e) => {
@@ -113,39 +100,19 @@ fn main() -> ExitCode {
         }
     };
     runtime.block_on(async {
-        let peer = match tokio::net::TcpListener::bind(args.peer_listen).await {
+        let listeners = async {
+            Ok::<_, ExitCode>(Listeners {
+                peer: cli::bind(args.peer_listen, "--peer-listen").await?,
+                app: cli::bind(args.app_listen, "--app-listen").await?,
+                metrics: cli::bind_optional(args.metrics_listen, "--metrics-listen").await?,
+            })
+        };
+        let listeners = match listeners.await {
             Ok(l) => l,
-            Err(e) => {
-                eprintln!(
-                    "error: cannot listen on {} (--peer-listen): {e}",
-                    args.peer_listen
-                );
-                return ExitCode::from(EX_USAGE);
-            }
+            Err(code) => return code,
         };
-        let app = match tokio::net::TcpListener::bind(args.app_listen).await {
-            Ok(l) => l,
-            Err(e) => {
-                eprintln!(
-                    "error: cannot listen on {} (--app-listen): {e}",
-                    args.app_listen
-                );
-                return ExitCode::from(EX_USAGE);
-            }
-        };
-        let metrics = match args.metrics_listen {
-            None => None,
-            Some(addr) => match tokio::net::TcpListener::bind(addr).await {
-                Ok(l) => Some(l),
-                Err(e) => {
-                    eprintln!("error: cannot listen on {addr} (--metrics-listen): {e}");
-                    return ExitCode::from(EX_USAGE);
-                }
-            },
-        };
-        let shutdown = CancellationToken::new();
-        tokio::spawn(cancel_on_signal(shutdown.clone()));
-        match cairn_node::run(config, Listeners { peer, app, metrics }, shutdown).await {
+        let shutdown = cli::shutdown_on_signal();
+        match cairn_node::run(config, listeners, shutdown).await {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
                 tracing::error!("{e}");
@@ -187,34 +154,4 @@ fn config(args: &Args) -> Result<NodeConfig, cairn_node::ConfigError> {
     config.advertise = args.advertise.clone();
     config.topology()?;
     Ok(config)
-}
-
-fn init_logging(format: LogFormat, filter: &str) {
-    let filter = tracing_subscriber::EnvFilter::try_new(filter)
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()));
-    match format {
-        LogFormat::Human => builder.init(),
-        LogFormat::Json => builder.json().init(),
-    }
-}
-
-/// SIGTERM or SIGINT starts a graceful shutdown.
-async fn cancel_on_signal(shutdown: CancellationToken) {
-    use tokio::signal::unix::{SignalKind, signal};
-    let (Ok(mut term), Ok(mut int)) = (
-        signal(SignalKind::terminate()),
-        signal(SignalKind::interrupt()),
-    ) else {
-        tracing::error!("cannot install signal handlers");
-        return;
-    };
-    tokio::select! {
-        _ = term.recv() => tracing::info!("SIGTERM"),
-        _ = int.recv() => tracing::info!("SIGINT"),
-    }
-    shutdown.cancel();
 }

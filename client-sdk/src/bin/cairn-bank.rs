@@ -5,8 +5,8 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use cairn_sdk::bank::{self, BankConfig};
+use cairn_sdk::cli;
 use clap::Parser;
-use tokio_util::sync::CancellationToken;
 
 /// The cairn example application: a bank that holds a balance and moves money to the
 /// banks beside the other nodes as cairn messages. Serves cairn.bank.v1.Bank
@@ -39,55 +39,27 @@ struct Args {
     log: String,
 }
 
-const EX_USAGE: u8 = 64;
-
 fn main() -> ExitCode {
-    let args = match Args::try_parse() {
+    let args: Args = match cli::parse_or_exit() {
         Ok(args) => args,
-        Err(e) if e.use_stderr() => {
-            let _ = e.print();
-            return ExitCode::from(EX_USAGE);
-        }
-        Err(e) => {
-            let _ = e.print();
-            return ExitCode::SUCCESS;
-        }
+        Err(code) => return code,
     };
     if !(args.workload >= 0.0 && args.workload.is_finite()) || args.max_amount == 0 {
-        eprintln!("error: --workload must be a non-negative number and --max-amount positive");
-        return ExitCode::from(EX_USAGE);
+        return cli::usage_error(
+            "--workload must be a non-negative number and --max-amount positive",
+        );
     }
-    let filter = tracing_subscriber::EnvFilter::try_new(&args.log)
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .init();
+    cli::init_logging(&args.log, false);
     let Ok(runtime) = tokio::runtime::Runtime::new() else {
         eprintln!("error: cannot start the runtime");
         return ExitCode::FAILURE;
     };
     runtime.block_on(async {
-        let listener = match tokio::net::TcpListener::bind(args.listen).await {
+        let listener = match cli::bind(args.listen, "--listen").await {
             Ok(l) => l,
-            Err(e) => {
-                eprintln!("error: cannot listen on {} (--listen): {e}", args.listen);
-                return ExitCode::from(EX_USAGE);
-            }
+            Err(code) => return code,
         };
-        let shutdown = CancellationToken::new();
-        let signal = shutdown.clone();
-        tokio::spawn(async move {
-            use tokio::signal::unix::{SignalKind, signal as unix_signal};
-            if let (Ok(mut term), Ok(mut int)) = (
-                unix_signal(SignalKind::terminate()),
-                unix_signal(SignalKind::interrupt()),
-            ) {
-                tokio::select! { _ = term.recv() => {}, _ = int.recv() => {} }
-                signal.cancel();
-            }
-        });
+        let shutdown = cli::shutdown_on_signal();
         let config = BankConfig {
             node_address: args.node,
             initial_balance: args.initial_balance,

@@ -5,9 +5,9 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use cairn_proto::v1 as pb;
-use cairn_sdk::CoordinatorClient;
 use cairn_sdk::bank::{BankState, TransferPayload};
 use cairn_sdk::local_cluster::{ClusterSpec, LocalCluster};
+use cairn_sdk::{CoordinatorClient, cli};
 use clap::{Parser, Subcommand, ValueEnum};
 
 /// Drive a cairn cluster: start, watch, inspect and delete snapshots, list nodes, run a
@@ -172,28 +172,15 @@ enum Status {
     Aborted,
 }
 
-const EX_USAGE: u8 = 64;
-
 fn main() -> ExitCode {
-    let cli = match Cli::try_parse() {
+    let cli: Cli = match cli::parse_or_exit() {
         Ok(cli) => cli,
-        Err(e) if e.use_stderr() => {
-            let _ = e.print();
-            return ExitCode::from(EX_USAGE);
-        }
-        Err(e) => {
-            let _ = e.print();
-            return ExitCode::SUCCESS;
-        }
+        Err(code) => return code,
     };
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("CAIRN_LOG")
-                .unwrap_or_else(|_| "warn".into()),
-        )
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .init();
+    cli::init_logging(
+        &std::env::var("CAIRN_LOG").unwrap_or_else(|_| "warn".into()),
+        false,
+    );
     let Ok(runtime) = tokio::runtime::Runtime::new() else {
         eprintln!("error: cannot start the runtime");
         return ExitCode::FAILURE;

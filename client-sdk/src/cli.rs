@@ -1,0 +1,88 @@
+//! What every cairn binary does the same way at start: parse its flags (a bad one exits
+//! with code 64), set up logging, bind its listeners with a message naming the flag, and
+//! turn SIGTERM/SIGINT into a cancellation.
+
+use std::net::SocketAddr;
+use std::process::ExitCode;
+
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+/// The exit code of a bad configuration (sysexits' EX_USAGE).
+pub const EX_USAGE: u8 = 64;
+
+/// Parses the command line; `--help` and `--version` exit 0, a bad flag exits 64, each
+/// after printing what clap says.
+pub fn parse_or_exit<T: clap::Parser>() -> Result<T, ExitCode> {
+    T::try_parse().map_err(|e| {
+        let _ = e.print();
+        if e.use_stderr() {
+            ExitCode::from(EX_USAGE)
+        } else {
+            ExitCode::SUCCESS
+        }
+    })
+}
+
+/// A usage error: prints it and returns exit code 64.
+pub fn usage_error(message: impl std::fmt::Display) -> ExitCode {
+    eprintln!("error: {message}");
+    ExitCode::from(EX_USAGE)
+}
+
+/// Logs to stderr through `tracing`, filtered by `filter` (EnvFilter syntax; a bad one falls
+/// back to `info`), as JSON lines when `json`, with colours only on a terminal.
+pub fn init_logging(filter: &str, json: bool) {
+    let filter = tracing_subscriber::EnvFilter::try_new(filter)
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()));
+    if json {
+        builder.json().init();
+    } else {
+        builder.init();
+    }
+}
+
+/// Binds `addr`, or explains which flag named an address that cannot be used.
+pub async fn bind(addr: SocketAddr, flag: &str) -> Result<TcpListener, ExitCode> {
+    TcpListener::bind(addr)
+        .await
+        .map_err(|e| usage_error(format!("cannot listen on {addr} ({flag}): {e}")))
+}
+
+/// As [`bind`], for an optional address.
+pub async fn bind_optional(
+    addr: Option<SocketAddr>,
+    flag: &str,
+) -> Result<Option<TcpListener>, ExitCode> {
+    match addr {
+        Some(addr) => bind(addr, flag).await.map(Some),
+        None => Ok(None),
+    }
+}
+
+/// A token cancelled by the first SIGTERM or SIGINT.
+pub fn shutdown_on_signal() -> CancellationToken {
+    let token = CancellationToken::new();
+    let cancel = token.clone();
+    tokio::spawn(async move {
+        use tokio::signal::unix::{SignalKind, signal};
+        match (
+            signal(SignalKind::terminate()),
+            signal(SignalKind::interrupt()),
+        ) {
+            (Ok(mut term), Ok(mut int)) => {
+                tokio::select! {
+                    _ = term.recv() => tracing::info!("SIGTERM: shutting down"),
+                    _ = int.recv() => tracing::info!("SIGINT: shutting down"),
+                }
+                cancel.cancel();
+            }
+            _ => tracing::error!("cannot install signal handlers"),
+        }
+    });
+    token
+}
