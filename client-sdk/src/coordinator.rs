@@ -18,13 +18,13 @@ impl CoordinatorClient {
         let channel = Endpoint::from_shared(format!("http://{address}"))
             .map_err(|e| Error::Connect {
                 address: address.to_owned(),
-                reason: e.to_string(),
+                reason: crate::error::with_causes(&e),
             })?
             .connect()
             .await
             .map_err(|e| Error::Connect {
                 address: address.to_owned(),
-                reason: e.to_string(),
+                reason: crate::error::with_causes(&e),
             })?;
         Ok(Self {
             inner: pb::coordinator_client::CoordinatorClient::new(channel),

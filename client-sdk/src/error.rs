@@ -45,6 +45,18 @@ impl Error {
     }
 }
 
+/// An error with its causes, `a: b: c` — tonic's transport errors say little on their own.
+pub(crate) fn with_causes(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
+}
+
 impl From<Status> for Error {
     fn from(status: Status) -> Self {
         Self::Rpc(status)

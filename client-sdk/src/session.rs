@@ -142,7 +142,7 @@ impl AppSession {
             reason,
         };
         let channel = Endpoint::from_shared(format!("http://{address}"))
-            .map_err(|e| connect_error(e.to_string()))?
+            .map_err(|e| connect_error(crate::error::with_causes(&e)))?
             .tcp_nodelay(true)
             // Small windows: what waits in HTTP/2 buffers stays small, so the daemon's
             // backpressure reaches the application quickly.
@@ -150,7 +150,7 @@ impl AppSession {
             .initial_connection_window_size(1 << 20)
             .connect()
             .await
-            .map_err(|e| connect_error(e.to_string()))?;
+            .map_err(|e| connect_error(crate::error::with_causes(&e)))?;
         let mut client =
             pb::app_client::AppClient::new(channel).max_decoding_message_size(64 << 20);
         let (wire_tx, wire_rx) = mpsc::channel::<pb::AppToNode>(16);

@@ -392,6 +392,27 @@ pub async fn scrape(address: &str) -> anyhow::Result<String> {
     Ok(response)
 }
 
+/// Asserts that a snapshot of banks completed, verified, and accounts for `total`.
+pub fn assert_completed(snapshot: &pb::Snapshot, total: u64) {
+    let id = snapshot.plan.as_ref().map_or(0, |p| p.snapshot_id);
+    assert_eq!(
+        snapshot.status,
+        pb::SnapshotStatus::Completed as i32,
+        "snapshot {id}: {:?}",
+        snapshot.failure
+    );
+    assert!(
+        snapshot.verdict.as_ref().is_some_and(|v| v.consistent),
+        "snapshot {id}: {:?}",
+        snapshot.verdict
+    );
+    assert_eq!(
+        bank_money(snapshot).unwrap(),
+        total,
+        "snapshot {id}: the money does not add up"
+    );
+}
+
 /// Sums a snapshot of banks: recorded balances plus recorded transfers in flight.
 pub fn bank_money(snapshot: &pb::Snapshot) -> anyhow::Result<u64> {
     let mut total = 0;

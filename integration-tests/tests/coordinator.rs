@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use cairn_integration_tests::coordinated::{CoordinatedCluster, Store, bank_money, scrape};
+use cairn_integration_tests::coordinated::{CoordinatedCluster, Store, assert_completed, scrape};
 use cairn_integration_tests::etcd::Etcd;
 use cairn_proto::v1 as pb;
 use cairn_sdk::bank::{BankState, TransferPayload};
@@ -28,26 +28,6 @@ const MODES: [pb::SnapshotMode; 3] = [
     pb::SnapshotMode::Unaligned,
     pb::SnapshotMode::Aligned,
 ];
-
-fn assert_completed(snapshot: &pb::Snapshot, total: u64) {
-    let id = snapshot.plan.as_ref().map_or(0, |p| p.snapshot_id);
-    assert_eq!(
-        snapshot.status,
-        pb::SnapshotStatus::Completed as i32,
-        "snapshot {id}: {:?}",
-        snapshot.failure
-    );
-    assert!(
-        snapshot.verdict.as_ref().is_some_and(|v| v.consistent),
-        "snapshot {id}: {:?}",
-        snapshot.verdict
-    );
-    assert_eq!(
-        bank_money(snapshot).unwrap(),
-        total,
-        "snapshot {id}: the money does not add up"
-    );
-}
 
 /// An application for a node without a bank: it keeps the money it receives and answers
 /// record requests only while `answer` is set, so a test can hold a snapshot in flight.
@@ -126,11 +106,20 @@ async fn lifecycle(store: Store) -> CoordinatedCluster {
         .await
         .unwrap_err();
     assert_eq!(err.code(), Code::NotFound);
-    let deleted = client
+    client
         .delete_snapshot(pb::DeleteSnapshotRequest { snapshot_id: 1 })
         .await
         .unwrap();
-    let _ = deleted.into_inner().bytes_freed;
+    // The chunks the other snapshots share survived the collection.
+    let kept = client
+        .get_snapshot(pb::GetSnapshotRequest {
+            snapshot_id: 2,
+            include_data: true,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_completed(&kept, cluster.total());
     assert_eq!(
         client
             .get_snapshot(pb::GetSnapshotRequest {

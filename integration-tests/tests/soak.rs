@@ -4,7 +4,7 @@
 //! middle of a snapshot: that snapshot fails naming it, and once it is back later snapshots
 //! complete.
 
-use cairn_integration_tests::coordinated::{CoordinatedCluster, Store, bank_money};
+use cairn_integration_tests::coordinated::{CoordinatedCluster, Store, assert_completed};
 use cairn_proto::v1 as pb;
 use tonic::Code;
 
@@ -76,22 +76,7 @@ async fn a_hundred_overlapping_snapshots_under_cuts_all_verify_and_the_money_add
             }
         }
         let id = in_flight.remove(0);
-        let snapshot = cluster.wait(id).await.unwrap();
-        assert_eq!(
-            snapshot.status,
-            pb::SnapshotStatus::Completed as i32,
-            "snapshot {id}: {:?}",
-            snapshot.failure
-        );
-        assert!(
-            snapshot.verdict.as_ref().is_some_and(|v| v.consistent),
-            "snapshot {id}"
-        );
-        assert_eq!(
-            bank_money(&snapshot).unwrap(),
-            total,
-            "snapshot {id}: the money does not add up"
-        );
+        assert_completed(&cluster.wait(id).await.unwrap(), total);
     }
     assert!(
         overlapped >= 20,
