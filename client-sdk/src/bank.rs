@@ -136,6 +136,7 @@ impl pb::bank_server::Bank for BankService {
         Ok(Response::new(pb::GetBalanceResponse {
             node_id: self.0.node_id.clone(),
             balance: self.0.balance(),
+            peers: self.0.sender.peers().into_iter().collect(),
         }))
     }
 }
@@ -242,8 +243,9 @@ async fn workload(bank: Arc<Bank>, config: BankConfig, shutdown: CancellationTok
         }
         let (to, amount) = {
             let mut rng = rand::rng();
+            // No peer yet: the coordinator has not named any member but this one.
             let Some(to) = bank.sender.peers().iter().choose(&mut rng).cloned() else {
-                return;
+                continue;
             };
             (
                 to,

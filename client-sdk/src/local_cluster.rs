@@ -139,21 +139,9 @@ impl LocalCluster {
             command.args(["--etcd", &spec.etcd.join(",")]);
         }
         cluster.spawn("coordinator", command, &logs)?;
-        let peers = nodes
-            .iter()
-            .map(|n| format!("{}={}", n.id, n.peer))
-            .collect::<Vec<_>>()
-            .join(",");
         for node in &nodes {
             let mut command = Command::new(spec.bin_dir.join("cairn-node"));
-            command.args([
-                "--node-id",
-                &node.id,
-                "--peer",
-                &peers,
-                "--peer-listen",
-                &node.peer,
-            ]);
+            command.args(["--node-id", &node.id, "--peer-listen", &node.peer]);
             command.args([
                 "--app-listen",
                 &node.app,
@@ -205,6 +193,28 @@ impl LocalCluster {
             .collect()
     }
 
+    /// Waits until every node is registered and wired to every other, and every bank is
+    /// attached and knows every peer: the cluster is ready for transfers and snapshots.
+    pub async fn wait_ready(&self, timeout: Duration) -> anyhow::Result<()> {
+        let n = self.addresses.nodes.len();
+        for node in &self.addresses.nodes {
+            wait_node_ready(
+                &node.peer,
+                Some(&node.bank),
+                Readiness::full_mesh(n),
+                timeout,
+            )
+            .await
+            .map_err(|e| {
+                anyhow::anyhow!(
+                    "{e} (logs in {})",
+                    self.addresses.data_dir.join("logs").display()
+                )
+            })?;
+        }
+        Ok(())
+    }
+
     /// Stops every process: SIGTERM, then SIGKILL after `grace`.
     pub async fn stop(mut self, grace: Duration) {
         for (_, child) in &self.children {
@@ -220,6 +230,88 @@ impl LocalCluster {
                 tracing::warn!("{name} did not stop within {grace:?}; killing it");
                 let _ = child.kill().await;
             }
+        }
+    }
+}
+
+/// What a ready node looks like.
+#[derive(Debug, Clone, Copy)]
+pub struct Readiness {
+    /// Its channels, incoming and outgoing.
+    pub channels: usize,
+    /// The nodes it has an outgoing channel to.
+    pub peers: usize,
+    /// Whether an application must be attached.
+    pub app: bool,
+}
+
+impl Readiness {
+    /// A node of a full mesh of `members` with its application attached.
+    pub fn full_mesh(members: usize) -> Self {
+        Self {
+            channels: 2 * (members - 1),
+            peers: members - 1,
+            app: true,
+        }
+    }
+}
+
+/// Waits until the daemon at `peer` (its NodeAdmin address) has `ready.channels` channels
+/// and, with `ready.app`, an application attached; and, if given, the bank at `bank`
+/// knows `ready.peers` peers. Fails after `timeout` saying what is missing.
+pub async fn wait_node_ready(
+    peer: &str,
+    bank: Option<&str>,
+    ready: Readiness,
+    timeout: Duration,
+) -> anyhow::Result<()> {
+    use cairn_proto::bank::v1 as bank_pb;
+    use cairn_proto::v1 as pb;
+    let deadline = tokio::time::Instant::now() + timeout;
+    let want = ready.channels;
+    let app = ready.app;
+    loop {
+        let check = async {
+            let mut admin =
+                pb::node_admin_client::NodeAdminClient::connect(format!("http://{peer}")).await?;
+            let status = admin
+                .get_node_status(pb::GetNodeStatusRequest {})
+                .await?
+                .into_inner();
+            anyhow::ensure!(
+                status.channels.len() == want,
+                "node {} has {} of {want} channels",
+                status.node_id,
+                status.channels.len()
+            );
+            anyhow::ensure!(
+                !app || status.application_attached,
+                "node {} has no application attached",
+                status.node_id
+            );
+            if let Some(bank) = bank {
+                let mut client =
+                    bank_pb::bank_client::BankClient::connect(format!("http://{bank}")).await?;
+                let balance = client
+                    .get_balance(bank_pb::GetBalanceRequest {})
+                    .await?
+                    .into_inner();
+                anyhow::ensure!(
+                    balance.peers.len() == ready.peers,
+                    "bank {} knows {} of {} peers",
+                    balance.node_id,
+                    balance.peers.len(),
+                    ready.peers
+                );
+            }
+            anyhow::Ok(())
+        };
+        match check.await {
+            Ok(()) => return Ok(()),
+            Err(e) if tokio::time::Instant::now() >= deadline => {
+                anyhow::bail!("not ready within {timeout:?}: {e}")
+            }
+            Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
         }
     }
 }

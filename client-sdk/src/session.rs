@@ -1,7 +1,7 @@
 //! The application's session with its local node daemon.
 
 use std::collections::{BTreeSet, VecDeque};
-use std::sync::Arc;
+use std::sync::{Arc, RwLock};
 
 use bytes::Bytes;
 use cairn_proto::v1 as pb;
@@ -61,7 +61,8 @@ enum Outgoing {
 pub struct AppSender {
     tx: mpsc::UnboundedSender<Outgoing>,
     room: Arc<Semaphore>,
-    peers: Arc<BTreeSet<String>>,
+    /// Updated by the session when the daemon reports new peers.
+    peers: Arc<RwLock<BTreeSet<String>>>,
 }
 
 /// Room for one message, reserved by [`AppSender::reserve`]. Sending through it does not
@@ -75,7 +76,7 @@ pub struct SendPermit {
 impl SendPermit {
     /// Sends `payload` to node `to`.
     pub fn send(self, to: &str, payload: Bytes) -> Result<(), Error> {
-        if !self.sender.peers.contains(to) {
+        if !self.sender.knows(to) {
             return Err(Error::UnknownPeer(to.to_owned()));
         }
         self.sender
@@ -104,7 +105,7 @@ impl AppSender {
 
     /// Sends `payload` to node `to`, waiting while the daemon's queue is full.
     pub async fn send(&self, to: &str, payload: Bytes) -> Result<(), Error> {
-        if !self.peers.contains(to) {
+        if !self.knows(to) {
             return Err(Error::UnknownPeer(to.to_owned()));
         }
         self.reserve().await?.send(to, payload)
@@ -118,9 +119,13 @@ impl AppSender {
             .map_err(|_| Error::SessionClosed)
     }
 
-    /// The nodes this node has a channel to.
-    pub fn peers(&self) -> &BTreeSet<String> {
-        &self.peers
+    /// The nodes this node has a channel to now (the set grows when members join).
+    pub fn peers(&self) -> BTreeSet<String> {
+        self.peers.read().expect("never poisoned").clone()
+    }
+
+    fn knows(&self, peer: &str) -> bool {
+        self.peers.read().expect("never poisoned").contains(peer)
     }
 }
 
@@ -181,7 +186,7 @@ impl AppSession {
             sender: AppSender {
                 tx,
                 room,
-                peers: Arc::new(attached.peers.iter().cloned().collect()),
+                peers: Arc::new(RwLock::new(attached.peers.iter().cloned().collect())),
             },
             inbound,
             buffered: VecDeque::new(),
@@ -242,6 +247,10 @@ impl AppSession {
                             state: state.into(),
                         }));
                     }
+                }
+                Some(Kind::Peers(p)) => {
+                    *self.sender.peers.write().expect("never poisoned") =
+                        p.peers.into_iter().collect();
                 }
                 Some(Kind::Attached(_)) | None => {
                     return Err(Error::Protocol("unexpected message from the daemon".into()));

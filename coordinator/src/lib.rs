@@ -99,11 +99,12 @@ pub async fn run(
         ));
     }
     let (tx, rx) = mpsc::channel(1024);
-    let state = state::State::new(
+    let mut state = state::State::new(
         metrics,
         state::Settings {
             cluster: config.cluster.clone(),
             retention: config.retention,
+            topology: config.topology.clone(),
         },
         kv.clone(),
         blobs.clone(),

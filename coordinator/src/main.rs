@@ -35,6 +35,10 @@ struct Args {
     /// Most snapshots in flight at once.
     #[arg(long, env = "CAIRN_MAX_CONCURRENT", default_value_t = 4)]
     max_concurrent: usize,
+    /// A file of directed channels, one FROM>TO per line (a ring, a DAG…); only the nodes it
+    /// names may register. Default: a full mesh of every node that registers.
+    #[arg(long, env = "CAIRN_TOPOLOGY")]
+    topology: Option<PathBuf>,
     /// Completed snapshots to keep (older ones and their unshared chunks are deleted); 0 keeps all.
     #[arg(long, env = "CAIRN_RETENTION", default_value_t = 0)]
     retention: usize,
@@ -57,6 +61,16 @@ fn main() -> ExitCode {
     if args.max_concurrent == 0 {
         return cli::usage_error("--max-concurrent must be at least 1");
     }
+    let topology = match &args.topology {
+        None => None,
+        Some(path) => match std::fs::read_to_string(path) {
+            Err(e) => return cli::usage_error(format!("--topology {}: {e}", path.display())),
+            Ok(text) => match cairn_coordinator::config::parse_topology(&text) {
+                Ok(t) => Some(t),
+                Err(e) => return cli::usage_error(format!("--topology {}: {e}", path.display())),
+            },
+        },
+    };
     cli::init_logging(&args.log, args.log_format == "json");
     let Ok(runtime) = tokio::runtime::Runtime::new() else {
         eprintln!("error: cannot start the runtime");
@@ -77,6 +91,7 @@ fn main() -> ExitCode {
         config.default_timeout = args.snapshot_timeout;
         config.max_concurrent = args.max_concurrent;
         config.retention = args.retention;
+        config.topology = topology;
         match cairn_coordinator::run(config, listener, metrics, shutdown).await {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {

@@ -17,7 +17,7 @@ use tonic::Status;
 use crate::blob::BlobStore;
 use crate::error::Error;
 use crate::records_conv::{failure_record, mode_name, now_ms, progress_pb};
-use crate::store::{AnyKv, Keys, Kv, MemberRecord, SnapshotRecord, VerdictRecord};
+use crate::store::{AnyKv, Keys, Kv, MemberRecord, RosterRecord, SnapshotRecord, VerdictRecord};
 
 /// The stream a node's session reads its commands from.
 pub(crate) type NodeTx = mpsc::Sender<Result<pb::CoordinatorToNode, Status>>;
@@ -94,6 +94,8 @@ struct Member {
 pub(crate) struct Settings {
     pub cluster: String,
     pub retention: usize,
+    /// A fixed topology (`--topology`); `None`: a full mesh of the roster.
+    pub topology: Option<Topology>,
 }
 
 pub(crate) struct State {
@@ -102,6 +104,9 @@ pub(crate) struct State {
     kv: Arc<AnyKv>,
     blobs: BlobStore,
     keys: Keys,
+    /// Every node of the cluster, connected or not (persisted).
+    roster: BTreeMap<NodeId, RosterRecord>,
+    /// The nodes with a session now.
     members: BTreeMap<NodeId, Member>,
     tracker: SnapshotTracker,
     inflight: BTreeMap<u64, SnapshotRecord>,
@@ -124,6 +129,7 @@ impl State {
             settings,
             kv,
             blobs,
+            roster: BTreeMap::new(),
             members: BTreeMap::new(),
             tracker: SnapshotTracker::new(max_in_flight.max(1)),
             inflight: BTreeMap::new(),
@@ -133,7 +139,22 @@ impl State {
     }
 
     /// Marks every snapshot a previous coordinator left in flight as failed.
-    pub(crate) async fn recover(&self) -> Result<(), Error> {
+    pub(crate) async fn recover(&mut self) -> Result<(), Error> {
+        for (key, value) in self.kv.list(&self.keys.roster()).await? {
+            let Ok(record) = serde_json::from_slice::<RosterRecord>(&value) else {
+                tracing::warn!(%key, "skipping an unreadable roster record");
+                continue;
+            };
+            let node = NodeId::new(record.node.clone());
+            if let Some(topology) = &self.settings.topology
+                && !topology.contains(&node)
+            {
+                tracing::warn!(%node, "node on the roster but not in --topology: left out");
+                continue;
+            }
+            self.roster.insert(node, record);
+        }
+        tracing::info!(nodes = self.roster.len(), "roster loaded");
         for (key, value) in self.kv.list(&self.keys.snapshots()).await? {
             let Ok(mut record) = serde_json::from_slice::<SnapshotRecord>(&value) else {
                 tracing::warn!(%key, "skipping an unreadable snapshot record");
@@ -268,24 +289,62 @@ impl State {
         }
     }
 
+    /// The topology snapshots span: `--topology` when given, else a full mesh of the
+    /// roster. Every one of its nodes must be connected.
     fn topology(&self) -> Result<Topology, Error> {
-        let nodes: Vec<NodeId> = self.members.keys().cloned().collect();
-        let mut channels = Vec::new();
-        for (id, member) in &self.members {
-            for peer in &member.record.peers {
-                let peer = NodeId::new(peer.clone());
-                if !self.members.contains_key(&peer) {
-                    return Err(Error::FailedPrecondition(format!(
-                        "node {peer}, a peer of {id}, has not registered with the coordinator"
-                    )));
-                }
-                channels.push(ChannelId::new(id.clone(), peer));
-            }
+        let topology = self.known_topology();
+        let missing: Vec<&str> = topology
+            .nodes()
+            .iter()
+            .filter(|n| !self.members.contains_key(*n))
+            .map(NodeId::as_str)
+            .collect();
+        if !missing.is_empty() {
+            let never: Vec<&str> = missing
+                .iter()
+                .copied()
+                .filter(|n| !self.roster.contains_key(&NodeId::new(*n)))
+                .collect();
+            return Err(Error::FailedPrecondition(if never.is_empty() {
+                format!(
+                    "not connected to the coordinator: {} (a snapshot needs every node of the \
+                     topology)",
+                    missing.join(", ")
+                )
+            } else {
+                format!(
+                    "never registered: {} (named in --topology); not connected: {}",
+                    never.join(", "),
+                    missing.join(", ")
+                )
+            }));
         }
-        Topology::from_channels(nodes, channels)
-            .map_err(|e| Error::FailedPrecondition(e.to_string()))
+        Ok(topology)
     }
 
+    /// The topology over the nodes whose address is known: the fixed one restricted to the
+    /// roster, or a full mesh of the roster.
+    fn known_topology(&self) -> Topology {
+        let nodes = self.roster.keys().cloned();
+        match &self.settings.topology {
+            None => Topology::full_mesh(nodes),
+            Some(fixed) => {
+                let channels = fixed.channels().iter().filter(|c| {
+                    self.roster.contains_key(&c.from) && self.roster.contains_key(&c.to)
+                });
+                let nodes: Vec<NodeId> = fixed
+                    .nodes()
+                    .iter()
+                    .filter(|n| self.roster.contains_key(*n))
+                    .cloned()
+                    .collect();
+                Topology::from_channels(nodes, channels.cloned())
+                    .expect("a restriction of a topology")
+            }
+        }
+    }
+
+    /// What nodes are told: every known node with its address, and the channels among them.
     fn membership(&self) -> pb::Membership {
         let (nodes, channels) = self.list_nodes_parts();
         pb::Membership {
@@ -297,25 +356,25 @@ impl State {
 
     fn list_nodes_parts(&self) -> (Vec<pb::NodeInfo>, Vec<pb::ChannelRef>) {
         let nodes = self
-            .members
-            .values()
-            .map(|m| pb::NodeInfo {
-                node_id: m.record.node.clone(),
-                address: m.record.address.clone(),
-                incarnation: m.record.incarnation,
-                application_attached: m.application_attached,
-                last_seen_ms: m.last_seen_ms,
+            .roster
+            .iter()
+            .map(|(id, r)| {
+                let live = self.members.get(id);
+                pb::NodeInfo {
+                    node_id: r.node.clone(),
+                    address: r.address.clone(),
+                    incarnation: live.map_or(0, |m| m.record.incarnation),
+                    application_attached: live.is_some_and(|m| m.application_attached),
+                    last_seen_ms: live.map_or(0, |m| m.last_seen_ms),
+                    connected: live.is_some(),
+                }
             })
             .collect();
         let channels = self
-            .members
-            .values()
-            .flat_map(|m| {
-                m.record.peers.iter().map(|p| pb::ChannelRef {
-                    from: m.record.node.clone(),
-                    to: p.clone(),
-                })
-            })
+            .known_topology()
+            .channels()
+            .iter()
+            .map(cairn_node::convert::channel_to_pb)
             .collect();
         (nodes, channels)
     }
@@ -323,6 +382,50 @@ impl State {
     fn list_nodes(&self) -> pb::ListNodesResponse {
         let (nodes, channels) = self.list_nodes_parts();
         pb::ListNodesResponse { nodes, channels }
+    }
+
+    /// Puts a registering node on the roster, or moves it to its new address. Returns what
+    /// changed for the other nodes, if anything.
+    async fn enroll(&mut self, node: &NodeId, address: &str) -> Result<Option<String>, Error> {
+        if let Some(topology) = &self.settings.topology
+            && !topology.contains(node)
+        {
+            return Err(Error::FailedPrecondition(format!(
+                "node {node} is not in this coordinator's --topology file"
+            )));
+        }
+        let change = match self.roster.get(node) {
+            Some(r) if r.address == address => return Ok(None),
+            Some(r) => format!("node {node} moved from {} to {address}", r.address),
+            None => format!("node {node} joined"),
+        };
+        let record = RosterRecord {
+            node: node.to_string(),
+            address: address.to_owned(),
+            joined_at_ms: self
+                .roster
+                .get(node)
+                .map_or_else(now_ms, |r| r.joined_at_ms),
+        };
+        let value = serde_json::to_vec(&record).expect("plain record");
+        self.kv
+            .put(&self.keys.roster_node(node.as_str()), value)
+            .await?;
+        let joined = !self.roster.contains_key(node);
+        self.roster.insert(node.clone(), record);
+        if joined {
+            // Snapshots in flight were planned without it.
+            let ids: Vec<u64> = self.inflight.keys().copied().collect();
+            for id in ids {
+                let update = self.tracker.fail(
+                    SnapshotId(id),
+                    FailureReason::MembershipChanged(change.clone()),
+                );
+                self.settle(id, update).await;
+            }
+        }
+        tracing::info!(%node, %address, "{change}");
+        Ok(Some(change))
     }
 
     async fn register(
@@ -343,6 +446,7 @@ impl State {
             ));
         }
         let node = NodeId::new(register.node_id.clone());
+        let changed = self.enroll(&node, &register.address).await?;
         if let Some(old) = self.members.get(&node)
             && old.record.incarnation != register.incarnation
         {
@@ -355,7 +459,6 @@ impl State {
             node: register.node_id.clone(),
             address: register.address,
             incarnation: register.incarnation,
-            peers: register.peers,
             registered_at_ms: now_ms(),
         };
         let value = serde_json::to_vec(&record).expect("plain record");
@@ -381,12 +484,14 @@ impl State {
             kind: Some(registered),
         }))
         .map_err(|_| Error::ShuttingDown)?;
-        for (id, member) in &self.members {
-            if *id != node {
-                let update = pb::coordinator_to_node::Kind::Membership(membership.clone());
-                let _ = member
-                    .tx
-                    .try_send(Ok(pb::CoordinatorToNode { kind: Some(update) }));
+        if changed.is_some() {
+            for (id, member) in &self.members {
+                if *id != node {
+                    let update = pb::coordinator_to_node::Kind::Membership(membership.clone());
+                    let _ = member
+                        .tx
+                        .try_send(Ok(pb::CoordinatorToNode { kind: Some(update) }));
+                }
             }
         }
         Ok(membership)
@@ -405,7 +510,6 @@ impl State {
         for (id, outcome) in self.tracker.node_lost(&node) {
             self.settle(id.0, tracker::Update::Finished(outcome)).await;
         }
-        self.broadcast(pb::coordinator_to_node::Kind::Membership(self.membership()));
     }
 
     async fn node_event(&mut self, node: NodeId, event: pb::NodeSnapshotEvent) {
@@ -444,7 +548,7 @@ impl State {
         labels: BTreeMap<String, String>,
     ) -> Result<u64, Error> {
         let topology = self.topology()?;
-        if topology.nodes().is_empty() {
+        if self.roster.is_empty() {
             return Err(Error::FailedPrecondition(
                 "no node has registered with the coordinator".into(),
             ));
@@ -742,6 +846,7 @@ fn node_failure(node: &NodeId, reason: &pb::FailureReason) -> FailureReason {
         Kind::Shutdown => FailureReason::Shutdown(node.clone()),
         Kind::NodeLost => FailureReason::NodeLost(node.clone()),
         Kind::Storage => FailureReason::Storage(reason.message.clone()),
+        Kind::MembershipChanged => FailureReason::MembershipChanged(reason.message.clone()),
         _ => FailureReason::Aborted(format!("on node {node}: {}", reason.message)),
     }
 }

@@ -147,6 +147,7 @@ impl SnapshotEngine {
             Event::AlignmentTimedOut { id } => self.on_alignment_timed_out(id),
             Event::ChannelReset { channel } => self.on_channel_reset(channel),
             Event::SnapshotAborted { id, reason } => self.on_snapshot_aborted(id, reason),
+            Event::TopologyChanged { topology, what } => self.on_topology_changed(topology, what),
         }
     }
 
@@ -428,6 +429,30 @@ impl SnapshotEngine {
         for id in ids {
             self.abort(id, FailureReason::ChannelReset(channel.clone()));
         }
+        Outcome::Applied
+    }
+
+    fn on_topology_changed(&mut self, topology: Topology, what: String) -> Outcome {
+        if !topology.contains(&self.node) {
+            return Outcome::Ignored(Ignored::NotAMember);
+        }
+        let ids: Vec<SnapshotId> = self.snapshots.keys().copied().collect();
+        for id in ids {
+            self.abort(id, FailureReason::MembershipChanged(what.clone()));
+        }
+        let mut incoming = BTreeMap::new();
+        for channel in topology.incoming(&self.node) {
+            let old = self.incoming.remove(&channel).unwrap_or_default();
+            incoming.insert(channel, old);
+        }
+        let mut outgoing = BTreeMap::new();
+        for channel in topology.outgoing(&self.node) {
+            let old = self.outgoing.remove(&channel).unwrap_or_default();
+            outgoing.insert(channel, old);
+        }
+        self.incoming = incoming;
+        self.outgoing = outgoing;
+        self.topology = topology;
         Outcome::Applied
     }
 

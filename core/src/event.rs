@@ -9,6 +9,7 @@ use std::ops::Range;
 use std::time::Duration;
 
 use crate::report::{FailureReason, LocalReport};
+use crate::topology::Topology;
 use crate::types::{ChannelId, Plan, SnapshotId};
 
 /// Something that happened at the process; the engine's only input.
@@ -80,6 +81,15 @@ pub enum Event {
         id: SnapshotId,
         /// Why.
         reason: FailureReason,
+    },
+    /// The cluster's topology changed (a member joined or was removed). Every snapshot in
+    /// flight here fails, since it was planned over the old topology; channels that remain
+    /// keep their counters, new ones start at 0, removed ones are forgotten.
+    TopologyChanged {
+        /// The new topology; it must contain this process.
+        topology: Topology,
+        /// What changed, for the failure reason.
+        what: String,
     },
 }
 
@@ -172,4 +182,6 @@ pub enum Ignored {
     StateNotAwaited,
     /// The alignment already ended.
     NotAligning,
+    /// A new topology that does not contain this process.
+    NotAMember,
 }

@@ -82,6 +82,8 @@ pub enum FailureReason {
     Storage(String),
     /// A user aborted it.
     Aborted(String),
+    /// The membership or the topology changed while it was in flight (what changed).
+    MembershipChanged(String),
 }
 
 impl fmt::Display for FailureReason {
@@ -99,6 +101,7 @@ impl fmt::Display for FailureReason {
             Self::CoordinatorRestarted => f.write_str("coordinator restarted"),
             Self::Restore => f.write_str("a restore started a new epoch"),
             Self::Shutdown(node) => write!(f, "node {node} shut down"),
+            Self::MembershipChanged(what) => write!(f, "membership changed: {what}"),
             Self::Storage(why) => write!(f, "storage failed: {why}"),
             Self::Aborted(why) => write!(f, "aborted: {why}"),
         }

@@ -527,3 +527,50 @@ fn events_on_channels_that_are_not_ours_are_ignored() {
         Outcome::Ignored(Ignored::UnknownChannel)
     );
 }
+
+#[test]
+fn a_topology_change_fails_the_snapshots_in_flight_and_keeps_the_counters_of_channels_that_remain()
+{
+    let mut e = mesh_b();
+    feed(&mut e, received(ch("a", "b"), 3));
+    let p = plan(4, SnapshotMode::ChandyLamport, "a");
+    feed(&mut e, marker("a", &p));
+    let grown = Topology::full_mesh(["a", "b", "c", "d"].map(NodeId::from));
+    assert_eq!(
+        feed(
+            &mut e,
+            Event::TopologyChanged {
+                topology: grown,
+                what: "node d joined".into()
+            }
+        ),
+        vec![Command::Abort {
+            id: SnapshotId(4),
+            reason: FailureReason::MembershipChanged("node d joined".into())
+        }]
+    );
+    // The new channel d->b counts from 0 and a->b keeps its 3 messages: a new snapshot
+    // whose marker arrives on d->b first records what a->b carries after its third.
+    let p = plan(5, SnapshotMode::ChandyLamport, "d");
+    feed(&mut e, received(ch("d", "b"), 2));
+    assert_eq!(
+        feed(&mut e, marker("d", &p)),
+        vec![Command::EnqueueRecordState {
+            id: SnapshotId(5),
+            front: false
+        }]
+    );
+    assert_eq!(
+        feed(&mut e, received(ch("a", "b"), 1)),
+        vec![record(5, ch("a", "b"), 3..4)]
+    );
+    // A topology without this process is refused.
+    let without_b = Topology::full_mesh(["a", "c"].map(NodeId::from));
+    assert_eq!(
+        e.handle(Event::TopologyChanged {
+            topology: without_b,
+            what: "b removed".into()
+        }),
+        Outcome::Ignored(Ignored::NotAMember)
+    );
+}

@@ -93,16 +93,6 @@ impl CoordinatedCluster {
             args.extend(["--etcd".to_owned(), endpoint.clone()]);
         }
         args.extend(coordinator_args.iter().map(|a| (*a).to_owned()));
-        let ids: Vec<String> = (1..=n).map(|i| format!("n{i}")).collect();
-        let peers: Vec<(String, String)> = ids
-            .iter()
-            .map(|id| (id.clone(), format!("127.0.0.1:{}", free_port())))
-            .collect();
-        let peer_list = peers
-            .iter()
-            .map(|(id, a)| format!("{id}={a}"))
-            .collect::<Vec<_>>()
-            .join(",");
         let mut cluster = Self {
             coordinator: coordinator.clone(),
             coordinator_metrics,
@@ -114,46 +104,14 @@ impl CoordinatedCluster {
             keep_logs: false,
         };
         cluster.start_coordinator()?;
-        for (i, (id, peer)) in peers.into_iter().enumerate() {
-            let app = format!("127.0.0.1:{}", free_port());
-            let metrics = format!("127.0.0.1:{}", free_port());
-            let node_args = vec![
-                "--node-id".into(),
-                id.clone(),
-                "--peer".into(),
-                peer_list.clone(),
-                "--peer-listen".into(),
-                peer.clone(),
-                "--app-listen".into(),
-                app.clone(),
-                "--coordinator".into(),
-                coordinator.clone(),
-                "--grace-period".into(),
-                "1s".into(),
-                "--metrics-listen".into(),
-                metrics.clone(),
-            ];
-            let mut node_args = node_args;
-            node_args.extend(extra_node_args.iter().map(|a| (*a).to_owned()));
-            let bank = (!without_bank.contains(&i)).then(|| format!("127.0.0.1:{}", free_port()));
-            cluster.nodes.push(CoordinatedNode {
-                metrics,
-                id,
-                peer,
-                app,
-                bank,
-                node_args,
-                node: None,
-                bank_process: None,
-            });
-            cluster.start_node(i)?;
+        for i in 0..n {
+            cluster.add_node(!without_bank.contains(&i), extra_node_args)?;
         }
         let ready = async {
             cluster.wait_registered(n).await?;
             for i in 0..n {
-                if cluster.nodes[i].bank.is_some() {
-                    cluster.wait_app_attached(i).await?;
-                }
+                let with_bank = cluster.nodes[i].bank.is_some();
+                cluster.wait_wired(i, with_bank).await?;
             }
             anyhow::Ok(())
         }
@@ -167,6 +125,44 @@ impl CoordinatedCluster {
 
     fn log(&self, name: &str) -> PathBuf {
         self.dir.join(format!("{name}.log"))
+    }
+
+    /// Adds node `n<len+1>` (with a bank if `bank`) and starts it; returns its index. It
+    /// registers with the coordinator, which hands it the members and tells them of it.
+    pub fn add_node(&mut self, bank: bool, extra_node_args: &[&str]) -> anyhow::Result<usize> {
+        let i = self.nodes.len();
+        let id = format!("n{}", i + 1);
+        let peer = format!("127.0.0.1:{}", free_port());
+        let app = format!("127.0.0.1:{}", free_port());
+        let metrics = format!("127.0.0.1:{}", free_port());
+        let mut node_args: Vec<String> = vec![
+            "--node-id".into(),
+            id.clone(),
+            "--peer-listen".into(),
+            peer.clone(),
+            "--app-listen".into(),
+            app.clone(),
+            "--coordinator".into(),
+            self.coordinator.clone(),
+            "--grace-period".into(),
+            "1s".into(),
+            "--metrics-listen".into(),
+            metrics.clone(),
+        ];
+        node_args.extend(extra_node_args.iter().map(|a| (*a).to_owned()));
+        let bank = bank.then(|| format!("127.0.0.1:{}", free_port()));
+        self.nodes.push(CoordinatedNode {
+            metrics,
+            id,
+            peer,
+            app,
+            bank,
+            node_args,
+            node: None,
+            bank_process: None,
+        });
+        self.start_node(i)?;
+        Ok(i)
     }
 
     /// (Re)starts the coordinator with its original arguments.
@@ -241,31 +237,51 @@ impl CoordinatedCluster {
                 .await?
                 .into_inner()
                 .nodes;
-            anyhow::ensure!(nodes.len() == n, "{} of {n} registered", nodes.len());
+            let connected = nodes.iter().filter(|n| n.connected).count();
+            anyhow::ensure!(connected == n, "{connected} of {n} connected");
             Ok(())
         })
         .await
         .map_err(|e| anyhow::anyhow!("{e} (logs in {})", self.dir.display()))
     }
 
-    /// Waits until node `i`'s daemon has an application attached.
-    pub async fn wait_app_attached(&self, i: usize) -> anyhow::Result<()> {
-        let peer = self.nodes[i].peer.clone();
-        eventually("application attaches", Duration::from_secs(30), || {
-            let peer = peer.clone();
-            async move {
-                let mut admin =
-                    pb::node_admin_client::NodeAdminClient::connect(format!("http://{peer}"))
-                        .await?;
-                let status = admin
-                    .get_node_status(pb::GetNodeStatusRequest {})
-                    .await?
-                    .into_inner();
-                anyhow::ensure!(status.application_attached, "no application yet");
-                Ok(())
-            }
-        })
+    /// Waits until node `i`'s daemon is wired to every other node with an application
+    /// attached and, if it has a bank, the bank knows every peer.
+    pub async fn wait_ready(&self, i: usize) -> anyhow::Result<()> {
+        self.wait_wired(i, true).await
+    }
+
+    /// Waits until node `i`'s daemon has every channel the coordinator's topology gives it
+    /// (and, with `app`, an application attached; with a bank, the bank knows its peers).
+    pub async fn wait_wired(&self, i: usize, app: bool) -> anyhow::Result<()> {
+        let node = &self.nodes[i];
+        let topology = self
+            .client()
+            .await?
+            .list_nodes(pb::ListNodesRequest {})
+            .await?
+            .into_inner();
+        let ready = cairn_sdk::local_cluster::Readiness {
+            channels: topology
+                .channels
+                .iter()
+                .filter(|c| c.from == node.id || c.to == node.id)
+                .count(),
+            peers: topology
+                .channels
+                .iter()
+                .filter(|c| c.from == node.id)
+                .count(),
+            app,
+        };
+        cairn_sdk::local_cluster::wait_node_ready(
+            &node.peer,
+            node.bank.as_deref(),
+            ready,
+            Duration::from_secs(30),
+        )
         .await
+        .map_err(|e| anyhow::anyhow!("node {}: {e} (logs in {})", node.id, self.dir.display()))
     }
 
     /// Starts a snapshot; returns its id.

@@ -210,7 +210,7 @@ async fn failures(store: Store) {
         .unwrap();
     let answer = Arc::new(AtomicBool::new(false));
     let app = controlled_app(cluster.nodes[2].app.clone(), answer.clone());
-    cluster.wait_app_attached(2).await.unwrap();
+    cluster.wait_ready(2).await.unwrap();
 
     // n3 holds the snapshot: the limit refuses a second one, and the timeout names n3.
     let held = cluster
@@ -250,7 +250,7 @@ async fn failures(store: Store) {
     answer.store(true, Ordering::Relaxed);
     let _app = controlled_app(cluster.nodes[2].app.clone(), answer.clone());
     cluster.wait_registered(3).await.unwrap();
-    cluster.wait_app_attached(2).await.unwrap();
+    cluster.wait_ready(2).await.unwrap();
     // A snapshot started before every peer has reconnected to n3's new incarnation fails
     // naming the reset channel; once the channels are back, snapshots complete.
     cluster.complete_after_restart("n3", 5).await.unwrap();
@@ -273,7 +273,7 @@ async fn coordinator_restart(store: Store) {
         .unwrap();
     let answer = Arc::new(AtomicBool::new(true));
     let _app = controlled_app(cluster.nodes[2].app.clone(), answer.clone());
-    cluster.wait_app_attached(2).await.unwrap();
+    cluster.wait_ready(2).await.unwrap();
     let completed = cluster
         .start_snapshot(start(pb::SnapshotMode::Aligned, 20_000))
         .await

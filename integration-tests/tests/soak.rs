@@ -123,6 +123,6 @@ async fn a_hundred_overlapping_snapshots_under_cuts_all_verify_and_the_money_add
     assert!(err.message().contains("n5"), "{}", err.message());
     cluster.start_node(4).unwrap();
     cluster.wait_registered(5).await.unwrap();
-    cluster.wait_app_attached(4).await.unwrap();
+    cluster.wait_ready(4).await.unwrap();
     cluster.complete_after_restart("n5", 10).await.unwrap();
 }

@@ -87,7 +87,7 @@ impl pb::node_admin_server::NodeAdmin for AdminService {
         let request = request.into_inner();
         let channel = channel_from_pb(request.channel.as_ref()).map_err(Error::from)?;
         let me = &self.shared.node_id;
-        let Some(faults) = self.shared.faults.get(&channel) else {
+        let Some(handles) = self.shared.channel(&channel) else {
             return Err(Error::Unknown(format!("node {me} has no channel {channel}")).into());
         };
         let incoming = channel.to == *me;
@@ -100,11 +100,14 @@ impl pb::node_admin_server::NodeAdmin for AdminService {
         let message = match request.fault {
             None => return Err(invalid("no fault given")),
             Some(Fault::Cut(_)) => {
-                faults.cut.notify_one();
+                handles.faults.cut.notify_one();
                 None
             }
             Some(Fault::Delay(delay)) if !incoming => {
-                faults.delay_ms.store(delay.millis, Ordering::Relaxed);
+                handles
+                    .faults
+                    .delay_ms
+                    .store(delay.millis, Ordering::Relaxed);
                 None
             }
             Some(Fault::Delay(_)) => {

@@ -139,10 +139,11 @@ impl SessionReader {
     /// channel is full what is ready goes first and the session waits (backpressure).
     async fn send(&self, batch: pb::SendBatch) -> Result<(), Status> {
         let me = &self.shared.node_id;
+        let wiring = self.shared.wiring();
         let mut checked = Vec::with_capacity(batch.messages.len());
         for message in batch.messages {
             let channel = ChannelId::new(me.clone(), message.to.as_str());
-            if !self.shared.out_credits.contains_key(&channel) {
+            if !wiring.channels.contains_key(&channel) {
                 return Err(Error::Unknown(format!(
                     "node {me} has no channel to `{}`",
                     message.to
@@ -160,7 +161,7 @@ impl SessionReader {
         }
         let mut ready: Vec<(ChannelId, Bytes)> = Vec::with_capacity(checked.len());
         for (channel, payload) in checked {
-            let credits = &self.shared.out_credits[&channel];
+            let credits = &wiring.channels[&channel].credits;
             match credits.try_acquire() {
                 Ok(permit) => permit.forget(),
                 Err(_) => {

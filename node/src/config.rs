@@ -13,9 +13,11 @@ pub struct NodeConfig {
     pub node_id: NodeId,
     /// The cluster's name; peers of another cluster are refused.
     pub cluster: String,
-    /// Every member's peer address (`host:port`), this node's included.
+    /// Without a coordinator: every member's peer address (`host:port`), this node's
+    /// included. With one: empty, since the coordinator hands out the members.
     pub peers: BTreeMap<NodeId, String>,
-    /// The directed channels; `None` means a full mesh of the members.
+    /// Without a coordinator: the directed channels; `None` means a full mesh of the
+    /// members. With one: `None`.
     pub channels: Option<Vec<ChannelId>>,
     /// Messages each channel may hold inside this daemon (incoming: waiting for the
     /// application; outgoing: queued or unacknowledged) before the sender is pushed back.
@@ -34,8 +36,7 @@ pub struct NodeConfig {
     pub keep_parts: usize,
     /// The coordinator's address; `None` runs without one (snapshots by `NodeAdmin` only).
     pub coordinator: Option<String>,
-    /// The peer address the coordinator advertises for this node; default: its entry in
-    /// `peers`.
+    /// With a coordinator: the peer address it hands out for this node (required).
     pub advertise: Option<String>,
 }
 
@@ -63,8 +64,48 @@ impl NodeConfig {
         }
     }
 
-    /// The topology, checked: this node must be a member and every channel must join members.
+    /// A daemon that takes its members from the coordinator at `coordinator` and tells it
+    /// that peers reach it at `advertise`.
+    pub fn with_coordinator(
+        node_id: NodeId,
+        cluster: impl Into<String>,
+        coordinator: impl Into<String>,
+        advertise: impl Into<String>,
+    ) -> Self {
+        let mut config = Self::new(node_id, cluster, BTreeMap::new());
+        config.coordinator = Some(coordinator.into());
+        config.advertise = Some(advertise.into());
+        config
+    }
+
+    /// The topology to start with, checked. With a coordinator: this node alone (the
+    /// coordinator's membership follows). Without: this node must be a member and every
+    /// channel must join members.
     pub fn topology(&self) -> Result<Topology, ConfigError> {
+        if self.coordinator.is_some() {
+            if !self.peers.is_empty() || self.channels.is_some() {
+                return Err(ConfigError::Invalid(
+                    "--peer and --channel are for a daemon without --coordinator; with one, the \
+                     coordinator hands out the members and channels"
+                        .into(),
+                ));
+            }
+            if self.advertise.as_deref().is_none_or(str::is_empty) {
+                return Err(ConfigError::Invalid(
+                    "a daemon with --coordinator needs --advertise HOST:PORT, the address its \
+                     peers reach its --peer-listen at"
+                        .into(),
+                ));
+            }
+            return Ok(Topology::full_mesh([self.node_id.clone()]));
+        }
+        if self.peers.is_empty() {
+            return Err(ConfigError::Invalid(
+                "no members: give --coordinator HOST:PORT (the coordinator hands out the \
+                 members), or every member with --peer ID=HOST:PORT"
+                    .into(),
+            ));
+        }
         if !self.peers.contains_key(&self.node_id) {
             return Err(ConfigError::NotAMember(self.node_id.clone()));
         }

@@ -153,6 +153,7 @@ pub fn failure_to_pb(reason: &FailureReason) -> pb::FailureReason {
         FailureReason::Shutdown(n) => (Kind::Shutdown, vec![n.clone()], None),
         FailureReason::Storage(_) => (Kind::Storage, vec![], None),
         FailureReason::Aborted(_) => (Kind::Unspecified, vec![], None),
+        FailureReason::MembershipChanged(_) => (Kind::MembershipChanged, vec![], None),
     };
     pb::FailureReason {
         kind: kind as i32,

@@ -16,6 +16,7 @@ use tonic::transport::{Channel, Endpoint};
 
 use crate::convert::{failure_to_pb, plan_from_pb};
 use crate::node_loop::{LoopMsg, Shared};
+use crate::wiring::Wirer;
 
 /// How often the node tells the coordinator it is alive, and whether its application is.
 const HEARTBEAT: Duration = Duration::from_secs(2);
@@ -40,6 +41,8 @@ pub(crate) struct CoordinatorLink {
     pub address: String,
     pub advertise: String,
     pub events: mpsc::UnboundedReceiver<NodeEvent>,
+    /// Wires the node to the members the coordinator names.
+    pub wirer: Wirer,
 }
 
 impl CoordinatorLink {
@@ -85,12 +88,6 @@ impl CoordinatorLink {
             node_id: self.shared.node_id.to_string(),
             address: self.advertise.clone(),
             incarnation: self.shared.incarnation,
-            peers: self
-                .shared
-                .topology
-                .outgoing(&self.shared.node_id)
-                .map(|c| c.to.to_string())
-                .collect(),
         };
         let first = pb::NodeToCoordinator {
             kind: Some(pb::node_to_coordinator::Kind::Register(register)),
@@ -106,6 +103,9 @@ impl CoordinatorLink {
                 kind: Some(Kind::Registered(m)),
             })) => {
                 tracing::info!(members = m.nodes.len(), "registered with the coordinator");
+                // A membership this daemon cannot follow ends the session: the coordinator
+                // sees it go, and the daemon tries again later.
+                self.wirer.apply(&m).await?;
             }
             Ok(other) => return Err(format!("expected Registered, got {other:?}")),
             Err(s) => return Err(format!("refused: {}", s.message())),
@@ -128,7 +128,7 @@ impl CoordinatorLink {
                     tx.send(beat).await.map_err(|_| "session closed")?;
                 }
                 command = commands.message() => match command {
-                    Ok(Some(pb::CoordinatorToNode { kind: Some(kind) })) => self.command(kind).await,
+                    Ok(Some(pb::CoordinatorToNode { kind: Some(kind) })) => self.command(kind).await?,
                     Ok(Some(_)) => {}
                     Ok(None) => return Err("the coordinator closed the session".into()),
                     Err(s) => return Err(s.message().to_owned()),
@@ -141,7 +141,7 @@ impl CoordinatorLink {
         }
     }
 
-    async fn command(&self, kind: pb::coordinator_to_node::Kind) {
+    async fn command(&mut self, kind: pb::coordinator_to_node::Kind) -> Result<(), String> {
         use pb::coordinator_to_node::Kind;
         match kind {
             Kind::Initiate(plan) => match plan_from_pb(&plan) {
@@ -157,10 +157,12 @@ impl CoordinatorLink {
             }
             Kind::Membership(m) => {
                 tracing::debug!(members = m.nodes.len(), "membership update");
+                self.wirer.apply(&m).await?;
             }
             Kind::Registered(_) => {}
             Kind::Restore(_) => tracing::warn!("restore requested, but restore is not built yet"),
         }
+        Ok(())
     }
 
     async fn report(

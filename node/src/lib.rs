@@ -22,6 +22,8 @@
 //! - [`convert`]: wire ↔ domain conversions.
 //! - [`error`]: the daemon's [`Error`] and its gRPC codes.
 //! - [`metrics`]: Prometheus metrics and the `/metrics` endpoint.
+//! - `wiring`: the node's members and channels, and how they grow.
+//! - `coordinator_link`: the session with the coordinator.
 
 #![forbid(unsafe_code)]
 
@@ -35,23 +37,25 @@ pub mod metrics;
 mod node_loop;
 mod peer_client;
 mod peer_server;
+mod wiring;
 
-use std::collections::BTreeMap;
-use std::sync::Arc;
+use std::collections::BTreeSet;
 use std::sync::atomic::AtomicU64;
+use std::sync::{Arc, RwLock};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use cairn_proto::v1 as pb;
 use tokio::net::TcpListener;
-use tokio::sync::{Semaphore, mpsc, oneshot};
+use tokio::sync::{mpsc, oneshot};
 use tokio_stream::wrappers::TcpListenerStream;
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 use tonic::transport::Server;
 
 pub use config::{ConfigError, NodeConfig};
 pub use error::Error;
 
-use node_loop::{LinkStats, LoopMsg, NodeLoop, Shared};
+use node_loop::{LoopMsg, NodeLoop, Shared};
 
 /// Largest gRPC message a daemon accepts.
 const MAX_MESSAGE: usize = 64 << 20;
@@ -96,38 +100,18 @@ pub async fn run(
         .duration_since(UNIX_EPOCH)
         .map_or(1, |d| d.as_micros() as u64);
     let buffer = config.channel_buffer.max(1);
-    let in_credits = topology
-        .incoming(&me)
-        .map(|c| (c, Arc::new(Semaphore::new(buffer))))
-        .collect();
-    let outgoing: Vec<_> = topology.outgoing(&me).collect();
-    let out_credits = outgoing
-        .iter()
-        .map(|c| (c.clone(), Arc::new(Semaphore::new(buffer))))
-        .collect();
-    let out_stats: BTreeMap<_, _> = outgoing
-        .iter()
-        .map(|c| (c.clone(), Arc::new(LinkStats::default())))
-        .collect();
     let metrics = metrics::NodeMetrics::default();
     let mut registry = prometheus_client::registry::Registry::default();
     metrics.register(&mut registry);
-    let faults = topology
-        .incoming(&me)
-        .chain(topology.outgoing(&me))
-        .map(|c| (c, Arc::default()))
-        .collect();
+    let first = wiring::wiring(&me, topology, config.peers.clone(), buffer, None);
     let shared = Arc::new(Shared {
         metrics,
         node_id: me.clone(),
         cluster: config.cluster.clone(),
         incarnation,
-        topology,
         max_payload: config.max_payload,
-        in_credits,
-        out_credits,
-        out_stats: out_stats.clone(),
-        faults,
+        channel_buffer: buffer,
+        wiring: RwLock::new(Arc::new(first)),
         fault_injection: config.fault_injection,
     });
 
@@ -143,38 +127,36 @@ pub async fn run(
         events,
     );
     let loop_task = tokio::spawn(node_loop.run(stop.clone()));
-    let link_task = config.coordinator.clone().map(|address| {
-        let link = coordinator_link::CoordinatorLink {
-            shared: shared.clone(),
-            loop_tx: loop_tx.clone(),
-            advertise: config
-                .advertise
-                .clone()
-                .unwrap_or_else(|| config.peers[&me].clone()),
-            address,
-            events: events_rx,
-        };
-        tokio::spawn(link.run(stop.clone()))
-    });
-
-    let mut links = Vec::new();
-    for channel in outgoing {
-        let address = config.peers[&channel.to].clone();
-        let link = peer_client::Link {
-            shared: shared.clone(),
-            loop_tx: loop_tx.clone(),
-            stats: out_stats[&channel].clone(),
-            faults: shared.faults[&channel].clone(),
-            channel,
-            config: peer_client::LinkConfig {
+    let links = TaskTracker::new();
+    let mut wirer = wiring::Wirer {
+        shared: shared.clone(),
+        loop_tx: loop_tx.clone(),
+        link_config: peer_client::LinkConfig {
+            reconnect_initial: config.reconnect_initial,
+            reconnect_max: config.reconnect_max,
+            window: buffer,
+        },
+        stop: stop.clone(),
+        tasks: links.clone(),
+        linked: BTreeSet::new(),
+    };
+    let link_task = match config.coordinator.clone() {
+        Some(address) => {
+            let link = coordinator_link::CoordinatorLink {
+                shared: shared.clone(),
+                loop_tx: loop_tx.clone(),
+                advertise: config.advertise.clone().unwrap_or_default(),
                 address,
-                reconnect_initial: config.reconnect_initial,
-                reconnect_max: config.reconnect_max,
-                window: buffer,
-            },
-        };
-        links.push(tokio::spawn(link.run(stop.clone())));
-    }
+                events: events_rx,
+                wirer,
+            };
+            Some(tokio::spawn(link.run(stop.clone())))
+        }
+        None => {
+            wirer.link_all();
+            None
+        }
+    };
 
     let (health, health_service) = tonic_health::server::health_reporter();
     for name in ["", "cairn.v1.Peer", "cairn.v1.App", "cairn.v1.NodeAdmin"] {
@@ -258,9 +240,8 @@ pub async fn run(
     if let Some(task) = link_task {
         let _ = task.await;
     }
-    for link in links {
-        let _ = link.await;
-    }
+    links.close();
+    links.wait().await;
     for server in [peer_server, app_server] {
         match tokio::time::timeout(Duration::from_secs(2), server).await {
             Ok(Ok(Err(e))) => tracing::warn!("server ended with an error: {e}"),

@@ -25,17 +25,14 @@ struct Args {
     /// The cluster's name; peers of another cluster are refused.
     #[arg(long, env = "CAIRN_CLUSTER", default_value = "cairn")]
     cluster: String,
-    /// Every member as ID=HOST:PORT (its peer address), this node included; comma-separated
-    /// or repeated.
-    #[arg(
-        long = "peer",
-        env = "CAIRN_PEERS",
-        value_delimiter = ',',
-        required = true
-    )]
+    /// Without --coordinator: every member as ID=HOST:PORT (its peer address), this node
+    /// included; comma-separated or repeated. With --coordinator: not allowed (the
+    /// coordinator hands out the members and their addresses).
+    #[arg(long = "peer", env = "CAIRN_PEERS", value_delimiter = ',')]
     peers: Vec<String>,
-    /// Directed channels as FROM>TO, comma-separated or repeated. Default: a full mesh of
-    /// the members.
+    /// Without --coordinator: directed channels as FROM>TO, comma-separated or repeated.
+    /// Default: a full mesh of the members. With --coordinator: not allowed (the
+    /// coordinator's topology applies).
     #[arg(long = "channel", env = "CAIRN_CHANNELS", value_delimiter = ',')]
     channels: Vec<String>,
     /// Address the peer service (peers, NodeAdmin, health, reflection) listens on.
@@ -45,12 +42,13 @@ struct Args {
     /// port for the application beside this daemon.
     #[arg(long, env = "CAIRN_APP_LISTEN", default_value = "127.0.0.1:7200")]
     app_listen: SocketAddr,
-    /// The coordinator's address (HOST:PORT). Without it the daemon runs alone: snapshots
-    /// are started through NodeAdmin/InitiateSnapshot.
+    /// The coordinator's address (HOST:PORT). The daemon registers there and takes its
+    /// members and channels from it. Without it the daemon runs alone with --peer, and
+    /// snapshots are started through NodeAdmin/InitiateSnapshot.
     #[arg(long, env = "CAIRN_COORDINATOR")]
     coordinator: Option<String>,
-    /// The peer address the coordinator lists for this node. Default: this node's entry in
-    /// --peer.
+    /// With --coordinator: the address (HOST:PORT) peers reach this daemon's --peer-listen
+    /// at, handed out by the coordinator. Default: --peer-listen, unless that is 0.0.0.0.
     #[arg(long, env = "CAIRN_ADVERTISE")]
     advertise: Option<String>,
     /// Messages each channel may hold in this daemon before the sender is pushed back.
@@ -151,7 +149,10 @@ fn config(args: &Args) -> Result<NodeConfig, cairn_node::ConfigError> {
     config.fault_injection = args.fault_injection;
     config.grace_period = args.grace_period;
     config.coordinator = args.coordinator.clone();
-    config.advertise = args.advertise.clone();
+    config.advertise = args.advertise.clone().or_else(|| {
+        (args.coordinator.is_some() && !args.peer_listen.ip().is_unspecified())
+            .then(|| args.peer_listen.to_string())
+    });
     config.topology()?;
     Ok(config)
 }

@@ -19,7 +19,7 @@ use tokio_util::sync::CancellationToken;
 use tonic::transport::{Channel, Endpoint};
 
 use crate::convert::plan_to_pb;
-use crate::node_loop::{ChannelFaults, LinkStats, LoopMsg, OutFrame, Shared};
+use crate::node_loop::{ChannelHandles, LoopMsg, OutFrame, Shared};
 
 /// Most frames asked of the node loop at once.
 const PULL_MAX: usize = 1024;
@@ -29,7 +29,6 @@ const BATCH_BYTES: usize = 1 << 20;
 /// Settings of the sending side.
 #[derive(Debug, Clone)]
 pub(crate) struct LinkConfig {
-    pub address: String,
     pub reconnect_initial: Duration,
     pub reconnect_max: Duration,
     /// Most unacknowledged frames.
@@ -41,8 +40,7 @@ pub(crate) struct Link {
     pub loop_tx: mpsc::Sender<LoopMsg>,
     pub channel: ChannelId,
     pub config: LinkConfig,
-    pub stats: Arc<LinkStats>,
-    pub faults: Arc<ChannelFaults>,
+    pub handles: Arc<ChannelHandles>,
 }
 
 struct State {
@@ -74,7 +72,7 @@ impl Link {
                     tracing::debug!(channel = %self.channel, %why, "channel down; reconnecting");
                 }
             }
-            if self.stats.connected.swap(false, Relaxed) {
+            if self.handles.stats.connected.swap(false, Relaxed) {
                 delay = self.config.reconnect_initial;
             }
             let jitter = rand::rng().random_range(0.5..1.5);
@@ -86,8 +84,16 @@ impl Link {
         }
     }
 
+    /// Connects to the peer at its current address (it may have moved since the last try).
     async fn connect(&self) -> Result<Channel, String> {
-        Endpoint::from_shared(format!("http://{}", self.config.address))
+        let address = self
+            .shared
+            .wiring()
+            .addresses
+            .get(&self.channel.to)
+            .cloned()
+            .ok_or_else(|| format!("no address for node {}", self.channel.to))?;
+        Endpoint::from_shared(format!("http://{address}"))
             .map_err(|e| e.to_string())?
             .connect_timeout(Duration::from_secs(2))
             .tcp_nodelay(true)
@@ -95,7 +101,7 @@ impl Link {
             .initial_connection_window_size(32 << 20)
             .connect()
             .await
-            .map_err(|e| format!("connect to {}: {e}", self.config.address))
+            .map_err(|e| format!("connect to {address}: {e}"))
     }
 
     /// One connection's life: handshake, resend, then send and acknowledge until it breaks.
@@ -160,7 +166,7 @@ impl Link {
                 }
             }
             state.next_seq = 1;
-            self.stats.unacked.store(0, Relaxed);
+            self.handles.stats.unacked.store(0, Relaxed);
             if self
                 .loop_tx
                 .send(LoopMsg::OutboundReset {
@@ -177,11 +183,11 @@ impl Link {
             self.acknowledge(state, accepted.acked_seq);
         }
         if state.peer_incarnation.is_some() {
-            self.stats.reconnects.fetch_add(1, Relaxed);
+            self.handles.stats.reconnects.fetch_add(1, Relaxed);
             self.shared.metrics.reconnects.inc();
         }
         state.peer_incarnation = Some(accepted.incarnation);
-        self.stats.connected.store(true, Relaxed);
+        self.handles.stats.connected.store(true, Relaxed);
         // Resend what the peer does not have, in order.
         let resend: Vec<(u64, OutFrame)> = state.unacked.iter().cloned().collect();
         for batch in batches(resend) {
@@ -205,7 +211,7 @@ impl Link {
             }
             tokio::select! {
                 _ = shutdown.cancelled() => return Ended::Shutdown,
-                _ = self.faults.cut.notified() => return Ended::Broken("cut by fault injection".into()),
+                _ = self.handles.faults.cut.notified() => return Ended::Broken("cut by fault injection".into()),
                 ack = acks.message() => match ack {
                     Ok(Some(pb::PeerAck { kind: Some(pb::peer_ack::Kind::Ack(ack)) })) => {
                         self.acknowledge(state, ack.seq);
@@ -223,8 +229,8 @@ impl Link {
                         state.unacked.push_back((state.next_seq, frame));
                         state.next_seq += 1;
                     }
-                    self.stats.unacked.store(state.unacked.len() as u64, Relaxed);
-                    let delay = self.faults.delay_ms.load(Relaxed);
+                    self.handles.stats.unacked.store(state.unacked.len() as u64, Relaxed);
+                    let delay = self.handles.faults.delay_ms.load(Relaxed);
                     if delay > 0 {
                         // Fault injection: every batch waits (frames keep their order).
                         tokio::time::sleep(Duration::from_millis(delay)).await;
@@ -259,9 +265,10 @@ impl Link {
             }
         }
         if data > 0 {
-            self.shared.out_credits[&self.channel].add_permits(data);
+            self.handles.credits.add_permits(data);
         }
-        self.stats
+        self.handles
+            .stats
             .unacked
             .store(state.unacked.len() as u64, Relaxed);
     }

@@ -15,7 +15,7 @@ use tonic::{Request, Response, Status, Streaming};
 
 use crate::convert::{InvalidInput, plan_from_pb};
 use crate::error::Error;
-use crate::node_loop::{InItem, LoopMsg, Shared};
+use crate::node_loop::{ChannelHandles, InItem, LoopMsg, Shared};
 
 /// The `Peer` service.
 pub(crate) struct PeerService {
@@ -40,7 +40,7 @@ impl pb::peer_server::Peer for PeerService {
         let Some(pb::peer_frame::Kind::Handshake(handshake)) = first.kind else {
             return Err(invalid("the first frame of a channel must be a handshake").into());
         };
-        let channel = self.check_handshake(&handshake)?;
+        let (channel, handles) = self.check_handshake(&handshake)?;
         let (reply, opened) = oneshot::channel();
         self.loop_tx
             .send(LoopMsg::InboundOpened {
@@ -66,6 +66,7 @@ impl pb::peer_server::Peer for PeerService {
             shared: self.shared.clone(),
             loop_tx: self.loop_tx.clone(),
             channel,
+            handles,
             incarnation: handshake.incarnation,
             expected: acked + 1,
         };
@@ -85,7 +86,10 @@ fn invalid(what: &str) -> Error {
 }
 
 impl PeerService {
-    fn check_handshake(&self, handshake: &pb::Handshake) -> Result<ChannelId, Error> {
+    fn check_handshake(
+        &self,
+        handshake: &pb::Handshake,
+    ) -> Result<(ChannelId, Arc<ChannelHandles>), Error> {
         if handshake.cluster != self.shared.cluster {
             return Err(Error::WrongCluster {
                 ours: self.shared.cluster.clone(),
@@ -99,16 +103,16 @@ impl PeerService {
             )));
         }
         let channel = ChannelId::new(handshake.from.as_str(), handshake.to.as_str());
-        if !self.shared.in_credits.contains_key(&channel) {
+        let Some(handles) = self.shared.channel(&channel) else {
             return Err(Error::Unknown(format!(
                 "no channel {channel} in the topology (is {} a member?)",
                 handshake.from
             )));
-        }
+        };
         if handshake.incarnation == 0 {
             return Err(invalid("handshake incarnation must not be 0"));
         }
-        Ok(channel)
+        Ok((channel, handles))
     }
 }
 
@@ -116,6 +120,7 @@ struct Reader {
     shared: Arc<Shared>,
     loop_tx: mpsc::Sender<LoopMsg>,
     channel: ChannelId,
+    handles: Arc<ChannelHandles>,
     incarnation: u64,
     /// The next sequence number this stream has not forwarded yet.
     expected: u64,
@@ -129,7 +134,7 @@ impl Reader {
         shutdown: CancellationToken,
     ) -> Result<(), Status> {
         loop {
-            let cut = &self.shared.faults[&self.channel].cut;
+            let cut = &self.handles.faults.cut;
             let frame = tokio::select! {
                 _ = shutdown.cancelled() => return Ok(()),
                 _ = cut.notified() => return Err(Status::unavailable(format!("{}: cut by fault injection", self.channel))),
@@ -224,7 +229,8 @@ impl Reader {
     /// is full, what is ready goes first, then the reader waits for credits — and stops
     /// reading the stream meanwhile.
     async fn forward(&mut self, items: Vec<InItem>) -> Result<(), Status> {
-        let credits = self.shared.in_credits[&self.channel].clone();
+        let handles = self.handles.clone();
+        let credits = &handles.credits;
         let mut ready = Vec::with_capacity(items.len());
         for item in items {
             if let InItem::Data(_) = item {

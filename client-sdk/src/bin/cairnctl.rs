@@ -270,6 +270,10 @@ async fn cluster_up(
         bin_dir: bin_dir()?,
     };
     let mut cluster = LocalCluster::start(&spec).await?;
+    if let Err(e) = cluster.wait_ready(Duration::from_secs(30)).await {
+        cluster.stop(Duration::from_secs(5)).await;
+        return Err(e);
+    }
     std::fs::write(&addresses, serde_json::to_vec_pretty(&cluster.addresses)?)?;
     eprintln!(
         "cluster up: coordinator {}, {} nodes; addresses in {}; logs in {}. Ctrl-C stops it.",
@@ -633,7 +637,7 @@ async fn demo(nodes: usize, workload: f64, dir: Option<PathBuf>) -> anyhow::Resu
         "starting a local cluster: 1 coordinator (embedded store), {nodes} node daemons, {nodes} banks at {workload} transfers/s each"
     );
     let cluster = LocalCluster::start(&spec).await?;
-    let result = demo_story(&cluster, nodes, initial_balance * nodes as u64).await;
+    let result = demo_story(&cluster, initial_balance * nodes as u64).await;
     cluster.stop(Duration::from_secs(5)).await;
     if temporary && result.is_ok() {
         let _ = std::fs::remove_dir_all(&data_dir);
@@ -643,7 +647,7 @@ async fn demo(nodes: usize, workload: f64, dir: Option<PathBuf>) -> anyhow::Resu
     result
 }
 
-async fn demo_story(cluster: &LocalCluster, nodes: usize, total: u64) -> anyhow::Result<ExitCode> {
+async fn demo_story(cluster: &LocalCluster, total: u64) -> anyhow::Result<ExitCode> {
     let address = &cluster.addresses.coordinator;
     let deadline = Instant::now() + Duration::from_secs(30);
     let mut client = loop {
@@ -656,54 +660,7 @@ async fn demo_story(cluster: &LocalCluster, nodes: usize, total: u64) -> anyhow:
             Err(e) => return Err(e.into()),
         }
     };
-    loop {
-        let registered = client
-            .raw()
-            .list_nodes(pb::ListNodesRequest {})
-            .await?
-            .into_inner()
-            .nodes
-            .len();
-        if registered == nodes {
-            break;
-        }
-        anyhow::ensure!(
-            Instant::now() < deadline,
-            "only {registered} of {nodes} nodes registered within 30 s (logs in {})",
-            cluster.addresses.data_dir.join("logs").display()
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    // Every bank must be attached before a snapshot reaches its daemon.
-    for node in &cluster.addresses.nodes {
-        loop {
-            let attached = async {
-                let mut admin = pb::node_admin_client::NodeAdminClient::connect(format!(
-                    "http://{}",
-                    node.peer
-                ))
-                .await?;
-                anyhow::Ok(
-                    admin
-                        .get_node_status(pb::GetNodeStatusRequest {})
-                        .await?
-                        .into_inner()
-                        .application_attached,
-                )
-            }
-            .await
-            .unwrap_or(false);
-            if attached {
-                break;
-            }
-            anyhow::ensure!(
-                Instant::now() < deadline,
-                "the bank beside {} did not attach within 30 s",
-                node.id
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    }
+    cluster.wait_ready(Duration::from_secs(30)).await?;
     // Let the workload run for a moment so that messages are in flight.
     tokio::time::sleep(Duration::from_secs(1)).await;
     let mut rows = Vec::new();

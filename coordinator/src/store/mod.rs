@@ -19,7 +19,7 @@ use std::future::Future;
 pub use etcd::EtcdKv;
 pub use file::FileKv;
 pub use records::{
-    ChunkList, FailureRecord, MemberRecord, PartRecord, SnapshotRecord, VerdictRecord,
+    ChunkList, FailureRecord, MemberRecord, PartRecord, RosterRecord, SnapshotRecord, VerdictRecord,
 };
 
 /// A metadata store that cannot be reached or answered wrongly.
@@ -139,6 +139,14 @@ impl Keys {
     /// One node's part.
     pub fn part(&self, id: u64, node: &str) -> String {
         format!("{}parts/{id:020}/{node}", self.root)
+    }
+    /// The roster: every node of the cluster.
+    pub fn roster(&self) -> String {
+        format!("{}roster/", self.root)
+    }
+    /// One node of the roster.
+    pub fn roster_node(&self, node: &str) -> String {
+        format!("{}roster/{node}", self.root)
     }
     /// Every member.
     pub fn members(&self) -> String {

@@ -126,8 +126,18 @@ pub struct MemberRecord {
     pub address: String,
     /// Its daemon's incarnation.
     pub incarnation: u64,
-    /// Its outgoing channels' receivers.
-    pub peers: Vec<String>,
     /// Milliseconds since the Unix epoch.
     pub registered_at_ms: u64,
+}
+
+/// A node of the cluster's roster: every node that has ever registered (and was not
+/// removed). The topology spans the roster, connected or not.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RosterRecord {
+    /// The node's id.
+    pub node: String,
+    /// Its peer address, as it last registered.
+    pub address: String,
+    /// Milliseconds since the Unix epoch of its first registration.
+    pub joined_at_ms: u64,
 }

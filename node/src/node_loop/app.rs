@@ -31,6 +31,7 @@ impl NodeLoop {
         tx.try_send(Ok(hello)).map_err(|_| Error::ShuttingDown)?;
         tracing::info!(session, "application attached");
         self.app = Some(App { session, tx });
+        self.peers_changed = false;
         Ok(())
     }
 
@@ -64,7 +65,9 @@ impl NodeLoop {
         if self.app.as_ref().map(|a| a.session) != Some(session) {
             // A session already replaced; its sends never entered a queue.
             for (channel, _) in &sends {
-                self.shared.out_credits[channel].add_permits(1);
+                if let Some(out) = self.outgoing.get(channel) {
+                    out.handles.credits.add_permits(1);
+                }
             }
             return;
         }
@@ -115,6 +118,13 @@ impl NodeLoop {
     /// of messages up to the next record request.
     pub(super) fn deliver(&mut self, permit: OwnedPermit<Result<pb::NodeToApp, Status>>) {
         use pb::node_to_app::Kind;
+        if self.peers_changed {
+            self.peers_changed = false;
+            let peers = self.outgoing.keys().map(|c| c.to.to_string()).collect();
+            let kind = Kind::Peers(pb::Peers { peers });
+            permit.send(Ok(pb::NodeToApp { kind: Some(kind) }));
+            return;
+        }
         if let Some(InboxItem::Record(id)) = self.inbox.front() {
             let id = *id;
             self.inbox.pop_front();
@@ -144,7 +154,7 @@ impl NodeLoop {
             else {
                 unreachable!()
             };
-            self.shared.in_credits[&channel].add_permits(1);
+            self.incoming[&channel].handles.credits.add_permits(1);
             messages.push(pb::Deliver {
                 from: channel.from.to_string(),
                 payload,

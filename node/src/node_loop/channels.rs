@@ -28,7 +28,7 @@ impl NodeLoop {
             incoming.next_index = 0;
             incoming.blocked = false;
             incoming.incarnation = incarnation;
-            self.shared.in_credits[channel].add_permits(held);
+            incoming.handles.credits.add_permits(held);
             self.feed(Event::ChannelReset {
                 channel: channel.clone(),
             });
@@ -45,11 +45,12 @@ impl NodeLoop {
         first_seq: u64,
         items: Vec<InItem>,
     ) {
-        let credits = self.shared.in_credits[&channel].clone();
         let incoming = self
             .incoming
             .get_mut(&channel)
             .expect("validated by the peer service");
+        let credits = incoming.handles.clone();
+        let credits = &credits.credits;
         if incoming.incarnation != incarnation {
             // A stream of an incarnation already replaced: its frames are void.
             credits.add_permits(
@@ -255,7 +256,7 @@ impl NodeLoop {
             });
         }
         for (channel, out) in &self.outgoing {
-            let stats = &self.shared.out_stats[channel];
+            let stats = &out.handles.stats;
             use std::sync::atomic::Ordering::Relaxed;
             channels.push(pb::ChannelStatus {
                 channel: Some(channel_to_pb(channel)),

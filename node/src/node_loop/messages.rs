@@ -2,8 +2,8 @@
 //! state they use without asking it.
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64};
+use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -117,6 +117,14 @@ pub(crate) enum LoopMsg {
         id: SnapshotId,
         reason: cairn_core::FailureReason,
     },
+    /// The membership grew: publish the new wiring and take up its channels. The loop
+    /// publishes it itself, so that whoever sees a new channel in `Shared` finds it in the
+    /// loop too.
+    Rewire {
+        wiring: Arc<Wiring>,
+        what: String,
+        reply: oneshot::Sender<()>,
+    },
 }
 
 /// Holding back an incoming channel's frames (fault injection).
@@ -147,6 +155,39 @@ pub(crate) struct LinkStats {
     pub unacked: AtomicU64,
 }
 
+/// What the parts of the daemon share about one channel of this node.
+#[derive(Debug)]
+pub(crate) struct ChannelHandles {
+    /// Incoming: messages held inside this daemon. Outgoing: messages queued or
+    /// unacknowledged. Each message takes one; the sender waits when none is left.
+    pub credits: Semaphore,
+    /// Outgoing only: kept by the channel's sending task.
+    pub stats: LinkStats,
+    /// Fault injection at this node's end.
+    pub faults: ChannelFaults,
+}
+
+impl ChannelHandles {
+    pub(crate) fn new(buffer: usize) -> Self {
+        Self {
+            credits: Semaphore::new(buffer),
+            stats: LinkStats::default(),
+            faults: ChannelFaults::default(),
+        }
+    }
+}
+
+/// The members and channels this node is wired to. Replaced whole when the membership
+/// grows; a channel keeps its handles across replacements.
+#[derive(Debug)]
+pub(crate) struct Wiring {
+    pub topology: Topology,
+    /// Every member's peer address.
+    pub addresses: BTreeMap<NodeId, String>,
+    /// This node's channels, incoming and outgoing.
+    pub channels: BTreeMap<ChannelId, Arc<ChannelHandles>>,
+}
+
 /// What every part of the daemon may read without asking the loop.
 #[derive(Debug)]
 pub(crate) struct Shared {
@@ -154,15 +195,28 @@ pub(crate) struct Shared {
     pub node_id: NodeId,
     pub cluster: String,
     pub incarnation: u64,
-    pub topology: Topology,
     pub max_payload: usize,
-    /// Credits of each incoming channel: messages held inside this daemon.
-    pub in_credits: BTreeMap<ChannelId, Arc<Semaphore>>,
-    /// Credits of each outgoing channel: messages queued or unacknowledged.
-    pub out_credits: BTreeMap<ChannelId, Arc<Semaphore>>,
-    pub out_stats: BTreeMap<ChannelId, Arc<LinkStats>>,
-    /// Fault injection handles of every channel of this node.
-    pub faults: BTreeMap<ChannelId, Arc<ChannelFaults>>,
+    /// Messages each channel may hold in this daemon.
+    pub channel_buffer: usize,
+    /// Read often, written when the membership changes; never held across an await.
+    pub wiring: RwLock<Arc<Wiring>>,
     /// Whether fault injection is allowed.
     pub fault_injection: bool,
+}
+
+impl Shared {
+    /// The current wiring.
+    pub(crate) fn wiring(&self) -> Arc<Wiring> {
+        self.wiring.read().expect("wiring lock").clone()
+    }
+
+    /// One channel's handles, if it is one of this node's.
+    pub(crate) fn channel(&self, channel: &ChannelId) -> Option<Arc<ChannelHandles>> {
+        self.wiring
+            .read()
+            .expect("wiring lock")
+            .channels
+            .get(channel)
+            .cloned()
+    }
 }

@@ -16,7 +16,7 @@ use tokio_util::sync::CancellationToken;
 use crate::coordinator_link::NodeEvent;
 use crate::error::Error;
 pub(crate) use messages::{
-    AppTx, ChannelFaults, HoldFault, InItem, LinkStats, LoopMsg, OutFrame, Shared,
+    AppTx, ChannelHandles, HoldFault, InItem, LoopMsg, OutFrame, Shared, Wiring,
 };
 use recording::Recordings;
 
@@ -33,8 +33,8 @@ enum InboxItem {
     Record(SnapshotId),
 }
 
-#[derive(Default)]
 struct Incoming {
+    handles: Arc<ChannelHandles>,
     /// The sending daemon's incarnation; 0 before the first contact.
     incarnation: u64,
     /// Highest sequence number taken in (processed or held).
@@ -53,6 +53,21 @@ struct Incoming {
 }
 
 impl Incoming {
+    fn new(handles: Arc<ChannelHandles>) -> Self {
+        Self {
+            handles,
+            incarnation: 0,
+            received_seq: 0,
+            generation: 0,
+            next_index: 0,
+            blocked: false,
+            held: VecDeque::new(),
+            data_messages: 0,
+            fault_hold: false,
+            release: 0,
+        }
+    }
+
     /// Whether the next held frame may go in.
     fn may_take(&self) -> bool {
         !self.blocked && (!self.fault_hold || self.release > 0)
@@ -70,12 +85,24 @@ enum OutItem {
     Marker(Plan),
 }
 
-#[derive(Default)]
 struct Outgoing {
+    handles: Arc<ChannelHandles>,
     queue: VecDeque<OutItem>,
     next_index: u64,
     pending_pull: Option<(usize, oneshot::Sender<Vec<OutFrame>>)>,
     data_messages: u64,
+}
+
+impl Outgoing {
+    fn new(handles: Arc<ChannelHandles>) -> Self {
+        Self {
+            handles,
+            queue: VecDeque::new(),
+            next_index: 0,
+            pending_pull: None,
+            data_messages: 0,
+        }
+    }
 }
 
 struct App {
@@ -93,6 +120,8 @@ pub(crate) struct NodeLoop {
     incoming: BTreeMap<ChannelId, Incoming>,
     outgoing: BTreeMap<ChannelId, Outgoing>,
     app: Option<App>,
+    /// The application has not been told its new peers yet.
+    peers_changed: bool,
     /// Snapshots whose record request the application has, and whose state is not complete.
     awaiting_state: BTreeSet<SnapshotId>,
     recordings: Recordings,
@@ -109,31 +138,55 @@ impl NodeLoop {
         keep_parts: usize,
         events: Option<mpsc::UnboundedSender<NodeEvent>>,
     ) -> Self {
-        let engine = SnapshotEngine::new(shared.node_id.clone(), shared.topology.clone());
-        let incoming = shared
-            .topology
-            .incoming(&shared.node_id)
-            .map(|c| (c, Incoming::default()))
-            .collect();
-        let outgoing = shared
-            .topology
-            .outgoing(&shared.node_id)
-            .map(|c| (c, Outgoing::default()))
-            .collect();
-        Self {
+        let wiring = shared.wiring();
+        let engine = SnapshotEngine::new(shared.node_id.clone(), wiring.topology.clone());
+        let mut this = Self {
             engine,
             rx,
             self_tx,
             inbox: VecDeque::new(),
-            incoming,
-            outgoing,
+            incoming: BTreeMap::new(),
+            outgoing: BTreeMap::new(),
             app: None,
+            peers_changed: false,
             awaiting_state: BTreeSet::new(),
             recordings: Recordings::new(shared.node_id.clone(), keep_parts, events),
             seen: BTreeSet::new(),
             pending: VecDeque::new(),
             shared,
+        };
+        this.take_up_channels(&wiring);
+        this
+    }
+
+    /// Adds the wiring's channels this loop does not have yet.
+    fn take_up_channels(&mut self, wiring: &Wiring) {
+        let me = &self.shared.node_id;
+        for channel in wiring.topology.incoming(me) {
+            let handles = wiring.channels[&channel].clone();
+            self.incoming
+                .entry(channel)
+                .or_insert_with(|| Incoming::new(handles));
         }
+        for channel in wiring.topology.outgoing(me) {
+            let handles = wiring.channels[&channel].clone();
+            self.outgoing
+                .entry(channel)
+                .or_insert_with(|| Outgoing::new(handles));
+        }
+    }
+
+    /// The membership grew: the new channels are taken up and published, and snapshots in
+    /// flight fail (they were planned over the old topology).
+    fn rewire(&mut self, wiring: Arc<Wiring>, what: String) {
+        tracing::info!(%what, channels = wiring.channels.len(), "membership changed");
+        self.take_up_channels(&wiring);
+        *self.shared.wiring.write().expect("wiring lock") = wiring.clone();
+        self.peers_changed = self.app.is_some();
+        self.feed(Event::TopologyChanged {
+            topology: wiring.topology.clone(),
+            what,
+        });
     }
 
     /// Runs until `shutdown`; then fails every snapshot in flight here with that reason.
@@ -166,7 +219,7 @@ impl NodeLoop {
     /// The application's stream, if there is something to hand it.
     fn deliverable(&self) -> Option<AppTx> {
         match &self.app {
-            Some(app) if !self.inbox.is_empty() => Some(app.tx.clone()),
+            Some(app) if !self.inbox.is_empty() || self.peers_changed => Some(app.tx.clone()),
             _ => None,
         }
     }
@@ -256,6 +309,14 @@ impl NodeLoop {
             LoopMsg::Abort { id, reason } => {
                 self.remember(id);
                 self.feed(Event::SnapshotAborted { id, reason });
+            }
+            LoopMsg::Rewire {
+                wiring,
+                what,
+                reply,
+            } => {
+                self.rewire(wiring, what);
+                let _ = reply.send(());
             }
         }
     }
