@@ -64,9 +64,13 @@ pub struct LocalCluster {
 }
 
 /// A free port below the kernel's ephemeral range, so that no outgoing connection of the
-/// processes already started can take it before its own process binds it.
+/// processes already started can take it before its own process binds it. A port is never
+/// handed out twice by one process: between the check and the bind of the process it is
+/// for, nothing else here may draw it again.
 pub fn free_port() -> std::io::Result<u16> {
     use rand::Rng;
+    static GIVEN: std::sync::Mutex<std::collections::BTreeSet<u16>> =
+        std::sync::Mutex::new(std::collections::BTreeSet::new());
     let ephemeral: u16 = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
         .ok()
         .and_then(|s| s.split_whitespace().next()?.parse().ok())
@@ -75,7 +79,9 @@ pub fn free_port() -> std::io::Result<u16> {
     let mut rng = rand::rng();
     for _ in 0..1000 {
         let port = rng.random_range(low..ephemeral);
-        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+        let mut given = GIVEN.lock().expect("never poisoned");
+        if !given.contains(&port) && std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            given.insert(port);
             return Ok(port);
         }
     }

@@ -381,25 +381,18 @@ impl pb::coordinator_server::Coordinator for CoordinatorService {
         })
         .await??;
         let invalid = |e: cairn_node::convert::InvalidInput| Error::InvalidArgument(e.to_string());
-        let incoming: BTreeMap<_, _> = header
-            .incoming
-            .iter()
-            .map(incoming_from_pb)
-            .collect::<Result<_, _>>()
-            .map_err(invalid)?;
-        let outgoing: BTreeMap<_, _> = header
-            .outgoing
-            .iter()
-            .map(outgoing_from_pb)
-            .collect::<Result<_, _>>()
-            .map_err(invalid)?;
         let blob_error = |e: std::io::Error| Error::Blob(e.to_string());
         let mut local_state = self.blobs.writer();
         let mut channel_states = self.blobs.writer();
         let mut recorded: BTreeMap<ChannelId, Vec<u64>> = BTreeMap::new();
         let mut messages = 0u64;
+        let mut cut = None;
         while let Some(chunk) = chunks.message().await? {
+            if cut.is_some() {
+                return Err(Error::InvalidArgument("a message after the cut".into()).into());
+            }
             match chunk.kind {
+                Some(Kind::Cut(c)) => cut = Some(c),
                 Some(Kind::LocalState(bytes)) => {
                     local_state.write(&bytes).await.map_err(blob_error)?
                 }
@@ -420,6 +413,24 @@ impl pb::coordinator_server::Coordinator for CoordinatorService {
                 }
             }
         }
+        let Some(cut) = cut else {
+            return Err(Error::InvalidArgument(format!(
+                "the upload of {node}'s part of snapshot {id} ended without its cut"
+            ))
+            .into());
+        };
+        let incoming: BTreeMap<_, _> = cut
+            .incoming
+            .iter()
+            .map(incoming_from_pb)
+            .collect::<Result<_, _>>()
+            .map_err(invalid)?;
+        let outgoing: BTreeMap<_, _> = cut
+            .outgoing
+            .iter()
+            .map(outgoing_from_pb)
+            .collect::<Result<_, _>>()
+            .map_err(invalid)?;
         let local_state = local_state.finish().await.map_err(blob_error)?;
         let channel_states = channel_states.finish().await.map_err(blob_error)?;
         let bytes_new = local_state.new + channel_states.new;

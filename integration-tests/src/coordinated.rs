@@ -302,6 +302,11 @@ impl CoordinatedCluster {
 
     /// Follows snapshot `id` until it ends; returns it with its data.
     pub async fn wait(&self, id: u64) -> anyhow::Result<pb::Snapshot> {
+        self.wait_with(id, true).await
+    }
+
+    /// As [`Self::wait`], with the states and recorded messages only if `include_data`.
+    pub async fn wait_with(&self, id: u64, include_data: bool) -> anyhow::Result<pb::Snapshot> {
         let mut client = self.client().await?;
         let mut stream = client
             .watch_snapshot(pb::WatchSnapshotRequest { snapshot_id: id })
@@ -321,7 +326,7 @@ impl CoordinatedCluster {
         Ok(client
             .get_snapshot(pb::GetSnapshotRequest {
                 snapshot_id: id,
-                include_data: true,
+                include_data,
             })
             .await?
             .into_inner())
@@ -374,6 +379,16 @@ impl CoordinatedCluster {
     /// The money there is.
     pub fn total(&self) -> u64 {
         self.initial_balance * self.nodes.iter().filter(|n| n.bank.is_some()).count() as u64
+    }
+
+    /// The process id of node `i`'s daemon, if it runs.
+    pub fn node_pid(&self, i: usize) -> Option<u32> {
+        self.nodes[i].node.as_ref().map(ChildGuard::pid)
+    }
+
+    /// The coordinator's process id, if it runs.
+    pub fn coordinator_pid(&self) -> Option<u32> {
+        self.coordinator_process.as_ref().map(ChildGuard::pid)
     }
 
     /// Where the logs are.

@@ -1,7 +1,6 @@
 //! Real processes for tests: the built binaries, started on free loopback ports and
 //! killed (by pid) when their guard drops, pass or fail.
 
-use std::net::TcpListener;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
@@ -73,24 +72,10 @@ impl Drop for ChildGuard {
     }
 }
 
-/// A free TCP port on 127.0.0.1 for a process to listen on. It is drawn below the
-/// kernel's ephemeral range (read from /proc), so that the outgoing connections of the
-/// processes already running cannot take it before its process binds it.
+/// A free TCP port on 127.0.0.1 for a process to listen on (see
+/// [`cairn_sdk::local_cluster::free_port`]: never the same port twice in one process).
 pub fn free_port() -> u16 {
-    use rand::Rng;
-    let ephemeral_start: u16 = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
-        .ok()
-        .and_then(|s| s.split_whitespace().next()?.parse().ok())
-        .unwrap_or(32768);
-    let low = 10_000.min(ephemeral_start / 2);
-    let mut rng = rand::rng();
-    for _ in 0..1000 {
-        let port = rng.random_range(low..ephemeral_start);
-        if TcpListener::bind(("127.0.0.1", port)).is_ok() {
-            return port;
-        }
-    }
-    panic!("no free port below {ephemeral_start} after 1000 tries")
+    cairn_sdk::local_cluster::free_port().expect("a free port below the ephemeral range")
 }
 
 /// The directory holding the workspace's built binaries (next to the test executable).

@@ -15,7 +15,7 @@ use tonic::{Request, Response, Status, Streaming};
 
 use crate::convert::InvalidInput;
 use crate::error::Error;
-use crate::node_loop::{LoopMsg, Shared};
+use crate::node_loop::{LoopMsg, Shared, StateChunk};
 
 /// The `App` service.
 pub(crate) struct AppService {
@@ -109,10 +109,24 @@ impl SessionReader {
                     if state.snapshot_id == 0 {
                         return Err(invalid("StateRecorded for snapshot 0").into());
                     }
+                    // Wait for upload room: a large state flows on to the coordinator as
+                    // it arrives instead of piling up here.
+                    let want = state.chunk.len().clamp(1, crate::UPLOAD_ROOM) as u32;
+                    let room = self
+                        .shared
+                        .upload_room
+                        .clone()
+                        .acquire_many_owned(want)
+                        .await
+                        .map_err(|_| Error::ShuttingDown)?;
+                    let chunk = StateChunk {
+                        bytes: state.chunk,
+                        room,
+                    };
                     self.to_loop(LoopMsg::AppState {
                         session: self.session,
                         id: SnapshotId(state.snapshot_id),
-                        chunk: state.chunk,
+                        chunk,
                         last: state.last,
                     })
                     .await?;

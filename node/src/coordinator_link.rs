@@ -5,7 +5,6 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::Bytes;
 use cairn_core::{FailureReason, SnapshotId};
 use cairn_proto::v1 as pb;
 use rand::Rng;
@@ -15,13 +14,13 @@ use tokio_util::sync::CancellationToken;
 use tonic::transport::{Channel, Endpoint};
 
 use crate::convert::{failure_to_pb, plan_from_pb};
-use crate::node_loop::{LoopMsg, Shared};
+use crate::node_loop::{LoopMsg, Shared, StateChunk};
 use crate::wiring::Wirer;
 
 /// How often the node tells the coordinator it is alive, and whether its application is.
 const HEARTBEAT: Duration = Duration::from_secs(2);
 
-/// Largest piece of a state or of a channel's messages per upload message.
+/// Largest piece of a channel's recorded messages per upload message.
 const UPLOAD_CHUNK: usize = 1 << 20;
 
 /// What the node loop tells the coordinator.
@@ -29,7 +28,9 @@ const UPLOAD_CHUNK: usize = 1 << 20;
 pub(crate) enum NodeEvent {
     /// The application recorded its state for this snapshot.
     StateRecorded(SnapshotId),
-    /// This node's part is complete.
+    /// The next piece of the application's state (streamed into the part's upload).
+    StateChunk { id: SnapshotId, chunk: StateChunk },
+    /// This node's part is complete (its state, if any, went ahead in pieces).
     PartReady(Box<pb::LocalSnapshot>),
     /// The snapshot failed here.
     Failed(SnapshotId, FailureReason),
@@ -43,6 +44,8 @@ pub(crate) struct CoordinatorLink {
     pub events: mpsc::UnboundedReceiver<NodeEvent>,
     /// Wires the node to the members the coordinator names.
     pub wirer: Wirer,
+    /// Uploads under way, by snapshot.
+    pub uploads: std::collections::BTreeMap<u64, mpsc::UnboundedSender<UploadItem>>,
 }
 
 impl CoordinatorLink {
@@ -166,7 +169,7 @@ impl CoordinatorLink {
     }
 
     async fn report(
-        &self,
+        &mut self,
         event: NodeEvent,
         tx: &mpsc::Sender<pb::NodeToCoordinator>,
         client: &pb::coordinator_client::CoordinatorClient<Channel>,
@@ -174,43 +177,20 @@ impl CoordinatorLink {
         use pb::node_snapshot_event::Kind;
         let (id, kind) = match event {
             NodeEvent::StateRecorded(id) => (id, Kind::StateRecorded(pb::Empty {})),
-            NodeEvent::Failed(id, reason) => (id, Kind::Failed(failure_to_pb(&reason))),
+            NodeEvent::Failed(id, reason) => {
+                // Dropping its items ends the upload without a cut: the coordinator keeps
+                // nothing of it.
+                self.uploads.remove(&id.0);
+                (id, Kind::Failed(failure_to_pb(&reason)))
+            }
+            NodeEvent::StateChunk { id, chunk } => {
+                let _ = self.upload(id.0, tx, client).send(UploadItem::State(chunk));
+                return Ok(());
+            }
             NodeEvent::PartReady(part) => {
-                let mut client = client.clone();
-                let node = self.shared.node_id.clone();
-                let incarnation = self.shared.incarnation;
-                let tx = tx.clone();
-                tokio::spawn(async move {
-                    let id = part.snapshot_id;
-                    match client
-                        .upload_snapshot_part(upload_stream(*part, incarnation))
-                        .await
-                    {
-                        Ok(r) => {
-                            let r = r.into_inner();
-                            tracing::debug!(
-                                snapshot = id,
-                                new = r.bytes_new,
-                                reused = r.bytes_reused,
-                                "part uploaded"
-                            );
-                        }
-                        Err(s) => {
-                            tracing::warn!(snapshot = id, %node, "upload refused: {}", s.message());
-                            // Tell the coordinator now rather than let the snapshot time out.
-                            let why = format!("upload of {node}'s part failed: {}", s.message());
-                            let reason = failure_to_pb(&FailureReason::Storage(why));
-                            let event = pb::NodeSnapshotEvent {
-                                snapshot_id: id,
-                                kind: Some(pb::node_snapshot_event::Kind::Failed(reason)),
-                            };
-                            let message = pb::NodeToCoordinator {
-                                kind: Some(pb::node_to_coordinator::Kind::Snapshot(event)),
-                            };
-                            let _ = tx.send(message).await;
-                        }
-                    }
-                });
+                let id = part.snapshot_id;
+                let _ = self.upload(id, tx, client).send(UploadItem::Finish(part));
+                self.uploads.remove(&id);
                 return Ok(());
             }
         };
@@ -226,61 +206,136 @@ impl CoordinatorLink {
             .await
             .map_err(|_| "session closed".to_owned())
     }
+
+    /// The upload of snapshot `id`'s part, started at its first piece.
+    fn upload(
+        &mut self,
+        id: u64,
+        session: &mpsc::Sender<pb::NodeToCoordinator>,
+        client: &pb::coordinator_client::CoordinatorClient<Channel>,
+    ) -> &mpsc::UnboundedSender<UploadItem> {
+        self.uploads.entry(id).or_insert_with(|| {
+            let (items, rx) = mpsc::unbounded_channel();
+            let header = pb::UploadHeader {
+                snapshot_id: id,
+                node_id: self.shared.node_id.to_string(),
+                incarnation: self.shared.incarnation,
+            };
+            tokio::spawn(upload(client.clone(), header, rx, session.clone()));
+            items
+        })
+    }
 }
 
-/// A part as upload messages: the header, the local state in chunks, then each channel's
-/// messages in pieces of at most `UPLOAD_CHUNK` bytes.
-fn upload_stream(
-    part: pb::LocalSnapshot,
-    incarnation: u64,
-) -> tokio_stream::Iter<std::vec::IntoIter<pb::UploadChunk>> {
+/// What goes into a part's upload, in order.
+pub(crate) enum UploadItem {
+    /// The next piece of the state.
+    State(StateChunk),
+    /// The part is complete: its channel states and cut close the upload.
+    Finish(Box<pb::LocalSnapshot>),
+}
+
+/// Streams one part to the coordinator as its pieces come. The stream holds a few pieces at
+/// most; each piece gives its upload room back once it is in the stream. If the items end
+/// without `Finish`, the snapshot failed here and the upload is dropped quietly; if the
+/// coordinator refuses or fails the upload, the snapshot is reported failed (storage).
+async fn upload(
+    mut client: pb::coordinator_client::CoordinatorClient<Channel>,
+    header: pb::UploadHeader,
+    mut items: mpsc::UnboundedReceiver<UploadItem>,
+    session: mpsc::Sender<pb::NodeToCoordinator>,
+) {
     use pb::upload_chunk::Kind;
-    let mut chunks = vec![pb::UploadChunk {
-        kind: Some(Kind::Header(pb::UploadHeader {
-            snapshot_id: part.snapshot_id,
-            node_id: part.node_id.clone(),
-            incarnation,
-            incoming: part.incoming,
-            outgoing: part.outgoing,
-        })),
-    }];
-    let state: Bytes = part.local_state;
-    let mut at = 0;
-    while at < state.len() {
-        let end = (at + UPLOAD_CHUNK).min(state.len());
-        chunks.push(pb::UploadChunk {
-            kind: Some(Kind::LocalState(state.slice(at..end))),
-        });
-        at = end;
+    let (id, node) = (header.snapshot_id, header.node_id.clone());
+    let (tx, rx) = mpsc::channel(4);
+    let message = |kind| pb::UploadChunk { kind: Some(kind) };
+    let _ = tx.send(message(Kind::Header(header))).await;
+    let call =
+        tokio::spawn(async move { client.upload_snapshot_part(ReceiverStream::new(rx)).await });
+    let mut aborted = true;
+    'items: while let Some(item) = items.recv().await {
+        match item {
+            UploadItem::State(StateChunk { bytes, room }) => {
+                if tx.send(message(Kind::LocalState(bytes))).await.is_err() {
+                    aborted = false; // the call ended: its result says why
+                    break;
+                }
+                drop(room); // in the stream: room for the next piece
+            }
+            UploadItem::Finish(part) => {
+                aborted = false;
+                for piece in channel_pieces(part.channel_states) {
+                    if tx.send(message(Kind::ChannelState(piece))).await.is_err() {
+                        break 'items;
+                    }
+                }
+                let cut = pb::UploadCut {
+                    incoming: part.incoming,
+                    outgoing: part.outgoing,
+                };
+                let _ = tx.send(message(Kind::Cut(cut))).await;
+                break;
+            }
+        }
     }
-    for channel_state in part.channel_states {
+    drop(tx);
+    let result = call.await;
+    if aborted {
+        return;
+    }
+    let why = match result {
+        Ok(Ok(r)) => {
+            let r = r.into_inner();
+            tracing::debug!(
+                snapshot = id,
+                new = r.bytes_new,
+                reused = r.bytes_reused,
+                "part uploaded"
+            );
+            return;
+        }
+        Ok(Err(s)) => s.message().to_owned(),
+        Err(e) => e.to_string(),
+    };
+    tracing::warn!(snapshot = id, %node, "upload failed: {why}");
+    // Tell the coordinator now rather than let the snapshot time out.
+    let reason = failure_to_pb(&FailureReason::Storage(format!(
+        "upload of {node}'s part failed: {why}"
+    )));
+    let event = pb::NodeSnapshotEvent {
+        snapshot_id: id,
+        kind: Some(pb::node_snapshot_event::Kind::Failed(reason)),
+    };
+    let message = pb::NodeToCoordinator {
+        kind: Some(pb::node_to_coordinator::Kind::Snapshot(event)),
+    };
+    let _ = session.send(message).await;
+}
+
+/// Each channel's recorded messages in pieces of at most about `UPLOAD_CHUNK` bytes.
+fn channel_pieces(states: Vec<pb::ChannelState>) -> Vec<pb::ChannelState> {
+    let mut pieces = Vec::new();
+    for state in states {
         let mut piece = pb::ChannelState {
-            channel: channel_state.channel.clone(),
+            channel: state.channel.clone(),
             messages: Vec::new(),
         };
         let mut size = 0;
-        for message in channel_state.messages {
+        for message in state.messages {
             size += message.payload.len() + 16;
             piece.messages.push(message);
             if size >= UPLOAD_CHUNK {
-                let full = std::mem::replace(
-                    &mut piece,
-                    pb::ChannelState {
-                        channel: channel_state.channel.clone(),
-                        messages: Vec::new(),
-                    },
-                );
-                chunks.push(pb::UploadChunk {
-                    kind: Some(Kind::ChannelState(full)),
-                });
+                let empty = pb::ChannelState {
+                    channel: state.channel.clone(),
+                    messages: Vec::new(),
+                };
+                pieces.push(std::mem::replace(&mut piece, empty));
                 size = 0;
             }
         }
         if !piece.messages.is_empty() {
-            chunks.push(pb::UploadChunk {
-                kind: Some(Kind::ChannelState(piece)),
-            });
+            pieces.push(piece);
         }
     }
-    tokio_stream::iter(chunks)
+    pieces
 }

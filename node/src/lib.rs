@@ -59,6 +59,8 @@ use node_loop::{LoopMsg, NodeLoop, Shared};
 
 /// Largest gRPC message a daemon accepts.
 const MAX_MESSAGE: usize = 64 << 20;
+/// Bytes of recorded state on their way from the application to the coordinator at once.
+pub(crate) const UPLOAD_ROOM: usize = 8 << 20;
 /// HTTP/2 stream window of the application session, in bytes.
 const APP_STREAM_WINDOW: u32 = 256 << 10;
 
@@ -113,6 +115,7 @@ pub async fn run(
         channel_buffer: buffer,
         wiring: RwLock::new(Arc::new(first)),
         fault_injection: config.fault_injection,
+        upload_room: Arc::new(tokio::sync::Semaphore::new(UPLOAD_ROOM)),
     });
 
     let stop = CancellationToken::new();
@@ -149,6 +152,7 @@ pub async fn run(
                 address,
                 events: events_rx,
                 wirer,
+                uploads: std::collections::BTreeMap::new(),
             };
             Some(tokio::spawn(link.run(stop.clone())))
         }

@@ -208,16 +208,17 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 let rows: Vec<_> = nodes
                     .nodes
                     .iter()
-                    .map(|n| serde_json::json!({"node_id": n.node_id, "address": n.address, "incarnation": n.incarnation, "application_attached": n.application_attached, "last_seen_ms": n.last_seen_ms}))
+                    .map(|n| serde_json::json!({"node_id": n.node_id, "address": n.address, "incarnation": n.incarnation, "connected": n.connected, "application_attached": n.application_attached, "last_seen_ms": n.last_seen_ms}))
                     .collect();
                 println!("{}", serde_json::to_string_pretty(&rows)?);
             } else {
                 table(
-                    &["NODE", "ADDRESS", "INCARNATION", "APPLICATION"],
+                    &["NODE", "ADDRESS", "CONNECTED", "INCARNATION", "APPLICATION"],
                     nodes.nodes.iter().map(|n| {
                         vec![
                             n.node_id.clone(),
                             n.address.clone(),
+                            if n.connected { "yes" } else { "no" }.into(),
                             n.incarnation.to_string(),
                             if n.application_attached {
                                 "attached".into()

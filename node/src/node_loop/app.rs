@@ -9,7 +9,7 @@ use cairn_proto::v1 as pb;
 use tokio::sync::mpsc::OwnedPermit;
 use tonic::Status;
 
-use super::{App, AppTx, DELIVER_BATCH, InboxItem, NodeLoop, OutItem};
+use super::{App, AppTx, DELIVER_BATCH, InboxItem, NodeLoop, OutItem, StateChunk};
 use crate::error::Error;
 
 impl NodeLoop {
@@ -98,14 +98,20 @@ impl NodeLoop {
 
     /// A chunk of recorded state. The first chunk is the cut: the engine learns of it
     /// then. The part completes once the last chunk is in.
-    pub(super) fn on_app_state(&mut self, session: u64, id: SnapshotId, chunk: Bytes, last: bool) {
+    pub(super) fn on_app_state(
+        &mut self,
+        session: u64,
+        id: SnapshotId,
+        chunk: StateChunk,
+        last: bool,
+    ) {
         if self.app.as_ref().map(|a| a.session) != Some(session)
             || !self.awaiting_state.contains(&id)
         {
             tracing::debug!(snapshot = %id, "state for a snapshot not awaiting one: ignored");
             return;
         }
-        if self.recordings.state_chunk(id, chunk, last) {
+        if self.recordings.state_chunk(id, chunk) {
             self.feed(Event::StateRecorded { id });
         }
         if last {

@@ -9,7 +9,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use cairn_core::{ChannelId, NodeId, Plan, SnapshotId, SnapshotMode, Topology};
 use cairn_proto::v1 as pb;
-use tokio::sync::{Semaphore, mpsc, oneshot};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, oneshot};
 use tonic::Status;
 
 use crate::error::Error;
@@ -87,7 +87,7 @@ pub(crate) enum LoopMsg {
     AppState {
         session: u64,
         id: SnapshotId,
-        chunk: Bytes,
+        chunk: StateChunk,
         last: bool,
     },
     /// The application's session ended.
@@ -155,6 +155,16 @@ pub(crate) struct LinkStats {
     pub unacked: AtomicU64,
 }
 
+/// A piece of the application's recorded state. It holds its share of the upload room
+/// (`Shared::upload_room`) until it is on its way to the coordinator, so a large state
+/// flows through the daemon without piling up in it: the application's session waits for
+/// room instead.
+#[derive(Debug)]
+pub(crate) struct StateChunk {
+    pub bytes: Bytes,
+    pub room: OwnedSemaphorePermit,
+}
+
 /// What the parts of the daemon share about one channel of this node.
 #[derive(Debug)]
 pub(crate) struct ChannelHandles {
@@ -202,6 +212,8 @@ pub(crate) struct Shared {
     pub wiring: RwLock<Arc<Wiring>>,
     /// Whether fault injection is allowed.
     pub fault_injection: bool,
+    /// Bytes of recorded state that may be on their way to the coordinator at once.
+    pub upload_room: Arc<Semaphore>,
 }
 
 impl Shared {

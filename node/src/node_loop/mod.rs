@@ -16,7 +16,7 @@ use tokio_util::sync::CancellationToken;
 use crate::coordinator_link::NodeEvent;
 use crate::error::Error;
 pub(crate) use messages::{
-    AppTx, ChannelHandles, HoldFault, InItem, LoopMsg, OutFrame, Shared, Wiring,
+    AppTx, ChannelHandles, HoldFault, InItem, LoopMsg, OutFrame, Shared, StateChunk, Wiring,
 };
 use recording::Recordings;
 

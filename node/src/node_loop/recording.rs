@@ -1,5 +1,10 @@
 //! What this node recorded for each snapshot — the application's state and the channel
 //! messages — until its part is complete, and the completed parts afterwards.
+//!
+//! With a coordinator, the state is not kept: each piece goes on to the coordinator link as
+//! it arrives (streamed into the part's upload), and the parts kept here for
+//! `GetLocalSnapshot` hold the counters and recorded messages without the state. Without
+//! one, the state is kept with the part.
 
 use std::collections::BTreeMap;
 
@@ -9,12 +14,14 @@ use cairn_proto::v1 as pb;
 
 use tokio::sync::mpsc;
 
+use super::StateChunk;
 use crate::convert::{channel_to_pb, incoming_to_pb, outgoing_to_pb};
 use crate::coordinator_link::NodeEvent;
 use crate::error::Error;
 
 #[derive(Default)]
 struct Recording {
+    /// Kept only without a coordinator.
     state: Vec<Bytes>,
     state_started: bool,
     state_done: bool,
@@ -62,15 +69,19 @@ impl Recordings {
     }
 
     /// Adds a chunk of the application's state; true for the first one.
-    pub(super) fn state_chunk(&mut self, id: SnapshotId, chunk: Bytes, _last: bool) -> bool {
+    pub(super) fn state_chunk(&mut self, id: SnapshotId, chunk: StateChunk) -> bool {
         let recording = self.active.entry(id).or_default();
         let first = !recording.state_started;
         recording.state_started = true;
-        if !chunk.is_empty() {
-            recording.state.push(chunk);
-        }
-        if first {
-            self.tell(NodeEvent::StateRecorded(id));
+        if self.events.is_none() {
+            if !chunk.bytes.is_empty() {
+                recording.state.push(chunk.bytes);
+            }
+        } else {
+            if first {
+                self.tell(NodeEvent::StateRecorded(id));
+            }
+            self.tell(NodeEvent::StateChunk { id, chunk });
         }
         first
     }
