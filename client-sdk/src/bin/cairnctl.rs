@@ -45,6 +45,18 @@ enum Command {
     Snapshot(SnapshotCommand),
     /// List the registered node daemons.
     Nodes,
+    /// Ask any cairn server (coordinator, node daemon, bank) for its gRPC health; exits 0
+    /// only when it answers SERVING. For container healthchecks and probes.
+    Health {
+        /// The server's address (HOST:PORT).
+        address: String,
+        /// The service to ask about; empty: the server as a whole.
+        #[arg(long, default_value = "")]
+        service: String,
+        /// How long to wait for an answer.
+        #[arg(long, default_value = "2s", value_parser = humantime::parse_duration)]
+        timeout: Duration,
+    },
     /// Run a local cluster (a coordinator, N node daemons, N bank apps) on loopback.
     #[command(subcommand)]
     Cluster(ClusterCommand),
@@ -197,6 +209,11 @@ fn main() -> ExitCode {
 async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
         Command::Snapshot(command) => snapshot(&cli.coordinator, cli.output, command).await,
+        Command::Health {
+            address,
+            service,
+            timeout,
+        } => health(&address, &service, timeout).await,
         Command::Nodes => {
             let mut client = CoordinatorClient::connect(&cli.coordinator).await?;
             let nodes = client
@@ -725,5 +742,42 @@ async fn demo_story(cluster: &LocalCluster, total: u64) -> anyhow::Result<ExitCo
             cluster.addresses.data_dir.join("logs").display()
         );
         Ok(ExitCode::FAILURE)
+    }
+}
+
+/// `cairnctl health`: SERVING → 0; anything else, or no answer, → 1 with the reason.
+async fn health(address: &str, service: &str, timeout: Duration) -> anyhow::Result<ExitCode> {
+    use tonic_health::pb::{
+        HealthCheckRequest, health_check_response::ServingStatus, health_client::HealthClient,
+    };
+    let ask = async {
+        let channel = tonic::transport::Endpoint::from_shared(format!("http://{address}"))?
+            .connect()
+            .await?;
+        let answer = HealthClient::new(channel)
+            .check(HealthCheckRequest {
+                service: service.to_owned(),
+            })
+            .await?
+            .into_inner();
+        anyhow::Ok(answer.status())
+    };
+    match tokio::time::timeout(timeout, ask).await {
+        Ok(Ok(ServingStatus::Serving)) => {
+            println!("SERVING");
+            Ok(ExitCode::SUCCESS)
+        }
+        Ok(Ok(status)) => {
+            println!("{}", status.as_str_name());
+            Ok(ExitCode::FAILURE)
+        }
+        Ok(Err(e)) => {
+            eprintln!("error: {address}: {e:#}");
+            Ok(ExitCode::FAILURE)
+        }
+        Err(_) => {
+            eprintln!("error: {address}: no answer within {timeout:?}");
+            Ok(ExitCode::FAILURE)
+        }
     }
 }
