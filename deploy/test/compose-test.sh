@@ -96,15 +96,19 @@ wait_for() { # SECONDS WHAT COMMAND...: retries COMMAND every 0.5 s
   done
 }
 ready() { # every node connected and every bank knowing its two peers
-  gc "$coordinator" cairn.v1.Coordinator/ListNodes | json "sum(1 for n in d.get('nodes',[]) if n.get('connected'))" | grep -qx 3 &&
+  local n
+  n=$(gc "$coordinator" cairn.v1.Coordinator/ListNodes | json "sum(1 for n in d.get('nodes',[]) if n.get('connected'))") &&
+  [ "$n" = 3 ] || return 1
   for port in $p6 $p7 $p8; do
-    gc "127.0.0.1:$port" cairn.bank.v1.Bank/GetBalance | json "len(d.get('peers',[]))" | grep -qx 2 || return 1
+    n=$(gc "127.0.0.1:$port" cairn.bank.v1.Bank/GetBalance | json "len(d.get('peers',[]))") && [ "$n" = 2 ] || return 1
   done
 }
 wait_for 120 "the cluster ready (3 nodes connected, banks attached)" ready
 say "ready"
 
-gc "$coordinator" list | grep -qx cairn.v1.Coordinator || fail "reflection does not list cairn.v1.Coordinator"
+# (Output captured first: with pipefail, grep -q closing the pipe early would fail grpcurl.)
+services=$(gc "$coordinator" list) || fail "grpcurl list"
+grep -qx cairn.v1.Coordinator <<<"$services" || fail "reflection does not list cairn.v1.Coordinator: $services"
 gc -d '{"to":"n2","amount":5}' "127.0.0.1:$p6" cairn.bank.v1.Bank/Transfer >/dev/null || fail "transfer n1 -> n2"
 
 snapshot_status() { gc -d "{\"snapshot_id\":$1}" "$coordinator" cairn.v1.Coordinator/GetSnapshot | json "d['status']"; }
@@ -148,7 +152,11 @@ say "etcdctl shows $key COMPLETED"
 # --- a node stopped in the middle of a snapshot ---------------------------------------
 gc -d '{"channel":{"from":"n1","to":"n2"},"hold":{}}' "127.0.0.1:$p4" cairn.v1.NodeAdmin/InjectFault >/dev/null || fail "hold n1->n2"
 id=$(start '{"initiators":["n1"]}') || fail "StartSnapshot"
-recorded() { gc -d "{\"snapshot_id\":$id}" "$coordinator" cairn.v1.Coordinator/GetSnapshot | json "sum(1 for n in d['nodes'] if n.get('recorded'))" | grep -qx 3; }
+recorded() {
+  local n
+  n=$(gc -d "{\"snapshot_id\":$id}" "$coordinator" cairn.v1.Coordinator/GetSnapshot | json "sum(1 for n in d['nodes'] if n.get('recorded'))") &&
+  [ "$n" = 3 ]
+}
 wait_for 30 "snapshot $id recorded on every node" recorded
 [ "$(snapshot_status "$id")" = SNAPSHOT_STATUS_IN_PROGRESS ] || fail "snapshot $id is not held in flight"
 "${compose[@]}" stop -t 5 bank3 node3 >/dev/null 2>&1 || fail "stop node3"
