@@ -33,6 +33,16 @@ def help_of(binary):
     return help_cache[binary]
 
 
+def seconds(where, text):
+    """A duration as the binaries write it (10s, 500ms, 2m), in seconds."""
+    match = re.fullmatch(r"(\d+)(ms|s|m)", text.strip())
+    if not match:
+        errors.append(f"{where}: cannot read the duration {text!r} (write e.g. 10s or 500ms)")
+        return 0
+    value, unit = int(match[1]), match[2]
+    return value / 1000 if unit == "ms" else value * 60 if unit == "m" else value
+
+
 def listen_ports(env):
     ports = set()
     for key, value in env.items():
@@ -85,7 +95,7 @@ def check_kubernetes(name, text):
             if command and command[0] in BINARIES:
                 grace = pod.get("terminationGracePeriodSeconds", 30)
                 drain = env.get("CAIRN_GRACE_PERIOD")
-                if drain and int(drain.rstrip("s")) >= grace:
+                if drain and seconds(where, drain) >= grace:
                     errors.append(f"{where}: CAIRN_GRACE_PERIOD {drain} does not fit in terminationGracePeriodSeconds {grace}")
     for doc in docs:
         if doc["kind"] != "Service":
