@@ -3,6 +3,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
+use cairn_core::schedule::Policy;
 use cairn_core::{ChannelId, NodeId, Topology};
 
 /// Everything a coordinator needs to run.
@@ -24,6 +25,8 @@ pub struct CoordinatorConfig {
     pub grace_period: Duration,
     /// A fixed topology; `None`: a full mesh of every node that registers.
     pub topology: Option<Topology>,
+    /// The snapshot policy (a policy set through `SetPolicy` and stored wins over it).
+    pub policy: Policy,
 }
 
 impl CoordinatorConfig {
@@ -38,6 +41,7 @@ impl CoordinatorConfig {
             retention: 0,
             grace_period: Duration::from_secs(5),
             topology: None,
+            policy: Policy::default(),
         }
     }
 }

@@ -6,7 +6,8 @@
 //! # Layout
 //!
 //! - [`config`]: the configuration, [`CoordinatorConfig`].
-//! - `state`: the one task that owns membership and the tracker.
+//! - `state`: the one task that owns membership, the tracker and the schedule.
+//! - [`policy`]: the snapshot policy's stored and wire forms.
 //! - `service`: the `cairn.v1.Coordinator` gRPC service.
 //! - [`store`]: the metadata store (etcd or a file) and its JSON records.
 //! - [`blob`]: the content-addressed chunk store.
@@ -18,6 +19,7 @@ pub mod blob;
 pub mod config;
 pub mod error;
 mod metrics;
+pub mod policy;
 mod records_conv;
 mod service;
 mod state;
@@ -98,6 +100,7 @@ pub async fn run(
             stop.clone(),
         ));
     }
+    let (health, health_service) = tonic_health::server::health_reporter();
     let (tx, rx) = mpsc::channel(1024);
     let mut state = state::State::new(
         metrics,
@@ -105,11 +108,13 @@ pub async fn run(
             cluster: config.cluster.clone(),
             retention: config.retention,
             topology: config.topology.clone(),
+            policy: config.policy.clone(),
         },
         kv.clone(),
         blobs.clone(),
         config.max_concurrent,
         tx.clone(),
+        health.clone(),
     );
     state.recover().await?;
     let state_task = tokio::spawn(state.run(rx, shutdown.clone()));
@@ -123,7 +128,6 @@ pub async fn run(
         sessions: AtomicU64::new(0),
     };
     drop(tx);
-    let (health, health_service) = tonic_health::server::health_reporter();
     health
         .set_serving::<pb::coordinator_server::CoordinatorServer<service::CoordinatorService>>()
         .await;

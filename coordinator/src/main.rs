@@ -6,6 +6,8 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use cairn_coordinator::CoordinatorConfig;
+use cairn_core::SnapshotMode;
+use cairn_core::schedule::Policy;
 use cairn_sdk::cli;
 use clap::Parser;
 
@@ -51,6 +53,45 @@ struct Args {
     /// Log format: human or json.
     #[arg(long, env = "CAIRN_LOG_FORMAT", default_value = "human", value_parser = ["human", "json"])]
     log_format: String,
+    #[command(flatten)]
+    schedule: Schedule,
+}
+
+/// The snapshot schedule. A policy changed at run time (SetPolicy, `cairnctl policy set`)
+/// is stored and wins over these flags across restarts until `cairnctl policy reset`.
+#[derive(Debug, clap::Args)]
+#[command(next_help_heading = "Snapshot schedule")]
+struct Schedule {
+    /// Take a snapshot this often (e.g. 30s); 0s: no schedule.
+    #[arg(long, env = "CAIRN_SCHEDULE_INTERVAL", default_value = "0s", value_parser = humantime::parse_duration)]
+    schedule_interval: Duration,
+    /// The mode of scheduled snapshots.
+    #[arg(long, env = "CAIRN_SCHEDULE_MODE", default_value = "chandy-lamport", value_parser = ["chandy-lamport", "unaligned", "aligned"])]
+    schedule_mode: String,
+    /// Timeout of scheduled snapshots; default: --snapshot-timeout.
+    #[arg(long, env = "CAIRN_SCHEDULE_TIMEOUT", value_parser = humantime::parse_duration)]
+    schedule_timeout: Option<Duration>,
+    /// Aligned mode only: switch to unaligned after aligning this long (e.g. 100ms).
+    #[arg(long, env = "CAIRN_SCHEDULE_ALIGNMENT_TIMEOUT", value_parser = humantime::parse_duration)]
+    schedule_alignment_timeout: Option<Duration>,
+    /// Least time from the end of one scheduled snapshot to the start of the next; a due
+    /// snapshot within it is skipped. Above zero, scheduled snapshots never overlap.
+    #[arg(long, env = "CAIRN_SCHEDULE_MIN_PAUSE", default_value = "0s", value_parser = humantime::parse_duration)]
+    schedule_min_pause: Duration,
+    /// Up to this much random time is added to each interval.
+    #[arg(long, env = "CAIRN_SCHEDULE_JITTER", default_value = "0s", value_parser = humantime::parse_duration)]
+    schedule_jitter: Duration,
+    /// Most scheduled snapshots in flight at once (a due one is skipped, not queued).
+    #[arg(long, env = "CAIRN_SCHEDULE_MAX_CONCURRENT", default_value_t = 1)]
+    schedule_max_concurrent: u32,
+    /// Consecutive failed scheduled snapshots tolerated before the schedule is reported
+    /// failing (error log, cairn_schedule_failing metric, GetPolicy); it keeps trying.
+    #[arg(long, env = "CAIRN_SCHEDULE_TOLERATED_FAILURES", default_value_t = 3)]
+    schedule_tolerated_failures: u32,
+    /// When no snapshot completed within this long (e.g. 2m), the health service
+    /// cairn.v1.SnapshotFreshness answers NOT_SERVING. Default: no threshold.
+    #[arg(long, env = "CAIRN_FRESHNESS_THRESHOLD", value_parser = humantime::parse_duration)]
+    freshness_threshold: Option<Duration>,
 }
 
 fn main() -> ExitCode {
@@ -60,6 +101,31 @@ fn main() -> ExitCode {
     };
     if args.max_concurrent == 0 {
         return cli::usage_error("--max-concurrent must be at least 1");
+    }
+    let s = &args.schedule;
+    let policy = Policy {
+        interval: s.schedule_interval,
+        mode: match s.schedule_mode.as_str() {
+            "unaligned" => SnapshotMode::Unaligned,
+            "aligned" => SnapshotMode::Aligned,
+            _ => SnapshotMode::ChandyLamport,
+        },
+        timeout: s.schedule_timeout.unwrap_or(args.snapshot_timeout),
+        alignment_timeout: s.schedule_alignment_timeout.filter(|d| !d.is_zero()),
+        min_pause: s.schedule_min_pause,
+        jitter: s.schedule_jitter,
+        max_concurrent: s.schedule_max_concurrent,
+        tolerated_failures: s.schedule_tolerated_failures,
+        freshness_threshold: s.freshness_threshold,
+    };
+    if let Err(e) = policy.check() {
+        return cli::usage_error(format!("snapshot schedule: {e}"));
+    }
+    if policy.max_concurrent as usize > args.max_concurrent {
+        return cli::usage_error(format!(
+            "--schedule-max-concurrent {} is above --max-concurrent {}",
+            policy.max_concurrent, args.max_concurrent
+        ));
     }
     let topology = match &args.topology {
         None => None,
@@ -92,6 +158,7 @@ fn main() -> ExitCode {
         config.max_concurrent = args.max_concurrent;
         config.retention = args.retention;
         config.topology = topology;
+        config.policy = policy;
         match cairn_coordinator::run(config, listener, metrics, shutdown).await {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {

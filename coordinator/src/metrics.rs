@@ -6,6 +6,7 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
+use std::sync::atomic::AtomicU64;
 
 /// A snapshot's final status.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -24,6 +25,11 @@ pub(crate) struct CoordinatorMetrics {
     pub recorded_messages: Counter,
     pub in_flight: Gauge,
     pub members: Gauge,
+    pub schedule_skipped: Counter,
+    pub schedule_consecutive_failures: Gauge,
+    pub schedule_failing: Gauge,
+    pub snapshot_stale: Gauge,
+    pub newest_completed_age: Gauge<f64, AtomicU64>,
 }
 
 impl Default for CoordinatorMetrics {
@@ -37,6 +43,11 @@ impl Default for CoordinatorMetrics {
             recorded_messages: Counter::default(),
             in_flight: Gauge::default(),
             members: Gauge::default(),
+            schedule_skipped: Counter::default(),
+            schedule_consecutive_failures: Gauge::default(),
+            schedule_failing: Gauge::default(),
+            snapshot_stale: Gauge::default(),
+            newest_completed_age: Gauge::default(),
         }
     }
 }
@@ -78,6 +89,31 @@ impl CoordinatorMetrics {
             "cairn_members",
             "Registered node daemons",
             self.members.clone(),
+        );
+        registry.register(
+            "cairn_scheduled_snapshots_skipped",
+            "Due scheduled snapshots skipped (one still ran, the minimum pause held, no room)",
+            self.schedule_skipped.clone(),
+        );
+        registry.register(
+            "cairn_schedule_consecutive_failures",
+            "Scheduled snapshots that failed in a row",
+            self.schedule_consecutive_failures.clone(),
+        );
+        registry.register(
+            "cairn_schedule_failing",
+            "1 while more scheduled snapshots failed in a row than the policy tolerates",
+            self.schedule_failing.clone(),
+        );
+        registry.register(
+            "cairn_snapshot_stale",
+            "1 while no snapshot completed within the freshness threshold",
+            self.snapshot_stale.clone(),
+        );
+        registry.register(
+            "cairn_newest_completed_snapshot_age_seconds",
+            "Age of the newest completed snapshot; -1 if none completed",
+            self.newest_completed_age.clone(),
         );
     }
 }

@@ -284,18 +284,20 @@ impl pb::coordinator_server::Coordinator for CoordinatorService {
         &self,
         _request: Request<pb::GetPolicyRequest>,
     ) -> Result<Response<pb::Policy>, Status> {
-        Err(Status::unimplemented(
-            "scheduled snapshots are not built yet",
+        Ok(Response::new(
+            self.ask(|reply| Msg::GetPolicy { reply }).await?,
         ))
     }
 
     async fn set_policy(
         &self,
-        _request: Request<pb::SetPolicyRequest>,
+        request: Request<pb::SetPolicyRequest>,
     ) -> Result<Response<pb::Policy>, Status> {
-        Err(Status::unimplemented(
-            "scheduled snapshots are not built yet",
-        ))
+        let request = request.into_inner();
+        let policy = self
+            .ask(|reply| Msg::SetPolicy { request, reply })
+            .await??;
+        Ok(Response::new(policy))
     }
 
     type NodeSessionStream = ReceiverStream<Result<pb::CoordinatorToNode, Status>>;

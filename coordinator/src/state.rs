@@ -3,19 +3,25 @@
 //! metadata store before anyone is told.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::hash::BuildHasher;
 use std::sync::Arc;
 use std::time::Duration;
 
+use cairn_core::schedule::{Due, Failing, Policy, Schedule};
 use cairn_core::{
     ChannelId, FailureReason, NodeId, NodePart, SnapshotId, SnapshotMode, SnapshotTracker,
     StartError, StartRequest, Topology, tracker,
 };
 use cairn_proto::v1 as pb;
 use tokio::sync::{mpsc, oneshot};
+use tokio::time::Instant;
 use tonic::Status;
+use tonic_health::ServingStatus;
+use tonic_health::server::HealthReporter;
 
 use crate::blob::BlobStore;
 use crate::error::Error;
+use crate::policy;
 use crate::records_conv::{failure_record, mode_name, now_ms, progress_pb};
 use crate::store::{AnyKv, Keys, Kv, MemberRecord, RosterRecord, SnapshotRecord, VerdictRecord};
 
@@ -80,6 +86,13 @@ pub(crate) enum Msg {
     ListNodes {
         reply: oneshot::Sender<pb::ListNodesResponse>,
     },
+    GetPolicy {
+        reply: oneshot::Sender<pb::Policy>,
+    },
+    SetPolicy {
+        request: pb::SetPolicyRequest,
+        reply: oneshot::Sender<Result<pb::Policy, Error>>,
+    },
 }
 
 struct Member {
@@ -96,6 +109,8 @@ pub(crate) struct Settings {
     pub retention: usize,
     /// A fixed topology (`--topology`); `None`: a full mesh of the roster.
     pub topology: Option<Topology>,
+    /// The snapshot policy of the flags (a stored one set through the API wins).
+    pub policy: Policy,
 }
 
 pub(crate) struct State {
@@ -112,6 +127,15 @@ pub(crate) struct State {
     inflight: BTreeMap<u64, SnapshotRecord>,
     watchers: BTreeMap<u64, Vec<WatchTx>>,
     self_tx: mpsc::Sender<Msg>,
+    schedule: Schedule,
+    policy_source: policy::Source,
+    /// The zero of the schedule's monotonic milliseconds.
+    clock: Instant,
+    health: HealthReporter,
+    /// What the freshness health service says now; `None` before it is first set.
+    stale: Option<bool>,
+    /// Whether the schedule was reported failing.
+    failing: bool,
 }
 
 impl State {
@@ -122,8 +146,16 @@ impl State {
         blobs: BlobStore,
         max_in_flight: usize,
         self_tx: mpsc::Sender<Msg>,
+        health: HealthReporter,
     ) -> Self {
+        let seed = std::collections::hash_map::RandomState::new().hash_one(now_ms());
         Self {
+            schedule: Schedule::new(settings.policy.clone(), 0, seed),
+            policy_source: policy::Source::Flags,
+            clock: Instant::now(),
+            health,
+            stale: None,
+            failing: false,
             metrics,
             keys: Keys::new(&settings.cluster),
             settings,
@@ -155,11 +187,16 @@ impl State {
             self.roster.insert(node, record);
         }
         tracing::info!(nodes = self.roster.len(), "roster loaded");
+        self.load_policy().await?;
+        let mut newest_completed = None;
         for (key, value) in self.kv.list(&self.keys.snapshots()).await? {
             let Ok(mut record) = serde_json::from_slice::<SnapshotRecord>(&value) else {
                 tracing::warn!(%key, "skipping an unreadable snapshot record");
                 continue;
             };
+            if record.status == "COMPLETED" {
+                newest_completed = newest_completed.max(Some(record.finished_at_ms));
+            }
             if record.status == "IN_PROGRESS" {
                 record.status = "FAILED".into();
                 record.failure = Some(failure_record(&FailureReason::CoordinatorRestarted));
@@ -171,6 +208,56 @@ impl State {
                 self.put_record(&record).await?;
             }
         }
+        if let Some(at) = newest_completed {
+            let age = Duration::from_millis(now_ms().saturating_sub(at));
+            self.schedule.completed_before(self.clock_ms(), age);
+        }
+        self.refresh().await;
+        Ok(())
+    }
+
+    /// Takes the stored policy if it was set through the API, else the flags' (stored).
+    async fn load_policy(&mut self) -> Result<(), Error> {
+        let flags = self.settings.policy.clone();
+        let stored = match self.kv.get(&self.keys.policy()).await? {
+            None => None,
+            Some(value) => match serde_json::from_slice::<crate::store::PolicyRecord>(&value) {
+                Ok(record) => Some(policy::from_record(&record)),
+                Err(e) => {
+                    tracing::warn!("unreadable stored policy, using the flags': {e}");
+                    None
+                }
+            },
+        };
+        let (chosen, source) = match stored {
+            Some((stored, policy::Source::Api)) if stored.check().is_ok() => {
+                if stored != flags {
+                    tracing::warn!(
+                        stored = %policy::describe(&stored),
+                        flags = %policy::describe(&flags),
+                        "the policy set through SetPolicy overrides the flags' \
+                         (`cairnctl policy reset` goes back to the flags)"
+                    );
+                }
+                (stored, policy::Source::Api)
+            }
+            _ => (flags, policy::Source::Flags),
+        };
+        let record = policy::to_record(&chosen, source);
+        self.kv
+            .put(
+                &self.keys.policy(),
+                serde_json::to_vec_pretty(&record).expect("plain record"),
+            )
+            .await?;
+        tracing::info!(
+            source = source.name(),
+            "snapshot policy: {}",
+            policy::describe(&chosen)
+        );
+        let now = self.clock_ms();
+        self.schedule.set_policy(chosen, now);
+        self.policy_source = source;
         Ok(())
     }
 
@@ -181,13 +268,21 @@ impl State {
         mut rx: mpsc::Receiver<Msg>,
         shutdown: tokio_util::sync::CancellationToken,
     ) {
+        let mut refresh = tokio::time::interval(Duration::from_millis(250));
+        refresh.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
         loop {
+            let due = self
+                .schedule
+                .next_due()
+                .map(|ms| self.clock + Duration::from_millis(ms));
             tokio::select! {
                 _ = shutdown.cancelled() => break,
                 msg = rx.recv() => match msg {
                     Some(msg) => self.handle(msg).await,
                     None => break,
                 },
+                () = sleep_until(due) => self.scheduled().await,
+                _ = refresh.tick() => self.refresh().await,
             }
         }
         let ids: Vec<u64> = self.inflight.keys().copied().collect();
@@ -286,6 +381,158 @@ impl State {
             Msg::ListNodes { reply } => {
                 let _ = reply.send(self.list_nodes());
             }
+            Msg::GetPolicy { reply } => {
+                let _ = reply.send(self.policy_pb());
+            }
+            Msg::SetPolicy { request, reply } => {
+                let result = self.set_policy(request).await;
+                let _ = reply.send(result);
+            }
+        }
+    }
+
+    /// Milliseconds on the schedule's monotonic clock.
+    fn clock_ms(&self) -> u64 {
+        self.clock.elapsed().as_millis() as u64
+    }
+
+    fn policy_pb(&self) -> pb::Policy {
+        let status = self.schedule.status(self.clock_ms());
+        policy::to_pb(self.schedule.policy(), self.policy_source, &status)
+    }
+
+    async fn set_policy(&mut self, request: pb::SetPolicyRequest) -> Result<pb::Policy, Error> {
+        let (next, source) = if request.reset_to_flags {
+            if request.policy.is_some() || !request.update.is_empty() {
+                return Err(Error::InvalidArgument(
+                    "reset_to_flags takes no policy and no update".into(),
+                ));
+            }
+            (self.settings.policy.clone(), policy::Source::Flags)
+        } else {
+            let wire = request.policy.unwrap_or_default();
+            let next = policy::apply(self.schedule.policy(), &wire, &request.update)?;
+            (next, policy::Source::Api)
+        };
+        let limit = self.tracker.max_in_flight();
+        if next.max_concurrent as usize > limit {
+            return Err(Error::InvalidArgument(format!(
+                "max_concurrent {} is above the coordinator's --max-concurrent {limit}",
+                next.max_concurrent
+            )));
+        }
+        let record = policy::to_record(&next, source);
+        self.kv
+            .put(
+                &self.keys.policy(),
+                serde_json::to_vec_pretty(&record).expect("plain record"),
+            )
+            .await?;
+        tracing::info!(
+            source = source.name(),
+            "snapshot policy changed: {}",
+            policy::describe(&next)
+        );
+        let now = self.clock_ms();
+        self.schedule.set_policy(next, now);
+        self.policy_source = source;
+        self.refresh().await;
+        Ok(self.policy_pb())
+    }
+
+    /// A scheduled snapshot is due: start it, or count the skip.
+    async fn scheduled(&mut self) {
+        let Some(due) = self.schedule.poll(self.clock_ms()) else {
+            return;
+        };
+        match due {
+            Due::Skip(skip) => self.skipped(&skip),
+            Due::Start => {
+                let policy = self.schedule.policy().clone();
+                let request = StartRequest {
+                    mode: policy.mode,
+                    initiators: BTreeSet::new(),
+                    alignment_timeout: policy.alignment_timeout,
+                };
+                let labels = BTreeMap::from([("scheduled".to_owned(), "true".to_owned())]);
+                match self.start(request, policy.timeout, labels).await {
+                    Ok(id) => self.schedule.started(SnapshotId(id)),
+                    Err(e) => {
+                        let busy = matches!(e, Error::ResourceExhausted(_));
+                        let why = format!("could not start: {e}");
+                        match self.schedule.refused(busy, why.clone()) {
+                            Ok(skip) => self.skipped(&skip),
+                            Err(alarm) => {
+                                tracing::warn!("scheduled snapshot {why}");
+                                self.alarm(alarm);
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        self.refresh().await;
+    }
+
+    fn skipped(&self, skip: &cairn_core::schedule::Skip) {
+        self.metrics.schedule_skipped.inc();
+        tracing::info!("scheduled snapshot skipped: {skip}");
+    }
+
+    fn alarm(&self, alarm: Option<Failing>) {
+        if let Some(f) = alarm {
+            tracing::error!(
+                consecutive = f.consecutive,
+                tolerated = f.tolerated,
+                "scheduled snapshots are failing: {} in a row, more than the {} tolerated; \
+                 last: {}",
+                f.consecutive,
+                f.tolerated,
+                f.last_failure
+            );
+        }
+    }
+
+    /// Brings the schedule's metrics and the freshness health service up to date.
+    async fn refresh(&mut self) {
+        let status = self.schedule.status(self.clock_ms());
+        let m = &self.metrics;
+        m.schedule_consecutive_failures
+            .set(i64::from(status.consecutive_failures));
+        m.schedule_failing.set(i64::from(status.failing));
+        m.snapshot_stale.set(i64::from(status.stale));
+        m.newest_completed_age.set(
+            status
+                .newest_completed_age
+                .map_or(-1.0, |d| d.as_secs_f64()),
+        );
+        if self.failing && !status.failing {
+            tracing::info!("scheduled snapshots are completing again");
+        }
+        self.failing = status.failing;
+        if Some(status.stale) != self.stale {
+            if self.stale == Some(true) {
+                tracing::info!(
+                    "a snapshot completed: {} is SERVING again",
+                    policy::FRESHNESS_SERVICE
+                );
+            }
+            self.stale = Some(status.stale);
+            let threshold = self.schedule.policy().freshness_threshold;
+            let serving = if status.stale {
+                tracing::error!(
+                    age = ?status.newest_completed_age,
+                    ?threshold,
+                    "no snapshot completed within the freshness threshold: {FRESHNESS} is NOT_SERVING",
+                    FRESHNESS = policy::FRESHNESS_SERVICE
+                );
+                ServingStatus::NotServing
+            } else {
+                ServingStatus::Serving
+            };
+            self.health
+                .set_service_status(policy::FRESHNESS_SERVICE, serving)
+                .await;
         }
     }
 
@@ -726,6 +973,18 @@ impl State {
                 self.publish(&record).await;
                 self.watchers.remove(&id);
                 self.count_end(&record);
+                let result = match &record.failure {
+                    None => Ok(()),
+                    Some(_) => Err(match &outcome {
+                        tracker::Outcome::Failed(reason) => reason.to_string(),
+                        tracker::Outcome::Completed(_) => record.status.clone(),
+                    }),
+                };
+                let alarm = self
+                    .schedule
+                    .finished(SnapshotId(id), self.clock_ms(), result);
+                self.alarm(alarm);
+                self.refresh().await;
                 if record.status == "COMPLETED"
                     && let Err(e) = self.apply_retention().await
                 {
@@ -832,6 +1091,14 @@ impl State {
             .await
             .map_err(|e| Error::Blob(e.to_string()))?;
         Ok(freed)
+    }
+}
+
+/// Sleeps until `deadline`; forever without one.
+async fn sleep_until(deadline: Option<Instant>) {
+    match deadline {
+        Some(deadline) => tokio::time::sleep_until(deadline).await,
+        None => std::future::pending().await,
     }
 }
 

@@ -52,12 +52,14 @@
 //! - [`report`]: [`LocalReport`] (a process's counters) and [`FailureReason`].
 //! - [`verifier`]: [`verify`], the consistent-cut check, and its [`Violation`]s.
 //! - [`tracker`]: [`SnapshotTracker`], the coordinator's view of every snapshot.
+//! - [`schedule`]: [`schedule::Schedule`], when the coordinator takes scheduled snapshots.
 
 #![forbid(unsafe_code)]
 
 pub mod engine;
 pub mod event;
 pub mod report;
+pub mod schedule;
 pub mod topology;
 pub mod tracker;
 pub mod types;

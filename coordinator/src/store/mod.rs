@@ -19,7 +19,8 @@ use std::future::Future;
 pub use etcd::EtcdKv;
 pub use file::FileKv;
 pub use records::{
-    ChunkList, FailureRecord, MemberRecord, PartRecord, RosterRecord, SnapshotRecord, VerdictRecord,
+    ChunkList, FailureRecord, MemberRecord, PartRecord, PolicyRecord, RosterRecord, SnapshotRecord,
+    VerdictRecord,
 };
 
 /// A metadata store that cannot be reached or answered wrongly.
@@ -155,5 +156,9 @@ impl Keys {
     /// One member.
     pub fn member(&self, node: &str) -> String {
         format!("{}members/{node}", self.root)
+    }
+    /// The snapshot policy.
+    pub fn policy(&self) -> String {
+        format!("{}policy", self.root)
     }
 }

@@ -141,3 +141,30 @@ pub struct RosterRecord {
     /// Milliseconds since the Unix epoch of its first registration.
     pub joined_at_ms: u64,
 }
+
+/// The snapshot policy (`/cairn/<cluster>/policy`), so that it outlives a restart.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PolicyRecord {
+    /// Milliseconds between scheduled snapshots; 0: none.
+    pub interval_ms: u64,
+    /// CHANDY_LAMPORT, UNALIGNED or ALIGNED.
+    pub mode: String,
+    /// Their timeout.
+    pub timeout_ms: u64,
+    /// ALIGNED only; 0: none.
+    pub alignment_timeout_ms: u64,
+    /// Least milliseconds between one's end and the next's start.
+    pub min_pause_ms: u64,
+    /// Most random milliseconds added to an interval.
+    pub jitter_ms: u64,
+    /// Most scheduled snapshots in flight.
+    pub max_concurrent: u32,
+    /// Consecutive failures tolerated.
+    pub tolerated_failures: u32,
+    /// 0: no freshness threshold.
+    pub freshness_threshold_ms: u64,
+    /// "flags" or "api".
+    pub source: String,
+    /// Milliseconds since the Unix epoch of the last change.
+    pub updated_at_ms: u64,
+}

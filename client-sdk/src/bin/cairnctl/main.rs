@@ -1,5 +1,7 @@
 //! `cairnctl`: the command line of cairn. See `cairnctl --help`.
 
+mod policy;
+
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
@@ -10,8 +12,8 @@ use cairn_sdk::local_cluster::{ClusterSpec, LocalCluster};
 use cairn_sdk::{CoordinatorClient, cli};
 use clap::{Parser, Subcommand, ValueEnum};
 
-/// Drive a cairn cluster: start, watch, inspect and delete snapshots, list nodes, run a
-/// local cluster, or run the whole demo.
+/// Drive a cairn cluster: start, watch, inspect and delete snapshots, list nodes, show and
+/// change the snapshot schedule, run a local cluster, or run the whole demo.
 ///
 /// Every flag can also be set by the environment variable shown.
 #[derive(Debug, Parser)]
@@ -45,6 +47,13 @@ enum Command {
     Snapshot(SnapshotCommand),
     /// List the registered node daemons.
     Nodes,
+    /// Show or change the snapshot schedule (interval, mode, pause, jitter, tolerated
+    /// failures, freshness threshold).
+    #[command(subcommand)]
+    Policy(policy::PolicyCommand),
+    /// The cluster at a glance: members, snapshots in progress, the newest completed one
+    /// and its age, the schedule and freshness.
+    Status,
     /// Ask any cairn server (coordinator, node daemon, bank) for its gRPC health; exits 0
     /// only when it answers SERVING. For container healthchecks and probes.
     Health {
@@ -209,6 +218,8 @@ fn main() -> ExitCode {
 async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
         Command::Snapshot(command) => snapshot(&cli.coordinator, cli.output, command).await,
+        Command::Policy(command) => policy::policy(&cli.coordinator, cli.output, command).await,
+        Command::Status => policy::status(&cli.coordinator, cli.output).await,
         Command::Health {
             address,
             service,

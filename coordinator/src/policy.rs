@@ -1,0 +1,310 @@
+//! The snapshot policy between its three forms: the domain's [`Policy`], the stored
+//! [`PolicyRecord`] and the wire's `cairn.v1.Policy`; and `SetPolicy`'s field updates.
+
+use std::time::Duration;
+
+use cairn_core::schedule::{Policy, Status};
+use cairn_proto::v1 as pb;
+
+use crate::error::Error;
+use crate::records_conv::{mode_name, mode_pb, now_ms};
+use crate::store::PolicyRecord;
+
+/// The health service name whose status follows the freshness of the newest snapshot.
+pub const FRESHNESS_SERVICE: &str = "cairn.v1.SnapshotFreshness";
+
+/// Where the policy in force came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Source {
+    /// The coordinator's flags and variables.
+    Flags,
+    /// `SetPolicy`; outlives restarts until reset.
+    Api,
+}
+
+impl Source {
+    /// Its stored and wire name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Flags => "flags",
+            Self::Api => "api",
+        }
+    }
+}
+
+/// The fields `SetPolicy` may change.
+const WRITABLE: &[&str] = &[
+    "interval_ms",
+    "mode",
+    "timeout_ms",
+    "alignment_timeout_ms",
+    "min_pause_ms",
+    "jitter_ms",
+    "max_concurrent",
+    "tolerated_failures",
+    "freshness_threshold_ms",
+];
+
+/// The fields only the coordinator sets.
+const READ_ONLY: &[&str] = &[
+    "consecutive_failures",
+    "skipped",
+    "newest_completed_age_ms",
+    "failing",
+    "last_failure",
+    "started",
+    "source",
+    "next_due_in_ms",
+    "stale",
+    "has_completed",
+];
+
+fn ms(d: Duration) -> u64 {
+    d.as_millis() as u64
+}
+
+fn opt_ms(d: Option<Duration>) -> u64 {
+    d.map_or(0, ms)
+}
+
+fn from_ms(v: u64) -> Option<Duration> {
+    (v > 0).then(|| Duration::from_millis(v))
+}
+
+fn mode_from_name(name: &str) -> cairn_core::SnapshotMode {
+    match name {
+        "UNALIGNED" => cairn_core::SnapshotMode::Unaligned,
+        "ALIGNED" => cairn_core::SnapshotMode::Aligned,
+        _ => cairn_core::SnapshotMode::ChandyLamport,
+    }
+}
+
+/// The record to store.
+pub fn to_record(policy: &Policy, source: Source) -> PolicyRecord {
+    PolicyRecord {
+        interval_ms: ms(policy.interval),
+        mode: mode_name(policy.mode),
+        timeout_ms: ms(policy.timeout),
+        alignment_timeout_ms: opt_ms(policy.alignment_timeout),
+        min_pause_ms: ms(policy.min_pause),
+        jitter_ms: ms(policy.jitter),
+        max_concurrent: policy.max_concurrent,
+        tolerated_failures: policy.tolerated_failures,
+        freshness_threshold_ms: opt_ms(policy.freshness_threshold),
+        source: source.name().into(),
+        updated_at_ms: now_ms(),
+    }
+}
+
+/// The policy a stored record holds, and where it came from.
+pub fn from_record(record: &PolicyRecord) -> (Policy, Source) {
+    let policy = Policy {
+        interval: Duration::from_millis(record.interval_ms),
+        mode: mode_from_name(&record.mode),
+        timeout: Duration::from_millis(record.timeout_ms),
+        alignment_timeout: from_ms(record.alignment_timeout_ms),
+        min_pause: Duration::from_millis(record.min_pause_ms),
+        jitter: Duration::from_millis(record.jitter_ms),
+        max_concurrent: record.max_concurrent,
+        tolerated_failures: record.tolerated_failures,
+        freshness_threshold: from_ms(record.freshness_threshold_ms),
+    };
+    let source = if record.source == "api" {
+        Source::Api
+    } else {
+        Source::Flags
+    };
+    (policy, source)
+}
+
+/// The wire form, with the schedule's state.
+pub fn to_pb(policy: &Policy, source: Source, status: &Status) -> pb::Policy {
+    pb::Policy {
+        interval_ms: ms(policy.interval),
+        mode: mode_pb(&mode_name(policy.mode)) as i32,
+        timeout_ms: ms(policy.timeout),
+        alignment_timeout_ms: opt_ms(policy.alignment_timeout),
+        min_pause_ms: ms(policy.min_pause),
+        jitter_ms: ms(policy.jitter),
+        max_concurrent: policy.max_concurrent,
+        tolerated_failures: policy.tolerated_failures,
+        consecutive_failures: status.consecutive_failures,
+        skipped: status.skipped,
+        newest_completed_age_ms: opt_ms(status.newest_completed_age),
+        freshness_threshold_ms: opt_ms(policy.freshness_threshold),
+        failing: status.failing,
+        last_failure: status.last_failure.clone().unwrap_or_default(),
+        started: status.started,
+        source: source.name().into(),
+        next_due_in_ms: opt_ms(status.next_due_in),
+        stale: status.stale,
+        has_completed: status.newest_completed_age.is_some(),
+    }
+}
+
+/// The fields of `wire` a `SetPolicy` without an update list changes: those not zero.
+fn set_fields(wire: &pb::Policy) -> Vec<String> {
+    let set = [
+        ("interval_ms", wire.interval_ms != 0),
+        ("mode", wire.mode != 0),
+        ("timeout_ms", wire.timeout_ms != 0),
+        ("alignment_timeout_ms", wire.alignment_timeout_ms != 0),
+        ("min_pause_ms", wire.min_pause_ms != 0),
+        ("jitter_ms", wire.jitter_ms != 0),
+        ("max_concurrent", wire.max_concurrent != 0),
+        ("tolerated_failures", wire.tolerated_failures != 0),
+        ("freshness_threshold_ms", wire.freshness_threshold_ms != 0),
+    ];
+    set.iter()
+        .filter(|(_, on)| *on)
+        .map(|(name, _)| (*name).to_owned())
+        .collect()
+}
+
+/// `current` with the fields `update` names (or, if it names none, the fields of `wire`
+/// that are not zero) taken from `wire`, checked. Switching the mode away from ALIGNED
+/// drops an alignment timeout the request does not name.
+pub fn apply(current: &Policy, wire: &pb::Policy, update: &[String]) -> Result<Policy, Error> {
+    let names = if update.is_empty() {
+        set_fields(wire)
+    } else {
+        update.to_vec()
+    };
+    if names.is_empty() {
+        return Err(Error::InvalidArgument(
+            "nothing to change: set a field of `policy` or name fields in `update`".into(),
+        ));
+    }
+    let mut next = current.clone();
+    for name in &names {
+        match name.as_str() {
+            "interval_ms" => next.interval = Duration::from_millis(wire.interval_ms),
+            "mode" => {
+                next.mode = cairn_node::convert::mode_from_pb(wire.mode, None)
+                    .map_err(|e| Error::InvalidArgument(format!("mode: {e}")))?;
+                if next.mode != cairn_core::SnapshotMode::Aligned
+                    && !names.iter().any(|n| n == "alignment_timeout_ms")
+                {
+                    next.alignment_timeout = None;
+                }
+            }
+            "timeout_ms" => next.timeout = Duration::from_millis(wire.timeout_ms),
+            "alignment_timeout_ms" => next.alignment_timeout = from_ms(wire.alignment_timeout_ms),
+            "min_pause_ms" => next.min_pause = Duration::from_millis(wire.min_pause_ms),
+            "jitter_ms" => next.jitter = Duration::from_millis(wire.jitter_ms),
+            "max_concurrent" => next.max_concurrent = wire.max_concurrent,
+            "tolerated_failures" => next.tolerated_failures = wire.tolerated_failures,
+            "freshness_threshold_ms" => {
+                next.freshness_threshold = from_ms(wire.freshness_threshold_ms)
+            }
+            other if READ_ONLY.contains(&other) => {
+                return Err(Error::InvalidArgument(format!(
+                    "`{other}` is read-only; the fields SetPolicy changes are: {}",
+                    WRITABLE.join(", ")
+                )));
+            }
+            other => {
+                return Err(Error::InvalidArgument(format!(
+                    "unknown policy field `{other}`; the fields SetPolicy changes are: {}",
+                    WRITABLE.join(", ")
+                )));
+            }
+        }
+    }
+    next.check()
+        .map_err(|e| Error::InvalidArgument(format!("policy: {e}")))?;
+    Ok(next)
+}
+
+/// A one-line account of a policy for logs.
+pub fn describe(policy: &Policy) -> String {
+    if !policy.enabled() {
+        return "no schedule".into();
+    }
+    let mut text = format!(
+        "every {:?} (+ up to {:?} jitter), {}, timeout {:?}, at most {} at once",
+        policy.interval, policy.jitter, policy.mode, policy.timeout, policy.max_concurrent
+    );
+    if let Some(t) = policy.alignment_timeout {
+        text.push_str(&format!(", alignment timeout {t:?}"));
+    }
+    if !policy.min_pause.is_zero() {
+        text.push_str(&format!(", min pause {:?}", policy.min_pause));
+    }
+    text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_record_round_trips() {
+        let policy = Policy {
+            interval: Duration::from_secs(30),
+            mode: cairn_core::SnapshotMode::Aligned,
+            alignment_timeout: Some(Duration::from_millis(100)),
+            freshness_threshold: Some(Duration::from_secs(120)),
+            ..Policy::default()
+        };
+        let record = to_record(&policy, Source::Api);
+        assert_eq!(from_record(&record), (policy, Source::Api));
+    }
+
+    #[test]
+    fn updates_name_fields_or_take_the_set_ones() {
+        let current = Policy {
+            interval: Duration::from_secs(30),
+            ..Policy::default()
+        };
+        let wire = pb::Policy {
+            jitter_ms: 500,
+            ..Default::default()
+        };
+        let next = apply(&current, &wire, &[]).unwrap();
+        assert_eq!(
+            (next.interval, next.jitter),
+            (Duration::from_secs(30), Duration::from_millis(500))
+        );
+        // Naming a field sets it to zero: the schedule goes off.
+        let off = apply(&current, &pb::Policy::default(), &["interval_ms".into()]).unwrap();
+        assert!(!off.enabled());
+        assert!(apply(&current, &pb::Policy::default(), &[]).is_err());
+        let e = apply(&current, &wire, &["skipped".into()]).unwrap_err();
+        assert!(e.to_string().contains("read-only"), "{e}");
+        let e = apply(&current, &wire, &["intervl".into()]).unwrap_err();
+        assert!(e.to_string().contains("interval_ms"), "{e}");
+        let e = apply(
+            &current,
+            &pb::Policy {
+                max_concurrent: 0,
+                ..wire
+            },
+            &["max_concurrent".into()],
+        );
+        assert!(e.is_err());
+    }
+
+    #[test]
+    fn leaving_aligned_drops_the_alignment_timeout() {
+        let current = Policy {
+            mode: cairn_core::SnapshotMode::Aligned,
+            alignment_timeout: Some(Duration::from_millis(100)),
+            ..Policy::default()
+        };
+        let wire = pb::Policy {
+            mode: pb::SnapshotMode::Unaligned as i32,
+            ..Default::default()
+        };
+        let next = apply(&current, &wire, &[]).unwrap();
+        assert_eq!(next.alignment_timeout, None);
+        let both = pb::Policy {
+            alignment_timeout_ms: 50,
+            ..wire
+        };
+        assert!(
+            apply(&current, &both, &[]).is_err(),
+            "timeout without ALIGNED"
+        );
+    }
+}
