@@ -9,7 +9,8 @@ runs a cairn binary is checked against that binary's `--help`:
     (the port of a *_LISTEN variable);
   - every probe and healthcheck asks a port it listens on;
   - every Service port targets a port some selected container exposes;
-  - a daemon's drain (CAIRN_GRACE_PERIOD) fits in its pod's termination grace period.
+  - a daemon's drain (CAIRN_GRACE_PERIOD) fits in its pod's termination grace period;
+  - the coordinator takes a scheduled snapshot every 30 s unless told otherwise.
 
     deploy/test/check-config.py BIN_DIR
 """
@@ -73,6 +74,18 @@ def check_container(where, command, env, exposed, probed):
     return listening
 
 
+def check_schedule(where, command, env):
+    """The deployments snapshot every 30 s unless told otherwise."""
+    if not command or command[0] != "cairn-coordinator":
+        return
+    value = str(env.get("CAIRN_SCHEDULE_INTERVAL", ""))
+    default = re.fullmatch(r"\$\{CAIRN_SCHEDULE_INTERVAL:-([^}]*)\}", value)
+    if default:
+        value = default.group(1)
+    if value != "30s":
+        errors.append(f"{where}: CAIRN_SCHEDULE_INTERVAL is {value!r}; the deployments snapshot every 30s by default")
+
+
 def check_kubernetes(name, text):
     docs = [d for d in yaml.safe_load_all(text) if d]
     container_ports = {}  # selector label -> ports
@@ -92,6 +105,7 @@ def check_kubernetes(name, text):
                     probed.add(c[probe]["grpc"]["port"])
             command = c.get("command", []) + c.get("args", [])
             check_container(where, command, env, exposed, probed)
+            check_schedule(where, command, env)
             if command and command[0] in BINARIES:
                 grace = pod.get("terminationGracePeriodSeconds", 30)
                 drain = env.get("CAIRN_GRACE_PERIOD")
@@ -120,6 +134,7 @@ def check_compose(text):
         if test[1:3] == ["cairnctl", "health"]:
             probed.add(int(test[3].rsplit(":", 1)[1]))
         listening_of[name] = check_container(f"compose service {name}", command, env, set(), probed)
+        check_schedule(f"compose service {name}", command, env)
     for name, s in services.items():
         published = {int(p["target"]) if isinstance(p, dict) else int(str(p).rsplit(":", 1)[1].split("/")[0])
                      for p in s.get("ports", [])}

@@ -181,4 +181,20 @@ for attempt in 1 2 3 4 5; do
 done
 [ -n "$completed" ] || fail "no snapshot completed after n3 came back"
 say "snapshot $completed completed after n3 came back"
+
+# --- the default schedule: a snapshot every 30 s --------------------------------------
+policy=$(gc "$coordinator" cairn.v1.Coordinator/GetPolicy) || fail "GetPolicy"
+interval=$(json "d.get('intervalMs')" <<<"$policy")
+[ "$interval" = 30000 ] || fail "the compose cluster's schedule is $interval ms, not 30000: $policy"
+scheduled_completed() {
+  local n
+  n=$(gc -d '{"status":"SNAPSHOT_STATUS_COMPLETED"}' "$coordinator" cairn.v1.Coordinator/ListSnapshots |
+    json "sum(1 for s in d.get('snapshots',[]) if s.get('labels',{}).get('scheduled') == 'true')") &&
+  [ "$n" -ge 1 ]
+}
+wait_for 75 "a scheduled snapshot completed" scheduled_completed
+fresh=$(gc -d '{"service":"cairn.v1.SnapshotFreshness"}' "$coordinator" grpc.health.v1.Health/Check | json "d['status']") ||
+  fail "freshness health"
+[ "$fresh" = SERVING ] || fail "cairn.v1.SnapshotFreshness is $fresh"
+say "a scheduled snapshot completed; cairn.v1.SnapshotFreshness is SERVING"
 say "passed"

@@ -209,7 +209,11 @@ fn main() -> ExitCode {
     match runtime.block_on(run(cli)) {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("error: {e:#}");
+            // A refusal from a server reads as its reason and its gRPC code.
+            match e.downcast_ref::<tonic::Status>() {
+                Some(status) => eprintln!("error: {} ({:?})", status.message(), status.code()),
+                None => eprintln!("error: {e:#}"),
+            }
             ExitCode::FAILURE
         }
     }
