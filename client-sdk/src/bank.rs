@@ -8,6 +8,7 @@
 //! the cut (debited and sent) or wholly after it.
 
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -69,6 +70,10 @@ struct Bank {
     node_id: String,
     balance: Mutex<u64>,
     sender: AppSender,
+    /// The snapshot last restored; 0 if none.
+    restored: AtomicU64,
+    /// Random transfers per second; 0 pauses them.
+    rate: tokio::sync::watch::Sender<f64>,
 }
 
 impl Bank {
@@ -137,7 +142,23 @@ impl pb::bank_server::Bank for BankService {
             node_id: self.0.node_id.clone(),
             balance: self.0.balance(),
             peers: self.0.sender.peers().into_iter().collect(),
+            restored_snapshot: self.0.restored.load(Ordering::Relaxed),
         }))
+    }
+
+    async fn set_workload(
+        &self,
+        request: Request<pb::SetWorkloadRequest>,
+    ) -> Result<Response<pb::SetWorkloadResponse>, Status> {
+        let rate = request.into_inner().rate;
+        if !rate.is_finite() || rate < 0.0 {
+            return Err(Status::invalid_argument(format!(
+                "rate must be a number of transfers per second, 0 or more; got {rate}"
+            )));
+        }
+        let previous_rate = self.0.rate.send_replace(rate);
+        tracing::info!(rate, previous_rate, "workload changed");
+        Ok(Response::new(pb::SetWorkloadResponse { previous_rate }))
     }
 }
 
@@ -169,6 +190,8 @@ pub async fn run(
         node_id: session.node_id().to_owned(),
         balance: Mutex::new(config.initial_balance),
         sender: session.sender(),
+        restored: AtomicU64::new(0),
+        rate: tokio::sync::watch::Sender::new(config.workload_rate),
     });
     let addr: SocketAddr = listener.local_addr()?;
     tracing::info!(node = %bank.node_id, %addr, balance = config.initial_balance, "bank serving");
@@ -187,9 +210,7 @@ pub async fn run(
             shutdown.clone().cancelled_owned(),
         );
     let server = tokio::spawn(server);
-    if config.workload_rate > 0.0 {
-        tokio::spawn(workload(bank.clone(), config.clone(), shutdown.clone()));
-    }
+    tokio::spawn(workload(bank.clone(), config.clone(), shutdown.clone()));
 
     let result = loop {
         let event = tokio::select! {
@@ -211,10 +232,17 @@ pub async fn run(
                 tracing::debug!(snapshot_id, balance = *balance, "state recorded");
             }
             Ok(Some(AppEvent::Restore {
-                snapshot_id, state, ..
+                restore_id,
+                snapshot_id,
+                state,
             })) => match serde_json::from_slice::<BankState>(&state) {
                 Ok(s) => {
-                    *bank.balance.lock().expect("never poisoned") = s.balance;
+                    // The balance and the acknowledgement in one critical section: no
+                    // transfer decided on the old balance can follow the acknowledgement.
+                    let mut balance = bank.balance.lock().expect("never poisoned");
+                    *balance = s.balance;
+                    bank.sender.restore_applied(&restore_id)?;
+                    bank.restored.store(snapshot_id, Ordering::Relaxed);
                     tracing::info!(snapshot_id, balance = s.balance, "restored");
                 }
                 Err(e) => tracing::error!(snapshot_id, "cannot restore a malformed state: {e}"),
@@ -228,14 +256,36 @@ pub async fn run(
     result
 }
 
-/// Random transfers to random peers at `workload_rate` per second.
+/// Random transfers to random peers at the bank's rate (`SetWorkload` changes it; 0
+/// pauses).
 async fn workload(bank: Arc<Bank>, config: BankConfig, shutdown: CancellationToken) {
-    let mut tick = tokio::time::interval(Duration::from_secs_f64(1.0 / config.workload_rate));
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut rates = bank.rate.subscribe();
+    let mut tick: Option<tokio::time::Interval> = None;
     loop {
+        let rate = *rates.borrow_and_update();
+        if rate <= 0.0 {
+            tick = None;
+            tokio::select! {
+                _ = shutdown.cancelled() => return,
+                changed = rates.changed() => if changed.is_err() { return },
+            }
+            continue;
+        }
+        let interval = tick.get_or_insert_with(|| {
+            let mut t = tokio::time::interval(Duration::from_secs_f64(1.0 / rate));
+            t.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            t
+        });
         tokio::select! {
             _ = shutdown.cancelled() => return,
-            _ = tick.tick() => {}
+            changed = rates.changed() => {
+                if changed.is_err() {
+                    return;
+                }
+                tick = None;
+                continue;
+            }
+            _ = interval.tick() => {}
         }
         let balance = bank.balance();
         if balance == 0 {

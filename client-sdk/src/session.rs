@@ -35,7 +35,10 @@ pub enum AppEvent {
         /// The snapshot.
         snapshot_id: u64,
     },
-    /// Replace your state with this recorded one.
+    /// Replace your state with this recorded one, then call
+    /// [`AppSender::restore_applied`] in the same critical section (see there). The
+    /// recorded messages that were in flight at the snapshot follow as ordinary
+    /// [`AppEvent::Message`]s, ahead of any new traffic.
     Restore {
         /// The restore operation.
         restore_id: String,
@@ -49,6 +52,7 @@ pub enum AppEvent {
 enum Outgoing {
     Send(String, Bytes),
     State(u64, Bytes),
+    RestoreApplied(String),
 }
 
 /// Sends messages and recorded states; cheap to clone, usable from any task. Everything
@@ -63,6 +67,8 @@ pub struct AppSender {
     room: Arc<Semaphore>,
     /// Updated by the session when the daemon reports new peers.
     peers: Arc<RwLock<BTreeSet<String>>>,
+    /// A restore handed to the application and not yet acknowledged.
+    restore: Arc<std::sync::Mutex<Option<String>>>,
 }
 
 /// Room for one message, reserved by [`AppSender::reserve`]. Sending through it does not
@@ -116,6 +122,23 @@ impl AppSender {
     pub fn state_recorded(&self, snapshot_id: u64, state: Bytes) -> Result<(), Error> {
         self.tx
             .send(Outgoing::State(snapshot_id, state))
+            .map_err(|_| Error::SessionClosed)
+    }
+
+    /// Acknowledges [`AppEvent::Restore`]: the application now runs on the restored state.
+    /// Until the daemon gets this, it drops every message the application sends — they
+    /// were decided on the state the restore replaced — so call it inside the same
+    /// critical section that replaces the state, before anything can send on the new one.
+    /// If the application never calls it, the session acknowledges when the application
+    /// next asks for an event (exact only if nothing sends concurrently). Never waits.
+    pub fn restore_applied(&self, restore_id: &str) -> Result<(), Error> {
+        let mut pending = self.restore.lock().expect("never poisoned");
+        if pending.as_deref() != Some(restore_id) {
+            return Ok(()); // acknowledged already, or not the pending one
+        }
+        *pending = None;
+        self.tx
+            .send(Outgoing::RestoreApplied(restore_id.to_owned()))
             .map_err(|_| Error::SessionClosed)
     }
 
@@ -187,6 +210,7 @@ impl AppSession {
                 tx,
                 room,
                 peers: Arc::new(RwLock::new(attached.peers.iter().cloned().collect())),
+                restore: Arc::default(),
             },
             inbound,
             buffered: VecDeque::new(),
@@ -213,6 +237,10 @@ impl AppSession {
     /// The next event; `None` when the daemon closed the session.
     pub async fn next_event(&mut self) -> Result<Option<AppEvent>, Error> {
         use pb::node_to_app::Kind;
+        let unacknowledged = self.sender.restore.lock().expect("never poisoned").clone();
+        if let Some(restore_id) = unacknowledged {
+            self.sender.restore_applied(&restore_id)?;
+        }
         loop {
             if let Some(event) = self.buffered.pop_front() {
                 return Ok(Some(event));
@@ -241,6 +269,8 @@ impl AppSession {
                     if r.last {
                         let (restore_id, snapshot_id, state) =
                             self.restore.take().expect("set above");
+                        *self.sender.restore.lock().expect("never poisoned") =
+                            Some(restore_id.clone());
                         return Ok(Some(AppEvent::Restore {
                             restore_id,
                             snapshot_id,
@@ -280,6 +310,9 @@ async fn write_loop(
                     })
                 })
                 .collect(),
+            Outgoing::RestoreApplied(restore_id) => {
+                vec![Kind::RestoreApplied(pb::RestoreApplied { restore_id })]
+            }
             Outgoing::Send(to, payload) => {
                 let mut batch = vec![pb::Send { to, payload }];
                 while batch.len() < SEND_BATCH {

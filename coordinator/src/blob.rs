@@ -78,12 +78,17 @@ impl BlobStore {
     pub async fn read(&self, list: &ChunkList) -> std::io::Result<Vec<u8>> {
         let mut out = Vec::with_capacity(list.size as usize);
         for hash in &list.chunks {
-            if hash.len() < 2 || !hash.bytes().all(|b| b.is_ascii_hexdigit()) {
-                return Err(std::io::Error::other(format!("bad chunk name {hash}")));
-            }
-            out.extend_from_slice(&tokio::fs::read(self.path(hash)).await?);
+            out.extend_from_slice(&self.read_chunk(hash).await?);
         }
         Ok(out)
+    }
+
+    /// Reads one chunk (at most 256 KiB), for reading a large list piece by piece.
+    pub async fn read_chunk(&self, hash: &str) -> std::io::Result<Vec<u8>> {
+        if hash.len() < 2 || !hash.bytes().all(|b| b.is_ascii_hexdigit()) {
+            return Err(std::io::Error::other(format!("bad chunk name {hash}")));
+        }
+        tokio::fs::read(self.path(hash)).await
     }
 
     /// Removes every chunk not in `referenced`; returns the bytes freed.

@@ -27,6 +27,11 @@ pub struct CoordinatorConfig {
     pub topology: Option<Topology>,
     /// The snapshot policy (a policy set through `SetPolicy` and stored wins over it).
     pub policy: Policy,
+    /// Automatic recovery: when a member's daemon comes back with a new incarnation, restore
+    /// the newest completed snapshot on the whole cluster.
+    pub auto_restore: bool,
+    /// How long a restore may take before it fails naming the nodes that did not apply.
+    pub restore_timeout: Duration,
 }
 
 impl CoordinatorConfig {
@@ -42,6 +47,8 @@ impl CoordinatorConfig {
             grace_period: Duration::from_secs(5),
             topology: None,
             policy: Policy::default(),
+            auto_restore: false,
+            restore_timeout: Duration::from_secs(60),
         }
     }
 }

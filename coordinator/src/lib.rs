@@ -109,6 +109,8 @@ pub async fn run(
             retention: config.retention,
             topology: config.topology.clone(),
             policy: config.policy.clone(),
+            auto_restore: config.auto_restore,
+            restore_timeout: config.restore_timeout,
         },
         kv.clone(),
         blobs.clone(),

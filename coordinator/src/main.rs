@@ -53,6 +53,15 @@ struct Args {
     /// Log format: human or json.
     #[arg(long, env = "CAIRN_LOG_FORMAT", default_value = "human", value_parser = ["human", "json"])]
     log_format: String,
+    /// Automatic recovery: when a member's daemon comes back with a new incarnation (it
+    /// crashed or was restarted), restore the newest completed snapshot on the whole cluster
+    /// once every member is connected.
+    #[arg(long, env = "CAIRN_AUTO_RESTORE")]
+    auto_restore: bool,
+    /// How long a restore may take before it fails naming the nodes that did not apply
+    /// their state.
+    #[arg(long, env = "CAIRN_RESTORE_TIMEOUT", default_value = "60s", value_parser = humantime::parse_duration)]
+    restore_timeout: Duration,
     #[command(flatten)]
     schedule: Schedule,
 }
@@ -159,6 +168,8 @@ fn main() -> ExitCode {
         config.retention = args.retention;
         config.topology = topology;
         config.policy = policy;
+        config.auto_restore = args.auto_restore;
+        config.restore_timeout = args.restore_timeout;
         match cairn_coordinator::run(config, listener, metrics, shutdown).await {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use cairn_core::{ChannelId, LocalReport, NodeId, NodePart, SnapshotId, StartRequest};
-use cairn_node::convert::{channel_from_pb, incoming_from_pb, outgoing_from_pb};
+use cairn_node::convert::{channel_from_pb, channel_to_pb, incoming_from_pb, outgoing_from_pb};
 use cairn_proto::v1 as pb;
 use prost::Message;
 use tokio::sync::{mpsc, oneshot};
@@ -18,9 +18,9 @@ use tonic::{Request, Response, Status, Streaming};
 use crate::blob::BlobStore;
 use crate::error::Error;
 use crate::records_conv::{snapshot_pb, status_name};
-use crate::state::{Msg, mode_of};
+use crate::state::{Msg, mode_of, restore_epoch, restore_pb};
 use crate::store::records::CutRecord;
-use crate::store::{AnyKv, ChunkList, Keys, Kv, PartRecord, SnapshotRecord};
+use crate::store::{AnyKv, ChunkList, Keys, Kv, PartRecord, RestoreRecord, SnapshotRecord};
 
 /// The `Coordinator` service.
 pub(crate) struct CoordinatorService {
@@ -259,16 +259,158 @@ impl pb::coordinator_server::Coordinator for CoordinatorService {
 
     async fn restore_snapshot(
         &self,
-        _request: Request<pb::RestoreSnapshotRequest>,
+        request: Request<pb::RestoreSnapshotRequest>,
     ) -> Result<Response<pb::RestoreOperation>, Status> {
-        Err(Status::unimplemented("restore is not built yet"))
+        let snapshot_id = request.into_inner().snapshot_id;
+        let record = self
+            .ask(|reply| Msg::Restore { snapshot_id, reply })
+            .await??;
+        Ok(Response::new(restore_pb(&record)))
     }
 
     async fn get_restore(
         &self,
-        _request: Request<pb::GetRestoreRequest>,
+        request: Request<pb::GetRestoreRequest>,
     ) -> Result<Response<pb::RestoreOperation>, Status> {
-        Err(Status::unimplemented("restore is not built yet"))
+        let id = request.into_inner().restore_id;
+        let unknown = || Status::not_found(format!("no restore `{id}`"));
+        let epoch = restore_epoch(&id).ok_or_else(unknown)?;
+        let value = self
+            .kv
+            .get(&self.keys.restore(epoch))
+            .await
+            .map_err(Error::from)?
+            .ok_or_else(unknown)?;
+        let record: RestoreRecord = serde_json::from_slice(&value)
+            .map_err(|e| Error::Blob(format!("{id}: unreadable record: {e}")))?;
+        Ok(Response::new(restore_pb(&record)))
+    }
+
+    async fn list_restores(
+        &self,
+        request: Request<pb::ListRestoresRequest>,
+    ) -> Result<Response<pb::ListRestoresResponse>, Status> {
+        let limit = match request.into_inner().limit {
+            0 => 100,
+            n => n as usize,
+        };
+        let mut records: Vec<RestoreRecord> = self
+            .kv
+            .list(&self.keys.restores())
+            .await
+            .map_err(Error::from)?
+            .into_iter()
+            .filter_map(|(_, v)| serde_json::from_slice(&v).ok())
+            .collect();
+        records.sort_by_key(|r| std::cmp::Reverse(r.epoch));
+        records.truncate(limit);
+        Ok(Response::new(pb::ListRestoresResponse {
+            restores: records.iter().map(restore_pb).collect(),
+        }))
+    }
+
+    type FetchRestorePartStream = ReceiverStream<Result<pb::RestorePiece, Status>>;
+
+    async fn fetch_restore_part(
+        &self,
+        request: Request<pb::FetchRestorePartRequest>,
+    ) -> Result<Response<Self::FetchRestorePartStream>, Status> {
+        let r = request.into_inner();
+        let id = r.snapshot_id;
+        let record = self.record(id).await?;
+        if record.status != "COMPLETED" {
+            return Err(Error::FailedPrecondition(format!(
+                "snapshot {id} is {}; only a COMPLETED snapshot can be restored",
+                record.status
+            ))
+            .into());
+        }
+        let parts = self.parts(id).await?;
+        let own = parts
+            .iter()
+            .find(|p| p.node == r.node_id)
+            .cloned()
+            .ok_or_else(|| {
+                Error::FailedPrecondition(format!(
+                    "node {} has no part in snapshot {id}",
+                    r.node_id
+                ))
+            })?;
+        // Every part may hold recorded messages of this node's channels: the receiver's
+        // (in flight to it) or, unaligned, the sender's (still queued there).
+        let mut recorded = Vec::new();
+        for part in &parts {
+            let states = self.read(&part.channel_states).await?;
+            let mut buf = &states[..];
+            while !buf.is_empty() {
+                let state = pb::ChannelState::decode_length_delimited(&mut buf)
+                    .map_err(|e| Error::Blob(format!("channel states of {}: {e}", part.node)))?;
+                let channel = channel_from_pb(state.channel.as_ref())
+                    .map_err(|e| Error::Blob(e.to_string()))?;
+                if channel.to.as_str() == r.node_id || channel.from.as_str() == r.node_id {
+                    for m in state.messages {
+                        recorded.push((channel.clone(), m.index, m.payload));
+                    }
+                }
+            }
+        }
+        let plan = cairn_core::restore::replay(recorded);
+        let (tx, rx) = mpsc::channel(4);
+        let blobs = self.blobs.clone();
+        let node = r.node_id;
+        tokio::spawn(async move {
+            use pb::restore_piece::Kind;
+            let piece = |kind| Ok(pb::RestorePiece { kind: Some(kind) });
+            for hash in &own.local_state.chunks {
+                let bytes = match blobs.read_chunk(hash).await {
+                    Ok(b) => b,
+                    Err(e) => {
+                        let _ = tx
+                            .send(Err(Status::from(Error::Blob(format!(
+                                "state of {node}: {e}"
+                            )))))
+                            .await;
+                        return;
+                    }
+                };
+                if tx
+                    .send(piece(Kind::LocalState(bytes.into())))
+                    .await
+                    .is_err()
+                {
+                    return;
+                }
+            }
+            let mut counts = Vec::new();
+            for (channel, messages) in plan {
+                if channel.from.as_str() == node {
+                    counts.push(pb::ChannelCount {
+                        channel: Some(channel_to_pb(&channel)),
+                        messages: messages.len() as u64,
+                    });
+                    continue;
+                }
+                for (i, batch) in messages.chunks(256).enumerate() {
+                    let state = pb::ChannelState {
+                        channel: Some(channel_to_pb(&channel)),
+                        messages: batch
+                            .iter()
+                            .enumerate()
+                            .map(|(j, payload)| pb::RecordedMessage {
+                                index: (i * 256 + j) as u64,
+                                payload: payload.clone(),
+                            })
+                            .collect(),
+                    };
+                    if tx.send(piece(Kind::ChannelState(state))).await.is_err() {
+                        return;
+                    }
+                }
+            }
+            let counts = pb::ReplayCounts { outgoing: counts };
+            let _ = tx.send(piece(Kind::Counts(counts))).await;
+        });
+        Ok(Response::new(ReceiverStream::new(rx)))
     }
 
     async fn list_nodes(
@@ -348,6 +490,29 @@ impl pb::coordinator_server::Coordinator for CoordinatorService {
                         let msg = Msg::Heartbeat {
                             node: node.clone(),
                             application_attached: beat.application_attached,
+                        };
+                        if state.send(msg).await.is_err() {
+                            return;
+                        }
+                    }
+                    Ok(Some(pb::NodeToCoordinator {
+                        kind: Some(Kind::RestoreApplied(applied)),
+                    })) => {
+                        let msg = Msg::RestoreApplied {
+                            node: node.clone(),
+                            restore_id: applied.restore_id,
+                        };
+                        if state.send(msg).await.is_err() {
+                            return;
+                        }
+                    }
+                    Ok(Some(pb::NodeToCoordinator {
+                        kind: Some(Kind::RestoreFailed(failed)),
+                    })) => {
+                        let msg = Msg::RestoreFailed {
+                            node: node.clone(),
+                            restore_id: failed.restore_id,
+                            message: failed.message,
                         };
                         if state.send(msg).await.is_err() {
                             return;

@@ -23,7 +23,12 @@ use crate::blob::BlobStore;
 use crate::error::Error;
 use crate::policy;
 use crate::records_conv::{failure_record, mode_name, now_ms, progress_pb};
-use crate::store::{AnyKv, Keys, Kv, MemberRecord, RosterRecord, SnapshotRecord, VerdictRecord};
+use crate::store::{
+    AnyKv, Keys, Kv, MemberRecord, RestoreRecord, RosterRecord, SnapshotRecord, VerdictRecord,
+};
+
+mod restore;
+pub(crate) use restore::{restore_epoch, restore_pb};
 
 /// The stream a node's session reads its commands from.
 pub(crate) type NodeTx = mpsc::Sender<Result<pb::CoordinatorToNode, Status>>;
@@ -89,6 +94,22 @@ pub(crate) enum Msg {
     GetPolicy {
         reply: oneshot::Sender<pb::Policy>,
     },
+    Restore {
+        snapshot_id: u64,
+        reply: oneshot::Sender<Result<RestoreRecord, Error>>,
+    },
+    RestoreApplied {
+        node: NodeId,
+        restore_id: String,
+    },
+    RestoreFailed {
+        node: NodeId,
+        restore_id: String,
+        message: String,
+    },
+    RestoreTimedOut {
+        epoch: u64,
+    },
     SetPolicy {
         request: pb::SetPolicyRequest,
         reply: oneshot::Sender<Result<pb::Policy, Error>>,
@@ -111,6 +132,10 @@ pub(crate) struct Settings {
     pub topology: Option<Topology>,
     /// The snapshot policy of the flags (a stored one set through the API wins).
     pub policy: Policy,
+    /// Restore the newest completed snapshot when a member's daemon restarts.
+    pub auto_restore: bool,
+    /// How long a restore may take.
+    pub restore_timeout: Duration,
 }
 
 pub(crate) struct State {
@@ -136,6 +161,12 @@ pub(crate) struct State {
     stale: Option<bool>,
     /// Whether the schedule was reported failing.
     failing: bool,
+    /// The cluster's epoch (raised by every restore).
+    epoch: u64,
+    /// The restore under way.
+    restore: Option<restore::ActiveRestore>,
+    /// Automatic recovery waits for every member to connect; why it is due.
+    pending_recovery: Option<String>,
 }
 
 impl State {
@@ -156,6 +187,9 @@ impl State {
             health,
             stale: None,
             failing: false,
+            epoch: 0,
+            restore: None,
+            pending_recovery: None,
             metrics,
             keys: Keys::new(&settings.cluster),
             settings,
@@ -188,6 +222,7 @@ impl State {
         }
         tracing::info!(nodes = self.roster.len(), "roster loaded");
         self.load_policy().await?;
+        self.recover_restores().await?;
         let mut newest_completed = None;
         for (key, value) in self.kv.list(&self.keys.snapshots()).await? {
             let Ok(mut record) = serde_json::from_slice::<SnapshotRecord>(&value) else {
@@ -384,6 +419,22 @@ impl State {
             Msg::GetPolicy { reply } => {
                 let _ = reply.send(self.policy_pb());
             }
+            Msg::Restore { snapshot_id, reply } => {
+                let result = self.restore(snapshot_id, "user".into()).await;
+                let _ = reply.send(result);
+            }
+            Msg::RestoreApplied { node, restore_id } => {
+                self.restore_applied(&node, &restore_id).await;
+            }
+            Msg::RestoreFailed {
+                node,
+                restore_id,
+                message,
+            } => {
+                self.restore_node_failed(&node, Some(&restore_id), &message)
+                    .await;
+            }
+            Msg::RestoreTimedOut { epoch } => self.restore_timed_out(epoch).await,
             Msg::SetPolicy { request, reply } => {
                 let result = self.set_policy(request).await;
                 let _ = reply.send(result);
@@ -447,6 +498,15 @@ impl State {
         };
         match due {
             Due::Skip(skip) => self.skipped(&skip),
+            Due::Start if self.restore.is_some() => {
+                let why = format!(
+                    "{} is in progress",
+                    self.restore_in_progress().unwrap_or("")
+                );
+                if let Ok(skip) = self.schedule.refused(true, why) {
+                    self.skipped(&skip);
+                }
+            }
             Due::Start => {
                 let policy = self.schedule.policy().clone();
                 let request = StartRequest {
@@ -597,7 +657,7 @@ impl State {
         pb::Membership {
             nodes,
             channels,
-            epoch: 0,
+            epoch: self.epoch,
         }
     }
 
@@ -631,9 +691,15 @@ impl State {
         pb::ListNodesResponse { nodes, channels }
     }
 
-    /// Puts a registering node on the roster, or moves it to its new address. Returns what
-    /// changed for the other nodes, if anything.
-    async fn enroll(&mut self, node: &NodeId, address: &str) -> Result<Option<String>, Error> {
+    /// Puts a registering node on the roster, or moves it to its new address, and notes its
+    /// incarnation. Returns what changed for the other nodes, if anything, and whether the
+    /// node's daemon restarted since it last registered.
+    async fn enroll(
+        &mut self,
+        node: &NodeId,
+        address: &str,
+        incarnation: u64,
+    ) -> Result<(Option<String>, bool), Error> {
         if let Some(topology) = &self.settings.topology
             && !topology.contains(node)
         {
@@ -641,10 +707,17 @@ impl State {
                 "node {node} is not in this coordinator's --topology file"
             )));
         }
+        let restarted = self
+            .roster
+            .get(node)
+            .is_some_and(|r| r.incarnation != 0 && r.incarnation != incarnation);
         let change = match self.roster.get(node) {
-            Some(r) if r.address == address => return Ok(None),
-            Some(r) => format!("node {node} moved from {} to {address}", r.address),
-            None => format!("node {node} joined"),
+            Some(r) if r.address == address && r.incarnation == incarnation => {
+                return Ok((None, false));
+            }
+            Some(r) if r.address == address => None,
+            Some(r) => Some(format!("node {node} moved from {} to {address}", r.address)),
+            None => Some(format!("node {node} joined")),
         };
         let record = RosterRecord {
             node: node.to_string(),
@@ -653,6 +726,7 @@ impl State {
                 .roster
                 .get(node)
                 .map_or_else(now_ms, |r| r.joined_at_ms),
+            incarnation,
         };
         let value = serde_json::to_vec(&record).expect("plain record");
         self.kv
@@ -660,6 +734,9 @@ impl State {
             .await?;
         let joined = !self.roster.contains_key(node);
         self.roster.insert(node.clone(), record);
+        let Some(change) = change else {
+            return Ok((None, restarted));
+        };
         if joined {
             // Snapshots in flight were planned without it.
             let ids: Vec<u64> = self.inflight.keys().copied().collect();
@@ -672,7 +749,7 @@ impl State {
             }
         }
         tracing::info!(%node, %address, "{change}");
-        Ok(Some(change))
+        Ok((Some(change), restarted))
     }
 
     async fn register(
@@ -693,7 +770,13 @@ impl State {
             ));
         }
         let node = NodeId::new(register.node_id.clone());
-        let changed = self.enroll(&node, &register.address).await?;
+        let (changed, restarted) = self
+            .enroll(&node, &register.address, register.incarnation)
+            .await?;
+        if restarted && self.settings.auto_restore {
+            tracing::warn!(%node, "node restarted: automatic recovery will restore the newest completed snapshot");
+            self.pending_recovery = Some(format!("{node} restarted"));
+        }
         if let Some(old) = self.members.get(&node)
             && old.record.incarnation != register.incarnation
         {
@@ -741,6 +824,7 @@ impl State {
                 }
             }
         }
+        self.maybe_auto_restore().await;
         Ok(membership)
     }
 
@@ -750,6 +834,8 @@ impl State {
         }
         tracing::warn!(%node, "node session ended");
         self.members.remove(&node);
+        self.restore_node_failed(&node, None, "its session with the coordinator ended")
+            .await;
         self.metrics.members.set(self.members.len() as i64);
         if let Err(e) = self.kv.delete(&self.keys.member(node.as_str())).await {
             tracing::warn!("{e}");
@@ -794,6 +880,11 @@ impl State {
         timeout: Duration,
         labels: BTreeMap<String, String>,
     ) -> Result<u64, Error> {
+        if let Some(restore) = self.restore_in_progress() {
+            return Err(Error::FailedPrecondition(format!(
+                "{restore} is in progress; snapshots can start once it is done"
+            )));
+        }
         let topology = self.topology()?;
         if self.roster.is_empty() {
             return Err(Error::FailedPrecondition(

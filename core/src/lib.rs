@@ -52,6 +52,7 @@
 //! - [`report`]: [`LocalReport`] (a process's counters) and [`FailureReason`].
 //! - [`verifier`]: [`verify`], the consistent-cut check, and its [`Violation`]s.
 //! - [`tracker`]: [`SnapshotTracker`], the coordinator's view of every snapshot.
+//! - [`restore`]: the replay of recorded channel state, and a restore's progress.
 //! - [`schedule`]: [`schedule::Schedule`], when the coordinator takes scheduled snapshots.
 
 #![forbid(unsafe_code)]
@@ -59,6 +60,7 @@
 pub mod engine;
 pub mod event;
 pub mod report;
+pub mod restore;
 pub mod schedule;
 pub mod topology;
 pub mod tracker;

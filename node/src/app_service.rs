@@ -131,11 +131,12 @@ impl SessionReader {
                     })
                     .await?;
                 }
-                Kind::RestoreApplied(_) => {
-                    tracing::debug!(
-                        session = self.session,
-                        "RestoreApplied without a restore: ignored"
-                    );
+                Kind::RestoreApplied(applied) => {
+                    self.to_loop(LoopMsg::AppRestoreApplied {
+                        session: self.session,
+                        restore_id: applied.restore_id,
+                    })
+                    .await?;
                 }
                 Kind::Attach(_) => return Err(invalid("Attach sent twice").into()),
             }

@@ -13,8 +13,8 @@ use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
 use tonic::transport::{Channel, Endpoint};
 
-use crate::convert::{failure_to_pb, plan_from_pb};
-use crate::node_loop::{LoopMsg, Shared, StateChunk};
+use crate::convert::{channel_from_pb, failure_to_pb, plan_from_pb};
+use crate::node_loop::{LoopMsg, RestoreData, Shared, StateChunk};
 use crate::wiring::Wirer;
 
 /// How often the node tells the coordinator it is alive, and whether its application is.
@@ -34,6 +34,10 @@ pub(crate) enum NodeEvent {
     PartReady(Box<pb::LocalSnapshot>),
     /// The snapshot failed here.
     Failed(SnapshotId, FailureReason),
+    /// The application applied a restored state.
+    RestoreApplied { restore_id: String },
+    /// This node could not restore.
+    RestoreFailed { restore_id: String, message: String },
 }
 
 pub(crate) struct CoordinatorLink {
@@ -84,7 +88,8 @@ impl CoordinatorLink {
             c = self.connect() => c?,
         };
         let mut client = pb::coordinator_client::CoordinatorClient::new(channel)
-            .max_encoding_message_size(64 << 20);
+            .max_encoding_message_size(64 << 20)
+            .max_decoding_message_size(64 << 20);
         let (tx, rx) = mpsc::channel(64);
         let register = pb::Register {
             cluster: self.shared.cluster.clone(),
@@ -105,7 +110,18 @@ impl CoordinatorLink {
             Ok(Some(pb::CoordinatorToNode {
                 kind: Some(Kind::Registered(m)),
             })) => {
-                tracing::info!(members = m.nodes.len(), "registered with the coordinator");
+                tracing::info!(
+                    members = m.nodes.len(),
+                    epoch = m.epoch,
+                    "registered with the coordinator"
+                );
+                if m.epoch != *self.shared.epoch.borrow() {
+                    let adopt = LoopMsg::AdoptEpoch { epoch: m.epoch };
+                    self.loop_tx
+                        .send(adopt)
+                        .await
+                        .map_err(|_| "node stopping")?;
+                }
                 // A membership this daemon cannot follow ends the session: the coordinator
                 // sees it go, and the daemon tries again later.
                 self.wirer.apply(&m).await?;
@@ -131,7 +147,7 @@ impl CoordinatorLink {
                     tx.send(beat).await.map_err(|_| "session closed")?;
                 }
                 command = commands.message() => match command {
-                    Ok(Some(pb::CoordinatorToNode { kind: Some(kind) })) => self.command(kind).await?,
+                    Ok(Some(pb::CoordinatorToNode { kind: Some(kind) })) => self.command(kind, &tx, &client).await?,
                     Ok(Some(_)) => {}
                     Ok(None) => return Err("the coordinator closed the session".into()),
                     Err(s) => return Err(s.message().to_owned()),
@@ -144,7 +160,12 @@ impl CoordinatorLink {
         }
     }
 
-    async fn command(&mut self, kind: pb::coordinator_to_node::Kind) -> Result<(), String> {
+    async fn command(
+        &mut self,
+        kind: pb::coordinator_to_node::Kind,
+        session: &mpsc::Sender<pb::NodeToCoordinator>,
+        client: &pb::coordinator_client::CoordinatorClient<Channel>,
+    ) -> Result<(), String> {
         use pb::coordinator_to_node::Kind;
         match kind {
             Kind::Initiate(plan) => match plan_from_pb(&plan) {
@@ -163,7 +184,23 @@ impl CoordinatorLink {
                 self.wirer.apply(&m).await?;
             }
             Kind::Registered(_) => {}
-            Kind::Restore(_) => tracing::warn!("restore requested, but restore is not built yet"),
+            Kind::Restore(restore) => {
+                tracing::info!(
+                    restore = %restore.restore_id,
+                    snapshot = restore.snapshot_id,
+                    epoch = restore.epoch,
+                    "restore requested: fetching this node's share"
+                );
+                // Fetched aside, so the session keeps serving; the loop enters the new
+                // epoch only once everything is here, in one step.
+                tokio::spawn(fetch_and_restore(
+                    client.clone(),
+                    restore,
+                    self.shared.node_id.to_string(),
+                    self.loop_tx.clone(),
+                    session.clone(),
+                ));
+            }
         }
         Ok(())
     }
@@ -176,6 +213,24 @@ impl CoordinatorLink {
     ) -> Result<(), String> {
         use pb::node_snapshot_event::Kind;
         let (id, kind) = match event {
+            NodeEvent::RestoreApplied { restore_id } => {
+                let applied = pb::node_to_coordinator::Kind::RestoreApplied(pb::RestoreApplied {
+                    restore_id,
+                });
+                let message = pb::NodeToCoordinator {
+                    kind: Some(applied),
+                };
+                return tx.send(message).await.map_err(|_| "session closed".into());
+            }
+            NodeEvent::RestoreFailed {
+                restore_id,
+                message,
+            } => {
+                return tx
+                    .send(restore_failed(restore_id, message))
+                    .await
+                    .map_err(|_| "session closed".into());
+            }
             NodeEvent::StateRecorded(id) => (id, Kind::StateRecorded(pb::Empty {})),
             NodeEvent::Failed(id, reason) => {
                 // Dropping its items ends the upload without a cut: the coordinator keeps
@@ -310,6 +365,88 @@ async fn upload(
         kind: Some(pb::node_to_coordinator::Kind::Snapshot(event)),
     };
     let _ = session.send(message).await;
+}
+
+fn restore_failed(restore_id: String, message: String) -> pb::NodeToCoordinator {
+    pb::NodeToCoordinator {
+        kind: Some(pb::node_to_coordinator::Kind::RestoreFailed(
+            pb::NodeRestoreFailed {
+                restore_id,
+                message,
+            },
+        )),
+    }
+}
+
+/// Fetches this node's share of a restore from the coordinator and hands it to the loop;
+/// a failure is reported to the coordinator, which fails the restore naming this node.
+async fn fetch_and_restore(
+    mut client: pb::coordinator_client::CoordinatorClient<Channel>,
+    restore: pb::NodeRestore,
+    node: String,
+    loop_tx: mpsc::Sender<LoopMsg>,
+    session: mpsc::Sender<pb::NodeToCoordinator>,
+) {
+    let result = async {
+        let request = pb::FetchRestorePartRequest {
+            snapshot_id: restore.snapshot_id,
+            node_id: node,
+        };
+        let mut pieces = client
+            .fetch_restore_part(request)
+            .await
+            .map_err(|s| s.message().to_owned())?
+            .into_inner();
+        let mut data = RestoreData {
+            restore_id: restore.restore_id.clone(),
+            snapshot_id: restore.snapshot_id,
+            epoch: restore.epoch,
+            state: Vec::new(),
+            incoming: Default::default(),
+            outgoing: Default::default(),
+        };
+        let mut complete = false;
+        while let Some(piece) = pieces.message().await.map_err(|s| s.message().to_owned())? {
+            use pb::restore_piece::Kind;
+            match piece.kind {
+                Some(Kind::LocalState(bytes)) => data.state.push(bytes),
+                Some(Kind::ChannelState(state)) => {
+                    let channel =
+                        channel_from_pb(state.channel.as_ref()).map_err(|e| e.to_string())?;
+                    data.incoming
+                        .entry(channel)
+                        .or_default()
+                        .extend(state.messages.into_iter().map(|m| m.payload));
+                }
+                Some(Kind::Counts(counts)) => {
+                    for c in counts.outgoing {
+                        let channel =
+                            channel_from_pb(c.channel.as_ref()).map_err(|e| e.to_string())?;
+                        data.outgoing.insert(channel, c.messages);
+                    }
+                    complete = true;
+                }
+                None => {}
+            }
+        }
+        if !complete {
+            return Err("the coordinator's stream ended before the replay counts".to_owned());
+        }
+        Ok::<_, String>(data)
+    }
+    .await;
+    match result {
+        Ok(data) => {
+            let _ = loop_tx.send(LoopMsg::Restore(Box::new(data))).await;
+        }
+        Err(why) => {
+            tracing::error!(restore = %restore.restore_id, "cannot fetch this node's share of the restore: {why}");
+            let message = format!("cannot fetch the recorded state: {why}");
+            let _ = session
+                .send(restore_failed(restore.restore_id, message))
+                .await;
+        }
+    }
 }
 
 /// Each channel's recorded messages in pieces of at most about `UPLOAD_CHUNK` bytes.

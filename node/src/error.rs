@@ -57,6 +57,17 @@ pub enum Error {
         /// Why.
         reason: FailureReason,
     },
+    /// The two ends of a channel are in different epochs (one of them has not restored
+    /// yet); the sender retries until they agree.
+    #[error("{channel}: the sender is in epoch {theirs}, this node in epoch {ours}")]
+    EpochMismatch {
+        /// The channel.
+        channel: ChannelId,
+        /// This node's epoch.
+        ours: u64,
+        /// The sender's.
+        theirs: u64,
+    },
     /// Fault injection is off.
     #[error("fault injection is disabled; start the daemon with --fault-injection")]
     FaultInjectionDisabled,
@@ -77,6 +88,7 @@ impl From<Error> for Status {
             Error::NoSuchPart(_) => Code::NotFound,
             Error::DuplicateSnapshot(_) => Code::AlreadyExists,
             Error::SnapshotFailed { .. } => Code::FailedPrecondition,
+            Error::EpochMismatch { .. } => Code::Aborted,
             Error::FaultInjectionDisabled => Code::PermissionDenied,
             Error::ShuttingDown => Code::Unavailable,
         };

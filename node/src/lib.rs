@@ -116,6 +116,7 @@ pub async fn run(
         wiring: RwLock::new(Arc::new(first)),
         fault_injection: config.fault_injection,
         upload_room: Arc::new(tokio::sync::Semaphore::new(UPLOAD_ROOM)),
+        epoch: tokio::sync::watch::Sender::new(0),
     });
 
     let stop = CancellationToken::new();

@@ -19,7 +19,7 @@ use tokio_util::sync::CancellationToken;
 use tonic::transport::{Channel, Endpoint};
 
 use crate::convert::plan_to_pb;
-use crate::node_loop::{ChannelHandles, LoopMsg, OutFrame, Shared};
+use crate::node_loop::{ChannelHandles, LoopMsg, OutFrame, Pulled, Shared};
 
 /// Most frames asked of the node loop at once.
 const PULL_MAX: usize = 1024;
@@ -47,13 +47,19 @@ struct State {
     next_seq: u64,
     unacked: VecDeque<(u64, OutFrame)>,
     peer_incarnation: Option<u64>,
-    pull: Option<oneshot::Receiver<Vec<OutFrame>>>,
+    pull: Option<oneshot::Receiver<Pulled>>,
+    /// The epoch of the frames held and of the stream.
+    epoch: u64,
 }
 
 enum Ended {
     Shutdown,
     /// The connection failed or broke; the reason is logged.
     Broken(String),
+    /// The peer is in another epoch (one of the two has not restored yet): try again soon.
+    OtherEpoch(String),
+    /// This node entered a new epoch: reconnect in it at once.
+    NewEpoch,
 }
 
 impl Link {
@@ -63,6 +69,7 @@ impl Link {
             unacked: VecDeque::new(),
             peer_incarnation: None,
             pull: None,
+            epoch: *self.shared.epoch.borrow(),
         };
         let mut delay = self.config.reconnect_initial;
         loop {
@@ -70,6 +77,16 @@ impl Link {
                 Ended::Shutdown => return,
                 Ended::Broken(why) => {
                     tracing::debug!(channel = %self.channel, %why, "channel down; reconnecting");
+                }
+                Ended::NewEpoch => {
+                    self.handles.stats.connected.store(false, Relaxed);
+                    delay = self.config.reconnect_initial;
+                    continue;
+                }
+                Ended::OtherEpoch(why) => {
+                    tracing::debug!(channel = %self.channel, %why, "waiting for the peer's epoch");
+                    self.handles.stats.connected.store(false, Relaxed);
+                    delay = self.config.reconnect_initial;
                 }
             }
             if self.handles.stats.connected.swap(false, Relaxed) {
@@ -104,8 +121,28 @@ impl Link {
             .map_err(|e| format!("connect to {address}: {e}"))
     }
 
+    /// Drops every frame held for the old epoch (its credits go back) and starts numbering
+    /// again for `epoch`. A pull still waiting stays: its answer says its own epoch.
+    fn enter_epoch(&self, state: &mut State, epoch: u64) {
+        let data = state
+            .unacked
+            .drain(..)
+            .filter(|(_, f)| matches!(f, OutFrame::Data(_)))
+            .count();
+        self.handles.credits.add_permits(data);
+        state.next_seq = 1;
+        state.epoch = epoch;
+        self.handles.stats.unacked.store(0, Relaxed);
+        tracing::debug!(channel = %self.channel, epoch, dropped = data, "new epoch");
+    }
+
     /// One connection's life: handshake, resend, then send and acknowledge until it breaks.
     async fn session(&self, state: &mut State, shutdown: &CancellationToken) -> Ended {
+        let mut epochs = self.shared.epoch.subscribe();
+        let now = *epochs.borrow_and_update();
+        if now > state.epoch {
+            self.enter_epoch(state, now);
+        }
         let channel = tokio::select! {
             _ = shutdown.cancelled() => return Ended::Shutdown,
             c = self.connect() => match c {
@@ -120,7 +157,7 @@ impl Link {
                 from: self.channel.from.to_string(),
                 to: self.channel.to.to_string(),
                 incarnation: self.shared.incarnation,
-                epoch: 0,
+                epoch: state.epoch,
             })),
         };
         let _ = tx.send(handshake).await;
@@ -154,7 +191,11 @@ impl Link {
                     return Ended::Shutdown;
                 }
                 if let Ok(pulled) = pull.await {
-                    frames.extend(pulled);
+                    if pulled.epoch == state.epoch {
+                        frames.extend(pulled.frames);
+                    } else {
+                        self.give_back(&pulled.frames);
+                    }
                 }
             }
             let mut requeue: Vec<Bytes> = Vec::new();
@@ -171,6 +212,7 @@ impl Link {
                 .loop_tx
                 .send(LoopMsg::OutboundReset {
                     channel: self.channel.clone(),
+                    epoch: state.epoch,
                     requeue,
                     lost_markers,
                 })
@@ -190,7 +232,7 @@ impl Link {
         self.handles.stats.connected.store(true, Relaxed);
         // Resend what the peer does not have, in order.
         let resend: Vec<(u64, OutFrame)> = state.unacked.iter().cloned().collect();
-        for batch in batches(resend) {
+        for batch in batches(resend, state.epoch) {
             if tx.send(batch).await.is_err() {
                 return Ended::Broken("stream closed while resending".into());
             }
@@ -212,6 +254,16 @@ impl Link {
             tokio::select! {
                 _ = shutdown.cancelled() => return Ended::Shutdown,
                 _ = self.handles.faults.cut.notified() => return Ended::Broken("cut by fault injection".into()),
+                changed = epochs.changed() => {
+                    if changed.is_err() {
+                        return Ended::Shutdown;
+                    }
+                    let epoch = *epochs.borrow_and_update();
+                    if epoch > state.epoch {
+                        self.enter_epoch(state, epoch);
+                        return Ended::NewEpoch;
+                    }
+                }
                 ack = acks.message() => match ack {
                     Ok(Some(pb::PeerAck { kind: Some(pb::peer_ack::Kind::Ack(ack)) })) => {
                         self.acknowledge(state, ack.seq);
@@ -222,7 +274,16 @@ impl Link {
                 },
                 frames = async { state.pull.as_mut().expect("guarded").await }, if state.pull.is_some() => {
                     state.pull = None;
-                    let Ok(frames) = frames else { return Ended::Shutdown };
+                    let Ok(Pulled { epoch, frames }) = frames else { return Ended::Shutdown };
+                    if epoch < state.epoch {
+                        // Pulled before the node left that epoch: void.
+                        self.give_back(&frames);
+                        continue;
+                    }
+                    let newer = epoch > state.epoch;
+                    if newer {
+                        self.enter_epoch(state, epoch);
+                    }
                     let mut numbered = Vec::with_capacity(frames.len());
                     for frame in frames {
                         numbered.push((state.next_seq, frame.clone()));
@@ -230,12 +291,16 @@ impl Link {
                         state.next_seq += 1;
                     }
                     self.handles.stats.unacked.store(state.unacked.len() as u64, Relaxed);
+                    if newer {
+                        // Held, and sent once the stream is reopened in the new epoch.
+                        return Ended::NewEpoch;
+                    }
                     let delay = self.handles.faults.delay_ms.load(Relaxed);
                     if delay > 0 {
                         // Fault injection: every batch waits (frames keep their order).
                         tokio::time::sleep(Duration::from_millis(delay)).await;
                     }
-                    for batch in batches(numbered) {
+                    for batch in batches(numbered, state.epoch) {
                         if tx.send(batch).await.is_err() {
                             return Ended::Broken("stream closed".into());
                         }
@@ -245,8 +310,20 @@ impl Link {
         }
     }
 
+    /// Returns the credits of frames that will never be sent.
+    fn give_back(&self, frames: &[OutFrame]) {
+        let data = frames
+            .iter()
+            .filter(|f| matches!(f, OutFrame::Data(_)))
+            .count();
+        self.handles.credits.add_permits(data);
+    }
+
     fn refused(&self, status: tonic::Status) -> Ended {
         use tonic::Code;
+        if status.code() == Code::Aborted {
+            return Ended::OtherEpoch(status.message().to_owned());
+        }
         if matches!(
             status.code(),
             Code::FailedPrecondition | Code::NotFound | Code::InvalidArgument
@@ -276,14 +353,14 @@ impl Link {
 
 /// Packs numbered frames into batches: consecutive messages as one blob plus lengths,
 /// markers between them, at most `BATCH_BYTES` of payload per batch.
-fn batches(frames: Vec<(u64, OutFrame)>) -> Vec<pb::PeerFrame> {
+fn batches(frames: Vec<(u64, OutFrame)>, epoch: u64) -> Vec<pb::PeerFrame> {
     let mut out = Vec::new();
     let mut iter = frames.into_iter().peekable();
     while let Some(&(first_seq, _)) = iter.peek() {
         let mut batch = pb::FrameBatch {
             first_seq,
             frames: Vec::new(),
-            epoch: 0,
+            epoch,
         };
         let mut bytes = 0;
         while bytes < BATCH_BYTES {
@@ -295,7 +372,7 @@ fn batches(frames: Vec<(u64, OutFrame)>) -> Vec<pb::PeerFrame> {
                     };
                     batch.frames.push(pb::Frame {
                         kind: Some(pb::frame::Kind::Marker(pb::Marker {
-                            plan: Some(plan_to_pb(&plan, 0)),
+                            plan: Some(plan_to_pb(&plan, epoch)),
                         })),
                     });
                 }

@@ -68,6 +68,7 @@ impl pb::peer_server::Peer for PeerService {
             channel,
             handles,
             incarnation: handshake.incarnation,
+            epoch: handshake.epoch,
             expected: acked + 1,
         };
         let shutdown = self.shutdown.clone();
@@ -112,6 +113,14 @@ impl PeerService {
         if handshake.incarnation == 0 {
             return Err(invalid("handshake incarnation must not be 0"));
         }
+        let ours = *self.shared.epoch.borrow();
+        if handshake.epoch != ours {
+            return Err(Error::EpochMismatch {
+                channel,
+                ours,
+                theirs: handshake.epoch,
+            });
+        }
         Ok((channel, handles))
     }
 }
@@ -122,6 +131,7 @@ struct Reader {
     channel: ChannelId,
     handles: Arc<ChannelHandles>,
     incarnation: u64,
+    epoch: u64,
     /// The next sequence number this stream has not forwarded yet.
     expected: u64,
 }
@@ -260,6 +270,7 @@ impl Reader {
             .send(LoopMsg::InboundFrames {
                 channel: self.channel.clone(),
                 incarnation: self.incarnation,
+                epoch: self.epoch,
                 first_seq: self.expected,
                 items,
             })

@@ -19,8 +19,8 @@ use std::future::Future;
 pub use etcd::EtcdKv;
 pub use file::FileKv;
 pub use records::{
-    ChunkList, FailureRecord, MemberRecord, PartRecord, PolicyRecord, RosterRecord, SnapshotRecord,
-    VerdictRecord,
+    ChunkList, FailureRecord, MemberRecord, PartRecord, PolicyRecord, RestoreRecord, RosterRecord,
+    SnapshotRecord, VerdictRecord,
 };
 
 /// A metadata store that cannot be reached or answered wrongly.
@@ -160,5 +160,17 @@ impl Keys {
     /// The snapshot policy.
     pub fn policy(&self) -> String {
         format!("{}policy", self.root)
+    }
+    /// The cluster's epoch counter (raised by every restore).
+    pub fn epoch(&self) -> String {
+        format!("{}epoch", self.root)
+    }
+    /// Every restore record.
+    pub fn restores(&self) -> String {
+        format!("{}restores/", self.root)
+    }
+    /// One restore record, by its epoch.
+    pub fn restore(&self, epoch: u64) -> String {
+        format!("{}restores/{epoch:020}", self.root)
     }
 }

@@ -140,6 +140,36 @@ pub struct RosterRecord {
     pub address: String,
     /// Milliseconds since the Unix epoch of its first registration.
     pub joined_at_ms: u64,
+    /// The incarnation it last registered with (a new one means its daemon restarted).
+    #[serde(default)]
+    pub incarnation: u64,
+}
+
+/// A restore operation (`/cairn/<cluster>/restores/<epoch>`): who asked, when, which
+/// snapshot, who applied, and how it ended.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RestoreRecord {
+    /// `restore-<epoch>`.
+    pub id: String,
+    /// The snapshot restored.
+    pub snapshot_id: u64,
+    /// The epoch it fenced the cluster with.
+    pub epoch: u64,
+    /// The nodes that must apply their state.
+    pub nodes: Vec<String>,
+    /// The nodes that did.
+    pub applied: Vec<String>,
+    /// IN_PROGRESS, DONE or FAILED.
+    pub status: String,
+    /// Why it failed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failure: Option<String>,
+    /// "user" or "automatic recovery (…)".
+    pub requested_by: String,
+    /// Milliseconds since the Unix epoch.
+    pub started_at_ms: u64,
+    /// Milliseconds since the Unix epoch; 0 while in progress.
+    pub finished_at_ms: u64,
 }
 
 /// The snapshot policy (`/cairn/<cluster>/policy`), so that it outlives a restart.

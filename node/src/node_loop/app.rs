@@ -44,7 +44,9 @@ impl NodeLoop {
             _ => {}
         }
         tracing::info!("application detached");
-        self.app = None;
+        if let Some(app) = self.app.take() {
+            self.restore_abandoned(app.session);
+        }
         let mut waiting: Vec<SnapshotId> = std::mem::take(&mut self.awaiting_state)
             .into_iter()
             .collect();
@@ -53,7 +55,7 @@ impl NodeLoop {
                 waiting.push(*id);
                 false
             }
-            InboxItem::Deliver { .. } => true,
+            InboxItem::Deliver { .. } | InboxItem::Restore { .. } => true,
         });
         for id in waiting {
             let reason = FailureReason::NoApplication(self.shared.node_id.clone());
@@ -62,8 +64,9 @@ impl NodeLoop {
     }
 
     pub(super) fn on_app_send(&mut self, session: u64, sends: Vec<(ChannelId, Bytes)>) {
-        if self.app.as_ref().map(|a| a.session) != Some(session) {
-            // A session already replaced; its sends never entered a queue.
+        if self.app.as_ref().map(|a| a.session) != Some(session) || self.sends_void() {
+            // A session already replaced, or an application that has not applied the
+            // restored state yet (it sent these from its old one): never queued.
             for (channel, _) in &sends {
                 if let Some(out) = self.outgoing.get(channel) {
                     out.handles.credits.add_permits(1);
@@ -131,6 +134,33 @@ impl NodeLoop {
             permit.send(Ok(pb::NodeToApp { kind: Some(kind) }));
             return;
         }
+        if let Some(InboxItem::Restore {
+            restore_id,
+            snapshot_id,
+            epoch,
+            pieces,
+        }) = self.inbox.front_mut()
+        {
+            let chunk = pieces.pop_front().unwrap_or_default();
+            let last = pieces.is_empty();
+            let restore = pb::Restore {
+                restore_id: restore_id.clone(),
+                snapshot_id: *snapshot_id,
+                epoch: *epoch,
+                chunk,
+                last,
+            };
+            permit.send(Ok(pb::NodeToApp {
+                kind: Some(Kind::Restore(restore)),
+            }));
+            if last {
+                self.inbox.pop_front();
+            }
+            if let Some(session) = self.app.as_ref().map(|a| a.session) {
+                self.restore_handed(session);
+            }
+            return;
+        }
         if let Some(InboxItem::Record(id)) = self.inbox.front() {
             let id = *id;
             self.inbox.pop_front();
@@ -155,12 +185,15 @@ impl NodeLoop {
                 channel,
                 generation,
                 payload,
+                credited,
                 ..
             }) = self.inbox.pop_front()
             else {
                 unreachable!()
             };
-            self.incoming[&channel].handles.credits.add_permits(1);
+            if credited {
+                self.incoming[&channel].handles.credits.add_permits(1);
+            }
             messages.push(pb::Deliver {
                 from: channel.from.to_string(),
                 payload,

@@ -42,6 +42,7 @@ impl NodeLoop {
         &mut self,
         channel: ChannelId,
         incarnation: u64,
+        epoch: u64,
         first_seq: u64,
         items: Vec<InItem>,
     ) {
@@ -51,8 +52,9 @@ impl NodeLoop {
             .expect("validated by the peer service");
         let credits = incoming.handles.clone();
         let credits = &credits.credits;
-        if incoming.incarnation != incarnation {
-            // A stream of an incarnation already replaced: its frames are void.
+        if incoming.incarnation != incarnation || epoch != self.epoch {
+            // A stream of an incarnation already replaced, or of another epoch: its
+            // frames are void.
             credits.add_permits(
                 items
                     .iter()
@@ -94,6 +96,7 @@ impl NodeLoop {
                     generation: incoming.generation,
                     index: incoming.next_index,
                     payload,
+                    credited: true,
                 });
                 incoming.next_index += 1;
                 incoming.data_messages += 1;
@@ -180,7 +183,13 @@ impl NodeLoop {
                 OutItem::Marker(plan) => OutFrame::Marker(plan),
             });
         }
-        if reply.send(frames).is_err() {
+        if reply
+            .send(super::Pulled {
+                epoch: self.epoch,
+                frames,
+            })
+            .is_err()
+        {
             // The sending task is gone: the daemon is stopping.
             tracing::debug!(%channel, "pull answered after its task ended");
         }
@@ -199,9 +208,18 @@ impl NodeLoop {
     pub(super) fn on_outbound_reset(
         &mut self,
         channel: ChannelId,
-        requeue: Vec<Bytes>,
+        epoch: u64,
+        mut requeue: Vec<Bytes>,
         lost_markers: Vec<cairn_core::SnapshotId>,
     ) {
+        if epoch != self.epoch {
+            // Data of an epoch this node has left: dropped like the rest of it.
+            self.outgoing[&channel]
+                .handles
+                .credits
+                .add_permits(requeue.len());
+            requeue.clear();
+        }
         self.feed(Event::ChannelReset {
             channel: channel.clone(),
         });
@@ -271,7 +289,7 @@ impl NodeLoop {
             node_id: self.shared.node_id.to_string(),
             cluster: self.shared.cluster.clone(),
             incarnation: self.shared.incarnation,
-            epoch: 0,
+            epoch: self.epoch,
             application_attached: self.app.is_some(),
             inbox_depth: self.inbox.len() as u64,
             channels,

@@ -49,6 +49,8 @@ pub(crate) enum LoopMsg {
     InboundFrames {
         channel: ChannelId,
         incarnation: u64,
+        /// The epoch the stream was opened in; frames of another epoch are dropped.
+        epoch: u64,
         first_seq: u64,
         items: Vec<InItem>,
     },
@@ -56,7 +58,7 @@ pub(crate) enum LoopMsg {
     Pull {
         channel: ChannelId,
         max: usize,
-        reply: oneshot::Sender<Vec<OutFrame>>,
+        reply: oneshot::Sender<Pulled>,
     },
     /// Fault injection on an incoming channel.
     Fault {
@@ -69,6 +71,8 @@ pub(crate) enum LoopMsg {
     /// `lost_markers` the snapshots whose markers it never acknowledged.
     OutboundReset {
         channel: ChannelId,
+        /// The epoch of the requeued data; dropped if the node has moved on.
+        epoch: u64,
         requeue: Vec<Bytes>,
         lost_markers: Vec<SnapshotId>,
     },
@@ -92,6 +96,13 @@ pub(crate) enum LoopMsg {
     },
     /// The application's session ended.
     AppDetached { session: u64 },
+    /// The application applied a restored state: its sends count again.
+    AppRestoreApplied { session: u64, restore_id: String },
+    /// Restore a snapshot: enter its epoch, hand the application the recorded state and
+    /// replay the recorded messages ahead of any new traffic.
+    Restore(Box<RestoreData>),
+    /// The coordinator's epoch differs from this node's at registration: enter it.
+    AdoptEpoch { epoch: u64 },
     /// Start a snapshot here (NodeAdmin).
     Initiate {
         id: SnapshotId,
@@ -125,6 +136,27 @@ pub(crate) enum LoopMsg {
         what: String,
         reply: oneshot::Sender<()>,
     },
+}
+
+/// Frames an outgoing channel's task pulled, with the epoch they belong to.
+#[derive(Debug)]
+pub(crate) struct Pulled {
+    pub epoch: u64,
+    pub frames: Vec<OutFrame>,
+}
+
+/// What a node needs to restore a snapshot (fetched from the coordinator).
+#[derive(Debug)]
+pub(crate) struct RestoreData {
+    pub restore_id: String,
+    pub snapshot_id: u64,
+    pub epoch: u64,
+    /// The recorded local state, in pieces.
+    pub state: Vec<Bytes>,
+    /// Recorded messages of each incoming channel, in order.
+    pub incoming: BTreeMap<ChannelId, Vec<Bytes>>,
+    /// How many recorded messages each outgoing channel replays at its receiver.
+    pub outgoing: BTreeMap<ChannelId, u64>,
 }
 
 /// Holding back an incoming channel's frames (fault injection).
@@ -214,6 +246,9 @@ pub(crate) struct Shared {
     pub fault_injection: bool,
     /// Bytes of recorded state that may be on their way to the coordinator at once.
     pub upload_room: Arc<Semaphore>,
+    /// The epoch: raised by every restore. Written only by the node loop; the peer service
+    /// refuses streams of another epoch, and sending tasks start over when it changes.
+    pub epoch: tokio::sync::watch::Sender<u64>,
 }
 
 impl Shared {

@@ -4,6 +4,7 @@
 
 mod messages;
 mod recording;
+mod restore;
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::Arc;
@@ -16,7 +17,8 @@ use tokio_util::sync::CancellationToken;
 use crate::coordinator_link::NodeEvent;
 use crate::error::Error;
 pub(crate) use messages::{
-    AppTx, ChannelHandles, HoldFault, InItem, LoopMsg, OutFrame, Shared, StateChunk, Wiring,
+    AppTx, ChannelHandles, HoldFault, InItem, LoopMsg, OutFrame, Pulled, RestoreData, Shared,
+    StateChunk, Wiring,
 };
 use recording::Recordings;
 
@@ -29,8 +31,17 @@ enum InboxItem {
         generation: u64,
         index: u64,
         payload: Bytes,
+        /// Holds a credit of its channel (a replayed message does not).
+        credited: bool,
     },
     Record(SnapshotId),
+    /// A restored state, handed over piece by piece; always ahead of the replayed messages.
+    Restore {
+        restore_id: String,
+        snapshot_id: u64,
+        epoch: u64,
+        pieces: VecDeque<Bytes>,
+    },
 }
 
 struct Incoming {
@@ -89,7 +100,7 @@ struct Outgoing {
     handles: Arc<ChannelHandles>,
     queue: VecDeque<OutItem>,
     next_index: u64,
-    pending_pull: Option<(usize, oneshot::Sender<Vec<OutFrame>>)>,
+    pending_pull: Option<(usize, oneshot::Sender<Pulled>)>,
     data_messages: u64,
 }
 
@@ -128,6 +139,20 @@ pub(crate) struct NodeLoop {
     /// The newest snapshot ids this node has met, so an initiation cannot reuse one.
     seen: BTreeSet<SnapshotId>,
     pending: VecDeque<Event>,
+    /// The epoch this loop is in (published in `Shared::epoch`).
+    epoch: u64,
+    /// A restore whose state the application has not applied yet: until it has, what it
+    /// sends was decided on its old state and is dropped.
+    restore_pending: Option<RestorePending>,
+    /// Where the coordinator link hears of restores applied or failed.
+    events: Option<mpsc::UnboundedSender<NodeEvent>>,
+}
+
+/// A restore handed to the application and not yet applied.
+struct RestorePending {
+    restore_id: String,
+    /// The application session that was handed the state, once it was.
+    session: Option<u64>,
 }
 
 impl NodeLoop {
@@ -140,6 +165,7 @@ impl NodeLoop {
     ) -> Self {
         let wiring = shared.wiring();
         let engine = SnapshotEngine::new(shared.node_id.clone(), wiring.topology.clone());
+        let epoch = *shared.epoch.borrow();
         let mut this = Self {
             engine,
             rx,
@@ -150,9 +176,12 @@ impl NodeLoop {
             app: None,
             peers_changed: false,
             awaiting_state: BTreeSet::new(),
-            recordings: Recordings::new(shared.node_id.clone(), keep_parts, events),
+            recordings: Recordings::new(shared.node_id.clone(), keep_parts, events.clone()),
             seen: BTreeSet::new(),
             pending: VecDeque::new(),
+            epoch,
+            restore_pending: None,
+            events,
             shared,
         };
         this.take_up_channels(&wiring);
@@ -237,9 +266,10 @@ impl NodeLoop {
             LoopMsg::InboundFrames {
                 channel,
                 incarnation,
+                epoch,
                 first_seq,
                 items,
-            } => self.on_inbound_frames(channel, incarnation, first_seq, items),
+            } => self.on_inbound_frames(channel, incarnation, epoch, first_seq, items),
             LoopMsg::Pull {
                 channel,
                 max,
@@ -258,9 +288,10 @@ impl NodeLoop {
             }
             LoopMsg::OutboundReset {
                 channel,
+                epoch,
                 requeue,
                 lost_markers,
-            } => self.on_outbound_reset(channel, requeue, lost_markers),
+            } => self.on_outbound_reset(channel, epoch, requeue, lost_markers),
             LoopMsg::AppAttach { session, tx, reply } => {
                 let _ = reply.send(self.attach_app(session, tx));
             }
@@ -272,6 +303,12 @@ impl NodeLoop {
                 last,
             } => self.on_app_state(session, id, chunk, last),
             LoopMsg::AppDetached { session } => self.detach_app(Some(session)),
+            LoopMsg::AppRestoreApplied {
+                session,
+                restore_id,
+            } => self.on_restore_applied(session, restore_id),
+            LoopMsg::Restore(data) => self.restore(*data),
+            LoopMsg::AdoptEpoch { epoch } => self.adopt_epoch(epoch),
             LoopMsg::Initiate {
                 id,
                 mode,
@@ -428,6 +465,7 @@ impl NodeLoop {
                     generation: g,
                     index,
                     payload,
+                    ..
                 } = item
                     && c == channel
                     && *g == generation

@@ -1,6 +1,7 @@
 //! `cairnctl`: the command line of cairn. See `cairnctl --help`.
 
 mod policy;
+mod restore;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -54,6 +55,9 @@ enum Command {
     /// The cluster at a glance: members, snapshots in progress, the newest completed one
     /// and its age, the schedule and freshness.
     Status,
+    /// Show restore operations (start one with `cairnctl snapshot restore ID`).
+    #[command(subcommand)]
+    Restore(restore::RestoreCommand),
     /// Ask any cairn server (coordinator, node daemon, bank) for its gRPC health; exits 0
     /// only when it answers SERVING. For container healthchecks and probes.
     Health {
@@ -143,6 +147,20 @@ enum SnapshotCommand {
         /// Its id.
         id: u64,
     },
+    /// Roll the whole cluster back to a COMPLETED snapshot: every node's application gets
+    /// its recorded state, and the recorded in-flight messages are delivered again ahead
+    /// of any new traffic. Waits until every node applied its state (exit 0) or the
+    /// restore failed (exit 1).
+    Restore {
+        /// The snapshot.
+        id: u64,
+        /// Print the operation and return at once.
+        #[arg(long)]
+        no_wait: bool,
+        /// How long to wait.
+        #[arg(long, default_value = "120s", value_parser = humantime::parse_duration)]
+        timeout: Duration,
+    },
 }
 
 #[derive(Debug, Subcommand)]
@@ -224,6 +242,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Snapshot(command) => snapshot(&cli.coordinator, cli.output, command).await,
         Command::Policy(command) => policy::policy(&cli.coordinator, cli.output, command).await,
         Command::Status => policy::status(&cli.coordinator, cli.output).await,
+        Command::Restore(command) => restore::restore(&cli.coordinator, cli.output, command).await,
         Command::Health {
             address,
             service,
@@ -561,6 +580,11 @@ async fn snapshot(
             print_snapshot(&snapshot, output)?;
             Ok(ExitCode::SUCCESS)
         }
+        SnapshotCommand::Restore {
+            id,
+            no_wait,
+            timeout,
+        } => restore::restore_snapshot(&mut client, output, id, !no_wait, timeout).await,
         SnapshotCommand::Delete { id } => {
             let response = client
                 .raw()

@@ -1,0 +1,225 @@
+//! The node loop's side of a restore: entering a new epoch (everything of the old one is
+//! dropped), handing the application its recorded state, and replaying the recorded
+//! messages of its incoming channels ahead of any new traffic.
+//!
+//! The whole transition happens in one message of the loop, so nothing of the old epoch
+//! can slip in between: the inbox, the held and queued frames and the snapshots in flight
+//! go; every channel starts over (sequence numbers from 1, data indices from the replayed
+//! count); the engine starts fresh, told that the replayed messages were sent, transmitted
+//! and received before the epoch began, so both ends of a channel count them alike. The
+//! epoch is published last: from then on the peer service accepts streams of the new
+//! epoch only, and the sending tasks drop what they held and reconnect in it.
+
+use std::collections::VecDeque;
+
+use bytes::Bytes;
+use cairn_core::{Event, FailureReason, SnapshotEngine};
+
+use super::{InboxItem, NodeLoop, OutItem, RestoreData, RestorePending};
+use crate::coordinator_link::NodeEvent;
+
+impl NodeLoop {
+    /// Drops everything of the current epoch and enters `epoch`.
+    fn enter_epoch(&mut self, epoch: u64) {
+        let in_flight: Vec<_> = self.engine.in_flight().collect();
+        for id in in_flight {
+            self.feed(Event::SnapshotAborted {
+                id,
+                reason: FailureReason::Restore,
+            });
+        }
+        let topology = self.shared.wiring().topology.clone();
+        self.engine = SnapshotEngine::new(self.shared.node_id.clone(), topology);
+        self.awaiting_state.clear();
+        let mut dropped = 0u64;
+        for item in self.inbox.drain(..) {
+            if let InboxItem::Deliver {
+                channel,
+                credited: true,
+                ..
+            } = item
+            {
+                dropped += 1;
+                self.incoming[&channel].handles.credits.add_permits(1);
+            }
+        }
+        for incoming in self.incoming.values_mut() {
+            let held = incoming
+                .held
+                .drain(..)
+                .filter(|i| matches!(i, super::InItem::Data(_)))
+                .count();
+            incoming.handles.credits.add_permits(held);
+            dropped += held as u64;
+            incoming.received_seq = 0;
+            incoming.generation += 1;
+            incoming.next_index = 0;
+            incoming.blocked = false;
+        }
+        for out in self.outgoing.values_mut() {
+            let queued = out
+                .queue
+                .drain(..)
+                .filter(|i| matches!(i, OutItem::Data { .. }))
+                .count();
+            out.handles.credits.add_permits(queued);
+            dropped += queued as u64;
+            out.next_index = 0;
+        }
+        self.shared.metrics.app_queue_depth.set(0);
+        tracing::info!(
+            from = self.epoch,
+            to = epoch,
+            dropped,
+            "entered a new epoch: messages of the old one dropped"
+        );
+        self.epoch = epoch;
+        self.shared.epoch.send_replace(epoch);
+    }
+
+    /// Restores a snapshot: see the module docs.
+    pub(super) fn restore(&mut self, data: RestoreData) {
+        if data.epoch <= self.epoch {
+            tracing::warn!(
+                restore = %data.restore_id,
+                epoch = data.epoch,
+                current = self.epoch,
+                "a restore of an epoch already passed: ignored"
+            );
+            return;
+        }
+        if let Some(pending) = self.restore_pending.take() {
+            self.tell(NodeEvent::RestoreFailed {
+                restore_id: pending.restore_id,
+                message: format!("superseded by restore {}", data.restore_id),
+            });
+        }
+        self.enter_epoch(data.epoch);
+        let mut pieces: VecDeque<Bytes> = data.state.into_iter().collect();
+        if pieces.is_empty() {
+            pieces.push_back(Bytes::new());
+        }
+        self.inbox.push_back(InboxItem::Restore {
+            restore_id: data.restore_id.clone(),
+            snapshot_id: data.snapshot_id,
+            epoch: data.epoch,
+            pieces,
+        });
+        let mut replayed = 0u64;
+        for (channel, messages) in data.incoming {
+            let Some(incoming) = self.incoming.get_mut(&channel) else {
+                tracing::warn!(%channel, "recorded messages of a channel this node lacks: dropped");
+                continue;
+            };
+            let count = messages.len() as u64;
+            for payload in messages {
+                self.inbox.push_back(InboxItem::Deliver {
+                    channel: channel.clone(),
+                    generation: incoming.generation,
+                    index: incoming.next_index,
+                    payload,
+                    credited: false,
+                });
+                incoming.next_index += 1;
+            }
+            replayed += count;
+            if count > 0 {
+                self.feed(Event::DataReceived { channel, count });
+            }
+        }
+        for (channel, count) in data.outgoing {
+            let Some(out) = self.outgoing.get_mut(&channel) else {
+                continue;
+            };
+            out.next_index = count;
+            if count > 0 {
+                self.feed(Event::DataQueued {
+                    channel: channel.clone(),
+                    count,
+                });
+                self.feed(Event::DataTransmitted { channel, count });
+            }
+        }
+        self.shared
+            .metrics
+            .app_queue_depth
+            .set(self.inbox.len() as i64);
+        tracing::info!(
+            restore = %data.restore_id,
+            snapshot = data.snapshot_id,
+            epoch = data.epoch,
+            replayed,
+            "restoring: the application gets its recorded state, then the replayed messages"
+        );
+        self.restore_pending = Some(RestorePending {
+            restore_id: data.restore_id,
+            session: None,
+        });
+    }
+
+    /// The coordinator's epoch at registration differs from this node's.
+    pub(super) fn adopt_epoch(&mut self, epoch: u64) {
+        if epoch == self.epoch {
+            return;
+        }
+        if self.epoch != 0 || self.app.is_some() {
+            tracing::error!(
+                from = self.epoch,
+                to = epoch,
+                "this node missed a restore: it enters the cluster's epoch with its \
+                 application's state as it is; restore a snapshot to bring it in line"
+            );
+        }
+        self.enter_epoch(epoch);
+    }
+
+    /// The restored state (or its first piece) went to this application session.
+    pub(super) fn restore_handed(&mut self, session: u64) {
+        if let Some(pending) = &mut self.restore_pending {
+            pending.session = Some(session);
+        }
+    }
+
+    /// The application applied the restored state.
+    pub(super) fn on_restore_applied(&mut self, session: u64, restore_id: String) {
+        match &self.restore_pending {
+            Some(p) if p.restore_id == restore_id && p.session == Some(session) => {}
+            _ => {
+                tracing::debug!(restore = %restore_id, "RestoreApplied for no pending restore: ignored");
+                return;
+            }
+        }
+        self.restore_pending = None;
+        tracing::info!(restore = %restore_id, "the application applied the restored state");
+        self.tell(NodeEvent::RestoreApplied { restore_id });
+    }
+
+    /// The application left before applying a restored state it was handed: the restore
+    /// fails here (its state is gone with that session).
+    pub(super) fn restore_abandoned(&mut self, session: u64) {
+        if let Some(p) = &self.restore_pending
+            && p.session == Some(session)
+        {
+            let restore_id = p.restore_id.clone();
+            self.restore_pending = None;
+            self.inbox
+                .retain(|item| !matches!(item, InboxItem::Restore { .. }));
+            tracing::error!(restore = %restore_id, "the application detached before applying the restored state");
+            self.tell(NodeEvent::RestoreFailed {
+                restore_id,
+                message: "the application detached before applying the restored state".into(),
+            });
+        }
+    }
+
+    /// Whether the application's sends are void: it has not applied a restore it must.
+    pub(super) fn sends_void(&self) -> bool {
+        self.restore_pending.is_some()
+    }
+
+    fn tell(&self, event: NodeEvent) {
+        if let Some(events) = &self.events {
+            let _ = events.send(event);
+        }
+    }
+}
