@@ -74,6 +74,8 @@ struct Bank {
     restored: AtomicU64,
     /// Random transfers per second; 0 pauses them.
     rate: tokio::sync::watch::Sender<f64>,
+    /// Held by the workload while it makes a transfer.
+    workload_busy: tokio::sync::Mutex<()>,
 }
 
 impl Bank {
@@ -157,6 +159,8 @@ impl pb::bank_server::Bank for BankService {
             )));
         }
         let previous_rate = self.0.rate.send_replace(rate);
+        // A transfer of the old rate under way ends before the answer.
+        drop(self.0.workload_busy.lock().await);
         tracing::info!(rate, previous_rate, "workload changed");
         Ok(Response::new(pb::SetWorkloadResponse { previous_rate }))
     }
@@ -192,6 +196,7 @@ pub async fn run(
         sender: session.sender(),
         restored: AtomicU64::new(0),
         rate: tokio::sync::watch::Sender::new(config.workload_rate),
+        workload_busy: tokio::sync::Mutex::new(()),
     });
     let addr: SocketAddr = listener.local_addr()?;
     tracing::info!(node = %bank.node_id, %addr, balance = config.initial_balance, "bank serving");
@@ -286,6 +291,12 @@ async fn workload(bank: Arc<Bank>, config: BankConfig, shutdown: CancellationTok
                 continue;
             }
             _ = interval.tick() => {}
+        }
+        // Held through the transfer, so that `SetWorkload` returns only once no transfer of
+        // the old rate is under way.
+        let _busy = bank.workload_busy.lock().await;
+        if *bank.rate.borrow() <= 0.0 {
+            continue;
         }
         let balance = bank.balance();
         if balance == 0 {

@@ -50,6 +50,8 @@ pub struct CoordinatedCluster {
     dir: PathBuf,
     /// Each bank's starting balance.
     pub initial_balance: u64,
+    /// Random transfers per second of each bank started from now on.
+    pub bank_workload: f64,
     keep_logs: bool,
 }
 
@@ -101,6 +103,7 @@ impl CoordinatedCluster {
             coordinator_process: None,
             dir,
             initial_balance: 1000,
+            bank_workload: 200.0,
             keep_logs: false,
         };
         cluster.start_coordinator()?;
@@ -198,7 +201,7 @@ impl CoordinatedCluster {
                 "--listen",
                 &bank,
                 "--workload",
-                "200",
+                &self.bank_workload.to_string(),
             ]);
             command.args(["--initial-balance", &self.initial_balance.to_string()]);
             self.nodes[i].bank_process = Some(ChildGuard::spawn("cairn-bank", command, &log)?);
@@ -374,6 +377,34 @@ impl CoordinatedCluster {
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
         anyhow::bail!("no snapshot completed in {attempts} attempts after {node} came back")
+    }
+
+    /// A client of node `i`'s bank.
+    pub async fn bank(
+        &self,
+        i: usize,
+    ) -> anyhow::Result<cairn_proto::bank::v1::bank_client::BankClient<Channel>> {
+        let address = self.nodes[i]
+            .bank
+            .as_ref()
+            .ok_or_else(|| anyhow::anyhow!("node {} has no bank", self.nodes[i].id))?;
+        Ok(
+            cairn_proto::bank::v1::bank_client::BankClient::connect(format!("http://{address}"))
+                .await?,
+        )
+    }
+
+    /// Sets every bank's rate of random transfers (0 pauses them).
+    pub async fn set_workload(&self, rate: f64) -> anyhow::Result<()> {
+        for i in 0..self.nodes.len() {
+            if self.nodes[i].bank.is_some() {
+                self.bank(i)
+                    .await?
+                    .set_workload(cairn_proto::bank::v1::SetWorkloadRequest { rate })
+                    .await?;
+            }
+        }
+        Ok(())
     }
 
     /// The money there is.

@@ -132,6 +132,9 @@ impl Link {
         self.handles.credits.add_permits(data);
         state.next_seq = 1;
         state.epoch = epoch;
+        // The channel starts over in the new epoch: the first peer met in it is not a
+        // restart of the one before (that would reset the channel's counters again).
+        state.peer_incarnation = None;
         self.handles.stats.unacked.store(0, Relaxed);
         tracing::debug!(channel = %self.channel, epoch, dropped = data, "new epoch");
     }

@@ -55,6 +55,9 @@ impl NodeLoop {
             incoming.generation += 1;
             incoming.next_index = 0;
             incoming.blocked = false;
+            // Whoever opens the channel first in the new epoch is not a restart of the
+            // sender met before it (that would reset the replayed count).
+            incoming.incarnation = 0;
         }
         for out in self.outgoing.values_mut() {
             let queued = out

@@ -1,0 +1,414 @@
+//! Restore with the bank: take a snapshot during transfers, keep transferring, restore it;
+//! once the replayed messages are delivered (and transfers paused), every balance is its
+//! recorded balance plus the recorded money in flight to it — in each mode, and after a
+//! node is killed and restarted under automatic recovery. A restore fails the snapshot it
+//! races with, blocks new ones while it runs, and refuses what it cannot do by name.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use cairn_integration_tests::coordinated::{CoordinatedCluster, Store, assert_completed};
+use cairn_integration_tests::processes::eventually;
+use cairn_proto::bank::v1 as bank;
+use cairn_proto::v1 as pb;
+use cairn_sdk::bank::{BankState, TransferPayload};
+use cairn_sdk::{AppEvent, AppSession};
+use tonic::Code;
+
+const MODES: [pb::SnapshotMode; 3] = [
+    pb::SnapshotMode::ChandyLamport,
+    pb::SnapshotMode::Unaligned,
+    pb::SnapshotMode::Aligned,
+];
+
+/// What each bank must hold after restoring `snapshot`: its recorded balance plus the
+/// recorded transfers in flight to it (recorded by either end of the channel).
+fn expected_balances(snapshot: &pb::Snapshot) -> BTreeMap<String, u64> {
+    let mut expected = BTreeMap::new();
+    for node in &snapshot.nodes {
+        let state: BankState = serde_json::from_slice(&node.local_state).unwrap();
+        *expected.entry(node.node_id.clone()).or_default() += state.balance;
+    }
+    for node in &snapshot.nodes {
+        for channel in &node.channel_states {
+            let to = channel.channel.as_ref().unwrap().to.clone();
+            for m in &channel.messages {
+                *expected.entry(to.clone()).or_default() +=
+                    TransferPayload::decode(&m.payload).unwrap().amount;
+            }
+        }
+    }
+    expected
+}
+
+async fn balances(cluster: &CoordinatedCluster) -> anyhow::Result<BTreeMap<String, u64>> {
+    let mut out = BTreeMap::new();
+    for (i, node) in cluster.nodes.iter().enumerate() {
+        if node.bank.is_some() {
+            let b = cluster
+                .bank(i)
+                .await?
+                .get_balance(bank::GetBalanceRequest {})
+                .await?
+                .into_inner();
+            out.insert(b.node_id, b.balance);
+        }
+    }
+    Ok(out)
+}
+
+async fn restore(
+    cluster: &CoordinatedCluster,
+    snapshot_id: u64,
+) -> Result<pb::RestoreOperation, tonic::Status> {
+    let mut client = cluster
+        .client()
+        .await
+        .map_err(|e| tonic::Status::unavailable(e.to_string()))?;
+    Ok(client
+        .restore_snapshot(pb::RestoreSnapshotRequest { snapshot_id })
+        .await?
+        .into_inner())
+}
+
+async fn wait_restore(cluster: &CoordinatedCluster, restore_id: &str) -> pb::RestoreOperation {
+    eventually(
+        &format!("{restore_id} ends"),
+        Duration::from_secs(60),
+        || async {
+            let op = cluster
+                .client()
+                .await?
+                .get_restore(pb::GetRestoreRequest {
+                    restore_id: restore_id.to_owned(),
+                })
+                .await?
+                .into_inner();
+            anyhow::ensure!(
+                op.done || op.failure.is_some(),
+                "in progress: {:?}",
+                op.applied
+            );
+            Ok(op)
+        },
+    )
+    .await
+    .unwrap()
+}
+
+/// Waits until every bank holds what restoring `snapshot` must give it.
+async fn assert_restored(cluster: &CoordinatedCluster, snapshot: &pb::Snapshot) {
+    let expected = expected_balances(snapshot);
+    let id = snapshot.plan.as_ref().unwrap().snapshot_id;
+    let got = eventually("the restored balances", Duration::from_secs(30), || async {
+        let got = balances(cluster).await?;
+        anyhow::ensure!(got == expected, "balances {got:?}, expected {expected:?}");
+        Ok(got)
+    })
+    .await
+    .unwrap();
+    assert_eq!(
+        got.values().sum::<u64>(),
+        cluster.total(),
+        "the money there is"
+    );
+    for i in 0..cluster.nodes.len() {
+        let restored = cluster
+            .bank(i)
+            .await
+            .unwrap()
+            .get_balance(bank::GetBalanceRequest {})
+            .await
+            .unwrap()
+            .into_inner()
+            .restored_snapshot;
+        assert_eq!(restored, id);
+    }
+}
+
+async fn snapshot(cluster: &CoordinatedCluster, mode: pb::SnapshotMode) -> pb::Snapshot {
+    let id = cluster
+        .start_snapshot(pb::StartSnapshotRequest {
+            mode: mode as i32,
+            timeout_ms: 20_000,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let snapshot = cluster.wait(id).await.unwrap();
+    assert_completed(&snapshot, cluster.total());
+    snapshot
+}
+
+/// Waits until the banks have moved on from what `snapshot` recorded.
+async fn moved_on(cluster: &CoordinatedCluster, snapshot: &pb::Snapshot) {
+    let recorded = expected_balances(snapshot);
+    eventually(
+        "transfers after the snapshot",
+        Duration::from_secs(30),
+        || async {
+            let now = balances(cluster).await?;
+            anyhow::ensure!(now != recorded, "no transfer yet");
+            Ok(())
+        },
+    )
+    .await
+    .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn restoring_a_snapshot_of_each_mode_brings_back_balances_and_money_in_flight() {
+    let cluster = CoordinatedCluster::start(3, Store::Embedded, &[], &[])
+        .await
+        .unwrap();
+    for mode in MODES {
+        cluster.set_workload(200.0).await.unwrap();
+        let taken = snapshot(&cluster, mode).await;
+        moved_on(&cluster, &taken).await;
+        cluster.set_workload(0.0).await.unwrap();
+        let id = taken.plan.as_ref().unwrap().snapshot_id;
+        let op = restore(&cluster, id).await.unwrap();
+        assert_eq!((op.snapshot_id, op.requested_by.as_str()), (id, "user"));
+        assert_eq!(op.nodes.len(), 3);
+        let op = wait_restore(&cluster, &op.restore_id).await;
+        assert!(op.done, "{mode:?}: {:?}", op.failure);
+        assert_restored(&cluster, &taken).await;
+        // The cluster goes on in the new epoch: transfers, and snapshots that add up.
+        cluster.set_workload(200.0).await.unwrap();
+        moved_on(&cluster, &taken).await;
+        for after in MODES {
+            snapshot(&cluster, after).await;
+        }
+    }
+    let mut client = cluster.client().await.unwrap();
+    let restores = client
+        .list_restores(pb::ListRestoresRequest::default())
+        .await
+        .unwrap()
+        .into_inner()
+        .restores;
+    assert_eq!(restores.len(), 3);
+    assert!(
+        restores.windows(2).all(|w| w[0].epoch > w[1].epoch),
+        "newest first"
+    );
+}
+
+/// A restore as the test application hands it to the test: its id and state, a sender to
+/// acknowledge it with, and the signal to go on receiving.
+type HeldRestore = (
+    String,
+    bytes::Bytes,
+    cairn_sdk::AppSender,
+    tokio::sync::oneshot::Sender<()>,
+);
+
+/// A test application on a node: records `state`; on a restore, hands it to the test and
+/// receives nothing more (so the session does not acknowledge it) until told to go on.
+fn test_app(
+    mut session: AppSession,
+    state: &'static str,
+) -> tokio::sync::mpsc::UnboundedReceiver<HeldRestore> {
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        let sender = session.sender();
+        while let Ok(Some(event)) = session.next_event().await {
+            match event {
+                AppEvent::RecordState { snapshot_id } => {
+                    let _ = sender.state_recorded(snapshot_id, state.into());
+                }
+                AppEvent::Restore {
+                    restore_id, state, ..
+                } => {
+                    let (go, wait) = tokio::sync::oneshot::channel();
+                    let _ = tx.send((restore_id, state, sender.clone(), go));
+                    let _ = wait.await;
+                }
+                AppEvent::Message { .. } => {}
+            }
+        }
+    });
+    rx
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restore_fails_the_snapshot_it_races_and_blocks_new_ones_until_applied() {
+    use pb::inject_fault_request::Fault;
+    let mut cluster = CoordinatedCluster::start_with(
+        3,
+        Store::Embedded,
+        &[2],
+        &["--restore-timeout", "60s"],
+        &["--fault-injection"],
+    )
+    .await
+    .unwrap();
+    let session = AppSession::connect(&cluster.nodes[2].app, "restore-test")
+        .await
+        .unwrap();
+    let mut restores = test_app(session, "custom-state");
+    cluster.wait_ready(2).await.unwrap();
+    let first = cluster
+        .start_snapshot(pb::StartSnapshotRequest::default())
+        .await
+        .unwrap();
+    let first = cluster.wait(first).await.unwrap();
+    assert_eq!(
+        first.status,
+        pb::SnapshotStatus::Completed as i32,
+        "{:?}",
+        first.failure
+    );
+
+    // A snapshot held in flight by a held channel...
+    let mut n2 = pb::node_admin_client::NodeAdminClient::connect(format!(
+        "http://{}",
+        cluster.nodes[1].peer
+    ))
+    .await
+    .unwrap();
+    let hold = |fault| pb::InjectFaultRequest {
+        channel: Some(pb::ChannelRef {
+            from: "n1".into(),
+            to: "n2".into(),
+        }),
+        fault: Some(fault),
+    };
+    n2.inject_fault(hold(Fault::Hold(pb::Hold {})))
+        .await
+        .unwrap();
+    let held = cluster
+        .start_snapshot(pb::StartSnapshotRequest {
+            initiators: vec!["n1".into()],
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    cluster.wait_recorded(held, 1).await.unwrap();
+    // ...fails, naming the restore, when one starts.
+    let op = restore(&cluster, first.plan.as_ref().unwrap().snapshot_id)
+        .await
+        .unwrap();
+    let failed = cluster.wait_with(held, false).await.unwrap();
+    assert_eq!(failed.status, pb::SnapshotStatus::Failed as i32);
+    let failure = failed.failure.unwrap();
+    assert_eq!(
+        failure.kind,
+        pb::failure_reason::Kind::Restore as i32,
+        "{failure:?}"
+    );
+    assert!(failure.message.contains("restore"), "{}", failure.message);
+    n2.inject_fault(hold(Fault::Resume(pb::Resume {})))
+        .await
+        .unwrap();
+
+    // n3's application holds the restore unapplied: snapshots and restores wait.
+    let (restore_id, state, sender, go) = restores.recv().await.unwrap();
+    assert_eq!(restore_id, op.restore_id);
+    assert_eq!(&state[..], b"custom-state");
+    let refused = cluster
+        .start_snapshot(pb::StartSnapshotRequest::default())
+        .await
+        .unwrap_err();
+    assert_eq!(refused.code(), Code::FailedPrecondition);
+    assert!(refused.message().contains(&op.restore_id), "{refused:?}");
+    let refused = restore(&cluster, first.plan.as_ref().unwrap().snapshot_id)
+        .await
+        .unwrap_err();
+    assert_eq!(refused.code(), Code::FailedPrecondition);
+    assert!(refused.message().contains("in progress"), "{refused:?}");
+    let pending = cluster
+        .client()
+        .await
+        .unwrap()
+        .get_restore(pb::GetRestoreRequest {
+            restore_id: op.restore_id.clone(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(!pending.done && pending.failure.is_none());
+    assert!(!pending.applied.contains(&"n3".to_owned()), "{pending:?}");
+
+    // Applied: the restore is done and snapshots complete again.
+    sender.restore_applied(&restore_id).unwrap();
+    go.send(()).unwrap();
+    let op = wait_restore(&cluster, &op.restore_id).await;
+    assert!(op.done, "{:?}", op.failure);
+    let after = cluster
+        .start_snapshot(pb::StartSnapshotRequest::default())
+        .await
+        .unwrap();
+    let after = cluster.wait(after).await.unwrap();
+    assert_eq!(
+        after.status,
+        pb::SnapshotStatus::Completed as i32,
+        "{:?}",
+        after.failure
+    );
+    assert!(after.verdict.unwrap().consistent);
+
+    // What cannot be restored is refused by name.
+    let unknown = restore(&cluster, 999).await.unwrap_err();
+    assert_eq!(unknown.code(), Code::NotFound);
+    let not_completed = restore(&cluster, held).await.unwrap_err();
+    assert_eq!(not_completed.code(), Code::FailedPrecondition);
+    assert!(
+        not_completed.message().contains("only a COMPLETED"),
+        "{not_completed:?}"
+    );
+    cluster.kill_node(0);
+    let missing = eventually("n1 is seen gone", Duration::from_secs(30), || async {
+        match restore(&cluster, first.plan.as_ref().unwrap().snapshot_id).await {
+            Err(status) if status.message().contains("n1") => Ok(status),
+            other => anyhow::bail!("{other:?}"),
+        }
+    })
+    .await
+    .unwrap();
+    assert_eq!(missing.code(), Code::FailedPrecondition);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn automatic_recovery_restores_the_newest_snapshot_after_a_node_restarts() {
+    let mut cluster = CoordinatedCluster::start(3, Store::Embedded, &[], &["--auto-restore"])
+        .await
+        .unwrap();
+    let taken = snapshot(&cluster, pb::SnapshotMode::Unaligned).await;
+    moved_on(&cluster, &taken).await;
+    cluster.set_workload(0.0).await.unwrap();
+
+    // n2 crashes and comes back with a fresh bank (initial balance): without a restore,
+    // money would appear from nowhere.
+    cluster.kill_node(1);
+    cluster.bank_workload = 0.0;
+    cluster.start_node(1).unwrap();
+    let op = eventually("an automatic restore", Duration::from_secs(60), || async {
+        let restores = cluster
+            .client()
+            .await?
+            .list_restores(pb::ListRestoresRequest::default())
+            .await?
+            .into_inner()
+            .restores;
+        let op = restores
+            .into_iter()
+            .next()
+            .ok_or_else(|| anyhow::anyhow!("no restore yet"))?;
+        anyhow::ensure!(op.done || op.failure.is_some(), "in progress");
+        Ok(op)
+    })
+    .await
+    .unwrap();
+    assert!(op.done, "{:?}", op.failure);
+    assert_eq!(op.snapshot_id, taken.plan.as_ref().unwrap().snapshot_id);
+    assert!(
+        op.requested_by.starts_with("automatic recovery") && op.requested_by.contains("n2"),
+        "{}",
+        op.requested_by
+    );
+    assert_restored(&cluster, &taken).await;
+    cluster.set_workload(200.0).await.unwrap();
+    moved_on(&cluster, &taken).await;
+    snapshot(&cluster, pb::SnapshotMode::ChandyLamport).await;
+}
