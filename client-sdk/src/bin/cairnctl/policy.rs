@@ -274,6 +274,31 @@ pub(crate) async fn status(coordinator: &str, output: Output) -> anyhow::Result<
         .get_policy(pb::GetPolicyRequest {})
         .await?
         .into_inner();
+    let last_restore = client
+        .raw()
+        .list_restores(pb::ListRestoresRequest { limit: 1 })
+        .await?
+        .into_inner()
+        .restores
+        .into_iter()
+        .next();
+    let restore_text = last_restore.as_ref().map(|r| {
+        let state = if r.done {
+            "DONE".to_owned()
+        } else if let Some(f) = &r.failure {
+            format!("FAILED: {}", f.message)
+        } else {
+            format!(
+                "IN_PROGRESS ({}/{} applied)",
+                r.applied.len(),
+                r.nodes.len()
+            )
+        };
+        format!(
+            "{} of snapshot {} (epoch {}, by {}): {state}",
+            r.restore_id, r.snapshot_id, r.epoch, r.requested_by
+        )
+    });
     let connected = nodes.nodes.iter().filter(|n| n.connected).count();
     let down: Vec<&str> = nodes
         .nodes
@@ -295,6 +320,7 @@ pub(crate) async fn status(coordinator: &str, output: Output) -> anyhow::Result<
                 "duration_ms": s.finished_at_ms.saturating_sub(s.started_at_ms),
             })),
             "policy": policy_json(&policy),
+            "last_restore": restore_text,
         });
         println!("{}", serde_json::to_string_pretty(&json)?);
         return Ok(ExitCode::SUCCESS);
@@ -358,6 +384,10 @@ pub(crate) async fn status(coordinator: &str, output: Output) -> anyhow::Result<
         )
     };
     rows.push(("schedule", schedule));
+    rows.push((
+        "last restore",
+        restore_text.unwrap_or_else(|| "none".into()),
+    ));
     rows.push(("freshness", freshness(&policy)));
     table(
         &["CLUSTER", ""],
