@@ -90,3 +90,6 @@ python3 deploy/test/check-config.py target/debug
 
 say "docker-compose cluster (deploy/test/compose-test.sh)"
 deploy/test/compose-test.sh target/debug
+
+say "cairn-bench --quick (every benchmark scenario, small; prints numbers, asserts no time)"
+target/debug/cairn-bench --quick --out target/bench-quick.json

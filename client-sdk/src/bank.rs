@@ -18,7 +18,6 @@ use rand::Rng;
 use rand::seq::IteratorRandom;
 use serde::{Deserialize, Serialize};
 use tokio::net::TcpListener;
-use tokio_stream::wrappers::TcpListenerStream;
 use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status};
 
@@ -211,7 +210,7 @@ pub async fn run(
         .add_service(cairn_proto::reflection::v1alpha()?)
         .add_service(pb::bank_server::BankServer::new(BankService(bank.clone())))
         .serve_with_incoming_shutdown(
-            TcpListenerStream::new(listener),
+            tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true)),
             shutdown.clone().cancelled_owned(),
         );
     let server = tokio::spawn(server);

@@ -13,9 +13,12 @@ use tonic::transport::Endpoint;
 use crate::error::Error;
 
 /// Largest piece of a recorded state sent in one message.
-const STATE_CHUNK: usize = 1 << 20;
+const STATE_CHUNK: usize = 256 << 10;
 /// Most messages coalesced into one `SendBatch`.
 const SEND_BATCH: usize = 256;
+/// Most payload bytes coalesced into one `SendBatch`: well under the daemon's HTTP/2
+/// window, so a batch never waits for a window update in the middle.
+const SEND_BATCH_BYTES: usize = 64 << 10;
 /// Messages a session may have on its way to the daemon.
 const SEND_ROOM: usize = 1024;
 
@@ -174,7 +177,7 @@ impl AppSession {
             .tcp_nodelay(true)
             // Small windows: what waits in HTTP/2 buffers stays small, so the daemon's
             // backpressure reaches the application quickly.
-            .initial_stream_window_size(256 << 10)
+            .initial_stream_window_size(64 << 10)
             .initial_connection_window_size(1 << 20)
             .connect()
             .await
@@ -315,9 +318,13 @@ async fn write_loop(
             }
             Outgoing::Send(to, payload) => {
                 let mut batch = vec![pb::Send { to, payload }];
-                while batch.len() < SEND_BATCH {
+                let mut bytes = batch[0].payload.len();
+                while batch.len() < SEND_BATCH && bytes < SEND_BATCH_BYTES {
                     match rx.try_recv() {
-                        Ok(Outgoing::Send(to, payload)) => batch.push(pb::Send { to, payload }),
+                        Ok(Outgoing::Send(to, payload)) => {
+                            bytes += payload.len();
+                            batch.push(pb::Send { to, payload });
+                        }
                         Ok(other) => {
                             next = Some(other);
                             break;

@@ -31,7 +31,6 @@ use std::sync::atomic::AtomicU64;
 use cairn_proto::v1 as pb;
 use tokio::net::TcpListener;
 use tokio::sync::mpsc;
-use tokio_stream::wrappers::TcpListenerStream;
 use tokio_util::sync::CancellationToken;
 
 pub use config::CoordinatorConfig;
@@ -135,7 +134,11 @@ pub async fn run(
         .await;
     let addr = listener.local_addr().ok();
     tracing::info!(?addr, cluster = %config.cluster, "coordinator serving");
+    // Large windows: parts stream in (and restores out) in pieces of up to a few hundred
+    // KiB; h2's default 64 KiB window would make each piece wait for window updates.
     let result = tonic::transport::Server::builder()
+        .initial_stream_window_size(16 << 20)
+        .initial_connection_window_size(32 << 20)
         .add_service(health_service)
         .add_service(
             cairn_proto::reflection::v1().map_err(|e| RunError::Reflection(e.to_string()))?,
@@ -147,7 +150,10 @@ pub async fn run(
             pb::coordinator_server::CoordinatorServer::new(service)
                 .max_decoding_message_size(64 << 20),
         )
-        .serve_with_incoming_shutdown(TcpListenerStream::new(listener), shutdown.cancelled_owned())
+        .serve_with_incoming_shutdown(
+            tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true)),
+            shutdown.cancelled_owned(),
+        )
         .await;
     stop.cancel();
     let _ = tokio::time::timeout(config.grace_period, state_task).await;

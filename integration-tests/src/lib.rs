@@ -12,10 +12,12 @@
 //! - [`etcd`]: a real etcd started by the test.
 //! - [`coordinated`]: a coordinator, node daemons and banks as processes.
 //! - [`proxy`]: a TCP proxy that cuts its connections on demand.
+//! - [`bench`]: the pieces of `cairn-bench` (in-process applications, baselines, stats).
 
 #![forbid(unsafe_code)]
 
 pub mod bank_cluster;
+pub mod bench;
 pub mod coordinated;
 pub mod cut;
 pub mod etcd;

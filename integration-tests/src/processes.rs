@@ -81,10 +81,15 @@ pub fn free_port() -> u16 {
 /// The directory holding the workspace's built binaries (next to the test executable).
 pub fn binary(name: &str) -> anyhow::Result<PathBuf> {
     let exe = std::env::current_exe()?;
-    let dir = exe
+    // A test runs from target/<profile>/deps, a binary (cairn-bench) from target/<profile>.
+    let own = exe
         .parent()
-        .and_then(|deps| deps.parent())
         .ok_or_else(|| anyhow::anyhow!("cannot locate the target directory"))?;
+    let dir = if own.ends_with("deps") {
+        own.parent().unwrap_or(own)
+    } else {
+        own
+    };
     let path = dir.join(name);
     if !path.exists() {
         anyhow::bail!(

@@ -15,7 +15,7 @@ use tonic::{Request, Response, Status, Streaming};
 
 use crate::convert::InvalidInput;
 use crate::error::Error;
-use crate::node_loop::{LoopMsg, Shared, StateChunk};
+use crate::node_loop::{LoopMsg, RecordsDue, Shared, StateChunk};
 
 /// The `App` service.
 pub(crate) struct AppService {
@@ -42,12 +42,16 @@ impl pb::app_server::App for AppService {
             return Err(invalid("the first message of a session must be Attach").into());
         };
         let session = self.sessions.fetch_add(1, Ordering::Relaxed) + 1;
-        let (tx, rx) = mpsc::channel(16);
+        // Few batches wait here: what is handed to the application can no longer be
+        // overtaken by an unaligned snapshot's record request.
+        let (tx, rx) = mpsc::channel(2);
         let (reply, attached) = oneshot::channel();
+        let records = Arc::new(RecordsDue::default());
         self.loop_tx
             .send(LoopMsg::AppAttach {
                 session,
                 tx: tx.clone(),
+                records: records.clone(),
                 reply,
             })
             .await
@@ -58,6 +62,8 @@ impl pb::app_server::App for AppService {
             shared: self.shared.clone(),
             loop_tx: self.loop_tx.clone(),
             session,
+            records,
+            read_ahead: AtomicU64::new(0),
         };
         let shutdown = self.shutdown.clone();
         tokio::spawn(async move {
@@ -76,7 +82,15 @@ fn invalid(what: &str) -> Error {
     Error::InvalidInput(InvalidInput(what.to_owned()))
 }
 
+/// Most messages a session reads ahead of a full channel, without credits, while a recorded
+/// state is due (so the state, and the cut, are not held up behind a slow peer).
+const READ_AHEAD_MAX: u64 = 1 << 16;
+
 struct SessionReader {
+    /// Record requests handed to the application and not answered yet.
+    records: Arc<RecordsDue>,
+    /// Messages taken in without a credit since the last answer.
+    read_ahead: AtomicU64,
     shared: Arc<Shared>,
     loop_tx: mpsc::Sender<LoopMsg>,
     session: u64,
@@ -123,13 +137,24 @@ impl SessionReader {
                         bytes: state.chunk,
                         room,
                     };
+                    let last = state.last;
                     self.to_loop(LoopMsg::AppState {
                         session: self.session,
                         id: SnapshotId(state.snapshot_id),
                         chunk,
-                        last: state.last,
+                        last,
                     })
                     .await?;
+                    if last {
+                        let _ = self.records.pending.fetch_update(
+                            Ordering::AcqRel,
+                            Ordering::Acquire,
+                            |n| Some(n.saturating_sub(1)),
+                        );
+                        if self.records.pending.load(Ordering::Acquire) == 0 {
+                            self.read_ahead.store(0, Ordering::Relaxed);
+                        }
+                    }
                 }
                 Kind::RestoreApplied(applied) => {
                     self.to_loop(LoopMsg::AppRestoreApplied {
@@ -143,6 +168,18 @@ impl SessionReader {
         }
     }
 
+    /// Whether a recorded state is due and the read-ahead has room.
+    fn may_read_ahead(&self) -> bool {
+        self.records.pending.load(Ordering::Acquire) > 0
+            && self.read_ahead.load(Ordering::Relaxed) < READ_AHEAD_MAX
+    }
+
+    /// Takes a message in on credit: the channel's credits pay it back.
+    fn on_credit(&self, handles: &crate::node_loop::ChannelHandles) {
+        handles.debt.fetch_add(1, Ordering::AcqRel);
+        self.read_ahead.fetch_add(1, Ordering::Relaxed);
+    }
+
     async fn to_loop(&self, msg: LoopMsg) -> Result<(), Status> {
         self.loop_tx
             .send(msg)
@@ -151,7 +188,11 @@ impl SessionReader {
     }
 
     /// Checks every message, then forwards them in order, taking one credit each; when a
-    /// channel is full what is ready goes first and the session waits (backpressure).
+    /// channel is full what is ready goes first and the session waits (backpressure) —
+    /// unless the application owes a recorded state: then the session reads ahead (up to
+    /// `READ_AHEAD_MAX` messages), queueing what it reads on credit, so that the state
+    /// behind these sends reaches the loop without waiting for a slow peer. The messages
+    /// are queued all the same, before the state, and an unaligned snapshot records them.
     async fn send(&self, batch: pb::SendBatch) -> Result<(), Status> {
         let me = &self.shared.node_id;
         let wiring = self.shared.wiring();
@@ -176,9 +217,11 @@ impl SessionReader {
         }
         let mut ready: Vec<(ChannelId, Bytes)> = Vec::with_capacity(checked.len());
         for (channel, payload) in checked {
-            let credits = &wiring.channels[&channel].credits;
+            let handles = &wiring.channels[&channel];
+            let credits = &handles.credits;
             match credits.try_acquire() {
                 Ok(permit) => permit.forget(),
+                Err(_) if self.may_read_ahead() => self.on_credit(handles),
                 Err(_) => {
                     if !ready.is_empty() {
                         let sends = std::mem::take(&mut ready);
@@ -188,11 +231,22 @@ impl SessionReader {
                         })
                         .await?;
                     }
-                    credits
-                        .acquire()
-                        .await
-                        .map_err(|_| Status::from(Error::ShuttingDown))?
-                        .forget();
+                    // Wait for a credit — or for a record request, which lets the session
+                    // read ahead.
+                    loop {
+                        let woken = self.records.wake.notified();
+                        if self.may_read_ahead() {
+                            self.on_credit(handles);
+                            break;
+                        }
+                        tokio::select! {
+                            permit = credits.acquire() => {
+                                permit.map_err(|_| Status::from(Error::ShuttingDown))?.forget();
+                                break;
+                            }
+                            _ = woken => {}
+                        }
+                    }
                 }
             }
             ready.push((channel, payload));

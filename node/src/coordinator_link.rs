@@ -75,6 +75,8 @@ impl CoordinatorLink {
         Endpoint::from_shared(format!("http://{}", self.address))
             .map_err(|e| e.to_string())?
             .connect_timeout(Duration::from_secs(3))
+            .initial_stream_window_size(16 << 20)
+            .initial_connection_window_size(32 << 20)
             .connect()
             .await
             .map_err(|e| format!("cannot connect: {e}"))

@@ -47,7 +47,6 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use cairn_proto::v1 as pb;
 use tokio::net::TcpListener;
 use tokio::sync::{mpsc, oneshot};
-use tokio_stream::wrappers::TcpListenerStream;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tonic::transport::Server;
@@ -61,6 +60,8 @@ use node_loop::{LoopMsg, NodeLoop, Shared};
 const MAX_MESSAGE: usize = 64 << 20;
 /// Bytes of recorded state on their way from the application to the coordinator at once.
 pub(crate) const UPLOAD_ROOM: usize = 8 << 20;
+/// Most unacknowledged frames per outgoing channel (fewer if the channel buffer is smaller).
+const LINK_WINDOW: usize = 4096;
 /// HTTP/2 stream window of the application session, in bytes.
 const APP_STREAM_WINDOW: u32 = 256 << 10;
 
@@ -138,7 +139,10 @@ pub async fn run(
         link_config: peer_client::LinkConfig {
             reconnect_initial: config.reconnect_initial,
             reconnect_max: config.reconnect_max,
-            window: buffer,
+            // Frames in flight on one stream: enough to keep a fast channel busy, few enough
+            // that an unaligned marker is not long stuck behind frames a slow receiver has
+            // no room for yet.
+            window: buffer.min(LINK_WINDOW),
         },
         stop: stop.clone(),
         tasks: links.clone(),
@@ -199,7 +203,7 @@ pub async fn run(
         )
         .add_service(pb::node_admin_server::NodeAdminServer::new(admin_service))
         .serve_with_incoming_shutdown(
-            TcpListenerStream::new(listeners.peer),
+            tonic::transport::server::TcpIncoming::from(listeners.peer).with_nodelay(Some(true)),
             stop.clone().cancelled_owned(),
         );
     // The application is beside the daemon: small windows keep what waits in HTTP/2
@@ -215,7 +219,7 @@ pub async fn run(
             pb::app_server::AppServer::new(app_service).max_decoding_message_size(MAX_MESSAGE),
         )
         .serve_with_incoming_shutdown(
-            TcpListenerStream::new(listeners.app),
+            tonic::transport::server::TcpIncoming::from(listeners.app).with_nodelay(Some(true)),
             accepting.clone().cancelled_owned(),
         );
     let peer_server = tokio::spawn(peer_server);

@@ -129,7 +129,7 @@ impl Link {
             .drain(..)
             .filter(|(_, f)| matches!(f, OutFrame::Data(_)))
             .count();
-        self.handles.credits.add_permits(data);
+        self.handles.release(data);
         state.next_seq = 1;
         state.epoch = epoch;
         // The channel starts over in the new epoch: the first peer met in it is not a
@@ -319,7 +319,7 @@ impl Link {
             .iter()
             .filter(|f| matches!(f, OutFrame::Data(_)))
             .count();
-        self.handles.credits.add_permits(data);
+        self.handles.release(data);
     }
 
     fn refused(&self, status: tonic::Status) -> Ended {
@@ -345,7 +345,7 @@ impl Link {
             }
         }
         if data > 0 {
-            self.handles.credits.add_permits(data);
+            self.handles.release(data);
         }
         self.handles
             .stats

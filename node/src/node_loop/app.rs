@@ -9,13 +9,20 @@ use cairn_proto::v1 as pb;
 use tokio::sync::mpsc::OwnedPermit;
 use tonic::Status;
 
-use super::{App, AppTx, DELIVER_BATCH, InboxItem, NodeLoop, OutItem, StateChunk};
+use super::{
+    App, AppTx, DELIVER_BATCH, DELIVER_BATCH_BYTES, InboxItem, NodeLoop, OutItem, StateChunk,
+};
 use crate::error::Error;
 
 impl NodeLoop {
     /// Attaches an application. The loop itself puts `Attached` first on the session's
     /// stream, so that no delivery can precede it.
-    pub(super) fn attach_app(&mut self, session: u64, tx: AppTx) -> Result<(), Error> {
+    pub(super) fn attach_app(
+        &mut self,
+        session: u64,
+        tx: AppTx,
+        records: std::sync::Arc<super::RecordsDue>,
+    ) -> Result<(), Error> {
         if self.app.is_some() {
             return Err(Error::AlreadyAttached(self.shared.node_id.clone()));
         }
@@ -30,7 +37,11 @@ impl NodeLoop {
         };
         tx.try_send(Ok(hello)).map_err(|_| Error::ShuttingDown)?;
         tracing::info!(session, "application attached");
-        self.app = Some(App { session, tx });
+        self.app = Some(App {
+            session,
+            tx,
+            records,
+        });
         self.peers_changed = false;
         Ok(())
     }
@@ -69,7 +80,7 @@ impl NodeLoop {
             // restored state yet (it sent these from its old one): never queued.
             for (channel, _) in &sends {
                 if let Some(out) = self.outgoing.get(channel) {
-                    out.handles.credits.add_permits(1);
+                    out.handles.release(1);
                 }
             }
             return;
@@ -170,13 +181,20 @@ impl NodeLoop {
                 return;
             }
             self.awaiting_state.insert(id);
+            if let Some(app) = &self.app {
+                app.records
+                    .pending
+                    .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+                app.records.wake.notify_waiters();
+            }
             let kind = Kind::RecordState(pb::RecordState { snapshot_id: id.0 });
             permit.send(Ok(pb::NodeToApp { kind: Some(kind) }));
             return;
         }
         let mut messages = Vec::with_capacity(DELIVER_BATCH.min(self.inbox.len()));
         let mut counts: BTreeMap<ChannelId, u64> = BTreeMap::new();
-        while messages.len() < DELIVER_BATCH {
+        let mut bytes = 0;
+        while messages.len() < DELIVER_BATCH && bytes < DELIVER_BATCH_BYTES {
             match self.inbox.front() {
                 Some(InboxItem::Deliver { .. }) => {}
                 _ => break,
@@ -194,6 +212,7 @@ impl NodeLoop {
             if credited {
                 self.incoming[&channel].handles.credits.add_permits(1);
             }
+            bytes += payload.len();
             messages.push(pb::Deliver {
                 from: channel.from.to_string(),
                 payload,

@@ -214,10 +214,7 @@ impl NodeLoop {
     ) {
         if epoch != self.epoch {
             // Data of an epoch this node has left: dropped like the rest of it.
-            self.outgoing[&channel]
-                .handles
-                .credits
-                .add_permits(requeue.len());
+            self.outgoing[&channel].handles.release(requeue.len());
             requeue.clear();
         }
         self.feed(Event::ChannelReset {

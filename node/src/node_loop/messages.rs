@@ -2,7 +2,7 @@
 //! state they use without asking it.
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicBool, AtomicU64};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
@@ -76,10 +76,12 @@ pub(crate) enum LoopMsg {
         requeue: Vec<Bytes>,
         lost_markers: Vec<SnapshotId>,
     },
-    /// An application wants to attach.
+    /// An application wants to attach. `records` counts the record requests handed to it
+    /// and not yet answered (the loop adds, the session reader takes away).
     AppAttach {
         session: u64,
         tx: AppTx,
+        records: Arc<RecordsDue>,
         reply: oneshot::Sender<Result<(), Error>>,
     },
     /// Messages from the application; each holds a credit of its outgoing channel.
@@ -136,6 +138,14 @@ pub(crate) enum LoopMsg {
         what: String,
         reply: oneshot::Sender<()>,
     },
+}
+
+/// Record requests an application session has been handed and not answered yet.
+#[derive(Debug, Default)]
+pub(crate) struct RecordsDue {
+    pub pending: AtomicU64,
+    /// Woken when one is handed over (a session waiting for credits reads ahead then).
+    pub wake: tokio::sync::Notify,
 }
 
 /// Frames an outgoing channel's task pulled, with the epoch they belong to.
@@ -207,6 +217,9 @@ pub(crate) struct ChannelHandles {
     pub stats: LinkStats,
     /// Fault injection at this node's end.
     pub faults: ChannelFaults,
+    /// Outgoing only: messages taken in without a credit (read ahead of a recorded state);
+    /// credits coming back pay this off first.
+    pub debt: AtomicU64,
 }
 
 impl ChannelHandles {
@@ -215,6 +228,22 @@ impl ChannelHandles {
             credits: Semaphore::new(buffer),
             stats: LinkStats::default(),
             faults: ChannelFaults::default(),
+            debt: AtomicU64::new(0),
+        }
+    }
+
+    /// Gives back `n` credits of an outgoing channel, paying off its debt first.
+    pub(crate) fn release(&self, n: usize) {
+        let mut n = n as u64;
+        let _ = self
+            .debt
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |debt| {
+                let paid = debt.min(n);
+                Some(debt - paid)
+            })
+            .map(|debt| n -= debt.min(n));
+        if n > 0 {
+            self.credits.add_permits(n as usize);
         }
     }
 }

@@ -17,13 +17,15 @@ use tokio_util::sync::CancellationToken;
 use crate::coordinator_link::NodeEvent;
 use crate::error::Error;
 pub(crate) use messages::{
-    AppTx, ChannelHandles, HoldFault, InItem, LoopMsg, OutFrame, Pulled, RestoreData, Shared,
-    StateChunk, Wiring,
+    AppTx, ChannelHandles, HoldFault, InItem, LoopMsg, OutFrame, Pulled, RecordsDue, RestoreData,
+    Shared, StateChunk, Wiring,
 };
 use recording::Recordings;
 
 /// Most messages handed to the application in one `DeliverBatch`.
 const DELIVER_BATCH: usize = 256;
+/// Most payload bytes in one `DeliverBatch`: well under the application's HTTP/2 window.
+const DELIVER_BATCH_BYTES: usize = 32 << 10;
 
 enum InboxItem {
     Deliver {
@@ -119,6 +121,9 @@ impl Outgoing {
 struct App {
     session: u64,
     tx: AppTx,
+    /// Record requests handed to the application and not answered yet (shared with its
+    /// session reader, which reads ahead of blocked sends while there are any).
+    records: Arc<RecordsDue>,
 }
 
 /// The loop's state. See the module docs.
@@ -292,8 +297,13 @@ impl NodeLoop {
                 requeue,
                 lost_markers,
             } => self.on_outbound_reset(channel, epoch, requeue, lost_markers),
-            LoopMsg::AppAttach { session, tx, reply } => {
-                let _ = reply.send(self.attach_app(session, tx));
+            LoopMsg::AppAttach {
+                session,
+                tx,
+                records,
+                reply,
+            } => {
+                let _ = reply.send(self.attach_app(session, tx, records));
             }
             LoopMsg::AppSend { session, sends } => self.on_app_send(session, sends),
             LoopMsg::AppState {

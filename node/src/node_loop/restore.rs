@@ -65,7 +65,7 @@ impl NodeLoop {
                 .drain(..)
                 .filter(|i| matches!(i, OutItem::Data { .. }))
                 .count();
-            out.handles.credits.add_permits(queued);
+            out.handles.release(queued);
             dropped += queued as u64;
             out.next_index = 0;
         }

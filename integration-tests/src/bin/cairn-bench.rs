@@ -1,0 +1,575 @@
+//! `cairn-bench`: how fast a snapshot is, what it costs the application, how the modes
+//! behave under backpressure, and the baselines a user would compare cairn with — in one
+//! run. Prints a markdown table per scenario and writes every number as JSON. See
+//! docs/benchmarks.md.
+
+use std::sync::atomic::Ordering::Relaxed;
+use std::time::{Duration, Instant};
+
+use cairn_integration_tests::bench::{BenchCluster, Load, filler, plain_tonic, quantile, raw_tcp};
+use cairn_integration_tests::coordinated::Store;
+use cairn_proto::v1 as pb;
+use clap::Parser;
+use serde_json::json;
+
+/// Benchmarks of cairn against its baselines: snapshot latency (a), cost to the application
+/// (b), backpressure and the modes (c), channel throughput against raw TCP and plain tonic
+/// (d), a stop-the-world baseline (e), scale (f) and incremental state (g).
+///
+/// Needs the binaries: `cargo build --release --bins` first (they are found beside this
+/// one).
+#[derive(Debug, Parser)]
+#[command(version)]
+struct Args {
+    /// Every scenario small (under two minutes): for CI, which asserts no time.
+    #[arg(long)]
+    quick: bool,
+    /// etcd endpoint for the coordinators (default: the embedded store).
+    #[arg(long, env = "CAIRN_ETCD")]
+    etcd: Option<String>,
+    /// Only these scenarios (letters a-g, comma-separated).
+    #[arg(long, value_delimiter = ',', default_value = "a,b,c,d,e,f,g")]
+    scenarios: Vec<String>,
+    /// Where to write the results as JSON.
+    #[arg(long, default_value = "bench-results.json")]
+    out: std::path::PathBuf,
+}
+
+struct Report {
+    rows: Vec<serde_json::Value>,
+    table: Vec<(String, Vec<String>, Vec<Vec<String>>)>,
+}
+
+impl Report {
+    fn section(&mut self, title: &str, header: &[&str]) {
+        println!("\n### {title}\n");
+        println!("| {} |", header.join(" | "));
+        println!(
+            "|{}|",
+            header.iter().map(|_| "---").collect::<Vec<_>>().join("|")
+        );
+        self.table.push((
+            title.to_owned(),
+            header.iter().map(|h| (*h).to_owned()).collect(),
+            Vec::new(),
+        ));
+    }
+
+    fn row(&mut self, cells: Vec<String>, record: serde_json::Value) {
+        println!("| {} |", cells.join(" | "));
+        if let Some(t) = self.table.last_mut() {
+            t.2.push(cells);
+        }
+        self.rows.push(record);
+    }
+}
+
+fn f1(x: f64) -> String {
+    format!("{x:.1}")
+}
+
+fn rate(x: f64) -> String {
+    if x >= 1e6 {
+        format!("{:.2} M", x / 1e6)
+    } else if x >= 1e3 {
+        format!("{:.1} k", x / 1e3)
+    } else {
+        format!("{x:.0}")
+    }
+}
+
+fn main() -> std::process::ExitCode {
+    let args = Args::parse();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("a runtime");
+    match runtime.block_on(run(args)) {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(args: Args) -> anyhow::Result<()> {
+    let store = match &args.etcd {
+        Some(url) => Store::Etcd(url.clone()),
+        None => Store::Embedded,
+    };
+    let mut report = Report {
+        rows: Vec::new(),
+        table: Vec::new(),
+    };
+    let started = Instant::now();
+    println!(
+        "# cairn-bench{} — {} CPUs, store: {}",
+        if args.quick { " --quick" } else { "" },
+        std::thread::available_parallelism().map_or(0, |n| n.get()),
+        args.etcd.as_deref().unwrap_or("embedded")
+    );
+    let on = |s: &str| args.scenarios.iter().any(|x| x == s);
+    if on("a") {
+        latency(&args, &store, &mut report).await?;
+    }
+    if on("b") || on("e") {
+        cost_and_stop_the_world(&args, &store, &mut report).await?;
+    }
+    if on("c") {
+        backpressure(&args, &store, &mut report).await?;
+    }
+    if on("d") {
+        throughput(&args, &store, &mut report).await?;
+    }
+    if on("f") {
+        scale(&args, &store, &mut report).await?;
+    }
+    if on("g") {
+        incremental(&args, &store, &mut report).await?;
+    }
+    let out = json!({
+        "quick": args.quick,
+        "store": args.etcd.clone().unwrap_or_else(|| "embedded".into()),
+        "cpus": std::thread::available_parallelism().map_or(0, |n| n.get()),
+        "seconds": started.elapsed().as_secs_f64(),
+        "results": report.rows,
+    });
+    std::fs::write(&args.out, serde_json::to_vec_pretty(&out)?)?;
+    println!(
+        "\n(results in {}; {:.0} s)",
+        args.out.display(),
+        started.elapsed().as_secs_f64()
+    );
+    Ok(())
+}
+
+/// Snapshots in a row: latencies in ms, and how many did not complete.
+async fn snapshots(
+    cluster: &BenchCluster,
+    n: usize,
+    mode: pb::SnapshotMode,
+) -> anyhow::Result<(Vec<f64>, usize, Vec<pb::Snapshot>)> {
+    let mut latencies = Vec::with_capacity(n);
+    let mut failed = 0;
+    let mut all = Vec::new();
+    for _ in 0..n {
+        let (ms, s) = cluster
+            .snapshot(pb::StartSnapshotRequest {
+                mode: mode as i32,
+                timeout_ms: 60_000,
+                ..Default::default()
+            })
+            .await?;
+        if s.status == pb::SnapshotStatus::Completed as i32 {
+            latencies.push(ms);
+        } else {
+            failed += 1;
+        }
+        all.push(s);
+    }
+    Ok((latencies, failed, all))
+}
+
+/// a. StartSnapshot to COMPLETED (stored and verified), full mesh.
+async fn latency(args: &Args, store: &Store, report: &mut Report) -> anyhow::Result<()> {
+    let (sizes, count): (&[usize], usize) = if args.quick {
+        (&[2, 4], 10)
+    } else {
+        (&[2, 4, 8, 16], 100)
+    };
+    report.section(
+        "a. Snapshot latency (StartSnapshot → COMPLETED, Chandy–Lamport, full mesh)",
+        &[
+            "nodes",
+            "load",
+            "state",
+            "snapshots",
+            "p50 ms",
+            "p99 ms",
+            "failed",
+        ],
+    );
+    for &n in sizes {
+        let cluster = BenchCluster::start(n, store, &[], &[], 1024).await?;
+        for (load_name, load) in [
+            ("idle", Load::Idle),
+            ("1k msg/s per node", Load::Rate(1000.0)),
+        ] {
+            cluster.set_load(load);
+            for (state_name, size) in [("1 KiB", 1024usize), ("1 MiB", 1 << 20)] {
+                for app in &cluster.apps {
+                    *app.state.lock().expect("never poisoned") = filler(size, 1);
+                }
+                let (lat, failed, _) =
+                    snapshots(&cluster, count, pb::SnapshotMode::ChandyLamport).await?;
+                let (p50, p99) = (quantile(&lat, 0.5), quantile(&lat, 0.99));
+                report.row(
+                    vec![
+                        n.to_string(),
+                        load_name.into(),
+                        state_name.into(),
+                        lat.len().to_string(),
+                        f1(p50),
+                        f1(p99),
+                        failed.to_string(),
+                    ],
+                    json!({"scenario": "a", "nodes": n, "load": load_name, "state_bytes": size,
+                           "snapshots": lat.len(), "p50_ms": p50, "p99_ms": p99, "failed": failed}),
+                );
+            }
+        }
+    }
+    Ok(())
+}
+
+/// b. Throughput with and without a snapshot every 100 ms; e. the same against the
+/// bench's own stop-the-world coordinator, and the longest pause each costs the
+/// application.
+async fn cost_and_stop_the_world(
+    args: &Args,
+    store: &Store,
+    report: &mut Report,
+) -> anyhow::Result<()> {
+    let n = if args.quick { 3 } else { 4 };
+    let window = Duration::from_secs(if args.quick { 2 } else { 10 });
+    let cluster = BenchCluster::start(n, store, &[], &[], 1024).await?;
+    cluster.set_load(Load::Flood);
+    tokio::time::sleep(Duration::from_millis(500)).await; // warm up
+    let measure = |label: &'static str| {
+        let cluster = &cluster;
+        async move {
+            let before = cluster.received();
+            let started = Instant::now();
+            tokio::time::sleep(window).await;
+            let r = (cluster.received() - before) as f64 / started.elapsed().as_secs_f64();
+            (label, r)
+        }
+    };
+    let (_, none) = measure("none").await;
+    // cairn: the coordinator's schedule, every 100 ms.
+    let mut client = cluster.cluster.client().await?;
+    client
+        .set_policy(pb::SetPolicyRequest {
+            policy: Some(pb::Policy {
+                interval_ms: 100,
+                ..Default::default()
+            }),
+            update: vec!["interval_ms".into()],
+            reset_to_flags: false,
+        })
+        .await?;
+    for app in &cluster.apps {
+        app.record_max_us.store(0, Relaxed);
+    }
+    let policy_before = client
+        .get_policy(pb::GetPolicyRequest {})
+        .await?
+        .into_inner();
+    let (_, with_cairn) = measure("cairn").await;
+    let policy_after = client
+        .get_policy(pb::GetPolicyRequest {})
+        .await?
+        .into_inner();
+    client
+        .set_policy(pb::SetPolicyRequest {
+            policy: Some(pb::Policy::default()),
+            update: vec!["interval_ms".into()],
+            reset_to_flags: false,
+        })
+        .await?;
+    let cairn_pause_us = cluster
+        .apps
+        .iter()
+        .map(|a| a.record_max_us.load(Relaxed))
+        .max()
+        .unwrap_or(0);
+    let taken = policy_after.started - policy_before.started;
+    // Stop-the-world, every 100 ms.
+    let before = cluster.received();
+    let started = Instant::now();
+    let mut pauses = Vec::new();
+    while started.elapsed() < window {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        pauses.push(cluster.stop_the_world().await.as_secs_f64() * 1000.0);
+    }
+    let with_stw = (cluster.received() - before) as f64 / started.elapsed().as_secs_f64();
+    let stw_max = pauses.iter().copied().fold(0.0, f64::max);
+    report.section(
+        "b. Cost to the application (end-to-end transfers/s, 16-byte messages, as fast as backpressure allows)",
+        &["nodes", "no snapshots", "snapshot every 100 ms", "ratio", "snapshots taken"],
+    );
+    report.row(
+        vec![
+            n.to_string(),
+            rate(none),
+            rate(with_cairn),
+            format!("{:.1} %", 100.0 * with_cairn / none),
+            taken.to_string(),
+        ],
+        json!({"scenario": "b", "nodes": n, "none_per_s": none, "cairn_100ms_per_s": with_cairn,
+               "ratio": with_cairn / none, "snapshots": taken}),
+    );
+    report.section(
+        "e. Stop-the-world baseline (every 100 ms: stop every app, drain the channels, read the states, resume)",
+        &["approach", "transfers/s", "of no snapshots", "longest application pause"],
+    );
+    report.row(
+        vec![
+            "cairn (Chandy–Lamport)".into(),
+            rate(with_cairn),
+            format!("{:.1} %", 100.0 * with_cairn / none),
+            format!("{:.3} ms (answering RecordState)", cairn_pause_us as f64 / 1000.0),
+        ],
+        json!({"scenario": "e", "approach": "cairn", "per_s": with_cairn, "max_pause_ms": cairn_pause_us as f64 / 1000.0}),
+    );
+    report.row(
+        vec![
+            "stop-the-world".into(),
+            rate(with_stw),
+            format!("{:.1} %", 100.0 * with_stw / none),
+            format!("{:.3} ms (p50 {:.3} ms over {} pauses)", stw_max, quantile(&pauses, 0.5), pauses.len()),
+        ],
+        json!({"scenario": "e", "approach": "stop-the-world", "per_s": with_stw, "max_pause_ms": stw_max,
+               "p50_pause_ms": quantile(&pauses, 0.5), "pauses": pauses.len()}),
+    );
+    Ok(())
+}
+
+/// c. One slow application (a fixed delay per message) behind a backlog: each mode's
+/// latency and recorded channel state.
+async fn backpressure(args: &Args, store: &Store, report: &mut Report) -> anyhow::Result<()> {
+    let (buffer, count, delay) = if args.quick {
+        ("300", 1, Duration::from_micros(100))
+    } else {
+        ("2000", 5, Duration::from_millis(1))
+    };
+    let cluster = BenchCluster::start(3, store, &[], &["--channel-buffer", buffer], 1024).await?;
+    // n1 and n2 flood n3, whose application spends `delay` on each message.
+    *cluster.apps[2].delay.lock().expect("never poisoned") = delay;
+    cluster.apps[0].set_load(Load::Flood);
+    cluster.apps[1].set_load(Load::Flood);
+    // Wait until the backlog is built: n3 lags the others by at least the buffer.
+    let want: u64 = buffer.parse::<u64>()? * 2;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while cluster.sent() - cluster.received() < want && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let backlog = cluster.sent() - cluster.received();
+    report.section(
+        &format!(
+            "c. Backpressure (n3's app takes {delay:?} per message; n1, n2 flood it; backlog {backlog} messages, --channel-buffer {buffer})"
+        ),
+        &["mode", "snapshots", "p50 ms", "max ms", "recorded messages (mean)", "recorded bytes (mean)"],
+    );
+    let cases: [(&str, pb::SnapshotMode, u64); 4] = [
+        ("ALIGNED", pb::SnapshotMode::Aligned, 0),
+        ("CHANDY_LAMPORT", pb::SnapshotMode::ChandyLamport, 0),
+        ("UNALIGNED", pb::SnapshotMode::Unaligned, 0),
+        (
+            "ALIGNED, 100 ms alignment timeout",
+            pb::SnapshotMode::Aligned,
+            100,
+        ),
+    ];
+    for (name, mode, alignment) in cases {
+        let mut lat = Vec::new();
+        let mut recorded = Vec::new();
+        for _ in 0..count {
+            let (ms, s) = cluster
+                .snapshot(pb::StartSnapshotRequest {
+                    mode: mode as i32,
+                    timeout_ms: 120_000,
+                    alignment_timeout_ms: alignment,
+                    ..Default::default()
+                })
+                .await?;
+            anyhow::ensure!(
+                s.status == pb::SnapshotStatus::Completed as i32,
+                "{name}: {:?}",
+                s.failure
+            );
+            lat.push(ms);
+            recorded.push(s.verdict.map_or(0, |v| v.recorded_messages));
+        }
+        let mean = recorded.iter().sum::<u64>() as f64 / recorded.len() as f64;
+        let payload = 16.0;
+        report.row(
+            vec![
+                name.into(),
+                count.to_string(),
+                f1(quantile(&lat, 0.5)),
+                f1(lat.iter().copied().fold(0.0, f64::max)),
+                format!("{mean:.0}"),
+                format!("{:.0}", mean * payload),
+            ],
+            json!({"scenario": "c", "mode": name, "backlog": backlog, "p50_ms": quantile(&lat, 0.5),
+                   "max_ms": lat.iter().copied().fold(0.0, f64::max), "recorded_messages": mean,
+                   "recorded_bytes": mean * payload}),
+        );
+    }
+    Ok(())
+}
+
+/// d. Messages/s and MB/s between two daemons against raw TCP and plain tonic.
+async fn throughput(args: &Args, store: &Store, report: &mut Report) -> anyhow::Result<()> {
+    let window = Duration::from_secs(if args.quick { 1 } else { 5 });
+    report.section(
+        "d. Channel throughput (one direction; cairn: app → daemon → daemon → app)",
+        &["payload", "path", "messages/s", "MB/s", "of raw TCP"],
+    );
+    for size in [64usize, 4096] {
+        let tcp = raw_tcp(size, window).await?;
+        let tonic = plain_tonic(size, window).await?;
+        let cluster = BenchCluster::start(2, store, &[], &[], 1024).await?;
+        *cluster.apps[0].payload.lock().expect("never poisoned") = filler(size, 3);
+        cluster.apps[0].set_load(Load::Flood);
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let before = cluster.apps[1].received.load(Relaxed);
+        let started = Instant::now();
+        tokio::time::sleep(window).await;
+        let cairn = (cluster.apps[1].received.load(Relaxed) - before) as f64
+            / started.elapsed().as_secs_f64();
+        drop(cluster);
+        for (path, r) in [
+            ("raw TCP, length-prefixed (one process)", tcp),
+            (
+                "tonic bidi stream, one message per item (one process)",
+                tonic,
+            ),
+            ("cairn, two daemons (four processes)", cairn),
+        ] {
+            report.row(
+                vec![
+                    format!("{size} B"),
+                    path.into(),
+                    rate(r),
+                    format!("{:.0}", r * size as f64 / 1e6),
+                    format!("{:.1} %", 100.0 * r / tcp),
+                ],
+                json!({"scenario": "d", "payload": size, "path": path, "per_s": r,
+                       "mb_per_s": r * size as f64 / 1e6, "of_tcp": r / tcp}),
+            );
+        }
+    }
+    Ok(())
+}
+
+/// f. Latency at 32 and 64 nodes, ring and full mesh.
+async fn scale(args: &Args, store: &Store, report: &mut Report) -> anyhow::Result<()> {
+    let (sizes, count): (&[usize], usize) = if args.quick {
+        (&[8], 3)
+    } else {
+        (&[32, 64], 20)
+    };
+    report.section(
+        "f. Scale (idle, 1 KiB states, Chandy–Lamport)",
+        &[
+            "nodes",
+            "topology",
+            "channels",
+            "start-up s",
+            "p50 ms",
+            "max ms",
+            "failed",
+        ],
+    );
+    let dir = std::env::temp_dir().join(format!("cairn-bench-{}", std::process::id()));
+    std::fs::create_dir_all(&dir)?;
+    for &n in sizes {
+        for topology in ["ring", "full mesh"] {
+            let mut coordinator_args = Vec::new();
+            let file = dir.join(format!("ring-{n}.txt"));
+            if topology == "ring" {
+                let lines: Vec<String> = (1..=n).map(|i| format!("n{i}>n{}", i % n + 1)).collect();
+                std::fs::write(&file, lines.join("\n"))?;
+                coordinator_args = vec!["--topology".to_owned(), file.display().to_string()];
+            }
+            let c_args: Vec<&str> = coordinator_args.iter().map(String::as_str).collect();
+            let started = Instant::now();
+            let cluster =
+                BenchCluster::start(n, store, &c_args, &["--channel-buffer", "1024"], 1024).await?;
+            let startup = started.elapsed().as_secs_f64();
+            let (lat, failed, all) =
+                snapshots(&cluster, count, pb::SnapshotMode::ChandyLamport).await?;
+            let channels = all.first().map_or(0, |s| s.channels.len());
+            report.row(
+                vec![
+                    n.to_string(),
+                    topology.into(),
+                    channels.to_string(),
+                    f1(startup),
+                    f1(quantile(&lat, 0.5)),
+                    f1(lat.iter().copied().fold(0.0, f64::max)),
+                    failed.to_string(),
+                ],
+                json!({"scenario": "f", "nodes": n, "topology": topology, "channels": channels,
+                       "startup_s": startup, "p50_ms": quantile(&lat, 0.5),
+                       "max_ms": lat.iter().copied().fold(0.0, f64::max), "failed": failed}),
+            );
+        }
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+    Ok(())
+}
+
+/// g. A large state of which 1 % changes between snapshots: bytes newly stored.
+async fn incremental(args: &Args, store: &Store, report: &mut Report) -> anyhow::Result<()> {
+    let size: usize = if args.quick { 16 << 20 } else { 256 << 20 };
+    let rounds = if args.quick { 3 } else { 5 };
+    let cluster = BenchCluster::start(1, store, &[], &[], size).await?;
+    report.section(
+        "g. Incremental state (one node; 1 % of the state rewritten between snapshots, as random 64 KiB blocks)",
+        &["state", "snapshot", "bytes new", "of the state", "ms to store"],
+    );
+    let mut state = cluster.apps[0]
+        .state
+        .lock()
+        .expect("never poisoned")
+        .to_vec();
+    let block = 64 << 10;
+    let blocks = (size / 100).div_ceil(block);
+    for round in 0..rounds {
+        if round > 0 {
+            for b in 0..blocks {
+                let at =
+                    (fastrand(round as u64 * 1000 + b as u64) as usize % (size / block)) * block;
+                let fresh = filler(block, round as u64 * 7919 + b as u64);
+                state[at..at + block].copy_from_slice(&fresh);
+            }
+            *cluster.apps[0].state.lock().expect("never poisoned") =
+                bytes::Bytes::from(state.clone());
+        }
+        let (ms, s) = cluster
+            .snapshot(pb::StartSnapshotRequest {
+                timeout_ms: 300_000,
+                ..Default::default()
+            })
+            .await?;
+        anyhow::ensure!(
+            s.status == pb::SnapshotStatus::Completed as i32,
+            "{:?}",
+            s.failure
+        );
+        report.row(
+            vec![
+                format!("{} MiB", size >> 20),
+                if round == 0 { "first (all new)".into() } else { format!("after change {round}") },
+                s.bytes_new.to_string(),
+                format!("{:.2} %", 100.0 * s.bytes_new as f64 / size as f64),
+                f1(ms),
+            ],
+            json!({"scenario": "g", "state_bytes": size, "round": round, "bytes_new": s.bytes_new,
+                   "bytes_reused": s.bytes_reused, "of_state": s.bytes_new as f64 / size as f64, "ms": ms}),
+        );
+    }
+    Ok(())
+}
+
+/// A reproducible pseudo-random number.
+fn fastrand(seed: u64) -> u64 {
+    let mut z = seed.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
