@@ -77,7 +77,7 @@ pub async fn run(
     let kv = Arc::new(if config.etcd.is_empty() {
         let path = config.data_dir.join("metadata.json");
         tracing::info!(path = %path.display(), "embedded metadata store");
-        AnyKv::File(FileKv::open(&path, &keys.members()).await?)
+        AnyKv::File(Box::new(FileKv::open(&path, &keys.members()).await?))
     } else {
         tracing::info!(endpoints = ?config.etcd, "etcd metadata store");
         AnyKv::Etcd(Box::new(EtcdKv::connect(&config.etcd, stop.clone()).await?))

@@ -42,14 +42,33 @@ impl CoordinatorService {
         Ok(answer.await.map_err(|_| Error::ShuttingDown)?)
     }
 
+    /// A snapshot's record: stored, or with its live progress while it is in flight.
     async fn record(&self, id: u64) -> Result<SnapshotRecord, Error> {
         let value = self
             .kv
             .get(&self.keys.snapshot(id))
             .await?
             .ok_or(Error::NotFound(id))?;
-        serde_json::from_slice(&value)
-            .map_err(|e| Error::Blob(format!("snapshot {id}: unreadable record: {e}")))
+        let stored: SnapshotRecord = serde_json::from_slice(&value)
+            .map_err(|e| Error::Blob(format!("snapshot {id}: unreadable record: {e}")))?;
+        if stored.status != "IN_PROGRESS" {
+            return Ok(stored);
+        }
+        let (reply, answer) = oneshot::channel();
+        self.tx
+            .send(Msg::Live { id, reply })
+            .await
+            .map_err(|_| Error::ShuttingDown)?;
+        match answer.await.map_err(|_| Error::ShuttingDown)? {
+            Some(live) => Ok(live),
+            // Ended meanwhile: read it again.
+            None => self
+                .kv
+                .get(&self.keys.snapshot(id))
+                .await?
+                .and_then(|v| serde_json::from_slice(&v).ok())
+                .ok_or(Error::NotFound(id)),
+        }
     }
 
     async fn parts(&self, id: u64) -> Result<Vec<PartRecord>, Error> {

@@ -91,6 +91,11 @@ pub(crate) enum Msg {
     ListNodes {
         reply: oneshot::Sender<pb::ListNodesResponse>,
     },
+    /// The record of a snapshot in flight, with its progress; `None` if it has ended.
+    Live {
+        id: u64,
+        reply: oneshot::Sender<Option<SnapshotRecord>>,
+    },
     GetPolicy {
         reply: oneshot::Sender<pb::Policy>,
     },
@@ -415,6 +420,9 @@ impl State {
             }
             Msg::ListNodes { reply } => {
                 let _ = reply.send(self.list_nodes());
+            }
+            Msg::Live { id, reply } => {
+                let _ = reply.send(self.inflight.get(&id).cloned());
             }
             Msg::GetPolicy { reply } => {
                 let _ = reply.send(self.policy_pb());
@@ -1102,9 +1110,13 @@ impl State {
         }
     }
 
-    /// Stores the record and tells its watchers.
+    /// Tells the record's watchers; stores it once it has ended. Progress of a snapshot in
+    /// flight lives in `inflight` only (a restarted coordinator fails such a snapshot
+    /// anyway), which spares the store a synced write per node and step.
     async fn publish(&mut self, record: &SnapshotRecord) {
-        if let Err(e) = self.put_record(record).await {
+        if record.status != "IN_PROGRESS"
+            && let Err(e) = self.put_record(record).await
+        {
             tracing::error!(
                 snapshot = record.id,
                 "cannot store the snapshot record: {e}"

@@ -1,55 +1,169 @@
-//! The embedded metadata store: every key in one JSON file, rewritten atomically
-//! (write, fsync, rename) on each change. For a single machine and the demo.
+//! The embedded metadata store, for a single machine and the demo: every key in memory, a
+//! base file (`metadata.json`, one JSON object) and an append-only log beside it
+//! (`metadata.log`, one JSON change per line, each synced before the change is
+//! acknowledged). At start the log is replayed over the base (a torn last line is dropped)
+//! and both are compacted into a new base; the log is compacted again once it outgrows the
+//! base. Ephemeral keys (members) live in memory only, as etcd drops them with their lease.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
+use serde::{Deserialize, Serialize};
+use tokio::io::AsyncWriteExt;
 use tokio::sync::Mutex;
 
 use super::{Kv, StoreError};
 
-/// A metadata store in a local file.
+/// The log is compacted once it is larger than this and than the base.
+const COMPACT_AT: u64 = 4 << 20;
+
+/// One change, as a line of the log.
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "snake_case")]
+enum Change {
+    Put { key: String, value: String },
+    Delete { key: String },
+    DeletePrefix { prefix: String },
+}
+
+impl Change {
+    fn apply(self, data: &mut BTreeMap<String, String>) {
+        match self {
+            Self::Put { key, value } => {
+                data.insert(key, value);
+            }
+            Self::Delete { key } => {
+                data.remove(&key);
+            }
+            Self::DeletePrefix { prefix } => data.retain(|k, _| !k.starts_with(&prefix)),
+        }
+    }
+}
+
+struct Inner {
+    data: BTreeMap<String, String>,
+    log: tokio::fs::File,
+    log_bytes: u64,
+    base_bytes: u64,
+}
+
+/// A metadata store in local files.
 pub struct FileKv {
-    path: PathBuf,
-    data: Mutex<BTreeMap<String, String>>,
+    base: PathBuf,
+    log_path: PathBuf,
+    ephemeral: String,
+    inner: Mutex<Inner>,
+}
+
+fn io(path: &Path, what: &str, e: std::io::Error) -> StoreError {
+    StoreError(format!("cannot {what} {}: {e}", path.display()))
 }
 
 impl FileKv {
-    /// Opens (or creates) the store at `path`. Ephemeral keys of a previous run (members)
-    /// are dropped, as etcd drops them when their lease expires.
+    /// Opens (or creates) the store at `path` (the base file; the log is beside it).
+    /// Ephemeral keys of a previous run (members) are dropped, as etcd drops them when their
+    /// lease expires.
     pub async fn open(path: &Path, ephemeral_prefix: &str) -> Result<Self, StoreError> {
+        if let Some(dir) = path.parent() {
+            tokio::fs::create_dir_all(dir)
+                .await
+                .map_err(|e| io(dir, "create", e))?;
+        }
         let mut data: BTreeMap<String, String> = match tokio::fs::read(path).await {
             Ok(bytes) => serde_json::from_slice(&bytes)
                 .map_err(|e| StoreError(format!("{} is not a cairn store: {e}", path.display())))?,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => BTreeMap::new(),
-            Err(e) => return Err(StoreError(format!("cannot read {}: {e}", path.display()))),
+            Err(e) => return Err(io(path, "read", e)),
         };
-        data.retain(|k, _| !k.starts_with(ephemeral_prefix));
-        if let Some(dir) = path.parent() {
-            tokio::fs::create_dir_all(dir)
-                .await
-                .map_err(|e| StoreError(format!("cannot create {}: {e}", dir.display())))?;
+        let log_path = path.with_extension("log");
+        match tokio::fs::read(&log_path).await {
+            Ok(bytes) => {
+                for (number, line) in bytes.split(|b| *b == b'\n').enumerate() {
+                    if line.is_empty() {
+                        continue;
+                    }
+                    match serde_json::from_slice::<Change>(line) {
+                        Ok(change) => change.apply(&mut data),
+                        Err(e) => {
+                            // A write cut short by a crash: nothing after it was acknowledged.
+                            tracing::warn!(
+                                log = %log_path.display(),
+                                line = number + 1,
+                                "dropping an unreadable tail of the metadata log: {e}"
+                            );
+                            break;
+                        }
+                    }
+                }
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(io(&log_path, "read", e)),
         }
+        data.retain(|k, _| !k.starts_with(ephemeral_prefix));
+        let log = tokio::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&log_path)
+            .await
+            .map_err(|e| io(&log_path, "open", e))?;
         let store = Self {
-            path: path.to_owned(),
-            data: Mutex::new(data),
+            base: path.to_owned(),
+            log_path,
+            ephemeral: ephemeral_prefix.to_owned(),
+            inner: Mutex::new(Inner {
+                data,
+                log,
+                log_bytes: 0,
+                base_bytes: 0,
+            }),
         };
-        store.save(&*store.data.lock().await).await?;
+        store.compact(&mut *store.inner.lock().await).await?;
         Ok(store)
     }
 
-    async fn save(&self, data: &BTreeMap<String, String>) -> Result<(), StoreError> {
-        let bytes = serde_json::to_vec_pretty(data).map_err(|e| StoreError(e.to_string()))?;
-        let tmp = self.path.with_extension("tmp");
+    /// Writes the whole map as the new base (write, sync, rename), then empties the log.
+    async fn compact(&self, inner: &mut Inner) -> Result<(), StoreError> {
+        let durable: BTreeMap<&String, &String> = inner
+            .data
+            .iter()
+            .filter(|(k, _)| !k.starts_with(&self.ephemeral))
+            .collect();
+        let bytes = serde_json::to_vec_pretty(&durable).map_err(|e| StoreError(e.to_string()))?;
+        let tmp = self.base.with_extension("tmp");
         let write = async {
             let mut file = tokio::fs::File::create(&tmp).await?;
-            tokio::io::AsyncWriteExt::write_all(&mut file, &bytes).await?;
+            file.write_all(&bytes).await?;
             file.sync_all().await?;
-            tokio::fs::rename(&tmp, &self.path).await
+            tokio::fs::rename(&tmp, &self.base).await
+        };
+        write.await.map_err(|e| io(&self.base, "write", e))?;
+        inner
+            .log
+            .set_len(0)
+            .await
+            .map_err(|e| io(&self.log_path, "truncate", e))?;
+        inner.log_bytes = 0;
+        inner.base_bytes = bytes.len() as u64;
+        Ok(())
+    }
+
+    /// Applies `change` in memory and appends it to the log, synced.
+    async fn commit(&self, inner: &mut Inner, change: Change) -> Result<(), StoreError> {
+        let mut line = serde_json::to_vec(&change).map_err(|e| StoreError(e.to_string()))?;
+        line.push(b'\n');
+        let write = async {
+            inner.log.write_all(&line).await?;
+            inner.log.sync_data().await
         };
         write
             .await
-            .map_err(|e| StoreError(format!("cannot write {}: {e}", self.path.display())))
+            .map_err(|e| io(&self.log_path, "append to", e))?;
+        inner.log_bytes += line.len() as u64;
+        change.apply(&mut inner.data);
+        if inner.log_bytes > COMPACT_AT && inner.log_bytes > inner.base_bytes {
+            self.compact(inner).await?;
+        }
+        Ok(())
     }
 
     fn text(value: Vec<u8>) -> Result<String, StoreError> {
@@ -60,44 +174,69 @@ impl FileKv {
 impl Kv for FileKv {
     async fn get(&self, key: &str) -> Result<Option<Vec<u8>>, StoreError> {
         Ok(self
-            .data
+            .inner
             .lock()
             .await
+            .data
             .get(key)
             .map(|v| v.clone().into_bytes()))
     }
 
     async fn put(&self, key: &str, value: Vec<u8>) -> Result<(), StoreError> {
-        let mut data = self.data.lock().await;
-        data.insert(key.to_owned(), Self::text(value)?);
-        self.save(&data).await
+        let value = Self::text(value)?;
+        let mut inner = self.inner.lock().await;
+        if key.starts_with(&self.ephemeral) {
+            inner.data.insert(key.to_owned(), value);
+            return Ok(());
+        }
+        let change = Change::Put {
+            key: key.to_owned(),
+            value,
+        };
+        self.commit(&mut inner, change).await
     }
 
     async fn put_ephemeral(&self, key: &str, value: Vec<u8>) -> Result<(), StoreError> {
-        self.put(key, value).await
+        let value = Self::text(value)?;
+        self.inner.lock().await.data.insert(key.to_owned(), value);
+        Ok(())
     }
 
     async fn delete(&self, key: &str) -> Result<(), StoreError> {
-        let mut data = self.data.lock().await;
-        if data.remove(key).is_some() {
-            self.save(&data).await?;
+        let mut inner = self.inner.lock().await;
+        if !inner.data.contains_key(key) {
+            return Ok(());
         }
-        Ok(())
+        if key.starts_with(&self.ephemeral) {
+            inner.data.remove(key);
+            return Ok(());
+        }
+        let change = Change::Delete {
+            key: key.to_owned(),
+        };
+        self.commit(&mut inner, change).await
     }
 
     async fn delete_prefix(&self, prefix: &str) -> Result<(), StoreError> {
-        let mut data = self.data.lock().await;
-        let before = data.len();
-        data.retain(|k, _| !k.starts_with(prefix));
-        if data.len() != before {
-            self.save(&data).await?;
+        let mut inner = self.inner.lock().await;
+        let any = inner
+            .data
+            .range(prefix.to_owned()..)
+            .next()
+            .is_some_and(|(k, _)| k.starts_with(prefix));
+        if !any {
+            return Ok(());
         }
-        Ok(())
+        let change = Change::DeletePrefix {
+            prefix: prefix.to_owned(),
+        };
+        self.commit(&mut inner, change).await
     }
 
     async fn list(&self, prefix: &str) -> Result<Vec<(String, Vec<u8>)>, StoreError> {
-        let data = self.data.lock().await;
-        Ok(data
+        let inner = self.inner.lock().await;
+        Ok(inner
+            .data
             .range(prefix.to_owned()..)
             .take_while(|(k, _)| k.starts_with(prefix))
             .map(|(k, v)| (k.clone(), v.clone().into_bytes()))
@@ -105,15 +244,59 @@ impl Kv for FileKv {
     }
 
     async fn fetch_increment(&self, key: &str) -> Result<u64, StoreError> {
-        let mut data = self.data.lock().await;
-        let current: u64 = match data.get(key) {
+        let mut inner = self.inner.lock().await;
+        let current: u64 = match inner.data.get(key) {
             Some(v) => v
                 .parse()
                 .map_err(|_| StoreError(format!("{key} is not a number")))?,
             None => 0,
         };
-        data.insert(key.to_owned(), (current + 1).to_string());
-        self.save(&data).await?;
+        let change = Change::Put {
+            key: key.to_owned(),
+            value: (current + 1).to_string(),
+        };
+        self.commit(&mut inner, change).await?;
         Ok(current)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn changes_survive_a_reopen_and_a_torn_tail_is_dropped() {
+        let dir = std::env::temp_dir().join(format!("cairn-filekv-{}", std::process::id()));
+        let path = dir.join("metadata.json");
+        let _ = std::fs::remove_dir_all(&dir);
+        {
+            let kv = FileKv::open(&path, "/m/").await.unwrap();
+            kv.put("/a/1", b"\"one\"".to_vec()).await.unwrap();
+            kv.put("/a/2", b"\"two\"".to_vec()).await.unwrap();
+            kv.put("/b", b"1".to_vec()).await.unwrap();
+            kv.put_ephemeral("/m/n1", b"{}".to_vec()).await.unwrap();
+            assert_eq!(kv.fetch_increment("/id").await.unwrap(), 0);
+            assert_eq!(kv.fetch_increment("/id").await.unwrap(), 1);
+            kv.delete_prefix("/a/").await.unwrap();
+            kv.put("/a/3", b"\"three\"".to_vec()).await.unwrap();
+            kv.delete("/b").await.unwrap();
+        }
+        // A crash in the middle of an append.
+        let log = path.with_extension("log");
+        let mut text = std::fs::read(&log).unwrap();
+        text.extend_from_slice(b"{\"op\":\"put\",\"key\":\"/x\",\"val");
+        std::fs::write(&log, text).unwrap();
+        let kv = FileKv::open(&path, "/m/").await.unwrap();
+        let keys: Vec<String> = kv
+            .list("/")
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|(k, _)| k)
+            .collect();
+        assert_eq!(keys, ["/a/3", "/id"]);
+        assert_eq!(kv.fetch_increment("/id").await.unwrap(), 2);
+        assert!(std::fs::metadata(&log).unwrap().len() > 0);
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }

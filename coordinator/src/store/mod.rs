@@ -60,7 +60,7 @@ pub enum AnyKv {
     /// etcd.
     Etcd(Box<EtcdKv>),
     /// The embedded file store.
-    File(FileKv),
+    File(Box<FileKv>),
 }
 
 impl Kv for AnyKv {
