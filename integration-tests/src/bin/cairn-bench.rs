@@ -225,78 +225,82 @@ async fn latency(args: &Args, store: &Store, report: &mut Report) -> anyhow::Res
 
 /// b. Throughput with and without a snapshot every 100 ms; e. the same against the
 /// bench's own stop-the-world coordinator, and the longest pause each costs the
-/// application.
+/// application. The three alternate in rounds (the machine's speed drifts); medians.
 async fn cost_and_stop_the_world(
     args: &Args,
     store: &Store,
     report: &mut Report,
 ) -> anyhow::Result<()> {
     let n = if args.quick { 3 } else { 4 };
-    let window = Duration::from_secs(if args.quick { 2 } else { 10 });
+    let (rounds, window) = if args.quick {
+        (1, Duration::from_secs(1))
+    } else {
+        (5, Duration::from_secs(3))
+    };
     let cluster = BenchCluster::start(n, store, &[], &[], 1024).await?;
     cluster.set_load(Load::Flood);
     tokio::time::sleep(Duration::from_millis(500)).await; // warm up
-    let measure = |label: &'static str| {
-        let cluster = &cluster;
-        async move {
-            let before = cluster.received();
-            let started = Instant::now();
-            tokio::time::sleep(window).await;
-            let r = (cluster.received() - before) as f64 / started.elapsed().as_secs_f64();
-            (label, r)
-        }
-    };
-    let (_, none) = measure("none").await;
-    // cairn: the coordinator's schedule, every 100 ms.
     let mut client = cluster.cluster.client().await?;
-    client
-        .set_policy(pb::SetPolicyRequest {
-            policy: Some(pb::Policy {
-                interval_ms: 100,
-                ..Default::default()
-            }),
-            update: vec!["interval_ms".into()],
-            reset_to_flags: false,
-        })
-        .await?;
+    let schedule = |interval_ms: u64| pb::SetPolicyRequest {
+        policy: Some(pb::Policy {
+            interval_ms,
+            ..Default::default()
+        }),
+        update: vec!["interval_ms".into()],
+        reset_to_flags: false,
+    };
+    let (mut none, mut cairn, mut stw, mut pauses) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let mut taken = 0;
     for app in &cluster.apps {
         app.record_max_us.store(0, Relaxed);
     }
-    let policy_before = client
-        .get_policy(pb::GetPolicyRequest {})
-        .await?
-        .into_inner();
-    let (_, with_cairn) = measure("cairn").await;
-    let policy_after = client
-        .get_policy(pb::GetPolicyRequest {})
-        .await?
-        .into_inner();
-    client
-        .set_policy(pb::SetPolicyRequest {
-            policy: Some(pb::Policy::default()),
-            update: vec!["interval_ms".into()],
-            reset_to_flags: false,
-        })
-        .await?;
+    for _ in 0..rounds {
+        let before = cluster.received();
+        let started = Instant::now();
+        tokio::time::sleep(window).await;
+        none.push((cluster.received() - before) as f64 / started.elapsed().as_secs_f64());
+
+        // cairn: the coordinator's own schedule, every 100 ms.
+        client.set_policy(schedule(100)).await?;
+        let policy_before = client
+            .get_policy(pb::GetPolicyRequest {})
+            .await?
+            .into_inner();
+        let before = cluster.received();
+        let started = Instant::now();
+        tokio::time::sleep(window).await;
+        cairn.push((cluster.received() - before) as f64 / started.elapsed().as_secs_f64());
+        let policy_after = client
+            .get_policy(pb::GetPolicyRequest {})
+            .await?
+            .into_inner();
+        client.set_policy(schedule(0)).await?;
+        taken += policy_after.started - policy_before.started;
+
+        // Stop-the-world, every 100 ms.
+        let before = cluster.received();
+        let started = Instant::now();
+        while started.elapsed() < window {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            pauses.push(cluster.stop_the_world().await.as_secs_f64() * 1000.0);
+        }
+        stw.push((cluster.received() - before) as f64 / started.elapsed().as_secs_f64());
+    }
+    let (none, with_cairn, with_stw) = (
+        quantile(&none, 0.5),
+        quantile(&cairn, 0.5),
+        quantile(&stw, 0.5),
+    );
     let cairn_pause_us = cluster
         .apps
         .iter()
         .map(|a| a.record_max_us.load(Relaxed))
         .max()
         .unwrap_or(0);
-    let taken = policy_after.started - policy_before.started;
-    // Stop-the-world, every 100 ms.
-    let before = cluster.received();
-    let started = Instant::now();
-    let mut pauses = Vec::new();
-    while started.elapsed() < window {
-        tokio::time::sleep(Duration::from_millis(100)).await;
-        pauses.push(cluster.stop_the_world().await.as_secs_f64() * 1000.0);
-    }
-    let with_stw = (cluster.received() - before) as f64 / started.elapsed().as_secs_f64();
     let stw_max = pauses.iter().copied().fold(0.0, f64::max);
     report.section(
-        "b. Cost to the application (end-to-end transfers/s, 16-byte messages, as fast as backpressure allows)",
+        "b. Cost to the application (end-to-end transfers/s, 16-byte messages, as fast as backpressure allows; medians of alternating rounds)",
         &["nodes", "no snapshots", "snapshot every 100 ms", "ratio", "snapshots taken"],
     );
     report.row(
@@ -307,11 +311,11 @@ async fn cost_and_stop_the_world(
             format!("{:.1} %", 100.0 * with_cairn / none),
             taken.to_string(),
         ],
-        json!({"scenario": "b", "nodes": n, "none_per_s": none, "cairn_100ms_per_s": with_cairn,
+        json!({"scenario": "b", "nodes": n, "rounds": rounds, "none_per_s": none, "cairn_100ms_per_s": with_cairn,
                "ratio": with_cairn / none, "snapshots": taken}),
     );
     report.section(
-        "e. Stop-the-world baseline (every 100 ms: stop every app, drain the channels, read the states, resume)",
+        "e. Stop-the-world baseline (every 100 ms: stop every app's sending, drain the channels, read the states, resume)",
         &["approach", "transfers/s", "of no snapshots", "longest application pause"],
     );
     report.row(
@@ -337,12 +341,13 @@ async fn cost_and_stop_the_world(
 }
 
 /// c. One slow application (a fixed delay per message) behind a backlog: each mode's
-/// latency and recorded channel state.
+/// latency and recorded channel state. The modes alternate in rounds (the backlog drifts);
+/// the backlog is measured as each snapshot starts.
 async fn backpressure(args: &Args, store: &Store, report: &mut Report) -> anyhow::Result<()> {
-    let (buffer, count, delay) = if args.quick {
+    let (buffer, rounds, delay) = if args.quick {
         ("300", 1, Duration::from_micros(100))
     } else {
-        ("2000", 5, Duration::from_millis(1))
+        ("2000", 3, Duration::from_micros(250))
     };
     let cluster = BenchCluster::start(3, store, &[], &["--channel-buffer", buffer], 1024).await?;
     // n1 and n2 flood n3, whose application spends `delay` on each message.
@@ -355,13 +360,6 @@ async fn backpressure(args: &Args, store: &Store, report: &mut Report) -> anyhow
     while cluster.sent() - cluster.received() < want && Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    let backlog = cluster.sent() - cluster.received();
-    report.section(
-        &format!(
-            "c. Backpressure (n3's app takes {delay:?} per message; n1, n2 flood it; backlog {backlog} messages, --channel-buffer {buffer})"
-        ),
-        &["mode", "snapshots", "p50 ms", "max ms", "recorded messages (mean)", "recorded bytes (mean)"],
-    );
     let cases: [(&str, pb::SnapshotMode, u64); 4] = [
         ("ALIGNED", pb::SnapshotMode::Aligned, 0),
         ("CHANDY_LAMPORT", pb::SnapshotMode::ChandyLamport, 0),
@@ -372,15 +370,15 @@ async fn backpressure(args: &Args, store: &Store, report: &mut Report) -> anyhow
             100,
         ),
     ];
-    for (name, mode, alignment) in cases {
-        let mut lat = Vec::new();
-        let mut recorded = Vec::new();
-        for _ in 0..count {
+    let mut results: Vec<(Vec<f64>, Vec<u64>, Vec<u64>)> = vec![Default::default(); cases.len()];
+    for _ in 0..rounds {
+        for (i, (name, mode, alignment)) in cases.iter().enumerate() {
+            let backlog = cluster.sent() - cluster.received();
             let (ms, s) = cluster
                 .snapshot(pb::StartSnapshotRequest {
-                    mode: mode as i32,
-                    timeout_ms: 120_000,
-                    alignment_timeout_ms: alignment,
+                    mode: *mode as i32,
+                    timeout_ms: 300_000,
+                    alignment_timeout_ms: *alignment,
                     ..Default::default()
                 })
                 .await?;
@@ -389,23 +387,35 @@ async fn backpressure(args: &Args, store: &Store, report: &mut Report) -> anyhow
                 "{name}: {:?}",
                 s.failure
             );
-            lat.push(ms);
-            recorded.push(s.verdict.map_or(0, |v| v.recorded_messages));
+            results[i].0.push(ms);
+            results[i]
+                .1
+                .push(s.verdict.map_or(0, |v| v.recorded_messages));
+            results[i].2.push(backlog);
         }
-        let mean = recorded.iter().sum::<u64>() as f64 / recorded.len() as f64;
+    }
+    report.section(
+        &format!(
+            "c. Backpressure (n3's app takes {delay:?} per message; n1, n2 flood it; --channel-buffer {buffer}; {rounds} round(s) of the four)"
+        ),
+        &["mode", "backlog at start (mean)", "p50 ms", "max ms", "recorded messages (mean)", "recorded bytes (mean)"],
+    );
+    let mean = |v: &[u64]| v.iter().sum::<u64>() as f64 / v.len().max(1) as f64;
+    for ((name, _, _), (lat, recorded, backlog)) in cases.iter().zip(&results) {
         let payload = 16.0;
+        let recorded = mean(recorded);
         report.row(
             vec![
-                name.into(),
-                count.to_string(),
-                f1(quantile(&lat, 0.5)),
+                (*name).into(),
+                format!("{:.0}", mean(backlog)),
+                f1(quantile(lat, 0.5)),
                 f1(lat.iter().copied().fold(0.0, f64::max)),
-                format!("{mean:.0}"),
-                format!("{:.0}", mean * payload),
+                format!("{recorded:.0}"),
+                format!("{:.0}", recorded * payload),
             ],
-            json!({"scenario": "c", "mode": name, "backlog": backlog, "p50_ms": quantile(&lat, 0.5),
-                   "max_ms": lat.iter().copied().fold(0.0, f64::max), "recorded_messages": mean,
-                   "recorded_bytes": mean * payload}),
+            json!({"scenario": "c", "mode": name, "backlog": mean(backlog), "p50_ms": quantile(lat, 0.5),
+                   "max_ms": lat.iter().copied().fold(0.0, f64::max), "recorded_messages": recorded,
+                   "recorded_bytes": recorded * payload}),
         );
     }
     Ok(())
