@@ -117,7 +117,17 @@ impl AppSender {
         if !self.knows(to) {
             return Err(Error::UnknownPeer(to.to_owned()));
         }
-        self.reserve().await?.send(to, payload)
+        // The hot path: one semaphore permit and one queue push, no clone of the sender.
+        let permit = self
+            .room
+            .acquire()
+            .await
+            .map_err(|_| Error::SessionClosed)?;
+        self.tx
+            .send(Outgoing::Send(to.to_owned(), payload))
+            .map_err(|_| Error::SessionClosed)?;
+        permit.forget(); // returned by the writer once the message is on the wire
+        Ok(())
     }
 
     /// Answers [`AppEvent::RecordState`] with the local state (sent in chunks). Never

@@ -9,9 +9,9 @@ use sha2::{Digest, Sha256};
 
 use crate::store::ChunkList;
 
-const MIN_CHUNK: u32 = 16 << 10;
-const AVG_CHUNK: u32 = 64 << 10;
-const MAX_CHUNK: u32 = 256 << 10;
+const MIN_CHUNK: u32 = 8 << 10;
+const AVG_CHUNK: u32 = 32 << 10;
+const MAX_CHUNK: u32 = 128 << 10;
 
 /// A directory of chunks, `<dir>/<first two hex digits>/<sha256>`.
 #[derive(Debug, Clone)]
@@ -65,7 +65,12 @@ impl BlobStore {
             static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
             let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             let tmp = dir.join(format!(".{hash}.{}.{n}.tmp", std::process::id()));
-            tokio::fs::write(&tmp, data).await?;
+            // Synced before it gets its name: a part's record (synced in the metadata store)
+            // never names a chunk a crash could lose.
+            let mut file = tokio::fs::File::create(&tmp).await?;
+            tokio::io::AsyncWriteExt::write_all(&mut file, data).await?;
+            file.sync_data().await?;
+            drop(file);
             tokio::fs::rename(&tmp, &path).await?;
             stored.new += data.len() as u64;
         }

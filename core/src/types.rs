@@ -2,16 +2,18 @@
 
 use std::collections::BTreeSet;
 use std::fmt;
+use std::sync::Arc;
 use std::time::Duration;
 
-/// A process's stable id (`n1`, or a StatefulSet pod name).
+/// A process's stable id (`n1`, or a StatefulSet pod name). Shared, so that the copies a
+/// channel id makes for every message on the daemons' hot paths cost no allocation.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct NodeId(String);
+pub struct NodeId(Arc<str>);
 
 impl NodeId {
     /// Wraps an id.
     pub fn new(id: impl Into<String>) -> Self {
-        Self(id.into())
+        Self(Arc::from(id.into()))
     }
 
     /// The id as text.
@@ -34,7 +36,7 @@ impl From<&str> for NodeId {
 
 impl From<String> for NodeId {
     fn from(id: String) -> Self {
-        Self(id)
+        Self::new(id)
     }
 }
 

@@ -46,6 +46,8 @@ pub struct AppControl {
     pub received: AtomicU64,
     /// Longest time spent answering a record request, in µs.
     pub record_max_us: AtomicU64,
+    /// Every time spent answering a record request, in µs.
+    pub record_us: std::sync::Mutex<Vec<f64>>,
     /// Longest stop-the-world pause this application saw, in µs.
     pub stw_max_us: AtomicU64,
 }
@@ -63,6 +65,7 @@ impl AppControl {
             sent: AtomicU64::new(0),
             received: AtomicU64::new(0),
             record_max_us: AtomicU64::new(0),
+            record_us: std::sync::Mutex::new(Vec::new()),
             stw_max_us: AtomicU64::new(0),
         })
     }
@@ -118,9 +121,13 @@ pub fn spawn_app(mut session: AppSession, ctl: Arc<AppControl>, stop: Cancellati
                     let started = Instant::now();
                     let state = receiving.state.lock().expect("never poisoned").clone();
                     let _ = record_sender.state_recorded(snapshot_id, state);
+                    let took = started.elapsed().as_secs_f64() * 1e6;
+                    receiving.record_max_us.fetch_max(took as u64, Relaxed);
                     receiving
-                        .record_max_us
-                        .fetch_max(started.elapsed().as_micros() as u64, Relaxed);
+                        .record_us
+                        .lock()
+                        .expect("never poisoned")
+                        .push(took);
                 }
                 Ok(Some(AppEvent::Restore { .. })) => {}
                 Ok(None) | Err(_) => return,

@@ -45,6 +45,15 @@ struct Inner {
     log: tokio::fs::File,
     log_bytes: u64,
     base_bytes: u64,
+    /// Bumped by each compaction (the log's offsets start over).
+    generation: u64,
+}
+
+/// How far the log is known to be on disk.
+#[derive(Default)]
+struct Synced {
+    generation: u64,
+    bytes: u64,
 }
 
 /// A metadata store in local files.
@@ -53,6 +62,11 @@ pub struct FileKv {
     log_path: PathBuf,
     ephemeral: String,
     inner: Mutex<Inner>,
+    /// Group commit: a change is acknowledged once a sync covering it is done; one sync
+    /// covers every change appended before it, so concurrent writers share it.
+    synced: Mutex<Synced>,
+    /// A handle on the log for syncing outside `inner`'s lock.
+    sync_handle: std::sync::Arc<std::fs::File>,
 }
 
 fn io(path: &Path, what: &str, e: std::io::Error) -> StoreError {
@@ -106,6 +120,12 @@ impl FileKv {
             .open(&log_path)
             .await
             .map_err(|e| io(&log_path, "open", e))?;
+        let sync_handle = log
+            .try_clone()
+            .await
+            .map_err(|e| io(&log_path, "open", e))?
+            .into_std()
+            .await;
         let store = Self {
             base: path.to_owned(),
             log_path,
@@ -115,7 +135,10 @@ impl FileKv {
                 log,
                 log_bytes: 0,
                 base_bytes: 0,
+                generation: 0,
             }),
+            synced: Mutex::new(Synced::default()),
+            sync_handle: std::sync::Arc::new(sync_handle),
         };
         store.compact(&mut *store.inner.lock().await).await?;
         Ok(store)
@@ -144,16 +167,22 @@ impl FileKv {
             .map_err(|e| io(&self.log_path, "truncate", e))?;
         inner.log_bytes = 0;
         inner.base_bytes = bytes.len() as u64;
+        inner.generation += 1;
         Ok(())
     }
 
-    /// Applies `change` in memory and appends it to the log, synced.
-    async fn commit(&self, inner: &mut Inner, change: Change) -> Result<(), StoreError> {
+    /// Applies `change` in memory and appends it to the log, then (with `inner` released)
+    /// waits until a sync covers it.
+    async fn commit(
+        &self,
+        mut inner: tokio::sync::MutexGuard<'_, Inner>,
+        change: Change,
+    ) -> Result<(), StoreError> {
         let mut line = serde_json::to_vec(&change).map_err(|e| StoreError(e.to_string()))?;
         line.push(b'\n');
         let write = async {
             inner.log.write_all(&line).await?;
-            inner.log.sync_data().await
+            inner.log.flush().await
         };
         write
             .await
@@ -161,8 +190,26 @@ impl FileKv {
         inner.log_bytes += line.len() as u64;
         change.apply(&mut inner.data);
         if inner.log_bytes > COMPACT_AT && inner.log_bytes > inner.base_bytes {
-            self.compact(inner).await?;
+            // The base is written and synced whole: the change is durable with it.
+            return self.compact(&mut inner).await;
         }
+        let mine = (inner.generation, inner.log_bytes);
+        drop(inner);
+        let mut synced = self.synced.lock().await;
+        if (synced.generation, synced.bytes) >= mine {
+            return Ok(()); // a sync that started after this append covered it
+        }
+        // This sync covers everything appended until now, other writers' changes too.
+        let upto = {
+            let inner = self.inner.lock().await;
+            (inner.generation, inner.log_bytes)
+        };
+        let handle = self.sync_handle.clone();
+        tokio::task::spawn_blocking(move || handle.sync_data())
+            .await
+            .map_err(|e| StoreError(e.to_string()))?
+            .map_err(|e| io(&self.log_path, "sync", e))?;
+        (synced.generation, synced.bytes) = upto;
         Ok(())
     }
 
@@ -193,7 +240,7 @@ impl Kv for FileKv {
             key: key.to_owned(),
             value,
         };
-        self.commit(&mut inner, change).await
+        self.commit(inner, change).await
     }
 
     async fn put_ephemeral(&self, key: &str, value: Vec<u8>) -> Result<(), StoreError> {
@@ -214,11 +261,11 @@ impl Kv for FileKv {
         let change = Change::Delete {
             key: key.to_owned(),
         };
-        self.commit(&mut inner, change).await
+        self.commit(inner, change).await
     }
 
     async fn delete_prefix(&self, prefix: &str) -> Result<(), StoreError> {
-        let mut inner = self.inner.lock().await;
+        let inner = self.inner.lock().await;
         let any = inner
             .data
             .range(prefix.to_owned()..)
@@ -230,7 +277,7 @@ impl Kv for FileKv {
         let change = Change::DeletePrefix {
             prefix: prefix.to_owned(),
         };
-        self.commit(&mut inner, change).await
+        self.commit(inner, change).await
     }
 
     async fn list(&self, prefix: &str) -> Result<Vec<(String, Vec<u8>)>, StoreError> {
@@ -244,7 +291,7 @@ impl Kv for FileKv {
     }
 
     async fn fetch_increment(&self, key: &str) -> Result<u64, StoreError> {
-        let mut inner = self.inner.lock().await;
+        let inner = self.inner.lock().await;
         let current: u64 = match inner.data.get(key) {
             Some(v) => v
                 .parse()
@@ -255,7 +302,7 @@ impl Kv for FileKv {
             key: key.to_owned(),
             value: (current + 1).to_string(),
         };
-        self.commit(&mut inner, change).await?;
+        self.commit(inner, change).await?;
         Ok(current)
     }
 }
