@@ -197,8 +197,17 @@ impl SessionReader {
         let me = &self.shared.node_id;
         let wiring = self.shared.wiring();
         let mut checked = Vec::with_capacity(batch.messages.len());
+        // The channels this batch names, built once each (a batch names few peers).
+        let mut named: Vec<ChannelId> = Vec::new();
         for message in batch.messages {
-            let channel = ChannelId::new(me.clone(), message.to.as_str());
+            let channel = match named.iter().find(|c| c.to.as_str() == message.to) {
+                Some(c) => c.clone(),
+                None => {
+                    let c = ChannelId::new(me.clone(), message.to.as_str());
+                    named.push(c.clone());
+                    c
+                }
+            };
             if !wiring.channels.contains_key(&channel) {
                 return Err(Error::Unknown(format!(
                     "node {me} has no channel to `{}`",
