@@ -3,7 +3,7 @@
 use std::collections::{BTreeSet, VecDeque};
 use std::sync::{Arc, RwLock};
 
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use cairn_proto::v1 as pb;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 use tokio_stream::wrappers::ReceiverStream;
@@ -198,6 +198,7 @@ impl AppSession {
         let attach = pb::AppToNode {
             kind: Some(pb::app_to_node::Kind::Attach(pb::Attach {
                 application: application.to_owned(),
+                packed_deliveries: true,
             })),
         };
         wire_tx
@@ -268,6 +269,22 @@ impl AppSession {
                             from: m.from,
                             payload: m.payload,
                         }));
+                    for run in batch.runs {
+                        let mut at = 0usize;
+                        for len in run.lengths {
+                            let end = at + len as usize;
+                            if end > run.payloads.len() {
+                                return Err(Error::Protocol(
+                                    "a delivered run is shorter than its lengths".into(),
+                                ));
+                            }
+                            self.buffered.push_back(AppEvent::Message {
+                                from: run.from.clone(),
+                                payload: run.payloads.slice(at..end),
+                            });
+                            at = end;
+                        }
+                    }
                 }
                 Some(Kind::RecordState(r)) => {
                     return Ok(Some(AppEvent::RecordState {
@@ -327,13 +344,24 @@ async fn write_loop(
                 vec![Kind::RestoreApplied(pb::RestoreApplied { restore_id })]
             }
             Outgoing::Send(to, payload) => {
-                let mut batch = vec![pb::Send { to, payload }];
-                let mut bytes = batch[0].payload.len();
-                while batch.len() < SEND_BATCH && bytes < SEND_BATCH_BYTES {
+                // Consecutive sends to one node share a run: one blob plus lengths.
+                let mut runs: Vec<(String, BytesMut, Vec<u32>)> = Vec::new();
+                let mut add = |to: String, payload: Bytes| match runs.last_mut() {
+                    Some((t, blob, lengths)) if *t == to => {
+                        blob.extend_from_slice(&payload);
+                        lengths.push(payload.len() as u32);
+                    }
+                    _ => runs.push((to, BytesMut::from(&payload[..]), vec![payload.len() as u32])),
+                };
+                let mut n = 1;
+                let mut bytes = payload.len();
+                add(to, payload);
+                while n < SEND_BATCH && bytes < SEND_BATCH_BYTES {
                     match rx.try_recv() {
                         Ok(Outgoing::Send(to, payload)) => {
+                            n += 1;
                             bytes += payload.len();
-                            batch.push(pb::Send { to, payload });
+                            add(to, payload);
                         }
                         Ok(other) => {
                             next = Some(other);
@@ -342,8 +370,18 @@ async fn write_loop(
                         Err(_) => break,
                     }
                 }
-                let n = batch.len();
-                let kind = Kind::Send(pb::SendBatch { messages: batch });
+                let runs = runs
+                    .into_iter()
+                    .map(|(to, blob, lengths)| pb::SendRun {
+                        to,
+                        payloads: blob.freeze(),
+                        lengths,
+                    })
+                    .collect();
+                let kind = Kind::Send(pb::SendBatch {
+                    messages: Vec::new(),
+                    runs,
+                });
                 if wire.send(pb::AppToNode { kind: Some(kind) }).await.is_err() {
                     return;
                 }

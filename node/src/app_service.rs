@@ -50,6 +50,7 @@ impl pb::app_server::App for AppService {
         self.loop_tx
             .send(LoopMsg::AppAttach {
                 session,
+                packed: attach.packed_deliveries,
                 tx: tx.clone(),
                 records: records.clone(),
                 reply,
@@ -196,33 +197,53 @@ impl SessionReader {
     async fn send(&self, batch: pb::SendBatch) -> Result<(), Status> {
         let me = &self.shared.node_id;
         let wiring = self.shared.wiring();
-        let mut checked = Vec::with_capacity(batch.messages.len());
+        if !batch.messages.is_empty() && !batch.runs.is_empty() {
+            return Err(invalid("a SendBatch carries messages or runs, not both").into());
+        }
+        // Every message as (destination, payload); a run's payloads are slices of its blob.
+        let mut entries: Vec<(&str, Bytes)> = Vec::new();
+        for message in &batch.messages {
+            entries.push((message.to.as_str(), message.payload.clone()));
+        }
+        for run in &batch.runs {
+            let total: u64 = run.lengths.iter().map(|l| u64::from(*l)).sum();
+            if total != run.payloads.len() as u64 {
+                return Err(invalid(&format!(
+                    "a run's lengths add up to {total} bytes but it carries {}",
+                    run.payloads.len()
+                ))
+                .into());
+            }
+            let mut at = 0usize;
+            for len in &run.lengths {
+                let len = *len as usize;
+                entries.push((run.to.as_str(), run.payloads.slice(at..at + len)));
+                at += len;
+            }
+        }
+        let mut checked = Vec::with_capacity(entries.len());
         // The channels this batch names, built once each (a batch names few peers).
         let mut named: Vec<ChannelId> = Vec::new();
-        for message in batch.messages {
-            let channel = match named.iter().find(|c| c.to.as_str() == message.to) {
+        for (to, payload) in entries {
+            let channel = match named.iter().find(|c| c.to.as_str() == to) {
                 Some(c) => c.clone(),
                 None => {
-                    let c = ChannelId::new(me.clone(), message.to.as_str());
+                    let c = ChannelId::new(me.clone(), to);
                     named.push(c.clone());
                     c
                 }
             };
             if !wiring.channels.contains_key(&channel) {
-                return Err(Error::Unknown(format!(
-                    "node {me} has no channel to `{}`",
-                    message.to
-                ))
-                .into());
+                return Err(Error::Unknown(format!("node {me} has no channel to `{to}`")).into());
             }
-            if message.payload.len() > self.shared.max_payload {
+            if payload.len() > self.shared.max_payload {
                 return Err(Error::PayloadTooLarge {
-                    size: message.payload.len(),
+                    size: payload.len(),
                     limit: self.shared.max_payload,
                 }
                 .into());
             }
-            checked.push((channel, message.payload));
+            checked.push((channel, payload));
         }
         let mut ready: Vec<(ChannelId, Bytes)> = Vec::with_capacity(checked.len());
         for (channel, payload) in checked {

@@ -20,6 +20,7 @@ impl NodeLoop {
     pub(super) fn attach_app(
         &mut self,
         session: u64,
+        packed: bool,
         tx: AppTx,
         records: std::sync::Arc<super::RecordsDue>,
     ) -> Result<(), Error> {
@@ -39,6 +40,7 @@ impl NodeLoop {
         tracing::info!(session, "application attached");
         self.app = Some(App {
             session,
+            packed,
             tx,
             records,
         });
@@ -191,10 +193,13 @@ impl NodeLoop {
             permit.send(Ok(pb::NodeToApp { kind: Some(kind) }));
             return;
         }
-        let mut messages = Vec::with_capacity(DELIVER_BATCH.min(self.inbox.len()));
+        let packed = self.app.as_ref().is_some_and(|a| a.packed);
+        let mut messages = Vec::new();
+        let mut runs: Vec<(ChannelId, bytes::BytesMut, Vec<u32>)> = Vec::new();
+        let mut count = 0usize;
         let mut counts: BTreeMap<ChannelId, u64> = BTreeMap::new();
         let mut bytes = 0;
-        while messages.len() < DELIVER_BATCH && bytes < DELIVER_BATCH_BYTES {
+        while count < DELIVER_BATCH && bytes < DELIVER_BATCH_BYTES {
             match self.inbox.front() {
                 Some(InboxItem::Deliver { .. }) => {}
                 _ => break,
@@ -213,16 +218,40 @@ impl NodeLoop {
                 self.incoming[&channel].handles.credits.add_permits(1);
             }
             bytes += payload.len();
-            messages.push(pb::Deliver {
-                from: channel.from.to_string(),
-                payload,
-            });
+            count += 1;
             if self.incoming[&channel].generation == generation {
-                *counts.entry(channel).or_default() += 1;
+                *counts.entry(channel.clone()).or_default() += 1;
+            }
+            if !packed {
+                messages.push(pb::Deliver {
+                    from: channel.from.to_string(),
+                    payload,
+                });
+                continue;
+            }
+            // Consecutive messages from one node share a run: one blob plus lengths.
+            match runs.last_mut() {
+                Some((c, blob, lengths)) if c.from == channel.from => {
+                    blob.extend_from_slice(&payload);
+                    lengths.push(payload.len() as u32);
+                }
+                _ => runs.push((
+                    channel,
+                    bytes::BytesMut::from(&payload[..]),
+                    vec![payload.len() as u32],
+                )),
             }
         }
+        let runs = runs
+            .into_iter()
+            .map(|(channel, blob, lengths)| pb::DeliverRun {
+                from: channel.from.to_string(),
+                payloads: blob.freeze(),
+                lengths,
+            })
+            .collect();
         permit.send(Ok(pb::NodeToApp {
-            kind: Some(Kind::Deliver(pb::DeliverBatch { messages })),
+            kind: Some(Kind::Deliver(pb::DeliverBatch { messages, runs })),
         }));
         self.shared
             .metrics

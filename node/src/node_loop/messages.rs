@@ -80,6 +80,8 @@ pub(crate) enum LoopMsg {
     /// and not yet answered (the loop adds, the session reader takes away).
     AppAttach {
         session: u64,
+        /// Deliveries as runs (`DeliverBatch.runs`).
+        packed: bool,
         tx: AppTx,
         records: Arc<RecordsDue>,
         reply: oneshot::Sender<Result<(), Error>>,

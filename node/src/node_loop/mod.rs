@@ -120,6 +120,8 @@ impl Outgoing {
 
 struct App {
     session: u64,
+    /// Deliveries as runs.
+    packed: bool,
     tx: AppTx,
     /// Record requests handed to the application and not answered yet (shared with its
     /// session reader, which reads ahead of blocked sends while there are any).
@@ -299,11 +301,12 @@ impl NodeLoop {
             } => self.on_outbound_reset(channel, epoch, requeue, lost_markers),
             LoopMsg::AppAttach {
                 session,
+                packed,
                 tx,
                 records,
                 reply,
             } => {
-                let _ = reply.send(self.attach_app(session, tx, records));
+                let _ = reply.send(self.attach_app(session, packed, tx, records));
             }
             LoopMsg::AppSend { session, sends } => self.on_app_send(session, sends),
             LoopMsg::AppState {
