@@ -283,7 +283,12 @@ impl State {
             }
             _ => (flags, policy::Source::Flags),
         };
-        let record = policy::to_record(&chosen, source);
+        self.adopt_policy(chosen, source).await
+    }
+
+    /// Stores `policy` with its source, then follows it from now.
+    async fn adopt_policy(&mut self, policy: Policy, source: policy::Source) -> Result<(), Error> {
+        let record = policy::to_record(&policy, source);
         self.kv
             .put(
                 &self.keys.policy(),
@@ -293,10 +298,10 @@ impl State {
         tracing::info!(
             source = source.name(),
             "snapshot policy: {}",
-            policy::describe(&chosen)
+            policy::describe(&policy)
         );
         let now = self.clock_ms();
-        self.schedule.set_policy(chosen, now);
+        self.schedule.set_policy(policy, now);
         self.policy_source = source;
         Ok(())
     }
@@ -480,21 +485,7 @@ impl State {
                 next.max_concurrent
             )));
         }
-        let record = policy::to_record(&next, source);
-        self.kv
-            .put(
-                &self.keys.policy(),
-                serde_json::to_vec_pretty(&record).expect("plain record"),
-            )
-            .await?;
-        tracing::info!(
-            source = source.name(),
-            "snapshot policy changed: {}",
-            policy::describe(&next)
-        );
-        let now = self.clock_ms();
-        self.schedule.set_policy(next, now);
-        self.policy_source = source;
+        self.adopt_policy(next, source).await?;
         self.refresh().await;
         Ok(self.policy_pb())
     }

@@ -407,6 +407,15 @@ impl CoordinatedCluster {
         Ok(())
     }
 
+    /// A client of node `i`'s `NodeAdmin` (served on its peer address).
+    pub async fn admin(
+        &self,
+        i: usize,
+    ) -> anyhow::Result<pb::node_admin_client::NodeAdminClient<Channel>> {
+        let address = format!("http://{}", self.nodes[i].peer);
+        Ok(pb::node_admin_client::NodeAdminClient::connect(address).await?)
+    }
+
     /// The money there is.
     pub fn total(&self) -> u64 {
         self.initial_balance * self.nodes.iter().filter(|n| n.bank.is_some()).count() as u64
@@ -439,6 +448,21 @@ impl Drop for CoordinatedCluster {
         } else {
             let _ = std::fs::remove_dir_all(&self.dir);
         }
+    }
+}
+
+/// A fault injection request for channel `from -> to`.
+pub fn channel_fault(
+    from: &str,
+    to: &str,
+    fault: pb::inject_fault_request::Fault,
+) -> pb::InjectFaultRequest {
+    pb::InjectFaultRequest {
+        channel: Some(pb::ChannelRef {
+            from: from.into(),
+            to: to.into(),
+        }),
+        fault: Some(fault),
     }
 }
 

@@ -6,6 +6,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use cairn_core::{NodeId, Topology};
+use cairn_integration_tests::coordinated::channel_fault;
 use cairn_integration_tests::cut::check_bank_cut;
 use cairn_integration_tests::local::{LocalCluster, bind};
 use cairn_proto::bank::v1 as bank_pb;
@@ -14,16 +15,6 @@ use cairn_sdk::bank::{self, BankConfig};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tonic::Code;
-
-fn fault(from: &str, to: &str, fault: pb::inject_fault_request::Fault) -> pb::InjectFaultRequest {
-    pb::InjectFaultRequest {
-        channel: Some(pb::ChannelRef {
-            from: from.into(),
-            to: to.into(),
-        }),
-        fault: Some(fault),
-    }
-}
 
 /// Starts a bank beside every node; returns their addresses by node.
 async fn start_banks(
@@ -91,7 +82,7 @@ async fn fault_injection_is_refused_unless_enabled() {
     let cluster = bind(&["a", "b"]).await.unwrap().start(|_, _| {});
     let mut admin = cluster.admin("b").await.unwrap();
     let err = admin
-        .inject_fault(fault(
+        .inject_fault(channel_fault(
             "a",
             "b",
             pb::inject_fault_request::Fault::Hold(pb::Hold {}),
@@ -115,17 +106,21 @@ async fn a_marker_held_behind_a_held_channel_completes_its_snapshot_once_release
 
     // Faults only make sense at the right end of a channel.
     let err = b
-        .inject_fault(fault("b", "a", Fault::Hold(pb::Hold {})))
+        .inject_fault(channel_fault("b", "a", Fault::Hold(pb::Hold {})))
         .await
         .unwrap_err();
     assert_eq!(err.code(), Code::InvalidArgument, "{err}");
     let err = b
-        .inject_fault(fault("a", "b", Fault::Delay(pb::Delay { millis: 5 })))
+        .inject_fault(channel_fault(
+            "a",
+            "b",
+            Fault::Delay(pb::Delay { millis: 5 }),
+        ))
         .await
         .unwrap_err();
     assert_eq!(err.code(), Code::InvalidArgument, "{err}");
 
-    b.inject_fault(fault("a", "b", Fault::Hold(pb::Hold {})))
+    b.inject_fault(channel_fault("a", "b", Fault::Hold(pb::Hold {})))
         .await
         .unwrap();
     let status = cluster.status("b").await.unwrap();
@@ -168,13 +163,17 @@ async fn a_marker_held_behind_a_held_channel_completes_its_snapshot_once_release
         Code::NotFound
     );
     // One frame through (a message: the marker follows the transfer), the rest still held.
-    b.inject_fault(fault("a", "b", Fault::Release(pb::Release { frames: 1 })))
-        .await
-        .unwrap();
+    b.inject_fault(channel_fault(
+        "a",
+        "b",
+        Fault::Release(pb::Release { frames: 1 }),
+    ))
+    .await
+    .unwrap();
     let status = cluster.status("b").await.unwrap();
     assert!(status.snapshots_in_flight.contains(&1), "{status:?}");
 
-    b.inject_fault(fault("a", "b", Fault::Resume(pb::Resume {})))
+    b.inject_fault(channel_fault("a", "b", Fault::Resume(pb::Resume {})))
         .await
         .unwrap();
     let mut parts = BTreeMap::new();
@@ -206,12 +205,16 @@ async fn a_marker_held_behind_a_held_channel_completes_its_snapshot_once_release
     );
 
     // A cut connection comes back, and the next snapshot completes.
-    a.inject_fault(fault("a", "b", Fault::Cut(pb::Cut {})))
+    a.inject_fault(channel_fault("a", "b", Fault::Cut(pb::Cut {})))
         .await
         .unwrap();
-    a.inject_fault(fault("a", "c", Fault::Delay(pb::Delay { millis: 2 })))
-        .await
-        .unwrap();
+    a.inject_fault(channel_fault(
+        "a",
+        "c",
+        Fault::Delay(pb::Delay { millis: 2 }),
+    ))
+    .await
+    .unwrap();
     a.initiate_snapshot(pb::InitiateSnapshotRequest {
         snapshot_id: 2,
         mode: pb::SnapshotMode::Unaligned as i32,

@@ -6,29 +6,12 @@
 
 use std::time::Duration;
 
-use cairn_integration_tests::coordinated::{CoordinatedCluster, Store, assert_completed};
+use cairn_integration_tests::coordinated::{
+    CoordinatedCluster, Store, assert_completed, channel_fault,
+};
 use cairn_integration_tests::processes::{ChildGuard, binary, eventually, free_port};
 use cairn_proto::v1 as pb;
 use tonic::Code;
-
-fn hold(from: &str, to: &str, fault: pb::inject_fault_request::Fault) -> pb::InjectFaultRequest {
-    pb::InjectFaultRequest {
-        channel: Some(pb::ChannelRef {
-            from: from.into(),
-            to: to.into(),
-        }),
-        fault: Some(fault),
-    }
-}
-
-async fn admin(
-    cluster: &CoordinatedCluster,
-    i: usize,
-) -> pb::node_admin_client::NodeAdminClient<tonic::transport::Channel> {
-    pb::node_admin_client::NodeAdminClient::connect(format!("http://{}", cluster.nodes[i].peer))
-        .await
-        .unwrap()
-}
 
 async fn nodes(cluster: &CoordinatedCluster) -> pb::ListNodesResponse {
     let mut client = cluster.client().await.unwrap();
@@ -55,8 +38,8 @@ async fn a_joining_member_is_wired_in_and_fails_only_the_snapshot_in_flight() {
     assert_eq!(first.channels.len(), 2);
 
     // n1->n2 held at n2: a snapshot cannot complete while it is held.
-    let mut n2 = admin(&cluster, 1).await;
-    n2.inject_fault(hold("n1", "n2", Fault::Hold(pb::Hold {})))
+    let mut n2 = cluster.admin(1).await.unwrap();
+    n2.inject_fault(channel_fault("n1", "n2", Fault::Hold(pb::Hold {})))
         .await
         .unwrap();
     let held = cluster
@@ -83,7 +66,7 @@ async fn a_joining_member_is_wired_in_and_fails_only_the_snapshot_in_flight() {
         "{failure:?}"
     );
     assert!(failure.message.contains("n3 joined"), "{}", failure.message);
-    n2.inject_fault(hold("n1", "n2", Fault::Resume(pb::Resume {})))
+    n2.inject_fault(channel_fault("n1", "n2", Fault::Resume(pb::Resume {})))
         .await
         .unwrap();
 

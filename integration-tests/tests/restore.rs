@@ -7,7 +7,9 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use cairn_integration_tests::coordinated::{CoordinatedCluster, Store, assert_completed};
+use cairn_integration_tests::coordinated::{
+    CoordinatedCluster, Store, assert_completed, channel_fault,
+};
 use cairn_integration_tests::processes::eventually;
 use cairn_proto::bank::v1 as bank;
 use cairn_proto::v1 as pb;
@@ -261,19 +263,8 @@ async fn a_restore_fails_the_snapshot_it_races_and_blocks_new_ones_until_applied
     );
 
     // A snapshot held in flight by a held channel...
-    let mut n2 = pb::node_admin_client::NodeAdminClient::connect(format!(
-        "http://{}",
-        cluster.nodes[1].peer
-    ))
-    .await
-    .unwrap();
-    let hold = |fault| pb::InjectFaultRequest {
-        channel: Some(pb::ChannelRef {
-            from: "n1".into(),
-            to: "n2".into(),
-        }),
-        fault: Some(fault),
-    };
+    let mut n2 = cluster.admin(1).await.unwrap();
+    let hold = |fault| channel_fault("n1", "n2", fault);
     n2.inject_fault(hold(Fault::Hold(pb::Hold {})))
         .await
         .unwrap();

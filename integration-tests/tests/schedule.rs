@@ -5,7 +5,9 @@
 
 use std::time::Duration;
 
-use cairn_integration_tests::coordinated::{CoordinatedCluster, Store, assert_completed, scrape};
+use cairn_integration_tests::coordinated::{
+    CoordinatedCluster, Store, assert_completed, channel_fault, scrape,
+};
 use cairn_integration_tests::etcd::Etcd;
 use cairn_integration_tests::processes::{binary, eventually};
 use cairn_proto::v1 as pb;
@@ -61,25 +63,6 @@ async fn wait_ended(cluster: &CoordinatedCluster, n: usize) -> Vec<pb::Snapshot>
     )
     .await
     .unwrap()
-}
-
-fn fault(from: &str, to: &str, fault: pb::inject_fault_request::Fault) -> pb::InjectFaultRequest {
-    pb::InjectFaultRequest {
-        channel: Some(pb::ChannelRef {
-            from: from.into(),
-            to: to.into(),
-        }),
-        fault: Some(fault),
-    }
-}
-
-async fn admin(
-    cluster: &CoordinatedCluster,
-    i: usize,
-) -> pb::node_admin_client::NodeAdminClient<tonic::transport::Channel> {
-    pb::node_admin_client::NodeAdminClient::connect(format!("http://{}", cluster.nodes[i].peer))
-        .await
-        .unwrap()
 }
 
 /// The freshness health stream, at its first answer.
@@ -198,8 +181,8 @@ async fn a_held_snapshot_makes_due_ones_skip_and_the_pause_holds_after_it() {
     .unwrap();
     wait_ended(&cluster, 1).await;
     // Hold n1->n2 at n2: the next scheduled snapshot cannot complete.
-    let mut n2 = admin(&cluster, 1).await;
-    n2.inject_fault(fault("n1", "n2", Fault::Hold(pb::Hold {})))
+    let mut n2 = cluster.admin(1).await.unwrap();
+    n2.inject_fault(channel_fault("n1", "n2", Fault::Hold(pb::Hold {})))
         .await
         .unwrap();
     let held_from = now_ms();
@@ -238,7 +221,7 @@ async fn a_held_snapshot_makes_due_ones_skip_and_the_pause_holds_after_it() {
         [held_id],
         "one held snapshot, nothing queued or overlapping"
     );
-    n2.inject_fault(fault("n1", "n2", Fault::Resume(pb::Resume {})))
+    n2.inject_fault(channel_fault("n1", "n2", Fault::Resume(pb::Resume {})))
         .await
         .unwrap();
     let all = eventually(
@@ -299,8 +282,8 @@ async fn failures_are_counted_reset_by_a_success_and_freshness_flips_both_ways()
     health_becomes(&mut health, ServingStatus::Serving, Duration::from_secs(30)).await;
     wait_ended(&cluster, 1).await;
 
-    let mut n2 = admin(&cluster, 1).await;
-    n2.inject_fault(fault("n1", "n2", Fault::Hold(pb::Hold {})))
+    let mut n2 = cluster.admin(1).await.unwrap();
+    n2.inject_fault(channel_fault("n1", "n2", Fault::Hold(pb::Hold {})))
         .await
         .unwrap();
     let failing = eventually("the schedule fails", Duration::from_secs(30), || async {
@@ -337,7 +320,7 @@ async fn failures_are_counted_reset_by_a_success_and_freshness_flips_both_ways()
     .await;
     assert!(policy(&cluster).await.unwrap().stale);
     // The schedule keeps trying; once the channel flows, a success resets the count.
-    n2.inject_fault(fault("n1", "n2", Fault::Resume(pb::Resume {})))
+    n2.inject_fault(channel_fault("n1", "n2", Fault::Resume(pb::Resume {})))
         .await
         .unwrap();
     health_becomes(&mut health, ServingStatus::Serving, Duration::from_secs(30)).await;
