@@ -28,7 +28,24 @@ use std::time::Duration;
 use crate::types::{SnapshotId, SnapshotMode};
 
 /// The shortest interval a schedule accepts.
-pub const MIN_INTERVAL: Duration = Duration::from_millis(10);
+pub const MIN_INTERVAL: Duration = Duration::from_millis(100);
+/// The longest interval a schedule accepts, and the longest jitter (which is also at most
+/// the interval): 30 days.
+pub const MAX_INTERVAL: Duration = Duration::from_secs(30 * 24 * 3600);
+/// The longest timeout, alignment timeout and minimum pause: 24 hours. `StartSnapshot`'s
+/// timeouts are held to it too.
+pub const MAX_TIMEOUT: Duration = Duration::from_secs(24 * 3600);
+/// The longest freshness threshold: 30 days.
+pub const MAX_FRESHNESS_THRESHOLD: Duration = Duration::from_secs(30 * 24 * 3600);
+/// The most scheduled snapshots in flight at once a policy may allow.
+pub const MAX_CONCURRENT: u32 = 1024;
+/// The most consecutive failures a policy may tolerate.
+pub const MAX_TOLERATED_FAILURES: u32 = 1_000_000;
+
+/// `d` in whole milliseconds, `u64::MAX` when it does not fit.
+pub fn saturating_millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
 
 /// What scheduled snapshots are taken, and when.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -70,35 +87,217 @@ impl Default for Policy {
     }
 }
 
-/// Why a policy cannot be used.
+/// A field of [`Policy`], to name in errors (the coordinator maps it to its wire field or
+/// flag).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PolicyField {
+    /// [`Policy::interval`].
+    Interval,
+    /// [`Policy::mode`].
+    Mode,
+    /// [`Policy::timeout`].
+    Timeout,
+    /// [`Policy::alignment_timeout`].
+    AlignmentTimeout,
+    /// [`Policy::min_pause`].
+    MinPause,
+    /// [`Policy::jitter`].
+    Jitter,
+    /// [`Policy::max_concurrent`].
+    MaxConcurrent,
+    /// [`Policy::tolerated_failures`].
+    ToleratedFailures,
+    /// [`Policy::freshness_threshold`].
+    FreshnessThreshold,
+}
+
+impl PolicyField {
+    /// Its name in [`Policy`].
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Interval => "interval",
+            Self::Mode => "mode",
+            Self::Timeout => "timeout",
+            Self::AlignmentTimeout => "alignment_timeout",
+            Self::MinPause => "min_pause",
+            Self::Jitter => "jitter",
+            Self::MaxConcurrent => "max_concurrent",
+            Self::ToleratedFailures => "tolerated_failures",
+            Self::FreshnessThreshold => "freshness_threshold",
+        }
+    }
+}
+
+impl fmt::Display for PolicyField {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// Why a policy cannot be used: the field at fault and why.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{0}")]
-pub struct PolicyError(String);
+#[error("{field}: {reason}")]
+pub struct PolicyError {
+    /// The field at fault.
+    pub field: PolicyField,
+    /// Why, with the limit.
+    pub reason: String,
+}
+
+/// `d` for an error message: whole milliseconds (the wire's unit), or its exact form when
+/// it has a fraction of a millisecond or is too long for a `u64` of them.
+fn show(d: Duration) -> String {
+    match u64::try_from(d.as_millis()) {
+        Ok(ms) if Duration::from_millis(ms) == d => format!("{ms} ms"),
+        _ => format!("{d:?}"),
+    }
+}
+
+/// `limit` for an error message: milliseconds and a human form.
+fn show_limit(limit: Duration) -> String {
+    let secs = limit.as_secs();
+    let human = if secs >= 86_400 && secs.is_multiple_of(86_400) {
+        format!("{} days", secs / 86_400)
+    } else if secs >= 3600 && secs.is_multiple_of(3600) {
+        format!("{} h", secs / 3600)
+    } else {
+        format!("{limit:?}")
+    };
+    format!("{} ({human})", show(limit))
+}
 
 impl Policy {
-    /// Checks that the policy makes sense.
+    /// Checks that the policy makes sense and every value is within its limit:
+    ///
+    /// | field | allowed |
+    /// |---|---|
+    /// | interval | 0 (no schedule), or [`MIN_INTERVAL`] (100 ms) to [`MAX_INTERVAL`] (30 days) |
+    /// | jitter | at most the interval (at most 30 days without a schedule) |
+    /// | timeout | above 0, at most [`MAX_TIMEOUT`] (24 h) |
+    /// | alignment timeout | `Aligned` only; above 0, at most 24 h |
+    /// | min pause | at most 24 h |
+    /// | max concurrent | 1 to [`MAX_CONCURRENT`] |
+    /// | tolerated failures | at most [`MAX_TOLERATED_FAILURES`] |
+    /// | freshness threshold | above 0, at most [`MAX_FRESHNESS_THRESHOLD`] (30 days) |
     pub fn check(&self) -> Result<(), PolicyError> {
-        let bad = |why: String| Err(PolicyError(why));
-        if !self.interval.is_zero() && self.interval < MIN_INTERVAL {
-            return bad(format!(
-                "interval {:?} is below the least allowed, {MIN_INTERVAL:?} (0 turns the schedule off)",
-                self.interval
-            ));
+        use PolicyField as F;
+        let bad = |field, reason: String| Err(PolicyError { field, reason });
+        if self.enabled() && !(MIN_INTERVAL..=MAX_INTERVAL).contains(&self.interval) {
+            return bad(
+                F::Interval,
+                format!(
+                    "{} is outside the allowed {} to {} (0 turns the schedule off)",
+                    show(self.interval),
+                    show(MIN_INTERVAL),
+                    show_limit(MAX_INTERVAL)
+                ),
+            );
+        }
+        if self.enabled() && self.jitter > self.interval {
+            return bad(
+                F::Jitter,
+                format!(
+                    "{} is above the interval, {}; the jitter may be at most the interval",
+                    show(self.jitter),
+                    show(self.interval)
+                ),
+            );
+        }
+        if self.jitter > MAX_INTERVAL {
+            return bad(
+                F::Jitter,
+                format!(
+                    "{} is above the most allowed, {}",
+                    show(self.jitter),
+                    show_limit(MAX_INTERVAL)
+                ),
+            );
         }
         if self.timeout.is_zero() {
-            return bad("timeout must be above zero".into());
+            return bad(F::Timeout, "must be above zero".into());
         }
-        if self.max_concurrent == 0 {
-            return bad("max concurrent must be at least 1".into());
+        if self.timeout > MAX_TIMEOUT {
+            return bad(
+                F::Timeout,
+                format!(
+                    "{} is above the most allowed, {}",
+                    show(self.timeout),
+                    show_limit(MAX_TIMEOUT)
+                ),
+            );
         }
-        if self.alignment_timeout.is_some() && self.mode != SnapshotMode::Aligned {
-            return bad(format!(
-                "an alignment timeout applies only to ALIGNED snapshots, not {}",
-                self.mode
-            ));
+        if let Some(alignment) = self.alignment_timeout {
+            if self.mode != SnapshotMode::Aligned {
+                return bad(
+                    F::AlignmentTimeout,
+                    format!(
+                        "an alignment timeout applies only to ALIGNED snapshots, not {}",
+                        self.mode
+                    ),
+                );
+            }
+            if alignment.is_zero() {
+                return bad(
+                    F::AlignmentTimeout,
+                    "must be above zero (none turns it off)".into(),
+                );
+            }
+            if alignment > MAX_TIMEOUT {
+                return bad(
+                    F::AlignmentTimeout,
+                    format!(
+                        "{} is above the most allowed, {}",
+                        show(alignment),
+                        show_limit(MAX_TIMEOUT)
+                    ),
+                );
+            }
         }
-        if self.freshness_threshold == Some(Duration::ZERO) {
-            return bad("a freshness threshold must be above zero (none turns it off)".into());
+        if self.min_pause > MAX_TIMEOUT {
+            return bad(
+                F::MinPause,
+                format!(
+                    "{} is above the most allowed, {}",
+                    show(self.min_pause),
+                    show_limit(MAX_TIMEOUT)
+                ),
+            );
+        }
+        if !(1..=MAX_CONCURRENT).contains(&self.max_concurrent) {
+            return bad(
+                F::MaxConcurrent,
+                format!(
+                    "{} is outside the allowed 1 to {MAX_CONCURRENT}",
+                    self.max_concurrent
+                ),
+            );
+        }
+        if self.tolerated_failures > MAX_TOLERATED_FAILURES {
+            return bad(
+                F::ToleratedFailures,
+                format!(
+                    "{} is above the most allowed, {MAX_TOLERATED_FAILURES}",
+                    self.tolerated_failures
+                ),
+            );
+        }
+        if let Some(threshold) = self.freshness_threshold {
+            if threshold.is_zero() {
+                return bad(
+                    F::FreshnessThreshold,
+                    "must be above zero (none turns it off)".into(),
+                );
+            }
+            if threshold > MAX_FRESHNESS_THRESHOLD {
+                return bad(
+                    F::FreshnessThreshold,
+                    format!(
+                        "{} is above the most allowed, {}",
+                        show(threshold),
+                        show_limit(MAX_FRESHNESS_THRESHOLD)
+                    ),
+                );
+            }
         }
         Ok(())
     }
@@ -227,13 +426,16 @@ impl Schedule {
     /// Counters and snapshots in flight are kept.
     pub fn set_policy(&mut self, policy: Policy, now: u64) {
         self.policy = policy;
-        self.next_due = self.policy.enabled().then(|| now + self.period());
+        self.next_due = self
+            .policy
+            .enabled()
+            .then(|| now.saturating_add(self.period()));
     }
 
     /// Tells the schedule that a snapshot completed `age` before `now` (at start-up, from
     /// stored records).
     pub fn completed_before(&mut self, now: u64, age: Duration) {
-        let at = now.saturating_sub(age.as_millis() as u64);
+        let at = now.saturating_sub(saturating_millis(age));
         if self.newest_completed.is_none_or(|t| t < at) {
             self.newest_completed = Some(at);
         }
@@ -248,28 +450,28 @@ impl Schedule {
     /// is due yet.
     pub fn poll(&mut self, now: u64) -> Option<Due> {
         let due = self.next_due.filter(|&due| due <= now)?;
-        let next = due + self.period();
+        let next = due.saturating_add(self.period());
         // Late (a slow store, a paused process): no burst to catch up.
         self.next_due = Some(if next > now {
             next
         } else {
-            now + self.period()
+            now.saturating_add(self.period())
         });
-        let running = self.running.len() as u32;
-        let pause = self.policy.min_pause.as_millis() as u64;
+        let running = self.running_count();
+        let pause = saturating_millis(self.policy.min_pause);
         let skip = if running >= self.policy.max_concurrent || (pause > 0 && running > 0) {
             Some(Skip::Running { running })
         } else {
             match self.last_end {
-                Some(end) if pause > 0 && now < end + pause => Some(Skip::MinPause {
-                    remaining: Duration::from_millis(end + pause - now),
+                Some(end) if pause > 0 && now < end.saturating_add(pause) => Some(Skip::MinPause {
+                    remaining: Duration::from_millis(end.saturating_add(pause) - now),
                 }),
                 _ => None,
             }
         };
         Some(match skip {
             Some(skip) => {
-                self.skipped += 1;
+                self.skipped = self.skipped.saturating_add(1);
                 Due::Skip(skip)
             }
             None => Due::Start,
@@ -278,7 +480,7 @@ impl Schedule {
 
     /// The snapshot [`Due::Start`] asked for started as `id`.
     pub fn started(&mut self, id: SnapshotId) {
-        self.started += 1;
+        self.started = self.started.saturating_add(1);
         self.running.insert(id);
     }
 
@@ -286,7 +488,7 @@ impl Schedule {
     /// counted as a skip; otherwise (a node is down…) a failure.
     pub fn refused(&mut self, busy: bool, why: String) -> Result<Skip, Option<Failing>> {
         if busy {
-            self.skipped += 1;
+            self.skipped = self.skipped.saturating_add(1);
             return Ok(Skip::Busy(why));
         }
         Err(self.failed(why))
@@ -332,7 +534,7 @@ impl Schedule {
     pub fn stale(&self, now: u64) -> bool {
         self.policy.freshness_threshold.is_some_and(|threshold| {
             now.saturating_sub(self.newest_completed.unwrap_or(self.since))
-                > threshold.as_millis() as u64
+                > saturating_millis(threshold)
         })
     }
 
@@ -344,7 +546,7 @@ impl Schedule {
             consecutive_failures: self.consecutive_failures,
             failing: self.failing(),
             last_failure: self.last_failure.clone(),
-            running: self.running.len() as u32,
+            running: self.running_count(),
             next_due_in: self
                 .next_due
                 .map(|due| Duration::from_millis(due.saturating_sub(now))),
@@ -356,7 +558,7 @@ impl Schedule {
     }
 
     fn failed(&mut self, why: String) -> Option<Failing> {
-        self.consecutive_failures += 1;
+        self.consecutive_failures = self.consecutive_failures.saturating_add(1);
         self.last_failure = Some(why.clone());
         self.failing().then_some(Failing {
             consecutive: self.consecutive_failures,
@@ -365,15 +567,28 @@ impl Schedule {
         })
     }
 
-    /// One interval plus a random share of the jitter, in milliseconds.
+    /// Scheduled snapshots in flight.
+    fn running_count(&self) -> u32 {
+        u32::try_from(self.running.len()).unwrap_or(u32::MAX)
+    }
+
+    /// One interval plus a random share of the jitter, in milliseconds. Both are held to
+    /// the limits [`Policy::check`] enforces (which leaves a checked policy as it is), so a
+    /// policy that bypassed the check can neither make the schedule spin nor push a due
+    /// time beyond what a clock can add: a period is 100 ms to 60 days.
     fn period(&mut self) -> u64 {
-        let jitter = self.policy.jitter.as_millis() as u64;
+        let interval = saturating_millis(self.policy.interval).clamp(
+            saturating_millis(MIN_INTERVAL),
+            saturating_millis(MAX_INTERVAL),
+        );
+        let jitter = saturating_millis(self.policy.jitter).min(interval);
         let extra = if jitter == 0 {
             0
         } else {
-            self.next_random() % (jitter + 1)
+            // jitter <= 30 days in ms: the + 1 cannot overflow.
+            self.next_random() % jitter.saturating_add(1)
         };
-        self.policy.interval.as_millis() as u64 + extra
+        interval.saturating_add(extra)
     }
 
     /// splitmix64.
@@ -431,7 +646,7 @@ mod tests {
     fn same_seed_same_schedule() {
         let policy = Policy {
             jitter: Duration::from_millis(1000),
-            ..every(100)
+            ..every(1000)
         };
         let run = |seed| {
             let mut s = Schedule::new(policy.clone(), 0, seed);
@@ -602,22 +817,444 @@ mod tests {
     #[test]
     fn policies_are_checked() {
         assert!(Policy::default().check().is_ok());
-        assert!(every(5).check().unwrap_err().to_string().contains("10ms"));
+        let e = every(10).check().unwrap_err();
+        assert_eq!(e.field, PolicyField::Interval);
+        assert!(e.to_string().contains("100 ms"), "{e}");
+        assert!(every(100).check().is_ok());
         let aligned_only = Policy {
             alignment_timeout: Some(Duration::from_millis(100)),
             ..every(100)
         };
-        assert!(
-            aligned_only
-                .check()
-                .unwrap_err()
-                .to_string()
-                .contains("ALIGNED")
-        );
+        let e = aligned_only.check().unwrap_err();
+        assert_eq!(e.field, PolicyField::AlignmentTimeout);
+        assert!(e.to_string().contains("ALIGNED"), "{e}");
         let zero = Policy {
             max_concurrent: 0,
             ..every(100)
         };
-        assert!(zero.check().is_err());
+        assert_eq!(zero.check().unwrap_err().field, PolicyField::MaxConcurrent);
+    }
+
+    #[test]
+    fn every_value_is_held_to_its_limit_naming_the_field() {
+        let day = Duration::from_secs(86_400);
+        let ms = Duration::from_millis;
+        let max = Duration::from_millis(u64::MAX);
+        let cases: Vec<(Policy, PolicyField)> = vec![
+            (every(u64::MAX), PolicyField::Interval),
+            (every(30 * 86_400_000 + 1), PolicyField::Interval),
+            (every(99), PolicyField::Interval),
+            (
+                Policy {
+                    jitter: max,
+                    ..every(1000)
+                },
+                PolicyField::Jitter,
+            ),
+            (
+                Policy {
+                    jitter: ms(1001),
+                    ..every(1000)
+                },
+                PolicyField::Jitter,
+            ),
+            (
+                Policy {
+                    jitter: max,
+                    ..Policy::default()
+                },
+                PolicyField::Jitter,
+            ),
+            (
+                Policy {
+                    timeout: Duration::ZERO,
+                    ..Policy::default()
+                },
+                PolicyField::Timeout,
+            ),
+            (
+                Policy {
+                    timeout: day + ms(1),
+                    ..Policy::default()
+                },
+                PolicyField::Timeout,
+            ),
+            (
+                Policy {
+                    mode: SnapshotMode::Aligned,
+                    alignment_timeout: Some(max),
+                    ..Policy::default()
+                },
+                PolicyField::AlignmentTimeout,
+            ),
+            (
+                Policy {
+                    mode: SnapshotMode::Aligned,
+                    alignment_timeout: Some(Duration::ZERO),
+                    ..Policy::default()
+                },
+                PolicyField::AlignmentTimeout,
+            ),
+            (
+                Policy {
+                    min_pause: max,
+                    ..Policy::default()
+                },
+                PolicyField::MinPause,
+            ),
+            (
+                Policy {
+                    max_concurrent: u32::MAX,
+                    ..Policy::default()
+                },
+                PolicyField::MaxConcurrent,
+            ),
+            (
+                Policy {
+                    tolerated_failures: u32::MAX,
+                    ..Policy::default()
+                },
+                PolicyField::ToleratedFailures,
+            ),
+            (
+                Policy {
+                    freshness_threshold: Some(max),
+                    ..Policy::default()
+                },
+                PolicyField::FreshnessThreshold,
+            ),
+            (
+                Policy {
+                    freshness_threshold: Some(Duration::ZERO),
+                    ..Policy::default()
+                },
+                PolicyField::FreshnessThreshold,
+            ),
+        ];
+        for (policy, field) in cases {
+            let e = policy.check().unwrap_err();
+            assert_eq!(e.field, field, "{policy:?}: {e}");
+            assert!(e.to_string().starts_with(field.name()), "{e}");
+        }
+        let at_the_limits = Policy {
+            interval: MAX_INTERVAL,
+            jitter: MAX_INTERVAL,
+            timeout: MAX_TIMEOUT,
+            mode: SnapshotMode::Aligned,
+            alignment_timeout: Some(MAX_TIMEOUT),
+            min_pause: MAX_TIMEOUT,
+            max_concurrent: MAX_CONCURRENT,
+            tolerated_failures: MAX_TOLERATED_FAILURES,
+            freshness_threshold: Some(MAX_FRESHNESS_THRESHOLD),
+        };
+        assert_eq!(at_the_limits.check(), Ok(()));
+        // Off: the jitter is kept within bounds but need not be below a zero interval.
+        let off_with_jitter = Policy {
+            jitter: Duration::from_secs(1),
+            ..Policy::default()
+        };
+        assert_eq!(off_with_jitter.check(), Ok(()));
+    }
+
+    #[test]
+    fn the_reported_crash_policy_is_refused_and_harmless_unchecked() {
+        // interval 10 ms, jitter u64::MAX ms: once a panic in the coordinator's task.
+        let policy = Policy {
+            jitter: Duration::from_millis(u64::MAX),
+            ..every(10)
+        };
+        assert_eq!(policy.check().unwrap_err().field, PolicyField::Interval);
+        let s = Schedule::new(policy, 0, 1);
+        let due = s.next_due().unwrap();
+        assert!((100..=200).contains(&due), "{due}");
+        // interval u64::MAX ms: once a spin (the due time wrapped around).
+        let mut s = Schedule::new(every(u64::MAX), 5, 1);
+        assert_eq!(s.next_due(), Some(5 + saturating_millis(MAX_INTERVAL)));
+        assert_eq!(s.poll(1_000), None);
+    }
+
+    /// splitmix64, for the property tests' inputs.
+    struct Gen(u64);
+
+    impl Gen {
+        fn one_in(&mut self, n: u64) -> bool {
+            self.next().is_multiple_of(n)
+        }
+
+        fn next(&mut self) -> u64 {
+            self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+            let mut z = self.0;
+            z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+            z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+            z ^ (z >> 31)
+        }
+
+        /// Any u64, edges often: 0, 1, MAX, MAX - 1, powers of two and their neighbours,
+        /// the limits and their neighbours, small values, anything.
+        fn value(&mut self) -> u64 {
+            let limits = [
+                saturating_millis(MIN_INTERVAL),
+                saturating_millis(MAX_INTERVAL),
+                saturating_millis(MAX_TIMEOUT),
+            ];
+            let pick = self.next();
+            match self.next() % 8 {
+                0 => [0, 1, 2, u64::MAX, u64::MAX - 1, u64::MAX / 2][(pick % 6) as usize],
+                1 => 1u64 << (pick % 64),
+                2 => (1u64 << (pick % 64)).wrapping_sub(1),
+                3 => limits[(pick % 3) as usize]
+                    .wrapping_add(pick % 3)
+                    .wrapping_sub(1),
+                4 | 5 => pick % 10_000,
+                _ => pick,
+            }
+        }
+
+        fn duration(&mut self) -> Duration {
+            match self.next() % 4 {
+                // Beyond u64 milliseconds, with a fraction of one.
+                0 => Duration::new(self.value(), (self.next() % 1_000_000_000) as u32),
+                _ => Duration::from_millis(self.value()),
+            }
+        }
+
+        fn small(&mut self) -> u32 {
+            match self.next() % 3 {
+                0 => self.value() as u32,
+                _ => (self.next() % 4) as u32,
+            }
+        }
+
+        fn policy(&mut self) -> Policy {
+            let mode = match self.next() % 3 {
+                0 => SnapshotMode::ChandyLamport,
+                1 => SnapshotMode::Unaligned,
+                _ => SnapshotMode::Aligned,
+            };
+            let maybe = |g: &mut Self| (g.one_in(2)).then(|| g.duration());
+            Policy {
+                interval: if self.one_in(5) {
+                    Duration::ZERO
+                } else {
+                    self.duration()
+                },
+                mode,
+                timeout: self.duration(),
+                alignment_timeout: maybe(self),
+                min_pause: if self.one_in(2) {
+                    Duration::ZERO
+                } else {
+                    self.duration()
+                },
+                jitter: if self.one_in(2) {
+                    Duration::ZERO
+                } else {
+                    self.duration()
+                },
+                max_concurrent: self.small(),
+                tolerated_failures: self.small(),
+                freshness_threshold: maybe(self),
+            }
+        }
+
+        /// A policy that passes the check: `p` with every value folded into its range.
+        fn valid(&mut self) -> Policy {
+            let mut p = self.policy();
+            let fold = |d: Duration, lo: Duration, hi: Duration| {
+                let span = saturating_millis(hi - lo) + 1;
+                lo + Duration::from_millis(saturating_millis(d) % span)
+            };
+            if p.enabled() {
+                p.interval = fold(p.interval, MIN_INTERVAL, MAX_INTERVAL);
+                p.jitter = fold(p.jitter, Duration::ZERO, p.interval);
+            } else {
+                p.jitter = fold(p.jitter, Duration::ZERO, MAX_INTERVAL);
+            }
+            p.timeout = fold(p.timeout, Duration::from_millis(1), MAX_TIMEOUT);
+            p.alignment_timeout = (p.mode == SnapshotMode::Aligned)
+                .then_some(p.alignment_timeout)
+                .flatten()
+                .map(|d| fold(d, Duration::from_millis(1), MAX_TIMEOUT));
+            p.min_pause = fold(p.min_pause, Duration::ZERO, MAX_TIMEOUT);
+            p.max_concurrent = p.max_concurrent % MAX_CONCURRENT + 1;
+            p.tolerated_failures %= MAX_TOLERATED_FAILURES + 1;
+            p.freshness_threshold = p
+                .freshness_threshold
+                .map(|d| fold(d, Duration::from_millis(1), MAX_FRESHNESS_THRESHOLD));
+            p
+        }
+    }
+
+    /// Whether `gap` ms is a period `policy` allows: at least [`MIN_INTERVAL`] and at most
+    /// twice [`MAX_INTERVAL`], checked policy or not; interval..=interval + jitter for a
+    /// checked one.
+    fn allowed_gap(policy: &Policy, gap: u64) -> bool {
+        let lo = saturating_millis(MIN_INTERVAL);
+        let hi = 2 * saturating_millis(MAX_INTERVAL);
+        if !(lo..=hi).contains(&gap) {
+            return false;
+        }
+        if policy.check().is_ok() {
+            let interval = saturating_millis(policy.interval);
+            let jitter = saturating_millis(policy.jitter);
+            return (interval..=interval + jitter).contains(&gap);
+        }
+        true
+    }
+
+    /// The due time is one allowed period after `from` (or saturated at `u64::MAX`).
+    fn assert_due_after(s: &Schedule, from: u64) {
+        let policy = s.policy();
+        let Some(due) = s.next_due() else {
+            assert!(!policy.enabled(), "{policy:?}: enabled without a due time");
+            return;
+        };
+        assert!(
+            policy.enabled(),
+            "{policy:?}: a due time without a schedule"
+        );
+        assert!(due >= from, "{policy:?}: due {due} before {from}");
+        assert!(
+            due == u64::MAX || allowed_gap(policy, due - from),
+            "{policy:?}: due {} ms after {from}",
+            due - from
+        );
+    }
+
+    /// Drives a schedule from `policy` through every call at times from `g`; with
+    /// `monotonic`, time never goes back and the due-time bounds are checked after each
+    /// step.
+    fn drive(g: &mut Gen, policy: Policy, monotonic: bool) {
+        let mut now = g.value();
+        let mut s = Schedule::new(policy, now, g.next());
+        if monotonic {
+            assert_due_after(&s, now);
+        }
+        let mut ids = 0u64;
+        for _ in 0..24 {
+            let step = match g.next() % 4 {
+                0 => g.value(),
+                _ => g.next() % 5_000,
+            };
+            now = if monotonic {
+                now.saturating_add(step)
+            } else {
+                g.value()
+            };
+            match g.next() % 10 {
+                0 => {
+                    let p = if g.one_in(2) { g.policy() } else { g.valid() };
+                    s.set_policy(p, now);
+                    if monotonic {
+                        assert_due_after(&s, now);
+                    }
+                }
+                1 => s.completed_before(now, g.duration()),
+                2 => {
+                    let id = SnapshotId(g.next() % (ids + 1));
+                    let result = if g.one_in(2) { Ok(()) } else { Err("x".into()) };
+                    let alarm = s.finished(id, now, result);
+                    if let Some(alarm) = alarm {
+                        assert!(alarm.consecutive > alarm.tolerated);
+                    }
+                }
+                _ => {
+                    // Poll at or past the due time (or anywhere, out of order).
+                    let at = if monotonic {
+                        s.next_due().map_or(now, |due| due.max(now))
+                    } else {
+                        now
+                    };
+                    now = at;
+                    let before = s.next_due();
+                    match s.poll(at) {
+                        None => assert!(before.is_none_or(|due| due > at)),
+                        Some(Due::Start) => {
+                            if g.one_in(4) {
+                                let _ = s.refused(g.one_in(2), "no".into());
+                            } else {
+                                ids += 1;
+                                s.started(SnapshotId(ids));
+                                assert!(s.is_scheduled(SnapshotId(ids)));
+                            }
+                        }
+                        Some(Due::Skip(skip)) => {
+                            let _ = skip.to_string();
+                        }
+                    }
+                    if let (true, Some(before), Some(after)) = (monotonic, before, s.next_due())
+                        && before <= at
+                    {
+                        // On the grid of due times, or (late) one period after now.
+                        assert!(
+                            after == u64::MAX
+                                || allowed_gap(s.policy(), after - before)
+                                || allowed_gap(s.policy(), after - at),
+                            "{:?}: due {before}, polled at {at}, next due {after}",
+                            s.policy()
+                        );
+                    }
+                    if monotonic {
+                        assert!(
+                            !s.policy().enabled()
+                                || at == u64::MAX
+                                || s.next_due().is_some_and(|due| due > at),
+                            "polled at {at}, due again at {:?}: a spin",
+                            s.next_due()
+                        );
+                    }
+                }
+            }
+            let status = s.status(now);
+            assert_eq!(status.failing, s.failing());
+            assert_eq!(status.stale, s.stale(now));
+            assert!(status.running <= u32::try_from(ids).unwrap_or(u32::MAX));
+            if let Some(due) = s.next_due() {
+                assert_eq!(
+                    status.next_due_in,
+                    Some(Duration::from_millis(due.saturating_sub(now)))
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn no_input_over_the_whole_u64_range_panics_or_spins() {
+        let mut g = Gen(0x5eed);
+        for i in 0..20_000u32 {
+            let policy = if i.is_multiple_of(3) {
+                g.valid()
+            } else {
+                g.policy()
+            };
+            // The check never panics either, and a folded policy passes it.
+            let checked = policy.check();
+            if i.is_multiple_of(3) {
+                assert_eq!(checked, Ok(()), "{policy:?}");
+            }
+            drive(&mut g, policy, !i.is_multiple_of(4));
+        }
+    }
+
+    #[test]
+    fn a_checked_policy_keeps_its_interval_and_jitter_at_the_extremes() {
+        let mut g = Gen(7);
+        for interval in [MIN_INTERVAL, Duration::from_millis(101), MAX_INTERVAL] {
+            for jitter in [Duration::ZERO, Duration::from_millis(1), interval] {
+                let policy = Policy {
+                    interval,
+                    jitter,
+                    ..Policy::default()
+                };
+                assert_eq!(policy.check(), Ok(()));
+                for now in [0, 1, u64::MAX / 2, u64::MAX - 1, u64::MAX] {
+                    let mut s = Schedule::new(policy.clone(), now, g.next());
+                    assert_due_after(&s, now);
+                    let due = s.next_due().unwrap();
+                    assert_eq!(s.poll(due), Some(Due::Start));
+                    assert_due_after(&s, due);
+                }
+            }
+        }
     }
 }
