@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use cairn_coordinator::CoordinatorConfig;
 use cairn_core::SnapshotMode;
-use cairn_core::schedule::Policy;
+use cairn_core::schedule::{MAX_CONCURRENT, MAX_TIMEOUT, Policy, PolicyField};
 use cairn_sdk::cli;
 use clap::Parser;
 
@@ -103,13 +103,53 @@ struct Schedule {
     freshness_threshold: Option<Duration>,
 }
 
+/// The flag that sets a policy field.
+fn schedule_flag(field: PolicyField) -> &'static str {
+    match field {
+        PolicyField::Interval => "--schedule-interval",
+        PolicyField::Mode => "--schedule-mode",
+        PolicyField::Timeout => "--schedule-timeout",
+        PolicyField::AlignmentTimeout => "--schedule-alignment-timeout",
+        PolicyField::MinPause => "--schedule-min-pause",
+        PolicyField::Jitter => "--schedule-jitter",
+        PolicyField::MaxConcurrent => "--schedule-max-concurrent",
+        PolicyField::ToleratedFailures => "--schedule-tolerated-failures",
+        PolicyField::FreshnessThreshold => "--freshness-threshold",
+    }
+}
+
+/// A timeout flag is above zero and at most [`MAX_TIMEOUT`] (24 h).
+fn check_timeout(value: Duration) -> Result<(), String> {
+    if value.is_zero() {
+        return Err("must be above zero".into());
+    }
+    if value > MAX_TIMEOUT {
+        return Err(format!(
+            "{} is above the most allowed, 24h",
+            humantime::format_duration(value)
+        ));
+    }
+    Ok(())
+}
+
 fn main() -> ExitCode {
     let args: Args = match cli::parse_or_exit() {
         Ok(args) => args,
         Err(code) => return code,
     };
-    if args.max_concurrent == 0 {
-        return cli::usage_error("--max-concurrent must be at least 1");
+    if !(1..=MAX_CONCURRENT as usize).contains(&args.max_concurrent) {
+        return cli::usage_error(format!(
+            "--max-concurrent {} is outside the allowed 1 to {MAX_CONCURRENT}",
+            args.max_concurrent
+        ));
+    }
+    for (flag, value) in [
+        ("--snapshot-timeout", args.snapshot_timeout),
+        ("--restore-timeout", args.restore_timeout),
+    ] {
+        if let Err(why) = check_timeout(value) {
+            return cli::usage_error(format!("{flag}: {why}"));
+        }
     }
     let s = &args.schedule;
     let policy = Policy {
@@ -128,7 +168,7 @@ fn main() -> ExitCode {
         freshness_threshold: s.freshness_threshold,
     };
     if let Err(e) = policy.check() {
-        return cli::usage_error(format!("snapshot schedule: {e}"));
+        return cli::usage_error(format!("{}: {}", schedule_flag(e.field), e.reason));
     }
     if policy.max_concurrent as usize > args.max_concurrent {
         return cli::usage_error(format!(

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use cairn_core::schedule::{Policy, Status};
+use cairn_core::schedule::{Policy, PolicyError, PolicyField, Status, saturating_millis};
 use cairn_proto::v1 as pb;
 
 use crate::error::Error;
@@ -60,7 +60,7 @@ const READ_ONLY: &[&str] = &[
 ];
 
 fn ms(d: Duration) -> u64 {
-    d.as_millis() as u64
+    saturating_millis(d)
 }
 
 fn opt_ms(d: Option<Duration>) -> u64 {
@@ -77,6 +77,26 @@ fn mode_from_name(name: &str) -> cairn_core::SnapshotMode {
         "ALIGNED" => cairn_core::SnapshotMode::Aligned,
         _ => cairn_core::SnapshotMode::ChandyLamport,
     }
+}
+
+/// The wire (and stored record's) name of a policy field.
+pub fn wire_field(field: PolicyField) -> &'static str {
+    match field {
+        PolicyField::Interval => "interval_ms",
+        PolicyField::Mode => "mode",
+        PolicyField::Timeout => "timeout_ms",
+        PolicyField::AlignmentTimeout => "alignment_timeout_ms",
+        PolicyField::MinPause => "min_pause_ms",
+        PolicyField::Jitter => "jitter_ms",
+        PolicyField::MaxConcurrent => "max_concurrent",
+        PolicyField::ToleratedFailures => "tolerated_failures",
+        PolicyField::FreshnessThreshold => "freshness_threshold_ms",
+    }
+}
+
+/// A failed [`Policy::check`] in wire terms: `policy.<field>: <why, with the limit>`.
+pub fn wire_error(e: &PolicyError) -> String {
+    format!("policy.{}: {}", wire_field(e.field), e.reason)
 }
 
 /// The record to store.
@@ -115,6 +135,54 @@ pub fn from_record(record: &PolicyRecord) -> (Policy, Source) {
         Source::Flags
     };
     (policy, source)
+}
+
+/// What the coordinator follows at start.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AtStart {
+    /// The policy.
+    pub policy: Policy,
+    /// Where it came from.
+    pub source: Source,
+    /// Why a policy stored through `SetPolicy` was set aside for the flags', if it was.
+    pub rejected: Option<String>,
+}
+
+/// The policy to follow at start: the stored one if it was set through `SetPolicy` and is
+/// still valid (it passes [`Policy::check`] and fits the coordinator's `max_in_flight`),
+/// else the flags'. `stored` is the stored value, if any, as bytes; nothing here panics,
+/// whatever they hold.
+pub fn at_start(flags: &Policy, stored: Option<&[u8]>, max_in_flight: usize) -> AtStart {
+    let use_flags = |rejected: Option<String>| AtStart {
+        policy: flags.clone(),
+        source: Source::Flags,
+        rejected,
+    };
+    let Some(bytes) = stored else {
+        return use_flags(None);
+    };
+    let record = match serde_json::from_slice::<PolicyRecord>(bytes) {
+        Ok(record) => record,
+        Err(e) => return use_flags(Some(format!("unreadable: {e}"))),
+    };
+    let (policy, source) = from_record(&record);
+    if source != Source::Api {
+        return use_flags(None);
+    }
+    if let Err(e) = policy.check() {
+        return use_flags(Some(wire_error(&e)));
+    }
+    if policy.max_concurrent as usize > max_in_flight {
+        return use_flags(Some(format!(
+            "policy.max_concurrent {} is above the coordinator's --max-concurrent {max_in_flight}",
+            policy.max_concurrent
+        )));
+    }
+    AtStart {
+        policy,
+        source,
+        rejected: None,
+    }
 }
 
 /// The wire form, with the schedule's state.
@@ -212,7 +280,7 @@ pub fn apply(current: &Policy, wire: &pb::Policy, update: &[String]) -> Result<P
         }
     }
     next.check()
-        .map_err(|e| Error::InvalidArgument(format!("policy: {e}")))?;
+        .map_err(|e| Error::InvalidArgument(wire_error(&e)))?;
     Ok(next)
 }
 
@@ -283,6 +351,194 @@ mod tests {
             &["max_concurrent".into()],
         );
         assert!(e.is_err());
+    }
+
+    #[test]
+    fn out_of_range_values_are_refused_naming_the_wire_field() {
+        let current = Policy::default();
+        let refused = |wire: pb::Policy, update: &[&str]| {
+            let update: Vec<String> = update.iter().map(|s| (*s).to_owned()).collect();
+            apply(&current, &wire, &update).unwrap_err().to_string()
+        };
+        // The policy that once panicked the coordinator's task.
+        let e = refused(
+            pb::Policy {
+                interval_ms: 10,
+                jitter_ms: u64::MAX,
+                ..Default::default()
+            },
+            &[],
+        );
+        assert!(
+            e.contains("policy.interval_ms") && e.contains("100 ms"),
+            "{e}"
+        );
+        let e = refused(
+            pb::Policy {
+                interval_ms: 1000,
+                jitter_ms: u64::MAX,
+                ..Default::default()
+            },
+            &[],
+        );
+        assert!(e.contains("policy.jitter_ms"), "{e}");
+        let e = refused(
+            pb::Policy {
+                interval_ms: u64::MAX,
+                ..Default::default()
+            },
+            &[],
+        );
+        assert!(
+            e.contains("policy.interval_ms") && e.contains("30 days"),
+            "{e}"
+        );
+        for (field, wire) in [
+            (
+                "timeout_ms",
+                pb::Policy {
+                    timeout_ms: u64::MAX,
+                    ..Default::default()
+                },
+            ),
+            (
+                "min_pause_ms",
+                pb::Policy {
+                    min_pause_ms: u64::MAX,
+                    ..Default::default()
+                },
+            ),
+            (
+                "freshness_threshold_ms",
+                pb::Policy {
+                    freshness_threshold_ms: u64::MAX,
+                    ..Default::default()
+                },
+            ),
+            (
+                "max_concurrent",
+                pb::Policy {
+                    max_concurrent: u32::MAX,
+                    ..Default::default()
+                },
+            ),
+            (
+                "tolerated_failures",
+                pb::Policy {
+                    tolerated_failures: u32::MAX,
+                    ..Default::default()
+                },
+            ),
+        ] {
+            let e = refused(wire, &[field]);
+            assert!(e.contains(&format!("policy.{field}")), "{field}: {e}");
+        }
+        let e = refused(
+            pb::Policy {
+                mode: pb::SnapshotMode::Aligned as i32,
+                alignment_timeout_ms: u64::MAX,
+                ..Default::default()
+            },
+            &[],
+        );
+        assert!(e.contains("policy.alignment_timeout_ms"), "{e}");
+        // The limits themselves are accepted.
+        let ok = apply(
+            &current,
+            &pb::Policy {
+                interval_ms: 30 * 86_400_000,
+                jitter_ms: 30 * 86_400_000,
+                timeout_ms: 86_400_000,
+                ..Default::default()
+            },
+            &[],
+        );
+        assert!(ok.is_ok(), "{ok:?}");
+    }
+
+    #[test]
+    fn at_start_a_stored_policy_that_fails_the_check_gives_way_to_the_flags() {
+        let flags = Policy {
+            interval: Duration::from_secs(1),
+            ..Policy::default()
+        };
+        let api = Policy {
+            interval: Duration::from_secs(5),
+            ..Policy::default()
+        };
+        let bytes = |policy: &Policy, source| {
+            serde_json::to_vec(&to_record(policy, source)).expect("plain record")
+        };
+        // Nothing stored, or stored from the flags: the flags.
+        assert_eq!(at_start(&flags, None, 4).policy, flags);
+        let from_flags = at_start(&flags, Some(&bytes(&api, Source::Flags)), 4);
+        assert_eq!(
+            (from_flags.policy, from_flags.rejected),
+            (flags.clone(), None)
+        );
+        // Set through the API and valid: it wins.
+        let chosen = at_start(&flags, Some(&bytes(&api, Source::Api)), 4);
+        assert_eq!(
+            chosen,
+            AtStart {
+                policy: api.clone(),
+                source: Source::Api,
+                rejected: None
+            }
+        );
+        // The policies that once crashed the coordinator at every start.
+        for bad in [
+            Policy {
+                interval: Duration::from_millis(10),
+                jitter: Duration::from_millis(u64::MAX),
+                ..Policy::default()
+            },
+            Policy {
+                interval: Duration::from_millis(u64::MAX),
+                ..Policy::default()
+            },
+            Policy {
+                timeout: Duration::ZERO,
+                ..api.clone()
+            },
+        ] {
+            let chosen = at_start(&flags, Some(&bytes(&bad, Source::Api)), 4);
+            assert_eq!((&chosen.policy, chosen.source), (&flags, Source::Flags));
+            let why = chosen.rejected.unwrap();
+            assert!(why.starts_with("policy."), "{why}");
+        }
+        // Above a lowered --max-concurrent.
+        let wide = Policy {
+            max_concurrent: 3,
+            ..api.clone()
+        };
+        let chosen = at_start(&flags, Some(&bytes(&wide, Source::Api)), 2);
+        assert!(chosen.rejected.unwrap().contains("--max-concurrent 2"));
+        // Garbage, or a record of other types or out-of-range numbers.
+        for junk in [
+            &b"\xff\x00"[..],
+            b"{}",
+            b"[]",
+            br#"{"interval_ms": -1}"#,
+            br#"{"interval_ms": 1e30, "source": "api"}"#,
+        ] {
+            let chosen = at_start(&flags, Some(junk), 4);
+            assert_eq!(chosen.policy, flags);
+        }
+    }
+
+    #[test]
+    fn extreme_values_round_trip_without_truncation() {
+        let policy = Policy {
+            interval: Duration::from_millis(u64::MAX),
+            ..Policy::default()
+        };
+        assert_eq!(to_record(&policy, Source::Api).interval_ms, u64::MAX);
+        let huge = Policy {
+            interval: Duration::MAX,
+            ..Policy::default()
+        };
+        assert_eq!(to_record(&huge, Source::Api).interval_ms, u64::MAX);
     }
 
     #[test]

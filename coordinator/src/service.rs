@@ -17,6 +17,7 @@ use tonic::{Request, Response, Status, Streaming};
 
 use crate::blob::BlobStore;
 use crate::error::Error;
+use crate::limits;
 use crate::records_conv::{snapshot_pb, status_name};
 use crate::state::{Msg, mode_of, restore_epoch, restore_pb};
 use crate::store::records::CutRecord;
@@ -151,6 +152,8 @@ impl pb::coordinator_server::Coordinator for CoordinatorService {
     ) -> Result<Response<pb::StartSnapshotResponse>, Status> {
         let r = request.into_inner();
         let mode = mode_of(r.mode)?;
+        limits::check_start(mode, r.timeout_ms, r.alignment_timeout_ms)?;
+        limits::check_labels(&r.labels)?;
         let request = StartRequest {
             mode,
             initiators: r
@@ -257,6 +260,7 @@ impl pb::coordinator_server::Coordinator for CoordinatorService {
         request: Request<pb::AbortSnapshotRequest>,
     ) -> Result<Response<pb::Snapshot>, Status> {
         let r = request.into_inner();
+        limits::check_reason(&r.reason)?;
         let record = self
             .ask(|reply| Msg::Abort {
                 id: r.snapshot_id,

@@ -256,34 +256,28 @@ impl State {
         Ok(())
     }
 
-    /// Takes the stored policy if it was set through the API, else the flags' (stored).
+    /// Takes the stored policy if it was set through the API and is still valid, else the
+    /// flags' (stored). A stored policy that fails [`Policy::check`] (or no longer fits
+    /// `--max-concurrent`) is logged at error level with the reason and replaced by the
+    /// flags', so it cannot make every start fail.
     async fn load_policy(&mut self) -> Result<(), Error> {
         let flags = self.settings.policy.clone();
-        let stored = match self.kv.get(&self.keys.policy()).await? {
-            None => None,
-            Some(value) => match serde_json::from_slice::<crate::store::PolicyRecord>(&value) {
-                Ok(record) => Some(policy::from_record(&record)),
-                Err(e) => {
-                    tracing::warn!("unreadable stored policy, using the flags': {e}");
-                    None
-                }
-            },
-        };
-        let (chosen, source) = match stored {
-            Some((stored, policy::Source::Api)) if stored.check().is_ok() => {
-                if stored != flags {
-                    tracing::warn!(
-                        stored = %policy::describe(&stored),
-                        flags = %policy::describe(&flags),
-                        "the policy set through SetPolicy overrides the flags' \
-                         (`cairnctl policy reset` goes back to the flags)"
-                    );
-                }
-                (stored, policy::Source::Api)
-            }
-            _ => (flags, policy::Source::Flags),
-        };
-        self.adopt_policy(chosen, source).await
+        let stored = self.kv.get(&self.keys.policy()).await?;
+        let chosen = policy::at_start(&flags, stored.as_deref(), self.tracker.max_in_flight());
+        if let Some(why) = &chosen.rejected {
+            tracing::error!(
+                flags = %policy::describe(&flags),
+                "the stored snapshot policy is invalid ({why}); it is replaced by the flags'"
+            );
+        } else if chosen.source == policy::Source::Api && chosen.policy != flags {
+            tracing::warn!(
+                stored = %policy::describe(&chosen.policy),
+                flags = %policy::describe(&flags),
+                "the policy set through SetPolicy overrides the flags' \
+                 (`cairnctl policy reset` goes back to the flags)"
+            );
+        }
+        self.adopt_policy(chosen.policy, chosen.source).await
     }
 
     /// Stores `policy` with its source, then follows it from now.
@@ -316,10 +310,11 @@ impl State {
         let mut refresh = tokio::time::interval(Duration::from_millis(250));
         refresh.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
         loop {
+            // A due time beyond what the clock can hold is never (no overflow panic).
             let due = self
                 .schedule
                 .next_due()
-                .map(|ms| self.clock + Duration::from_millis(ms));
+                .and_then(|ms| self.clock.checked_add(Duration::from_millis(ms)));
             tokio::select! {
                 _ = shutdown.cancelled() => break,
                 msg = rx.recv() => match msg {
