@@ -6,6 +6,10 @@
 //! is debited at once, in the same critical section that queues the message, and the
 //! state is recorded in a critical section too, so a transfer is either wholly before
 //! the cut (debited and sent) or wholly after it.
+//!
+//! A delivered transfer is applied only if its payload decodes and the credit does not
+//! overflow the balance; otherwise it is logged at ERROR, counted (`rejected_transfers` in
+//! `GetBalance`) and not applied — never wrapped, never silently dropped.
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -50,6 +54,47 @@ impl TransferPayload {
     }
 }
 
+/// Why a delivered transfer was not applied.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Rejected {
+    /// The payload is not a transfer.
+    Malformed(String),
+    /// Crediting it would overflow the balance.
+    Overflow {
+        /// The balance before.
+        balance: u64,
+        /// The amount delivered.
+        amount: u64,
+    },
+}
+
+impl std::fmt::Display for Rejected {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Malformed(e) => write!(f, "the payload is not a transfer: {e}"),
+            Self::Overflow { balance, amount } => write!(
+                f,
+                "crediting {amount} to the balance {balance} would overflow it (u64)"
+            ),
+        }
+    }
+}
+
+/// Credits a delivered transfer's `payload` to `balance` and returns the new balance; a
+/// payload that does not decode, or a credit that would overflow, is rejected and leaves
+/// `balance` as it was.
+pub fn credit(balance: &mut u64, payload: &[u8]) -> Result<u64, Rejected> {
+    let transfer =
+        TransferPayload::decode(payload).map_err(|e| Rejected::Malformed(e.to_string()))?;
+    *balance = balance
+        .checked_add(transfer.amount)
+        .ok_or(Rejected::Overflow {
+            balance: *balance,
+            amount: transfer.amount,
+        })?;
+    Ok(*balance)
+}
+
 /// How a bank runs.
 #[derive(Debug, Clone)]
 pub struct BankConfig {
@@ -71,6 +116,8 @@ struct Bank {
     sender: AppSender,
     /// The snapshot last restored; 0 if none.
     restored: AtomicU64,
+    /// Delivered transfers refused: malformed, or overflowing the balance.
+    rejected: AtomicU64,
     /// Random transfers per second; 0 pauses them.
     rate: tokio::sync::watch::Sender<f64>,
     /// Held by the workload while it makes a transfer.
@@ -144,6 +191,7 @@ impl pb::bank_server::Bank for BankService {
             balance: self.0.balance(),
             peers: self.0.sender.peers().into_iter().collect(),
             restored_snapshot: self.0.restored.load(Ordering::Relaxed),
+            rejected_transfers: self.0.rejected.load(Ordering::Relaxed),
         }))
     }
 
@@ -194,6 +242,7 @@ pub async fn run(
         balance: Mutex::new(config.initial_balance),
         sender: session.sender(),
         restored: AtomicU64::new(0),
+        rejected: AtomicU64::new(0),
         rate: tokio::sync::watch::Sender::new(config.workload_rate),
         workload_busy: tokio::sync::Mutex::new(()),
     });
@@ -223,9 +272,10 @@ pub async fn run(
         };
         match event {
             Ok(Some(AppEvent::Message { from, payload })) => {
-                match TransferPayload::decode(&payload) {
-                    Ok(t) => *bank.balance.lock().expect("never poisoned") += t.amount,
-                    Err(e) => tracing::error!(%from, "dropping a malformed transfer: {e}"),
+                let credited = credit(&mut bank.balance.lock().expect("never poisoned"), &payload);
+                if let Err(e) = credited {
+                    let rejected = bank.rejected.fetch_add(1, Ordering::Relaxed) + 1;
+                    tracing::error!(%from, rejected, "transfer rejected, not applied: {e}");
                 }
             }
             Ok(Some(AppEvent::RecordState { snapshot_id })) => {
@@ -319,6 +369,58 @@ async fn workload(bank: Arc<Bank>, config: BankConfig, shutdown: CancellationTok
                 tracing::warn!("workload transfer failed: {}", status.message());
                 return;
             }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn payload(amount: u64) -> Bytes {
+        TransferPayload { amount }.encode()
+    }
+
+    #[test]
+    fn a_transfer_is_credited() {
+        let mut balance = 10;
+        assert_eq!(credit(&mut balance, &payload(5)), Ok(15));
+        assert_eq!(balance, 15);
+    }
+
+    #[test]
+    fn a_credit_that_would_overflow_is_rejected_and_not_applied() {
+        let mut balance = u64::MAX - 3;
+        assert_eq!(
+            credit(&mut balance, &payload(4)),
+            Err(Rejected::Overflow {
+                balance: u64::MAX - 3,
+                amount: 4
+            })
+        );
+        assert_eq!(balance, u64::MAX - 3, "the balance did not wrap");
+        assert_eq!(credit(&mut balance, &payload(3)), Ok(u64::MAX));
+        assert!(credit(&mut balance, &payload(u64::MAX)).is_err());
+        assert_eq!(balance, u64::MAX);
+    }
+
+    #[test]
+    fn a_payload_that_does_not_decode_is_rejected_and_not_applied() {
+        let mut balance = 7;
+        for bad in [
+            &b"garbage"[..],
+            b"",
+            br#"{"amount":-1}"#,
+            br#"{"amount":18446744073709551616}"#,
+            br#"{"amount":"5"}"#,
+        ] {
+            let result = credit(&mut balance, bad);
+            assert!(
+                matches!(result, Err(Rejected::Malformed(_))),
+                "{:?}: {result:?}",
+                String::from_utf8_lossy(bad)
+            );
+            assert_eq!(balance, 7);
         }
     }
 }
