@@ -46,6 +46,8 @@ pub struct ClusterSpec {
     pub nodes: usize,
     /// etcd endpoints; empty for the embedded store.
     pub etcd: Vec<String>,
+    /// Where the coordinator listens (`host:port`); `None` for a free loopback port.
+    pub coordinator: Option<String>,
     /// The coordinator's data directory; the processes' logs go beside it.
     pub data_dir: PathBuf,
     /// Random transfers per second per bank.
@@ -63,14 +65,17 @@ pub struct LocalCluster {
     children: Vec<(String, Child)>,
 }
 
+/// The ports [`free_port`] handed out, and those given on the command line
+/// ([`coordinator_addresses`]): it never hands any of them out again.
+static GIVEN_PORTS: std::sync::Mutex<std::collections::BTreeSet<u16>> =
+    std::sync::Mutex::new(std::collections::BTreeSet::new());
+
 /// A free port below the kernel's ephemeral range, so that no outgoing connection of the
 /// processes already started can take it before its own process binds it. A port is never
 /// handed out twice by one process: between the check and the bind of the process it is
 /// for, nothing else here may draw it again.
 pub fn free_port() -> std::io::Result<u16> {
     use rand::Rng;
-    static GIVEN: std::sync::Mutex<std::collections::BTreeSet<u16>> =
-        std::sync::Mutex::new(std::collections::BTreeSet::new());
     let ephemeral: u16 = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
         .ok()
         .and_then(|s| s.split_whitespace().next()?.parse().ok())
@@ -79,7 +84,7 @@ pub fn free_port() -> std::io::Result<u16> {
     let mut rng = rand::rng();
     for _ in 0..1000 {
         let port = rng.random_range(low..ephemeral);
-        let mut given = GIVEN.lock().expect("never poisoned");
+        let mut given = GIVEN_PORTS.lock().expect("never poisoned");
         if !given.contains(&port) && std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
             given.insert(port);
             return Ok(port);
@@ -92,9 +97,47 @@ fn loopback() -> std::io::Result<String> {
     Ok(format!("127.0.0.1:{}", free_port()?))
 }
 
+/// The coordinator's listen address and the address the others dial: `requested` if given
+/// (the dial address is loopback when it names every interface), else a free loopback
+/// port. A requested address that cannot be bound is refused here, naming it.
+fn coordinator_addresses(requested: Option<&str>) -> anyhow::Result<(String, String)> {
+    let Some(requested) = requested else {
+        let address = loopback()?;
+        return Ok((address.clone(), address));
+    };
+    let listen = std::net::ToSocketAddrs::to_socket_addrs(requested)
+        .map_err(|e| {
+            anyhow::anyhow!("--coordinator {requested}: not an address to listen on: {e}")
+        })?
+        .next()
+        .ok_or_else(|| anyhow::anyhow!("--coordinator {requested}: resolves to no address"))?;
+    anyhow::ensure!(
+        listen.port() != 0,
+        "--coordinator {requested}: give the port the coordinator is to listen on"
+    );
+    std::net::TcpListener::bind(listen).map_err(|e| {
+        anyhow::anyhow!("--coordinator {requested}: cannot listen on {listen}: {e}")
+    })?;
+    // Free until the coordinator binds it: no other process of the cluster may draw it.
+    GIVEN_PORTS
+        .lock()
+        .expect("never poisoned")
+        .insert(listen.port());
+    let mut dial = listen;
+    if dial.ip().is_unspecified() {
+        dial.set_ip(if listen.is_ipv4() {
+            std::net::Ipv4Addr::LOCALHOST.into()
+        } else {
+            std::net::Ipv6Addr::LOCALHOST.into()
+        });
+    }
+    Ok((listen.to_string(), dial.to_string()))
+}
+
 impl LocalCluster {
     /// Starts every process. The binaries `cairn-coordinator`, `cairn-node` and
-    /// `cairn-bank` must be in `spec.bin_dir`.
+    /// `cairn-bank` must be in `spec.bin_dir`. `addresses.coordinator` is the address the
+    /// others dial: `spec.coordinator` if given (loopback if it names every interface).
     pub async fn start(spec: &ClusterSpec) -> anyhow::Result<Self> {
         for bin in ["cairn-coordinator", "cairn-node", "cairn-bank"] {
             if !spec.bin_dir.join(bin).exists() {
@@ -105,10 +148,10 @@ impl LocalCluster {
                 );
             }
         }
+        let (coordinator_listen, coordinator) = coordinator_addresses(spec.coordinator.as_deref())?;
         std::fs::create_dir_all(&spec.data_dir)?;
         let logs = spec.data_dir.join("logs");
         std::fs::create_dir_all(&logs)?;
-        let coordinator = loopback()?;
         let coordinator_metrics = loopback()?;
         let nodes: Vec<NodeAddresses> = (1..=spec.nodes)
             .map(|i| {
@@ -135,7 +178,7 @@ impl LocalCluster {
         command
             .args([
                 "--listen",
-                &coordinator,
+                &coordinator_listen,
                 "--metrics-listen",
                 &coordinator_metrics,
             ])
@@ -319,5 +362,51 @@ pub async fn wait_node_ready(
             }
             Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_requested_coordinator_address_is_the_listen_address() {
+        let port = free_port().unwrap();
+        let requested = format!("127.0.0.1:{port}");
+        assert_eq!(
+            coordinator_addresses(Some(&requested)).unwrap(),
+            (requested.clone(), requested)
+        );
+        assert!(
+            GIVEN_PORTS.lock().unwrap().contains(&port),
+            "free_port never hands out the coordinator's port"
+        );
+        let port = free_port().unwrap();
+        assert_eq!(
+            coordinator_addresses(Some(&format!("0.0.0.0:{port}"))).unwrap(),
+            (format!("0.0.0.0:{port}"), format!("127.0.0.1:{port}")),
+            "every interface is dialled on loopback"
+        );
+        let (listen, dial) = coordinator_addresses(None).unwrap();
+        assert_eq!(listen, dial);
+        assert!(listen.starts_with("127.0.0.1:"), "{listen}");
+    }
+
+    #[test]
+    fn a_coordinator_address_that_cannot_be_listened_on_is_refused() {
+        let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let address = taken.local_addr().unwrap().to_string();
+        let e = coordinator_addresses(Some(&address))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains(&address) && e.contains("cannot listen"), "{e}");
+        let e = coordinator_addresses(Some("127.0.0.1:0"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("port"), "{e}");
+        let e = coordinator_addresses(Some("no-port"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("no-port"), "{e}");
     }
 }

@@ -20,14 +20,10 @@ use clap::{Parser, Subcommand, ValueEnum};
 #[derive(Debug, Parser)]
 #[command(version)]
 struct Cli {
-    /// The coordinator's address.
-    #[arg(
-        long,
-        global = true,
-        env = "CAIRN_COORDINATOR",
-        default_value = "127.0.0.1:7000"
-    )]
-    coordinator: String,
+    /// The coordinator's address [default: 127.0.0.1:7000]. For `cluster up` and `demo`,
+    /// the address the coordinator they start listens on [default: a free loopback port].
+    #[arg(long, global = true, env = "CAIRN_COORDINATOR")]
+    coordinator: Option<String>,
     /// Output format.
     #[arg(long, short, global = true, env = "CAIRN_OUTPUT", value_enum, default_value_t = Output::Table)]
     output: Output,
@@ -237,19 +233,25 @@ fn main() -> ExitCode {
     }
 }
 
+/// The coordinator the commands that talk to one use.
+const DEFAULT_COORDINATOR: &str = "127.0.0.1:7000";
+
 async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
+    // `cluster up` and `demo` start a coordinator: given, it listens there.
+    let listen = cli.coordinator.clone();
+    let coordinator = cli.coordinator.as_deref().unwrap_or(DEFAULT_COORDINATOR);
     match cli.command {
-        Command::Snapshot(command) => snapshot(&cli.coordinator, cli.output, command).await,
-        Command::Policy(command) => policy::policy(&cli.coordinator, cli.output, command).await,
-        Command::Status => policy::status(&cli.coordinator, cli.output).await,
-        Command::Restore(command) => restore::restore(&cli.coordinator, cli.output, command).await,
+        Command::Snapshot(command) => snapshot(coordinator, cli.output, command).await,
+        Command::Policy(command) => policy::policy(coordinator, cli.output, command).await,
+        Command::Status => policy::status(coordinator, cli.output).await,
+        Command::Restore(command) => restore::restore(coordinator, cli.output, command).await,
         Command::Health {
             address,
             service,
             timeout,
         } => health(&address, &service, timeout).await,
         Command::Nodes => {
-            let mut client = CoordinatorClient::connect(&cli.coordinator).await?;
+            let mut client = CoordinatorClient::connect(coordinator).await?;
             let nodes = client
                 .raw()
                 .list_nodes(pb::ListNodesRequest {})
@@ -288,12 +290,12 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             dir,
             addresses,
             workload,
-        }) => cluster_up(nodes, etcd, dir, addresses, workload).await,
+        }) => cluster_up(nodes, etcd, listen, dir, addresses, workload).await,
         Command::Demo {
             nodes,
             workload,
             dir,
-        } => demo(nodes, workload, dir).await,
+        } => demo(nodes, workload, listen, dir).await,
     }
 }
 
@@ -308,6 +310,7 @@ fn bin_dir() -> anyhow::Result<PathBuf> {
 async fn cluster_up(
     nodes: usize,
     etcd: Vec<String>,
+    coordinator: Option<String>,
     dir: PathBuf,
     addresses: PathBuf,
     workload: f64,
@@ -316,6 +319,7 @@ async fn cluster_up(
     let spec = ClusterSpec {
         nodes,
         etcd,
+        coordinator,
         data_dir: dir,
         workload,
         initial_balance: 1000,
@@ -676,7 +680,12 @@ fn money(snapshot: &pb::Snapshot) -> anyhow::Result<(u64, u64)> {
     Ok((balances, in_flight))
 }
 
-async fn demo(nodes: usize, workload: f64, dir: Option<PathBuf>) -> anyhow::Result<ExitCode> {
+async fn demo(
+    nodes: usize,
+    workload: f64,
+    coordinator: Option<String>,
+    dir: Option<PathBuf>,
+) -> anyhow::Result<ExitCode> {
     anyhow::ensure!(nodes >= 2, "the demo needs at least 2 nodes");
     let temporary = dir.is_none();
     let data_dir = dir
@@ -685,6 +694,7 @@ async fn demo(nodes: usize, workload: f64, dir: Option<PathBuf>) -> anyhow::Resu
     let spec = ClusterSpec {
         nodes,
         etcd: Vec::new(),
+        coordinator,
         data_dir: data_dir.clone(),
         workload,
         initial_balance,
