@@ -1,7 +1,12 @@
 //! The etcd metadata store. Members are put under one lease that this coordinator keeps
 //! alive; when the coordinator dies they disappear with it. A lost connection is retried
 //! by the client; every call that fails meanwhile reports UNAVAILABLE.
+//!
+//! The store remembers every ephemeral key it holds and its value. When the lease is lost
+//! (an etcd outage longer than its TTL, or a revoked lease) the keep-alive grants a new one
+//! and puts every remembered key again under it, so `members/*` come back by themselves.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -16,10 +21,20 @@ use super::{Kv, StoreError};
 /// Seconds a member key outlives a coordinator that stopped renewing it.
 const LEASE_TTL: i64 = 10;
 
+/// The lease and the ephemeral keys held under it. One lock for both: a put and the
+/// re-put after a new lease never interleave, so the newest value is the one that stays.
+#[derive(Default)]
+struct Ephemeral {
+    /// The live lease; `None` between losing one and granting the next.
+    lease: Option<i64>,
+    /// Every ephemeral key this store holds, with its value.
+    keys: BTreeMap<String, Vec<u8>>,
+}
+
 /// A metadata store in etcd.
 pub struct EtcdKv {
     client: Client,
-    lease: Arc<Mutex<Option<i64>>>,
+    ephemeral: Arc<Mutex<Ephemeral>>,
 }
 
 fn unavailable(e: etcd_client::Error) -> StoreError {
@@ -41,50 +56,127 @@ impl EtcdKv {
             .map_err(unavailable)?;
         let store = Self {
             client,
-            lease: Arc::default(),
+            ephemeral: Arc::default(),
         };
-        // Prove the connection now, so a wrong endpoint is reported at start.
+        // Prove the connection now, so a wrong endpoint is reported at start; and hold a
+        // lease before the first member is put.
         store.get("/cairn/").await?;
+        let lease = store
+            .client
+            .clone()
+            .lease_grant(LEASE_TTL, None)
+            .await
+            .map_err(unavailable)?
+            .id();
+        store.ephemeral.lock().await.lease = Some(lease);
         tokio::spawn(keep_lease(
             store.client.clone(),
-            store.lease.clone(),
+            store.ephemeral.clone(),
+            Some(lease),
             shutdown,
         ));
         Ok(store)
     }
 }
 
-/// Grants a lease and keeps it alive; after a failure, grants a new one.
+/// Why a lease's keep-alive ended.
+#[derive(Debug)]
+enum LeaseLost {
+    /// etcd says the lease no longer exists (it expired or was revoked).
+    Gone,
+    /// The keep-alive stream ended.
+    StreamEnded,
+    /// etcd could not be reached.
+    Etcd(etcd_client::Error),
+}
+
+impl std::fmt::Display for LeaseLost {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Gone => f.write_str("etcd no longer knows the lease (expired or revoked)"),
+            Self::StreamEnded => f.write_str("the keep-alive stream ended"),
+            Self::Etcd(e) => write!(f, "{e}"),
+        }
+    }
+}
+
+impl From<etcd_client::Error> for LeaseLost {
+    fn from(e: etcd_client::Error) -> Self {
+        Self::Etcd(e)
+    }
+}
+
+/// Grants a lease and puts every ephemeral key under it (in one critical section with
+/// [`EtcdKv::put_ephemeral`]); returns the lease.
+async fn grant_and_restore(
+    client: &mut Client,
+    ephemeral: &Mutex<Ephemeral>,
+) -> Result<i64, etcd_client::Error> {
+    let id = client.lease_grant(LEASE_TTL, None).await?.id();
+    let mut held = ephemeral.lock().await;
+    for (key, value) in &held.keys {
+        client
+            .put(
+                key.as_str(),
+                value.clone(),
+                Some(PutOptions::new().with_lease(id)),
+            )
+            .await?;
+    }
+    if !held.keys.is_empty() {
+        tracing::info!(
+            lease = id,
+            keys = held.keys.len(),
+            "etcd lease granted again; ephemeral keys put back under it"
+        );
+    }
+    held.lease = Some(id);
+    Ok(id)
+}
+
+/// Keeps `granted` (or, without one, a new lease that it grants) alive until it is lost.
+async fn hold_lease(
+    client: &mut Client,
+    ephemeral: &Mutex<Ephemeral>,
+    granted: Option<i64>,
+) -> Result<std::convert::Infallible, LeaseLost> {
+    let id = match granted {
+        Some(id) => id,
+        None => grant_and_restore(client, ephemeral).await?,
+    };
+    let (mut keeper, mut responses) = client.lease_keep_alive(id).await?;
+    loop {
+        keeper.keep_alive().await?;
+        match responses.message().await? {
+            None => return Err(LeaseLost::StreamEnded),
+            Some(response) if response.ttl() <= 0 => return Err(LeaseLost::Gone),
+            Some(_) => {}
+        }
+        tokio::time::sleep(Duration::from_secs((LEASE_TTL / 3) as u64)).await;
+    }
+}
+
+/// Keeps the lease alive (`granted`, or a new one); when it is lost, grants a new one and
+/// puts every ephemeral key back under it.
 async fn keep_lease(
     mut client: Client,
-    lease: Arc<Mutex<Option<i64>>>,
+    ephemeral: Arc<Mutex<Ephemeral>>,
+    mut granted: Option<i64>,
     shutdown: CancellationToken,
 ) {
     loop {
-        let attempt = async {
-            let id = client.lease_grant(LEASE_TTL, None).await?.id();
-            *lease.lock().await = Some(id);
-            let (mut keeper, mut responses) = client.lease_keep_alive(id).await?;
-            loop {
-                keeper.keep_alive().await?;
-                if responses.message().await?.is_none() {
-                    return Ok::<(), etcd_client::Error>(());
-                }
-                tokio::time::sleep(Duration::from_secs((LEASE_TTL / 3) as u64)).await;
-            }
-        };
+        let attempt = hold_lease(&mut client, &ephemeral, granted.take());
         tokio::select! {
             _ = shutdown.cancelled() => {
-                if let Some(id) = lease.lock().await.take() {
+                if let Some(id) = ephemeral.lock().await.lease.take() {
                     let _ = client.lease_revoke(id).await;
                 }
                 return;
             }
-            result = attempt => {
-                *lease.lock().await = None;
-                if let Err(e) = result {
-                    tracing::warn!("etcd lease lost: {e}; renewing");
-                }
+            lost = attempt => {
+                ephemeral.lock().await.lease = None;
+                let Err(e) = lost;
+                tracing::warn!("etcd lease lost: {e}; granting a new one");
             }
         }
         tokio::time::sleep(Duration::from_secs(1)).await;
@@ -111,18 +203,25 @@ impl Kv for EtcdKv {
         Ok(())
     }
 
+    /// Remembered, then put under the lease. Between losing a lease and granting the next
+    /// there is none: the key is only remembered, and put when the new lease is granted
+    /// (never without a lease, which would outlive this coordinator).
     async fn put_ephemeral(&self, key: &str, value: Vec<u8>) -> Result<(), StoreError> {
-        let lease = *self.lease.lock().await;
-        let options = lease.map(|id| PutOptions::new().with_lease(id));
-        self.client
-            .clone()
-            .put(key, value, options)
-            .await
-            .map_err(unavailable)?;
+        let mut held = self.ephemeral.lock().await;
+        held.keys.insert(key.to_owned(), value.clone());
+        if let Some(id) = held.lease {
+            self.client
+                .clone()
+                .put(key, value, Some(PutOptions::new().with_lease(id)))
+                .await
+                .map_err(unavailable)?;
+        }
         Ok(())
     }
 
     async fn delete(&self, key: &str) -> Result<(), StoreError> {
+        let mut held = self.ephemeral.lock().await;
+        held.keys.remove(key);
         self.client
             .clone()
             .delete(key, None)
@@ -132,6 +231,8 @@ impl Kv for EtcdKv {
     }
 
     async fn delete_prefix(&self, prefix: &str) -> Result<(), StoreError> {
+        let mut held = self.ephemeral.lock().await;
+        held.keys.retain(|key, _| !key.starts_with(prefix));
         let options = DeleteOptions::new().with_prefix();
         self.client
             .clone()
