@@ -11,9 +11,19 @@ runs a cairn binary is checked against that binary's `--help`:
   - every Service port targets a port some selected container exposes;
   - a daemon's drain (CAIRN_GRACE_PERIOD) fits in its pod's termination grace period;
   - the coordinator takes a scheduled snapshot every 30 s unless told otherwise.
+And the deployments' exposure:
+  - every Kubernetes container runs non-root (as the Dockerfile's user, for the cairn image)
+    with a read-only root filesystem, no privilege escalation, every capability dropped and
+    the RuntimeDefault seccomp profile (pod or container securityContext);
+  - every workload has a NetworkPolicy that selects it, whose ingress rules each name a
+    source and ports, and admit exactly the ports its containers expose;
+  - every compose port is published on ${CAIRN_BIND:-127.0.0.1} (loopback unless told
+    otherwise), and every compose service has a read-only root filesystem, no capabilities
+    and no-new-privileges.
 
     deploy/test/check-config.py BIN_DIR
 """
+import os
 import re
 import subprocess
 import sys
@@ -86,9 +96,80 @@ def check_schedule(where, command, env):
         errors.append(f"{where}: CAIRN_SCHEDULE_INTERVAL is {value!r}; the deployments snapshot every 30s by default")
 
 
+def image_uid():
+    """The uid deploy/Dockerfile's runtime stage runs as (its last USER)."""
+    users = re.findall(r"^USER\s+(\S+)", open("deploy/Dockerfile").read(), re.M)
+    if not users or not users[-1].split(":")[0].isdigit():
+        errors.append(f"deploy/Dockerfile: the runtime stage must end with a numeric USER, not {users}")
+        return None
+    uid = int(users[-1].split(":")[0])
+    if uid == 0:
+        errors.append("deploy/Dockerfile: the runtime stage runs as root")
+    return uid
+
+
+def check_security_context(where, pod, container, uid):
+    """Non-root, read-only root, no escalation, no capabilities, RuntimeDefault seccomp."""
+    pod_sc = pod.get("securityContext") or {}
+    sc = container.get("securityContext") or {}
+
+    def effective(key):
+        return sc.get(key, pod_sc.get(key))
+
+    if effective("runAsNonRoot") is not True:
+        errors.append(f"{where}: runAsNonRoot is not true")
+    run_as = effective("runAsUser")
+    if not isinstance(run_as, int) or run_as == 0:
+        errors.append(f"{where}: runAsUser must be a non-root uid, not {run_as!r}")
+    elif uid is not None and run_as != uid:
+        errors.append(f"{where}: runs as uid {run_as}, but the cairn image's user is {uid} (deploy/Dockerfile)")
+    if sc.get("readOnlyRootFilesystem") is not True:
+        errors.append(f"{where}: readOnlyRootFilesystem is not true")
+    if sc.get("allowPrivilegeEscalation") is not False:
+        errors.append(f"{where}: allowPrivilegeEscalation is not false")
+    if "ALL" not in ((sc.get("capabilities") or {}).get("drop") or []):
+        errors.append(f"{where}: capabilities do not drop ALL")
+    if (sc.get("capabilities") or {}).get("add"):
+        errors.append(f"{where}: adds capabilities {sc['capabilities']['add']}")
+    if (effective("seccompProfile") or {}).get("type") != "RuntimeDefault":
+        errors.append(f"{where}: seccompProfile is not RuntimeDefault")
+    if sc.get("privileged"):
+        errors.append(f"{where}: privileged")
+
+
+def check_network_policies(name, docs, container_ports):
+    """Every workload is selected by a NetworkPolicy admitting exactly its ports."""
+    policies = [d for d in docs if d["kind"] == "NetworkPolicy"]
+    for label, ports in container_ports.items():
+        admitted = set()
+        selected = False
+        for policy in policies:
+            spec = policy["spec"]
+            if (spec.get("podSelector") or {}).get("matchLabels", {}).get("app.kubernetes.io/name") != label:
+                continue
+            selected = True
+            where = f"k8s {name} NetworkPolicy/{policy['metadata']['name']}"
+            if "Ingress" not in spec.get("policyTypes", []):
+                errors.append(f"{where}: does not restrict Ingress")
+            for rule in spec.get("ingress", []):
+                if not rule.get("from"):
+                    errors.append(f"{where}: an ingress rule admits every source (no `from`)")
+                if not rule.get("ports"):
+                    errors.append(f"{where}: an ingress rule admits every port (no `ports`)")
+                for p in rule.get("ports", []):
+                    if p["port"] not in ports:
+                        errors.append(f"{where}: admits port {p['port']}, which {label} does not expose ({sorted(ports)})")
+                    admitted.add(p["port"])
+        if not selected:
+            errors.append(f"k8s {name}: no NetworkPolicy selects app.kubernetes.io/name={label}")
+        elif ports - admitted:
+            errors.append(f"k8s {name}: the NetworkPolicies for {label} admit nothing on {sorted(ports - admitted)}")
+
+
 def check_kubernetes(name, text):
     docs = [d for d in yaml.safe_load_all(text) if d]
     container_ports = {}  # selector label -> ports
+    uid = image_uid()
     for doc in docs:
         if doc["kind"] not in ("Deployment", "StatefulSet"):
             continue
@@ -104,6 +185,7 @@ def check_kubernetes(name, text):
                 if "grpc" in c.get(probe, {}):
                     probed.add(c[probe]["grpc"]["port"])
             command = c.get("command", []) + c.get("args", [])
+            check_security_context(where, pod, c, uid if c.get("image", "").split(":")[0] == "cairn" else None)
             check_container(where, command, env, exposed, probed)
             check_schedule(where, command, env)
             if command and command[0] in BINARIES:
@@ -111,6 +193,7 @@ def check_kubernetes(name, text):
                 drain = env.get("CAIRN_GRACE_PERIOD")
                 if drain and seconds(where, drain) >= grace:
                     errors.append(f"{where}: CAIRN_GRACE_PERIOD {drain} does not fit in terminationGracePeriodSeconds {grace}")
+    check_network_policies(name, docs, container_ports)
     for doc in docs:
         if doc["kind"] != "Service":
             continue
@@ -119,6 +202,30 @@ def check_kubernetes(name, text):
             target = p.get("targetPort", p["port"])
             if target not in container_ports.get(label, set()):
                 errors.append(f"k8s {name} Service/{doc['metadata']['name']}: port {target} is not a container port of {label}")
+
+
+BIND = "${CAIRN_BIND:-127.0.0.1}:"
+
+
+def check_compose_exposure(raw, text):
+    """Published on loopback unless CAIRN_BIND says otherwise; hardened containers."""
+    for name, s in (yaml.safe_load(raw)["services"] or {}).items():
+        for p in s.get("ports", []):
+            if not isinstance(p, str) or not p.startswith(BIND):
+                errors.append(f"compose service {name}: port {p!r} is not published on {BIND[:-1]}")
+    for name, s in yaml.safe_load(text)["services"].items():
+        for p in s.get("ports", []):
+            host = p.get("host_ip") if isinstance(p, dict) else str(p).rsplit(":", 2)[0] if str(p).count(":") == 2 else None
+            if host != "127.0.0.1":
+                errors.append(f"compose service {name}: publishes {p!r} on {host or 'every interface'}, not 127.0.0.1 by default")
+        if s.get("read_only") is not True:
+            errors.append(f"compose service {name}: read_only is not true")
+        if "ALL" not in (s.get("cap_drop") or []):
+            errors.append(f"compose service {name}: cap_drop does not drop ALL")
+        if s.get("cap_add"):
+            errors.append(f"compose service {name}: adds capabilities {s['cap_add']}")
+        if not any(str(o).replace("=", ":") in ("no-new-privileges:true", "no-new-privileges") for o in s.get("security_opt") or []):
+            errors.append(f"compose service {name}: security_opt lacks no-new-privileges:true")
 
 
 def check_compose(text):
@@ -155,9 +262,12 @@ for overlay in ("base", "external-etcd"):
     check_kubernetes(overlay, text)
     if overlay == "external-etcd" and "value: http://cairn-etcd:2379" in text:
         errors.append("k8s external-etcd: the coordinator still points at the bundled etcd")
+# Resolved with the defaults: no CAIRN_BIND or port variable from the caller's environment.
+defaults = {k: v for k, v in os.environ.items() if not (k == "CAIRN_BIND" or re.fullmatch(r"CAIRN_[A-Z0-9]+_PORT", k))}
 compose = subprocess.run(["docker-compose", "-f", "deploy/docker-compose.yml", "-f", "deploy/docker-compose.faults.yml", "config"],
-                         capture_output=True, text=True, check=True).stdout
+                         capture_output=True, text=True, check=True, env=defaults).stdout
 check_compose(compose)
+check_compose_exposure(open("deploy/docker-compose.yml").read(), compose)
 
 if errors:
     print("deployment check FAILED:", *errors, sep="\n  ")
