@@ -18,6 +18,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use cairn_proto::bank::v1 as pb;
+use cairn_proto::{limits, reflection};
 use rand::Rng;
 use rand::seq::IteratorRandom;
 use serde::{Deserialize, Serialize};
@@ -27,6 +28,9 @@ use tonic::{Request, Response, Status};
 
 use crate::error::Error;
 use crate::session::{AppEvent, AppSender, AppSession};
+
+/// Streams one connection may have open at once on the bank's port (its calls are unary).
+const BANK_STREAMS: u32 = 64;
 
 /// The recorded state of a bank.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -253,10 +257,11 @@ pub async fn run(
     health
         .set_serving::<pb::bank_server::BankServer<BankService>>()
         .await;
-    let server = tonic::transport::Server::builder()
+    let server = limits::server(BANK_STREAMS)
+        .layer(limits::MessageLimits::new(limits::CONTROL_MESSAGE))
         .add_service(health_service)
-        .add_service(cairn_proto::reflection::v1()?)
-        .add_service(cairn_proto::reflection::v1alpha()?)
+        .add_service(reflection::v1(reflection::BANK)?)
+        .add_service(reflection::v1alpha(reflection::BANK)?)
         .add_service(pb::bank_server::BankServer::new(BankService(bank.clone())))
         .serve_with_incoming_shutdown(
             tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true)),

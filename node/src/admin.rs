@@ -14,6 +14,11 @@ use crate::convert::{InvalidInput, channel_from_pb, mode_from_pb, plan_to_pb};
 use crate::error::Error;
 use crate::node_loop::{HoldFault, LoopMsg, Shared};
 
+/// Longest fault-injection delay per batch, in milliseconds: a batch already waiting when
+/// the delay is removed still waits out its own, so this bounds how long a channel can be
+/// wedged by one request.
+pub(crate) const MAX_FAULT_DELAY_MS: u64 = 10_000;
+
 /// The `NodeAdmin` service.
 pub(crate) struct AdminService {
     pub loop_tx: mpsc::Sender<LoopMsg>,
@@ -104,10 +109,22 @@ impl pb::node_admin_server::NodeAdmin for AdminService {
                 None
             }
             Some(Fault::Delay(delay)) if !incoming => {
+                if delay.millis > MAX_FAULT_DELAY_MS {
+                    return Err(invalid(&format!(
+                        "delay.millis must be at most {MAX_FAULT_DELAY_MS} (a batch waits that \
+                         long at most); got {}",
+                        delay.millis
+                    )));
+                }
                 handles
                     .faults
                     .delay_ms
                     .store(delay.millis, Ordering::Relaxed);
+                None
+            }
+            // At the sender, resume undoes a delay (as `delay 0` does).
+            Some(Fault::Resume(_)) if !incoming => {
+                handles.faults.delay_ms.store(0, Ordering::Relaxed);
                 None
             }
             Some(Fault::Delay(_)) => {

@@ -80,8 +80,17 @@ impl NodeConfig {
 
     /// The topology to start with, checked. With a coordinator: this node alone (the
     /// coordinator's membership follows). Without: this node must be a member and every
-    /// channel must join members.
+    /// channel must join members. Also checks `max_payload` against
+    /// [`cairn_proto::limits::MAX_PAYLOAD_CEILING`] (the coordinator's upload limit fits a
+    /// message up to it).
     pub fn topology(&self) -> Result<Topology, ConfigError> {
+        let ceiling = cairn_proto::limits::MAX_PAYLOAD_CEILING;
+        if self.max_payload == 0 || self.max_payload > ceiling {
+            return Err(ConfigError::Invalid(format!(
+                "--max-payload must be 1 to {ceiling} bytes (16 MiB); got {}",
+                self.max_payload
+            )));
+        }
         if self.coordinator.is_some() {
             if !self.peers.is_empty() || self.channels.is_some() {
                 return Err(ConfigError::Invalid(

@@ -45,19 +45,22 @@ use std::sync::{Arc, RwLock};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use cairn_proto::v1 as pb;
+use cairn_proto::{limits, reflection};
 use tokio::net::TcpListener;
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
-use tonic::transport::Server;
 
 pub use config::{ConfigError, NodeConfig};
 pub use error::Error;
 
 use node_loop::{LoopMsg, NodeLoop, Shared};
 
-/// Largest gRPC message a daemon accepts.
-const MAX_MESSAGE: usize = 64 << 20;
+/// Streams one connection may have open at once on the peer port (a peer opens one per
+/// channel it sends on; admin calls are short).
+const PEER_PORT_STREAMS: u32 = 64;
+/// Streams one connection may have open at once on the application port (one session).
+const APP_PORT_STREAMS: u32 = 16;
 /// Bytes of recorded state on their way from the application to the coordinator at once.
 pub(crate) const UPLOAD_ROOM: usize = 8 << 20;
 /// Most unacknowledged frames per outgoing channel (fewer if the channel buffer is smaller).
@@ -173,10 +176,9 @@ pub async fn run(
             .set_service_status(name, tonic_health::ServingStatus::NotServing)
             .await;
     }
-    let reflection_v1 =
-        cairn_proto::reflection::v1().map_err(|e| RunError::Reflection(e.to_string()))?;
-    let reflection_v1alpha =
-        cairn_proto::reflection::v1alpha().map_err(|e| RunError::Reflection(e.to_string()))?;
+    // Frame batches and the application's messages: one payload up to --max-payload plus
+    // room; everything else on these ports is a small control message.
+    let data_limit = limits::data_message(config.max_payload);
 
     let peer_service = peer_server::PeerService {
         shared: shared.clone(),
@@ -194,12 +196,19 @@ pub async fn run(
         sessions: AtomicU64::new(0),
     };
     let accepting = CancellationToken::new();
-    let peer_server = server()
+    // Peer streams use large windows (CALIBRATION.md); each connection carries one channel.
+    let peer_server = limits::server(PEER_PORT_STREAMS)
+        .initial_stream_window_size(16 << 20)
+        .initial_connection_window_size(32 << 20)
+        .layer(
+            limits::MessageLimits::new(limits::CONTROL_MESSAGE)
+                .rpc("/cairn.v1.Peer/Channel", data_limit),
+        )
         .add_service(health_service.clone())
-        .add_service(reflection_v1.clone())
-        .add_service(reflection_v1alpha.clone())
+        .add_service(reflection::v1(reflection::PEER_PORT).map_err(reflection_error)?)
+        .add_service(reflection::v1alpha(reflection::PEER_PORT).map_err(reflection_error)?)
         .add_service(
-            pb::peer_server::PeerServer::new(peer_service).max_decoding_message_size(MAX_MESSAGE),
+            pb::peer_server::PeerServer::new(peer_service).max_decoding_message_size(data_limit),
         )
         .add_service(pb::node_admin_server::NodeAdminServer::new(admin_service))
         .serve_with_incoming_shutdown(
@@ -208,15 +217,18 @@ pub async fn run(
         );
     // The application is beside the daemon: small windows keep what waits in HTTP/2
     // buffers small, so backpressure reaches a fast application quickly.
-    let app_server = Server::builder()
-        .tcp_nodelay(true)
+    let app_server = limits::server(APP_PORT_STREAMS)
         .initial_stream_window_size(APP_STREAM_WINDOW)
         .initial_connection_window_size(APP_STREAM_WINDOW * 4)
+        .layer(
+            limits::MessageLimits::new(limits::CONTROL_MESSAGE)
+                .rpc("/cairn.v1.App/Session", data_limit),
+        )
         .add_service(health_service)
-        .add_service(reflection_v1)
-        .add_service(reflection_v1alpha)
+        .add_service(reflection::v1(reflection::APP_PORT).map_err(reflection_error)?)
+        .add_service(reflection::v1alpha(reflection::APP_PORT).map_err(reflection_error)?)
         .add_service(
-            pb::app_server::AppServer::new(app_service).max_decoding_message_size(MAX_MESSAGE),
+            pb::app_server::AppServer::new(app_service).max_decoding_message_size(data_limit),
         )
         .serve_with_incoming_shutdown(
             tonic::transport::server::TcpIncoming::from(listeners.app).with_nodelay(Some(true)),
@@ -262,11 +274,8 @@ pub async fn run(
     Ok(())
 }
 
-fn server() -> Server {
-    Server::builder()
-        .tcp_nodelay(true)
-        .initial_stream_window_size(16 << 20)
-        .initial_connection_window_size(32 << 20)
+fn reflection_error(e: impl std::fmt::Display) -> RunError {
+    RunError::Reflection(e.to_string())
 }
 
 /// Waits until every outgoing channel is empty and acknowledged, or the grace period ends.

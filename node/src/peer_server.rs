@@ -158,6 +158,14 @@ impl Reader {
                     return Err(self.fail(invalid("expected a frame batch after the handshake")));
                 }
                 Ok(None) => return Ok(()),
+                // A frame over the limit (or one that stalled): the sender learns why.
+                Err(status) if status.code() == tonic::Code::ResourceExhausted => {
+                    return Err(Status::resource_exhausted(format!(
+                        "{}: {}",
+                        self.channel,
+                        status.message()
+                    )));
+                }
                 Err(status) => {
                     tracing::debug!(channel = %self.channel, %status, "channel stream broke");
                     return Ok(());

@@ -13,6 +13,7 @@
 //! - [`FILE_DESCRIPTOR_SET`]: every file's descriptor, for server reflection.
 //! - [`reflection`]: the reflection services (v1 and v1alpha) every cairn server adds, so
 //!   `grpcurl` works with no proto files.
+//! - [`limits`]: the message sizes, stalls and HTTP/2 settings every cairn server bounds.
 
 /// Package `cairn.v1`.
 #[allow(missing_docs, clippy::large_enum_variant)]
@@ -33,34 +34,57 @@ pub mod bank {
 pub const FILE_DESCRIPTOR_SET: &[u8] =
     include_bytes!(concat!(env!("OUT_DIR"), "/cairn_descriptor.bin"));
 
+pub mod limits;
+
 /// Server reflection for every cairn server, in both `grpc.reflection.v1` and `v1alpha`
-/// (grpcurl 1.8 asks v1alpha), describing cairn's services and `grpc.health.v1`.
+/// (grpcurl 1.8 asks v1alpha). Each server lists only what it serves: the services it is
+/// given, `grpc.health.v1.Health` and reflection itself.
 pub mod reflection {
     use tonic_reflection::server::{Builder, Error};
 
-    fn builder() -> Builder<'static> {
-        Builder::configure()
+    /// The services of `cairn.v1` a coordinator serves.
+    pub const COORDINATOR: &[&str] = &["cairn.v1.Coordinator"];
+    /// The services of a daemon's peer port.
+    pub const PEER_PORT: &[&str] = &["cairn.v1.Peer", "cairn.v1.NodeAdmin"];
+    /// The services of a daemon's application port.
+    pub const APP_PORT: &[&str] = &["cairn.v1.App"];
+    /// The services of the example bank.
+    pub const BANK: &[&str] = &["cairn.bank.v1.Bank"];
+
+    fn builder(services: &[&str]) -> Builder<'static> {
+        let mut builder = Builder::configure()
             .register_encoded_file_descriptor_set(super::FILE_DESCRIPTOR_SET)
             .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+            .with_service_name("grpc.health.v1.Health")
+            .with_service_name("grpc.reflection.v1.ServerReflection")
+            .with_service_name("grpc.reflection.v1alpha.ServerReflection");
+        for service in services {
+            builder = builder.with_service_name(*service);
+        }
+        builder
     }
 
-    /// The `grpc.reflection.v1` service.
-    pub fn v1() -> Result<
+    /// The `grpc.reflection.v1` service of a server serving `services`.
+    pub fn v1(
+        services: &[&str],
+    ) -> Result<
         tonic_reflection::server::v1::ServerReflectionServer<
             impl tonic_reflection::server::v1::ServerReflection,
         >,
         Error,
     > {
-        builder().build_v1()
+        builder(services).build_v1()
     }
 
-    /// The `grpc.reflection.v1alpha` service.
-    pub fn v1alpha() -> Result<
+    /// The `grpc.reflection.v1alpha` service of a server serving `services`.
+    pub fn v1alpha(
+        services: &[&str],
+    ) -> Result<
         tonic_reflection::server::v1alpha::ServerReflectionServer<
             impl tonic_reflection::server::v1alpha::ServerReflection,
         >,
         Error,
     > {
-        builder().build_v1alpha()
+        builder(services).build_v1alpha()
     }
 }
