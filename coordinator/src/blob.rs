@@ -1,8 +1,18 @@
 //! The blob store: bytes kept as content-defined chunks (FastCDC) named by their sha256
 //! in a local directory, so a snapshot stores only the chunks no earlier snapshot stored,
 //! while each snapshot still lists all of its chunks — no chain to replay.
+//!
+//! Integrity, as enforced here:
+//! - a chunk is written to a temporary file, fully written (every error checked), fsynced,
+//!   renamed to its name, and its directory fsynced: a name never points at partial bytes,
+//!   and a full disk or any I/O error is an error of the write, never an empty chunk;
+//! - an existing chunk is reused only if its bytes are the bytes being stored (a damaged one
+//!   is rewritten);
+//! - every chunk read is checked against its name: a missing chunk or one whose bytes do not
+//!   hash to its name is an error naming the chunk ([`is_data_loss`]), never wrong bytes.
 
 use std::collections::BTreeSet;
+use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use sha2::{Digest, Sha256};
@@ -30,6 +40,20 @@ pub struct Stored {
     pub reused: u64,
 }
 
+/// Whether a read failed because stored data is missing or corrupt (as opposed to an I/O
+/// error that may pass): such errors are `DATA_LOSS` to a client.
+pub fn is_data_loss(error: &std::io::Error) -> bool {
+    matches!(
+        error.kind(),
+        std::io::ErrorKind::NotFound | std::io::ErrorKind::InvalidData
+    )
+}
+
+/// Whether `hash` is a chunk name: 64 lowercase hex digits.
+fn valid_name(hash: &str) -> bool {
+    hash.len() == 64 && hash.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
+}
+
 impl BlobStore {
     /// Opens (creating) the directory.
     pub async fn open(dir: &Path) -> std::io::Result<Self> {
@@ -55,45 +79,110 @@ impl BlobStore {
     async fn put_chunk(&self, data: &[u8], stored: &mut Stored) -> std::io::Result<()> {
         let hash = hex::encode(Sha256::digest(data));
         let path = self.path(&hash);
-        if tokio::fs::try_exists(&path).await? {
-            stored.reused += data.len() as u64;
+        let size = data.len() as u64;
+        // Reused only if the stored bytes are these bytes: same size, then same content
+        // (a chunk damaged on disk is rewritten here rather than handed on to another
+        // snapshot).
+        let present = match tokio::fs::metadata(&path).await {
+            Ok(meta) if meta.len() == size => match tokio::fs::read(&path).await {
+                Ok(stored) if stored == data => true,
+                Ok(_) => {
+                    tracing::warn!(chunk = %hash, "a stored chunk is corrupt: rewriting it");
+                    false
+                }
+                Err(e) => return Err(chunk_error(&hash, "cannot read", e)),
+            },
+            Ok(meta) => {
+                tracing::warn!(
+                    chunk = %hash,
+                    found = meta.len(),
+                    expected = size,
+                    "a stored chunk has the wrong size: rewriting it"
+                );
+                false
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => false,
+            Err(e) => return Err(chunk_error(&hash, "cannot look up", e)),
+        };
+        if present {
+            stored.reused += size;
         } else {
-            let dir = path.parent().expect("has a parent");
-            tokio::fs::create_dir_all(dir).await?;
-            // Concurrent uploads may store the same chunk: each writes its own temporary
-            // file, and the renames (same content) may both win.
-            static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-            let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            let tmp = dir.join(format!(".{hash}.{}.{n}.tmp", std::process::id()));
-            // Synced before it gets its name: a part's record (synced in the metadata store)
-            // never names a chunk a crash could lose.
-            let mut file = tokio::fs::File::create(&tmp).await?;
-            tokio::io::AsyncWriteExt::write_all(&mut file, data).await?;
-            file.sync_data().await?;
-            drop(file);
-            tokio::fs::rename(&tmp, &path).await?;
-            stored.new += data.len() as u64;
+            let data = data.to_vec();
+            let name = hash.clone();
+            tokio::task::spawn_blocking(move || write_chunk(&path, &name, &data))
+                .await
+                .map_err(std::io::Error::other)??;
+            stored.new += size;
         }
-        stored.list.size += data.len() as u64;
+        stored.list.size += size;
         stored.list.chunks.push(hash);
         Ok(())
     }
 
-    /// Reads back the bytes of `list`.
+    /// Reads back the bytes of `list`, every chunk checked.
     pub async fn read(&self, list: &ChunkList) -> std::io::Result<Vec<u8>> {
-        let mut out = Vec::with_capacity(list.size as usize);
+        let mut out = Vec::with_capacity(usize::try_from(list.size).unwrap_or(0).min(1 << 30));
         for hash in &list.chunks {
             out.extend_from_slice(&self.read_chunk(hash).await?);
+        }
+        if out.len() as u64 != list.size {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidData,
+                format!(
+                    "the chunks hold {} bytes where their list says {}",
+                    out.len(),
+                    list.size
+                ),
+            ));
         }
         Ok(out)
     }
 
-    /// Reads one chunk (at most 256 KiB), for reading a large list piece by piece.
+    /// Reads one chunk (at most 256 KiB) and checks that its bytes hash to its name.
     pub async fn read_chunk(&self, hash: &str) -> std::io::Result<Vec<u8>> {
-        if hash.len() < 2 || !hash.bytes().all(|b| b.is_ascii_hexdigit()) {
-            return Err(std::io::Error::other(format!("bad chunk name {hash}")));
+        if !valid_name(hash) {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidData,
+                format!("bad chunk name `{hash}`"),
+            ));
         }
-        tokio::fs::read(self.path(hash)).await
+        let bytes = tokio::fs::read(self.path(hash)).await.map_err(|e| {
+            if e.kind() == std::io::ErrorKind::NotFound {
+                std::io::Error::new(e.kind(), format!("chunk {hash} is missing"))
+            } else {
+                chunk_error(hash, "cannot read", e)
+            }
+        })?;
+        let actual = hex::encode(Sha256::digest(&bytes));
+        if actual != hash {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidData,
+                format!(
+                    "chunk {hash} is corrupt: its {} bytes hash to {actual}",
+                    bytes.len()
+                ),
+            ));
+        }
+        Ok(bytes)
+    }
+
+    /// Checks that every chunk of `list` exists and matches its name, and that they add
+    /// up to the list's size; returns the bytes checked.
+    pub async fn verify(&self, list: &ChunkList) -> std::io::Result<u64> {
+        let mut total = 0u64;
+        for hash in &list.chunks {
+            total = total.saturating_add(self.read_chunk(hash).await?.len() as u64);
+        }
+        if total != list.size {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidData,
+                format!(
+                    "the chunks hold {total} bytes where their list says {}",
+                    list.size
+                ),
+            ));
+        }
+        Ok(total)
     }
 
     /// Removes every chunk not in `referenced`; returns the bytes freed.
@@ -116,6 +205,47 @@ impl BlobStore {
         }
         Ok(freed)
     }
+}
+
+/// An I/O error on chunk `hash`, saying what was being done.
+fn chunk_error(hash: &str, doing: &str, e: std::io::Error) -> std::io::Error {
+    std::io::Error::new(e.kind(), format!("{doing} chunk {hash}: {e}"))
+}
+
+/// Writes a chunk durably: temporary file, every byte written, fsynced, renamed, the
+/// directory fsynced. Concurrent writers of one chunk each use their own temporary file;
+/// the renames (same content) may both win. On any error the temporary file is removed.
+fn write_chunk(path: &Path, hash: &str, data: &[u8]) -> std::io::Result<()> {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let dir = path.parent().expect("a chunk path has a directory");
+    std::fs::create_dir_all(dir)
+        .map_err(|e| chunk_error(hash, "cannot create the directory of", e))?;
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let tmp = dir.join(format!(".{hash}.{}.{n}.tmp", std::process::id()));
+    let written = (|| {
+        let mut file = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(&tmp)?;
+        file.write_all(data)?;
+        file.flush()?;
+        file.sync_all()?;
+        let len = file.metadata()?.len();
+        if len != data.len() as u64 {
+            return Err(std::io::Error::other(format!(
+                "wrote {len} bytes of {}",
+                data.len()
+            )));
+        }
+        drop(file);
+        std::fs::rename(&tmp, path)?;
+        std::fs::File::open(dir)?.sync_all()
+    })();
+    if let Err(e) = written {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(chunk_error(hash, "cannot write", e));
+    }
+    Ok(())
 }
 
 /// Chunks bytes as they arrive. FastCDC places a boundary from the chunk's own start, so
@@ -219,6 +349,39 @@ mod tests {
         let freed = blobs.collect_garbage(&keep).await.unwrap();
         assert!(freed > 0);
         assert_eq!(blobs.read(&changed.list).await.unwrap(), data);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_corrupt_or_missing_chunk_is_an_error_and_a_wrong_sized_one_is_rewritten() {
+        let dir = std::env::temp_dir().join(format!("cairn-blob-bad-{}", std::process::id()));
+        let blobs = BlobStore::open(&dir).await.unwrap();
+        let data = pseudo_random(300_000, 11);
+        let first = store(&blobs, &data, 50_000).await;
+        let victim = first.list.chunks[0].clone();
+        let path = blobs.path(&victim);
+        // Same size, other bytes: read and verify name the chunk as corrupt.
+        let mut bytes = std::fs::read(&path).unwrap();
+        bytes[0] ^= 0xff;
+        std::fs::write(&path, &bytes).unwrap();
+        let err = blobs.read(&first.list).await.unwrap_err();
+        assert!(is_data_loss(&err), "{err}");
+        assert!(err.to_string().contains(&victim), "{err}");
+        assert!(blobs.verify(&first.list).await.is_err());
+        // Truncated to nothing (what a full disk left before): not reused, rewritten.
+        std::fs::write(&path, b"").unwrap();
+        let again = store(&blobs, &data, 50_000).await;
+        assert_eq!(again.new, bytes.len() as u64, "only the empty chunk is new");
+        assert_eq!(blobs.read(&again.list).await.unwrap(), data);
+        // Missing: named too.
+        std::fs::remove_file(&path).unwrap();
+        let err = blobs.read_chunk(&victim).await.unwrap_err();
+        assert!(
+            is_data_loss(&err) && err.to_string().contains("missing"),
+            "{err}"
+        );
+        // A name that is not a sha256 never reaches the file system.
+        assert!(blobs.read_chunk("../../etc/passwd").await.is_err());
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

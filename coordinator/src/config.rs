@@ -15,6 +15,8 @@ pub struct CoordinatorConfig {
     pub etcd: Vec<String>,
     /// Where the embedded store's file and the blob directory live.
     pub data_dir: PathBuf,
+    /// The blob store's directory; `None`: `<data_dir>/blobs`.
+    pub blob_dir: Option<PathBuf>,
     /// The timeout of a snapshot that names none.
     pub default_timeout: Duration,
     /// Most snapshots in flight at once.
@@ -41,6 +43,7 @@ impl CoordinatorConfig {
             cluster: cluster.into(),
             etcd: Vec::new(),
             data_dir: data_dir.into(),
+            blob_dir: None,
             default_timeout: Duration::from_secs(30),
             max_concurrent: 4,
             retention: 0,

@@ -25,9 +25,24 @@ pub enum Error {
     /// The blob store failed.
     #[error("blob store: {0}")]
     Blob(String),
+    /// Stored data is missing or corrupt (names the chunk and the node).
+    #[error("data loss: {0}")]
+    DataLoss(String),
     /// The coordinator is shutting down.
     #[error("the coordinator is shutting down")]
     ShuttingDown,
+}
+
+impl Error {
+    /// A blob store error while reading `what` (e.g. "node n1's state"): `DataLoss` if
+    /// the bytes are missing or corrupt, else `Blob`.
+    pub fn reading(what: &str, e: &std::io::Error) -> Self {
+        if crate::blob::is_data_loss(e) {
+            Self::DataLoss(format!("{what}: {e}"))
+        } else {
+            Self::Blob(format!("{what}: {e}"))
+        }
+    }
 }
 
 impl From<Error> for Status {
@@ -39,6 +54,7 @@ impl From<Error> for Status {
             Error::ResourceExhausted(_) => Code::ResourceExhausted,
             Error::Store(_) => Code::Unavailable,
             Error::Blob(_) => Code::Internal,
+            Error::DataLoss(_) => Code::DataLoss,
             Error::ShuttingDown => Code::Unavailable,
         };
         Status::new(code, error.to_string())

@@ -93,7 +93,10 @@ pub async fn run(
         tracing::info!(endpoints = ?config.etcd, "etcd metadata store");
         AnyKv::Etcd(Box::new(EtcdKv::connect(&config.etcd, stop.clone()).await?))
     });
-    let blob_dir = config.data_dir.join("blobs");
+    let blob_dir = config
+        .blob_dir
+        .clone()
+        .unwrap_or_else(|| config.data_dir.join("blobs"));
     let blobs = BlobStore::open(&blob_dir)
         .await
         .map_err(|error| RunError::Blob {
@@ -129,6 +132,7 @@ pub async fn run(
         health.clone(),
     );
     state.recover().await?;
+    tokio::spawn(watch_store_files(kv.clone(), health.clone(), stop.clone()));
     let mut state_task = Some(tokio::spawn(state.run(rx, shutdown.clone())));
 
     let service = service::CoordinatorService {
@@ -260,6 +264,36 @@ fn task_end(ended: Result<(), JoinError>) -> String {
             format!("it panicked: {message}")
         }
         Err(e) => format!("it was cancelled: {e}"),
+    }
+}
+
+/// Watches the metadata store's own files: if they disappear or are replaced while the
+/// coordinator runs (everything it writes would be lost at the next start), it logs an
+/// error and turns its health NOT_SERVING, so that a supervisor or an operator sees it.
+async fn watch_store_files(
+    kv: Arc<AnyKv>,
+    health: tonic_health::server::HealthReporter,
+    stop: CancellationToken,
+) {
+    let mut tick = tokio::time::interval(std::time::Duration::from_secs(1));
+    loop {
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = tick.tick() => {}
+        }
+        if let Err(e) = kv.check_files() {
+            tracing::error!(
+                "{e}: the metadata store's files are gone; this coordinator is NOT_SERVING \
+                 and must be restarted (snapshot ids stay above those the daemons saw)"
+            );
+            health
+                .set_not_serving::<pb::coordinator_server::CoordinatorServer<service::CoordinatorService>>()
+                .await;
+            health
+                .set_service_status("", tonic_health::ServingStatus::NotServing)
+                .await;
+            return;
+        }
     }
 }
 

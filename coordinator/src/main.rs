@@ -31,6 +31,10 @@ struct Args {
     /// Directory for the blob store (and the embedded metadata store).
     #[arg(long, env = "CAIRN_DATA_DIR", default_value = "cairn-data")]
     data_dir: PathBuf,
+    /// Directory of the blob store's chunks (default: <data-dir>/blobs). Every chunk is
+    /// written to a temporary file, fsynced and renamed; a full disk fails the snapshot.
+    #[arg(long, env = "CAIRN_BLOB_DIR")]
+    blob_dir: Option<PathBuf>,
     /// Timeout of a snapshot that names none (e.g. 30s).
     #[arg(long, env = "CAIRN_SNAPSHOT_TIMEOUT", default_value = "30s", value_parser = humantime::parse_duration)]
     snapshot_timeout: Duration,
@@ -203,6 +207,7 @@ fn main() -> ExitCode {
         let shutdown = cli::shutdown_on_signal();
         let mut config = CoordinatorConfig::new(args.cluster, args.data_dir);
         config.etcd = args.etcd;
+        config.blob_dir = args.blob_dir;
         config.default_timeout = args.snapshot_timeout;
         config.max_concurrent = args.max_concurrent;
         config.retention = args.retention;

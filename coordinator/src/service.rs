@@ -124,8 +124,17 @@ impl CoordinatorService {
             ..Default::default()
         };
         if include_data {
-            out.local_state = Bytes::from(self.read(&part.local_state).await?);
-            let states = self.read(&part.channel_states).await?;
+            let node = &part.node;
+            out.local_state = Bytes::from(
+                self.read(&part.local_state, &format!("node {node}'s state"))
+                    .await?,
+            );
+            let states = self
+                .read(
+                    &part.channel_states,
+                    &format!("node {node}'s channel states"),
+                )
+                .await?;
             let mut buf = &states[..];
             while !buf.is_empty() {
                 let state = pb::ChannelState::decode_length_delimited(&mut buf)
@@ -136,11 +145,12 @@ impl CoordinatorService {
         Ok(out)
     }
 
-    async fn read(&self, list: &ChunkList) -> Result<Vec<u8>, Error> {
+    /// Reads `list` (`what` names it in errors), every chunk checked against its name.
+    async fn read(&self, list: &ChunkList, what: &str) -> Result<Vec<u8>, Error> {
         self.blobs
             .read(list)
             .await
-            .map_err(|e| Error::Blob(e.to_string()))
+            .map_err(|e| Error::reading(what, &e))
     }
 }
 
@@ -280,6 +290,28 @@ impl pb::coordinator_server::Coordinator for CoordinatorService {
         Ok(Response::new(pb::DeleteSnapshotResponse { bytes_freed }))
     }
 
+    async fn verify_snapshot(
+        &self,
+        request: Request<pb::VerifySnapshotRequest>,
+    ) -> Result<Response<pb::VerifySnapshotResponse>, Status> {
+        let id = request.into_inner().snapshot_id;
+        let record = self.record(id).await?;
+        if record.status != "COMPLETED" {
+            return Err(Error::FailedPrecondition(format!(
+                "snapshot {id} is {}; only a COMPLETED snapshot has data to verify",
+                record.status
+            ))
+            .into());
+        }
+        let parts = self.parts(id).await?;
+        let (chunks, bytes) = verify_parts(&self.blobs, id, &record, &parts).await?;
+        Ok(Response::new(pb::VerifySnapshotResponse {
+            snapshot_id: id,
+            chunks,
+            bytes,
+        }))
+    }
+
     async fn restore_snapshot(
         &self,
         request: Request<pb::RestoreSnapshotRequest>,
@@ -363,7 +395,8 @@ impl pb::coordinator_server::Coordinator for CoordinatorService {
         // (in flight to it) or, unaligned, the sender's (still queued there).
         let mut recorded = Vec::new();
         for part in &parts {
-            let states = self.read(&part.channel_states).await?;
+            let what = format!("node {}'s channel states", part.node);
+            let states = self.read(&part.channel_states, &what).await?;
             let mut buf = &states[..];
             while !buf.is_empty() {
                 let state = pb::ChannelState::decode_length_delimited(&mut buf)
@@ -388,11 +421,8 @@ impl pb::coordinator_server::Coordinator for CoordinatorService {
                 let bytes = match blobs.read_chunk(hash).await {
                     Ok(b) => b,
                     Err(e) => {
-                        let _ = tx
-                            .send(Err(Status::from(Error::Blob(format!(
-                                "state of {node}: {e}"
-                            )))))
-                            .await;
+                        let what = format!("node {node}'s state");
+                        let _ = tx.send(Err(Status::from(Error::reading(&what, &e)))).await;
                         return;
                     }
                 };
@@ -571,7 +601,17 @@ impl pb::coordinator_server::Coordinator for CoordinatorService {
         })
         .await??;
         let invalid = |e: cairn_node::convert::InvalidInput| Error::InvalidArgument(e.to_string());
-        let blob_error = |e: std::io::Error| Error::Blob(e.to_string());
+        // A write that fails (a full disk, an I/O error) fails the snapshot here, naming
+        // this node and the cause, whatever the daemon does with the error it gets.
+        let storage = |e: std::io::Error| {
+            let why = format!("node {node}: cannot store its part: {e}");
+            let _ = self.tx.try_send(Msg::StorageFailed {
+                id,
+                why: why.clone(),
+            });
+            Error::Blob(why)
+        };
+        let blob_error = &storage;
         let mut local_state = self.blobs.writer();
         let mut channel_states = self.blobs.writer();
         let mut recorded: BTreeMap<ChannelId, Vec<u64>> = BTreeMap::new();
@@ -633,6 +673,8 @@ impl pb::coordinator_server::Coordinator for CoordinatorService {
         let record = PartRecord {
             node: node.to_string(),
             incarnation: header.incarnation,
+            epoch: header.epoch,
+            applied_restore_id: header.applied_restore_id.clone(),
             incoming: incoming
                 .iter()
                 .map(|(c, x)| cut(c, x.delivered, x.marker_at))
@@ -666,6 +708,8 @@ impl pb::coordinator_server::Coordinator for CoordinatorService {
                 part,
                 bytes_new,
                 bytes_reused,
+                epoch: header.epoch,
+                applied_restore_id: header.applied_restore_id,
             })
             .await
             .map_err(|_| Error::ShuttingDown)?;
@@ -674,4 +718,35 @@ impl pb::coordinator_server::Coordinator for CoordinatorService {
             bytes_reused,
         }))
     }
+}
+
+/// Checks every chunk of every part of a snapshot against its name, and that every node of
+/// the snapshot has a part; returns the chunks and bytes checked. Errors name the node.
+pub(crate) async fn verify_parts(
+    blobs: &BlobStore,
+    id: u64,
+    record: &SnapshotRecord,
+    parts: &[PartRecord],
+) -> Result<(u64, u64), Error> {
+    for node in &record.nodes {
+        if !parts.iter().any(|p| &p.node == node) {
+            return Err(Error::DataLoss(format!(
+                "snapshot {id}: node {node}'s part is missing"
+            )));
+        }
+    }
+    let (mut chunks, mut bytes) = (0u64, 0u64);
+    for part in parts {
+        for (list, what) in [
+            (&part.local_state, "state"),
+            (&part.channel_states, "channel states"),
+        ] {
+            let checked = blobs.verify(list).await.map_err(|e| {
+                Error::reading(&format!("snapshot {id}: node {}'s {what}", part.node), &e)
+            })?;
+            chunks += list.chunks.len() as u64;
+            bytes += checked;
+        }
+    }
+    Ok((chunks, bytes))
 }

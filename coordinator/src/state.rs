@@ -64,6 +64,15 @@ pub(crate) enum Msg {
         part: NodePart,
         bytes_new: u64,
         bytes_reused: u64,
+        /// The epoch the node recorded the part in.
+        epoch: u64,
+        /// The last restore the node's application applied.
+        applied_restore_id: String,
+    },
+    /// Storing a part failed (`why` names the node and the cause).
+    StorageFailed {
+        id: u64,
+        why: String,
     },
     Start {
         request: StartRequest,
@@ -127,6 +136,17 @@ struct Member {
     tx: NodeTx,
     last_seen_ms: u64,
     application_attached: bool,
+    /// The epoch the daemon is in, as far as the coordinator knows.
+    epoch: u64,
+}
+
+/// What a registering node still has to do about a restore.
+enum OnRegister {
+    Nothing,
+    /// It had applied the restore under way (its word was lost with a session).
+    Applied(String),
+    /// It has not: send it the restore.
+    Restore(pb::NodeRestore),
 }
 
 /// Settings the task needs.
@@ -172,7 +192,17 @@ pub(crate) struct State {
     restore: Option<restore::ActiveRestore>,
     /// Automatic recovery waits for every member to connect; why it is due.
     pending_recovery: Option<String>,
+    /// The newest restore that did not finish (FAILED): until a later one is applied by
+    /// every node, the nodes may hold different states and no snapshot may start.
+    unfinished_restore: Option<RestoreRecord>,
+    /// The highest snapshot id any daemon reported: no id at or below it is handed out.
+    id_floor: u64,
 }
+
+/// A daemon that has not been heard from for this long is taken as gone (three
+/// heartbeats), and a second daemon claiming a node id whose holder was heard from
+/// within it is refused.
+const MEMBER_SILENCE_MS: u64 = 6_000;
 
 impl State {
     pub(crate) fn new(
@@ -195,6 +225,8 @@ impl State {
             epoch: 0,
             restore: None,
             pending_recovery: None,
+            unfinished_restore: None,
+            id_floor: 0,
             metrics,
             keys: Keys::new(&settings.cluster),
             settings,
@@ -322,7 +354,10 @@ impl State {
                     None => break,
                 },
                 () = sleep_until(due) => self.scheduled().await,
-                _ = refresh.tick() => self.refresh().await,
+                _ = refresh.tick() => {
+                    self.drop_silent_members().await;
+                    self.refresh().await;
+                }
             }
         }
         let ids: Vec<u64> = self.inflight.keys().copied().collect();
@@ -377,9 +412,30 @@ impl State {
                 part,
                 bytes_new,
                 bytes_reused,
+                epoch,
+                applied_restore_id,
             } => {
                 let id = part.report.id.0;
                 let node = part.report.node.to_string();
+                if let Some(expected) = self.inflight.get(&id).map(|r| r.epoch)
+                    && epoch != expected
+                {
+                    let applied = if applied_restore_id.is_empty() {
+                        "no restore".to_owned()
+                    } else {
+                        applied_restore_id
+                    };
+                    let reason = FailureReason::MixedEpochs {
+                        nodes: vec![part.report.node.clone()],
+                        detail: format!(
+                            "snapshot {id} started in epoch {expected}, node {node} recorded \
+                             its part in epoch {epoch} (after {applied})"
+                        ),
+                    };
+                    let update = self.tracker.fail(SnapshotId(id), reason);
+                    self.settle(id, update).await;
+                    return;
+                }
                 if let Some(record) = self.inflight.get_mut(&id) {
                     record.bytes_new += bytes_new;
                     record.bytes_reused += bytes_reused;
@@ -409,6 +465,12 @@ impl State {
             Msg::Delete { id, reply } => {
                 let result = self.delete(id).await;
                 let _ = reply.send(result);
+            }
+            Msg::StorageFailed { id, why } => {
+                let update = self
+                    .tracker
+                    .fail(SnapshotId(id), FailureReason::Storage(why));
+                self.settle(id, update).await;
             }
             Msg::TimedOut { id } => {
                 let update = self.tracker.timed_out(SnapshotId(id));
@@ -492,11 +554,8 @@ impl State {
         };
         match due {
             Due::Skip(skip) => self.skipped(&skip),
-            Due::Start if self.restore.is_some() => {
-                let why = format!(
-                    "{} is in progress",
-                    self.restore_in_progress().unwrap_or("")
-                );
+            Due::Start if self.fence().is_some() => {
+                let why = self.fence().unwrap_or_default();
                 if let Ok(skip) = self.schedule.refused(true, why) {
                     self.skipped(&skip);
                 }
@@ -664,7 +723,9 @@ impl State {
                 pb::NodeInfo {
                     node_id: r.node.clone(),
                     address: r.address.clone(),
-                    incarnation: live.map_or(0, |m| m.record.incarnation),
+                    // The incarnation admitted last, connected or not: peers accept
+                    // streams from this daemon only.
+                    incarnation: live.map_or(r.incarnation, |m| m.record.incarnation),
                     application_attached: live.is_some_and(|m| m.application_attached),
                     last_seen_ms: live.map_or(0, |m| m.last_seen_ms),
                     connected: live.is_some(),
@@ -764,7 +825,49 @@ impl State {
             ));
         }
         let node = NodeId::new(register.node_id.clone());
-        let (changed, restarted) = self
+        // One live process per node id: a second daemon claiming an id whose holder is
+        // connected and heard from is refused (a restarted daemon's predecessor has gone
+        // silent or its session has ended).
+        if let Some(old) = self.members.get(&node)
+            && old.record.incarnation != register.incarnation
+        {
+            let silent = now_ms().saturating_sub(old.last_seen_ms);
+            if silent < MEMBER_SILENCE_MS {
+                return Err(Error::FailedPrecondition(format!(
+                    "node id {node} is held by a connected daemon at {} (incarnation {}, \
+                     heard from {silent} ms ago); this daemon (incarnation {}, at {}) is \
+                     refused: is a second process running with --node-id {node}?",
+                    old.record.address,
+                    old.record.incarnation,
+                    register.incarnation,
+                    register.address
+                )));
+            }
+            tracing::warn!(%node, silent_ms = silent, "a new daemon replaces a silent one");
+        }
+        // A daemon that saw higher ids or epochs than the store holds: the metadata was
+        // lost or rolled back. Never hand out what the daemons already know.
+        self.id_floor = self.id_floor.max(register.highest_snapshot_id);
+        if register.epoch > self.epoch {
+            tracing::error!(
+                %node,
+                node_epoch = register.epoch,
+                epoch = self.epoch,
+                "a daemon is in a later epoch than the metadata store says (lost metadata?): \
+                 raising the cluster's epoch"
+            );
+            self.kv
+                .put(&self.keys.epoch(), register.epoch.to_string().into_bytes())
+                .await?;
+            self.epoch = register.epoch;
+        }
+        // A daemon the roster does not know by this incarnation is new: it has no epoch of
+        // its own yet and may enter the cluster's as it is.
+        let fresh = self
+            .roster
+            .get(&node)
+            .is_none_or(|r| r.incarnation != register.incarnation);
+        let (_, restarted) = self
             .enroll(&node, &register.address, register.incarnation)
             .await?;
         if restarted && self.settings.auto_restore {
@@ -779,6 +882,7 @@ impl State {
                 self.settle(id.0, tracker::Update::Finished(outcome)).await;
             }
         }
+        let (epoch, next) = self.epoch_on_register(&node, &register, fresh);
         let record = MemberRecord {
             node: register.node_id.clone(),
             address: register.address,
@@ -789,7 +893,7 @@ impl State {
         self.kv
             .put_ephemeral(&self.keys.member(&record.node), value)
             .await?;
-        tracing::info!(%node, address = %record.address, "node registered");
+        tracing::info!(%node, address = %record.address, epoch, "node registered");
         self.members.insert(
             node.clone(),
             Member {
@@ -798,44 +902,122 @@ impl State {
                 tx: tx.clone(),
                 last_seen_ms: now_ms(),
                 application_attached: false,
+                epoch,
             },
         );
         self.metrics.members.set(self.members.len() as i64);
         let membership = self.membership();
-        // `Registered` goes first on the new session, before any command can.
-        let registered = pb::coordinator_to_node::Kind::Registered(membership.clone());
+        // `Registered` goes first on the new session, before any command can. It carries
+        // the epoch this node is to be in, which is the cluster's only if it may enter it.
+        let registered = pb::coordinator_to_node::Kind::Registered(pb::Membership {
+            epoch,
+            ..membership.clone()
+        });
         tx.try_send(Ok(pb::CoordinatorToNode {
             kind: Some(registered),
         }))
         .map_err(|_| Error::ShuttingDown)?;
-        if changed.is_some() {
-            for (id, member) in &self.members {
-                if *id != node {
-                    let update = pb::coordinator_to_node::Kind::Membership(membership.clone());
-                    let _ = member
-                        .tx
-                        .try_send(Ok(pb::CoordinatorToNode { kind: Some(update) }));
-                }
+        // Every member learns who holds each id now (peers admit streams from it only).
+        for (id, member) in &self.members {
+            if *id != node {
+                let update = pb::coordinator_to_node::Kind::Membership(membership.clone());
+                let _ = member
+                    .tx
+                    .try_send(Ok(pb::CoordinatorToNode { kind: Some(update) }));
+            }
+        }
+        match next {
+            OnRegister::Nothing => {}
+            OnRegister::Applied(restore_id) => self.restore_applied(&node, &restore_id).await,
+            OnRegister::Restore(command) => {
+                tracing::info!(%node, restore = %command.restore_id, "the node has not applied the restore under way: sending it again");
+                let _ = tx.try_send(Ok(pb::CoordinatorToNode {
+                    kind: Some(pb::coordinator_to_node::Kind::Restore(command)),
+                }));
             }
         }
         self.maybe_auto_restore().await;
         Ok(membership)
     }
 
+    /// The epoch a registering node is to be in, and what it still has to do. A node
+    /// never enters an epoch without that epoch's state: behind a restore under way, it
+    /// keeps its epoch and is sent the restore; behind one that ended, it keeps its epoch
+    /// and the cluster stays fenced ([`Self::fence`]) until a restore brings every node
+    /// to one state. Only a new daemon enters the cluster's epoch as it is.
+    fn epoch_on_register(
+        &self,
+        node: &NodeId,
+        register: &pb::Register,
+        fresh: bool,
+    ) -> (u64, OnRegister) {
+        if let Some(active) = &self.restore
+            && active.progress.nodes().contains(node)
+        {
+            let restore = &active.record;
+            if register.applied_restore_id == restore.id {
+                return (restore.epoch, OnRegister::Applied(restore.id.clone()));
+            }
+            if register.epoch == restore.epoch {
+                // In the epoch, its application about to apply: its word comes later.
+                return (restore.epoch, OnRegister::Nothing);
+            }
+            let command = pb::NodeRestore {
+                restore_id: restore.id.clone(),
+                snapshot_id: restore.snapshot_id,
+                epoch: restore.epoch,
+            };
+            return (register.epoch, OnRegister::Restore(command));
+        }
+        if register.epoch == self.epoch || fresh {
+            return (self.epoch, OnRegister::Nothing);
+        }
+        tracing::error!(
+            %node,
+            node_epoch = register.epoch,
+            epoch = self.epoch,
+            "the node missed a restore: it stays in its epoch, and no snapshot starts until \
+             a restore is applied by every node"
+        );
+        (register.epoch, OnRegister::Nothing)
+    }
+
     async fn session_ended(&mut self, node: NodeId, session: u64) {
         if self.members.get(&node).map(|m| m.session) != Some(session) {
             return; // an older session of a node that has re-registered
         }
-        tracing::warn!(%node, "node session ended");
-        self.members.remove(&node);
-        self.restore_node_failed(&node, None, "its session with the coordinator ended")
+        self.member_gone(&node, "its session with the coordinator ended")
             .await;
+    }
+
+    /// A member is no longer connected: it leaves `members` (which ends its session's
+    /// stream), its restore share and its snapshots in flight fail.
+    async fn member_gone(&mut self, node: &NodeId, why: &str) {
+        tracing::warn!(%node, "node disconnected: {why}");
+        self.members.remove(node);
+        self.restore_node_failed(node, None, why).await;
         self.metrics.members.set(self.members.len() as i64);
         if let Err(e) = self.kv.delete(&self.keys.member(node.as_str())).await {
             tracing::warn!("{e}");
         }
-        for (id, outcome) in self.tracker.node_lost(&node) {
+        for (id, outcome) in self.tracker.node_lost(node) {
             self.settle(id.0, tracker::Update::Finished(outcome)).await;
+        }
+    }
+
+    /// Members not heard from for [`MEMBER_SILENCE_MS`] (a paused or partitioned daemon
+    /// whose connection has not broken) are taken as disconnected.
+    async fn drop_silent_members(&mut self) {
+        let now = now_ms();
+        let silent: Vec<(NodeId, u64)> = self
+            .members
+            .iter()
+            .map(|(n, m)| (n.clone(), now.saturating_sub(m.last_seen_ms)))
+            .filter(|(_, silent)| *silent >= MEMBER_SILENCE_MS)
+            .collect();
+        for (node, silent) in silent {
+            self.member_gone(&node, &format!("no heartbeat for {silent} ms"))
+                .await;
         }
     }
 
@@ -874,10 +1056,8 @@ impl State {
         timeout: Duration,
         labels: BTreeMap<String, String>,
     ) -> Result<u64, Error> {
-        if let Some(restore) = self.restore_in_progress() {
-            return Err(Error::FailedPrecondition(format!(
-                "{restore} is in progress; snapshots can start once it is done"
-            )));
+        if let Some(fence) = self.fence() {
+            return Err(Error::FailedPrecondition(fence));
         }
         let topology = self.topology()?;
         if self.roster.is_empty() {
@@ -885,26 +1065,22 @@ impl State {
                 "no node has registered with the coordinator".into(),
             ));
         }
-        // Check the limits before an id is spent.
-        if self.tracker.in_flight().count() >= self.tracker.max_in_flight() {
-            return Err(Error::ResourceExhausted(format!(
-                "{} snapshots are already in flight, the most allowed (--max-concurrent)",
-                self.tracker.max_in_flight()
-            )));
-        }
-        let id = self.kv.fetch_increment(&self.keys.next_id()).await? + 1;
+        let refused = |e: StartError| match e {
+            StartError::TooManyInFlight { .. } | StartError::AlignedInFlight(_) => {
+                Error::ResourceExhausted(e.to_string())
+            }
+            StartError::Unreachable { .. }
+            | StartError::UnknownInitiator(_)
+            | StartError::DuplicateId(_) => Error::InvalidArgument(e.to_string()),
+            StartError::NoMembers => Error::FailedPrecondition(e.to_string()),
+        };
+        // Every check before an id is spent.
+        self.tracker.check(&request, &topology).map_err(refused)?;
+        let id = self.next_snapshot_id().await?;
         let plan = self
             .tracker
             .start(SnapshotId(id), request, &topology)
-            .map_err(|e| match e {
-                StartError::TooManyInFlight { .. } | StartError::AlignedInFlight(_) => {
-                    Error::ResourceExhausted(e.to_string())
-                }
-                StartError::Unreachable { .. }
-                | StartError::UnknownInitiator(_)
-                | StartError::DuplicateId(_) => Error::InvalidArgument(e.to_string()),
-                StartError::NoMembers => Error::FailedPrecondition(e.to_string()),
-            })?;
+            .map_err(refused)?;
         let record = SnapshotRecord {
             id,
             mode: mode_name(plan.mode),
@@ -927,6 +1103,7 @@ impl State {
             reported: Vec::new(),
             bytes_new: 0,
             bytes_reused: 0,
+            epoch: self.epoch,
         };
         if let Err(e) = self.put_record(&record).await {
             self.tracker
@@ -951,6 +1128,76 @@ impl State {
         });
         tracing::info!(snapshot = id, mode = %plan.mode, "snapshot started");
         Ok(id)
+    }
+
+    /// The next snapshot id: one above the stored counter and above every id a daemon
+    /// reported having seen (the counter may have been lost with the metadata).
+    async fn next_snapshot_id(&mut self) -> Result<u64, Error> {
+        let id = self
+            .kv
+            .fetch_increment(&self.keys.next_id())
+            .await?
+            .saturating_add(1);
+        if id > self.id_floor {
+            return Ok(id);
+        }
+        let id = self.id_floor.saturating_add(1);
+        tracing::warn!(
+            snapshot = id,
+            daemons_saw = self.id_floor,
+            "the stored snapshot id counter is behind ids the daemons have seen (lost \
+             metadata?): continuing above them"
+        );
+        self.kv
+            .put(&self.keys.next_id(), id.to_string().into_bytes())
+            .await?;
+        Ok(id)
+    }
+
+    /// Why snapshots may not start now, if they may not: a restore under way, or one that
+    /// failed and left the nodes possibly in different states.
+    pub(super) fn fence(&self) -> Option<String> {
+        if let Some(active) = &self.restore {
+            return Some(format!(
+                "{} (of snapshot {}) is in progress; snapshots can start once every node \
+                 has applied it",
+                active.record.id, active.record.snapshot_id
+            ));
+        }
+        if let Some(r) = &self.unfinished_restore {
+            return Some(format!(
+                "{} (of snapshot {}) did not finish ({}): the nodes may hold different \
+                 states, so no snapshot starts until a restore is applied by every node \
+                 (cairnctl snapshot restore ID)",
+                r.id,
+                r.snapshot_id,
+                r.failure.as_deref().unwrap_or("failed")
+            ));
+        }
+        let behind: Vec<String> = self
+            .members
+            .iter()
+            .filter(|(_, m)| m.epoch != self.epoch)
+            .map(|(n, m)| format!("{n} (epoch {})", m.epoch))
+            .collect();
+        (!behind.is_empty()).then(|| {
+            format!(
+                "nodes missed a restore and are not in the cluster's epoch {}: {}; no \
+                 snapshot starts until a restore is applied by every node",
+                self.epoch,
+                behind.join(", ")
+            )
+        })
+    }
+
+    /// The restore that keeps snapshot `id` from being deleted, if any.
+    fn restore_holding(&self, id: u64) -> Option<&RestoreRecord> {
+        self.restore
+            .as_ref()
+            .map(|a| &a.record)
+            .into_iter()
+            .chain(self.unfinished_restore.as_ref())
+            .find(|r| r.snapshot_id == id)
     }
 
     async fn abort(&mut self, id: u64, reason: String) -> Result<SnapshotRecord, Error> {
@@ -983,6 +1230,14 @@ impl State {
         }
         if self.get_record(id).await?.is_none() {
             return Err(Error::NotFound(id));
+        }
+        if let Some(restore) = self.restore_holding(id) {
+            return Err(Error::FailedPrecondition(format!(
+                "snapshot {id} is being restored by {} ({}); it can be deleted once a \
+                 restore has finished",
+                restore.id,
+                restore.status.to_lowercase().replace('_', " ")
+            )));
         }
         self.kv.delete_prefix(&self.keys.parts(id)).await?;
         self.kv.delete(&self.keys.snapshot(id)).await?;
@@ -1055,8 +1310,22 @@ impl State {
                         self.broadcast(pb::coordinator_to_node::Kind::Abort(abort));
                     }
                 }
-                self.publish(&record).await;
-                self.watchers.remove(&id);
+                // Stored, then retention applied, then told: whoever sees it end sees the
+                // store as it is after it.
+                if let Err(e) = self.put_record(&record).await {
+                    tracing::error!(snapshot = id, "cannot store the snapshot record: {e}");
+                }
+                if record.status == "COMPLETED"
+                    && let Err(e) = self.apply_retention().await
+                {
+                    tracing::warn!("retention: {e}");
+                }
+                if let Some(watchers) = self.watchers.remove(&id) {
+                    let progress = progress_pb(&record);
+                    for watcher in watchers {
+                        let _ = watcher.try_send(Ok(progress.clone()));
+                    }
+                }
                 self.count_end(&record);
                 let result = match &record.failure {
                     None => Ok(()),
@@ -1070,11 +1339,6 @@ impl State {
                     .finished(SnapshotId(id), self.clock_ms(), result);
                 self.alarm(alarm);
                 self.refresh().await;
-                if record.status == "COMPLETED"
-                    && let Err(e) = self.apply_retention().await
-                {
-                    tracing::warn!("retention: {e}");
-                }
             }
         }
     }
@@ -1150,6 +1414,10 @@ impl State {
         completed.sort_unstable();
         let excess = completed.len().saturating_sub(self.settings.retention);
         for id in completed.into_iter().take(excess) {
+            if let Some(restore) = self.restore_holding(id) {
+                tracing::info!(snapshot = id, restore = %restore.id, "retention: kept while a restore refers to it");
+                continue;
+            }
             self.kv.delete_prefix(&self.keys.parts(id)).await?;
             self.kv.delete(&self.keys.snapshot(id)).await?;
             tracing::info!(snapshot = id, "retention: deleted");

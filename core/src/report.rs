@@ -84,6 +84,14 @@ pub enum FailureReason {
     Aborted(String),
     /// The membership or the topology changed while it was in flight (what changed).
     MembershipChanged(String),
+    /// The parts were recorded in different epochs or after different restores: a cut
+    /// across a restore is no cut. Names the nodes that disagree with the snapshot.
+    MixedEpochs {
+        /// The nodes whose part disagrees.
+        nodes: Vec<NodeId>,
+        /// What each part says, for people.
+        detail: String,
+    },
 }
 
 impl fmt::Display for FailureReason {
@@ -102,6 +110,9 @@ impl fmt::Display for FailureReason {
             Self::Restore => f.write_str("a restore started a new epoch"),
             Self::Shutdown(node) => write!(f, "node {node} shut down"),
             Self::MembershipChanged(what) => write!(f, "membership changed: {what}"),
+            Self::MixedEpochs { detail, .. } => {
+                write!(f, "parts recorded in different epochs: {detail}")
+            }
             Self::Storage(why) => write!(f, "storage failed: {why}"),
             Self::Aborted(why) => write!(f, "aborted: {why}"),
         }

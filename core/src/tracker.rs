@@ -113,16 +113,13 @@ impl SnapshotTracker {
         }
     }
 
-    /// Checks a request against `topology` and starts tracking snapshot `id`.
-    pub fn start(
-        &mut self,
-        id: SnapshotId,
-        request: StartRequest,
+    /// Checks a request against `topology` and the snapshots in flight, without starting
+    /// anything: a caller can refuse a bad request before it spends an id on it.
+    pub fn check(
+        &self,
+        request: &StartRequest,
         topology: &Topology,
-    ) -> Result<Plan, StartError> {
-        if self.in_flight.contains_key(&id) {
-            return Err(StartError::DuplicateId(id));
-        }
+    ) -> Result<BTreeSet<NodeId>, StartError> {
         if self.in_flight.len() >= self.max_in_flight {
             return Err(StartError::TooManyInFlight {
                 limit: self.max_in_flight,
@@ -141,7 +138,7 @@ impl SnapshotTracker {
         let initiators = if request.initiators.is_empty() {
             Self::choose_initiator(topology)
         } else {
-            request.initiators
+            request.initiators.clone()
         };
         if let Some(stranger) = initiators.iter().find(|n| !topology.contains(n)) {
             return Err(StartError::UnknownInitiator(stranger.clone()));
@@ -153,6 +150,20 @@ impl SnapshotTracker {
                 unreachable,
             });
         }
+        Ok(initiators)
+    }
+
+    /// Checks a request against `topology` and starts tracking snapshot `id`.
+    pub fn start(
+        &mut self,
+        id: SnapshotId,
+        request: StartRequest,
+        topology: &Topology,
+    ) -> Result<Plan, StartError> {
+        if self.in_flight.contains_key(&id) {
+            return Err(StartError::DuplicateId(id));
+        }
+        let initiators = self.check(&request, topology)?;
         let plan = Plan {
             id,
             mode: request.mode,

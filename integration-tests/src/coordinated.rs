@@ -435,6 +435,31 @@ impl CoordinatedCluster {
     pub fn logs(&self) -> &std::path::Path {
         &self.dir
     }
+
+    /// The coordinator's `--data-dir` (the embedded store and, by default, the blobs).
+    pub fn data_dir(&self) -> PathBuf {
+        self.dir.join("data")
+    }
+
+    /// Starts a second daemon that claims node `i`'s id (a process started by mistake with
+    /// an id in use), on ports of its own; returns it and its log file.
+    pub fn spawn_impostor(&self, i: usize) -> anyhow::Result<(ChildGuard, PathBuf)> {
+        let log = self.log(&format!("{}-impostor-{}", self.nodes[i].id, free_port()));
+        let mut command = Command::new(binary("cairn-node")?);
+        command.args([
+            "--node-id",
+            &self.nodes[i].id,
+            "--peer-listen",
+            &format!("127.0.0.1:{}", free_port()),
+            "--app-listen",
+            &format!("127.0.0.1:{}", free_port()),
+            "--coordinator",
+            &self.coordinator,
+            "--grace-period",
+            "1s",
+        ]);
+        Ok((ChildGuard::spawn("cairn-node", command, &log)?, log))
+    }
 }
 
 impl Drop for CoordinatedCluster {

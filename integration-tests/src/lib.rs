@@ -12,6 +12,7 @@
 //! - [`etcd`]: a real etcd started by the test.
 //! - [`coordinated`]: a coordinator, node daemons and banks as processes.
 //! - [`proxy`]: a TCP proxy that cuts its connections on demand.
+//! - [`restore`]: what banks must hold after a restore, and the restore calls tests share.
 //! - [`bench`]: the pieces of `cairn-bench` (in-process applications, baselines, stats).
 
 #![forbid(unsafe_code)]
@@ -24,4 +25,5 @@ pub mod etcd;
 pub mod local;
 pub mod processes;
 pub mod proxy;
+pub mod restore;
 pub mod sim;

@@ -4,16 +4,14 @@
 //! node is killed and restarted under automatic recovery. A restore fails the snapshot it
 //! races with, blocks new ones while it runs, and refuses what it cannot do by name.
 
-use std::collections::BTreeMap;
 use std::time::Duration;
 
-use cairn_integration_tests::coordinated::{
-    CoordinatedCluster, Store, assert_completed, channel_fault,
-};
+use cairn_integration_tests::coordinated::{CoordinatedCluster, Store, channel_fault};
 use cairn_integration_tests::processes::eventually;
-use cairn_proto::bank::v1 as bank;
+use cairn_integration_tests::restore::{
+    assert_restored, moved_on, restore, snapshot, wait_restore,
+};
 use cairn_proto::v1 as pb;
-use cairn_sdk::bank::{BankState, TransferPayload};
 use cairn_sdk::{AppEvent, AppSession};
 use tonic::Code;
 
@@ -22,141 +20,6 @@ const MODES: [pb::SnapshotMode; 3] = [
     pb::SnapshotMode::Unaligned,
     pb::SnapshotMode::Aligned,
 ];
-
-/// What each bank must hold after restoring `snapshot`: its recorded balance plus the
-/// recorded transfers in flight to it (recorded by either end of the channel).
-fn expected_balances(snapshot: &pb::Snapshot) -> BTreeMap<String, u64> {
-    let mut expected = BTreeMap::new();
-    for node in &snapshot.nodes {
-        let state: BankState = serde_json::from_slice(&node.local_state).unwrap();
-        *expected.entry(node.node_id.clone()).or_default() += state.balance;
-    }
-    for node in &snapshot.nodes {
-        for channel in &node.channel_states {
-            let to = channel.channel.as_ref().unwrap().to.clone();
-            for m in &channel.messages {
-                *expected.entry(to.clone()).or_default() +=
-                    TransferPayload::decode(&m.payload).unwrap().amount;
-            }
-        }
-    }
-    expected
-}
-
-async fn balances(cluster: &CoordinatedCluster) -> anyhow::Result<BTreeMap<String, u64>> {
-    let mut out = BTreeMap::new();
-    for (i, node) in cluster.nodes.iter().enumerate() {
-        if node.bank.is_some() {
-            let b = cluster
-                .bank(i)
-                .await?
-                .get_balance(bank::GetBalanceRequest {})
-                .await?
-                .into_inner();
-            out.insert(b.node_id, b.balance);
-        }
-    }
-    Ok(out)
-}
-
-async fn restore(
-    cluster: &CoordinatedCluster,
-    snapshot_id: u64,
-) -> Result<pb::RestoreOperation, tonic::Status> {
-    let mut client = cluster
-        .client()
-        .await
-        .map_err(|e| tonic::Status::unavailable(e.to_string()))?;
-    Ok(client
-        .restore_snapshot(pb::RestoreSnapshotRequest { snapshot_id })
-        .await?
-        .into_inner())
-}
-
-async fn wait_restore(cluster: &CoordinatedCluster, restore_id: &str) -> pb::RestoreOperation {
-    eventually(
-        &format!("{restore_id} ends"),
-        Duration::from_secs(60),
-        || async {
-            let op = cluster
-                .client()
-                .await?
-                .get_restore(pb::GetRestoreRequest {
-                    restore_id: restore_id.to_owned(),
-                })
-                .await?
-                .into_inner();
-            anyhow::ensure!(
-                op.done || op.failure.is_some(),
-                "in progress: {:?}",
-                op.applied
-            );
-            Ok(op)
-        },
-    )
-    .await
-    .unwrap()
-}
-
-/// Waits until every bank holds what restoring `snapshot` must give it.
-async fn assert_restored(cluster: &CoordinatedCluster, snapshot: &pb::Snapshot) {
-    let expected = expected_balances(snapshot);
-    let id = snapshot.plan.as_ref().unwrap().snapshot_id;
-    let got = eventually("the restored balances", Duration::from_secs(30), || async {
-        let got = balances(cluster).await?;
-        anyhow::ensure!(got == expected, "balances {got:?}, expected {expected:?}");
-        Ok(got)
-    })
-    .await
-    .unwrap();
-    assert_eq!(
-        got.values().sum::<u64>(),
-        cluster.total(),
-        "the money there is"
-    );
-    for i in 0..cluster.nodes.len() {
-        let restored = cluster
-            .bank(i)
-            .await
-            .unwrap()
-            .get_balance(bank::GetBalanceRequest {})
-            .await
-            .unwrap()
-            .into_inner()
-            .restored_snapshot;
-        assert_eq!(restored, id);
-    }
-}
-
-async fn snapshot(cluster: &CoordinatedCluster, mode: pb::SnapshotMode) -> pb::Snapshot {
-    let id = cluster
-        .start_snapshot(pb::StartSnapshotRequest {
-            mode: mode as i32,
-            timeout_ms: 20_000,
-            ..Default::default()
-        })
-        .await
-        .unwrap();
-    let snapshot = cluster.wait(id).await.unwrap();
-    assert_completed(&snapshot, cluster.total());
-    snapshot
-}
-
-/// Waits until the banks have moved on from what `snapshot` recorded.
-async fn moved_on(cluster: &CoordinatedCluster, snapshot: &pb::Snapshot) {
-    let recorded = expected_balances(snapshot);
-    eventually(
-        "transfers after the snapshot",
-        Duration::from_secs(30),
-        || async {
-            let now = balances(cluster).await?;
-            anyhow::ensure!(now != recorded, "no transfer yet");
-            Ok(())
-        },
-    )
-    .await
-    .unwrap();
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn restoring_a_snapshot_of_each_mode_brings_back_balances_and_money_in_flight() {
@@ -402,4 +265,215 @@ async fn automatic_recovery_restores_the_newest_snapshot_after_a_node_restarts()
     cluster.set_workload(200.0).await.unwrap();
     moved_on(&cluster, &taken).await;
     snapshot(&cluster, pb::SnapshotMode::ChandyLamport).await;
+}
+
+/// A restore is durable: the coordinator killed (-9) while a node's application holds its
+/// restored state unapplied resumes the restore when it comes back instead of failing it,
+/// keeps every snapshot from starting (naming the restore) until that node has applied it,
+/// and refuses to delete the snapshot being restored.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restore_survives_a_coordinator_crash_and_fences_the_cluster_until_applied() {
+    let mut cluster = CoordinatedCluster::start_with(
+        3,
+        Store::Embedded,
+        &[2],
+        &["--restore-timeout", "120s"],
+        &[],
+    )
+    .await
+    .unwrap();
+    let session = AppSession::connect(&cluster.nodes[2].app, "restore-test")
+        .await
+        .unwrap();
+    let mut restores = test_app(session, "custom-state");
+    cluster.wait_ready(2).await.unwrap();
+    let first = cluster
+        .start_snapshot(pb::StartSnapshotRequest::default())
+        .await
+        .unwrap();
+    let first = cluster.wait(first).await.unwrap();
+    assert_eq!(first.status, pb::SnapshotStatus::Completed as i32);
+    let snapshot_id = first.plan.as_ref().unwrap().snapshot_id;
+    let op = restore(&cluster, snapshot_id).await.unwrap();
+    let (restore_id, _state, sender, go) = restores.recv().await.unwrap();
+    assert_eq!(restore_id, op.restore_id);
+
+    // The snapshot being restored cannot be deleted.
+    let refused = cluster
+        .client()
+        .await
+        .unwrap()
+        .delete_snapshot(pb::DeleteSnapshotRequest { snapshot_id })
+        .await
+        .unwrap_err();
+    assert_eq!(refused.code(), Code::FailedPrecondition);
+    assert!(refused.message().contains(&op.restore_id), "{refused:?}");
+
+    // The coordinator dies in the middle of the restore and comes back.
+    cluster.kill_coordinator();
+    cluster.start_coordinator().unwrap();
+    cluster.wait_registered(3).await.unwrap();
+    let refused = eventually(
+        "a fenced StartSnapshot",
+        Duration::from_secs(30),
+        || async {
+            match cluster
+                .start_snapshot(pb::StartSnapshotRequest::default())
+                .await
+            {
+                Err(e) if e.to_string().contains(&op.restore_id) => Ok(e.to_string()),
+                other => anyhow::bail!("{other:?}"),
+            }
+        },
+    )
+    .await
+    .unwrap();
+    assert!(refused.contains("in progress"), "{refused}");
+    let pending = cluster
+        .client()
+        .await
+        .unwrap()
+        .get_restore(pb::GetRestoreRequest {
+            restore_id: op.restore_id.clone(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(
+        !pending.done && pending.failure.is_none(),
+        "the restarted coordinator resumes the restore: {pending:?}"
+    );
+
+    // n3 applies: the restore is done with every node, and snapshots complete again.
+    sender.restore_applied(&restore_id).unwrap();
+    go.send(()).unwrap();
+    let op = wait_restore(&cluster, &op.restore_id).await;
+    assert!(op.done, "{:?}", op.failure);
+    assert_eq!(op.applied.len(), 3, "{op:?}");
+    let after = cluster
+        .start_snapshot(pb::StartSnapshotRequest::default())
+        .await
+        .unwrap();
+    let after = cluster.wait(after).await.unwrap();
+    assert_eq!(
+        after.status,
+        pb::SnapshotStatus::Completed as i32,
+        "{:?}",
+        after.failure
+    );
+}
+
+/// The coordinator killed (-9) right after it started a restore, before or while the nodes
+/// fetch their shares: when it comes back every node ends on the restored state (none
+/// enters the new epoch with its live state), and the money adds up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restore_cut_short_by_a_coordinator_crash_still_restores_every_node() {
+    let mut cluster = CoordinatedCluster::start(3, Store::Embedded, &[], &[])
+        .await
+        .unwrap();
+    let taken = snapshot(&cluster, pb::SnapshotMode::Unaligned).await;
+    moved_on(&cluster, &taken).await;
+    cluster.set_workload(0.0).await.unwrap();
+    let id = taken.plan.as_ref().unwrap().snapshot_id;
+    let op = restore(&cluster, id).await.unwrap();
+    cluster.kill_coordinator();
+    cluster.start_coordinator().unwrap();
+    let op = wait_restore(&cluster, &op.restore_id).await;
+    assert!(op.done, "{:?}", op.failure);
+    assert_restored(&cluster, &taken).await;
+    cluster.set_workload(200.0).await.unwrap();
+    moved_on(&cluster, &taken).await;
+    snapshot(&cluster, pb::SnapshotMode::ChandyLamport).await;
+}
+
+/// Restore, start, abort and delete calls racing each other are taken one at a time: once
+/// they settle, every node is in one epoch and snapshots add up again (after one more
+/// restore if the last one raced into a failure).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn racing_restore_start_and_delete_calls_leave_one_state() {
+    let cluster = CoordinatedCluster::start(3, Store::Embedded, &[], &[])
+        .await
+        .unwrap();
+    let a = snapshot(&cluster, pb::SnapshotMode::ChandyLamport).await;
+    let b = snapshot(&cluster, pb::SnapshotMode::Unaligned).await;
+    let (a, b) = (
+        a.plan.as_ref().unwrap().snapshot_id,
+        b.plan.as_ref().unwrap().snapshot_id,
+    );
+    let mut calls = Vec::new();
+    for i in 0..24u64 {
+        let client = cluster.client().await.unwrap();
+        calls.push(tokio::spawn(async move {
+            let mut client = client;
+            match i % 4 {
+                0 => client
+                    .restore_snapshot(pb::RestoreSnapshotRequest {
+                        snapshot_id: if i % 8 == 0 { a } else { b },
+                    })
+                    .await
+                    .map(|_| ()),
+                1 => client
+                    .start_snapshot(pb::StartSnapshotRequest::default())
+                    .await
+                    .map(|_| ()),
+                2 => client
+                    .delete_snapshot(pb::DeleteSnapshotRequest { snapshot_id: b })
+                    .await
+                    .map(|_| ()),
+                _ => client
+                    .abort_snapshot(pb::AbortSnapshotRequest {
+                        snapshot_id: i / 4 + b,
+                        reason: "racing".into(),
+                    })
+                    .await
+                    .map(|_| ()),
+            }
+        }));
+    }
+    for call in calls {
+        // Refusals are expected; a panic or a dropped connection is not.
+        if let Err(status) = call.await.unwrap() {
+            assert_ne!(status.code(), Code::Unavailable, "{status:?}");
+            assert_ne!(status.code(), Code::Internal, "{status:?}");
+        }
+    }
+    // Let the last restore end; if none is done, restore the first snapshot once more.
+    let newest = eventually("the restores end", Duration::from_secs(90), || async {
+        let restores = cluster
+            .client()
+            .await?
+            .list_restores(pb::ListRestoresRequest::default())
+            .await?
+            .into_inner()
+            .restores;
+        let newest = restores.into_iter().next();
+        anyhow::ensure!(
+            newest
+                .as_ref()
+                .is_none_or(|r| r.done || r.failure.is_some()),
+            "in progress"
+        );
+        Ok(newest)
+    })
+    .await
+    .unwrap();
+    if !newest.as_ref().is_some_and(|r| r.done) {
+        let op = restore(&cluster, a).await.unwrap();
+        assert!(wait_restore(&cluster, &op.restore_id).await.done);
+    }
+    let mut epochs = std::collections::BTreeSet::new();
+    for i in 0..3 {
+        let status = cluster
+            .admin(i)
+            .await
+            .unwrap()
+            .get_node_status(pb::GetNodeStatusRequest {})
+            .await
+            .unwrap()
+            .into_inner();
+        epochs.insert(status.epoch);
+    }
+    assert_eq!(epochs.len(), 1, "nodes in epochs {epochs:?}");
+    snapshot(&cluster, pb::SnapshotMode::ChandyLamport).await;
+    snapshot(&cluster, pb::SnapshotMode::Aligned).await;
 }

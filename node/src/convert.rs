@@ -154,6 +154,7 @@ pub fn failure_to_pb(reason: &FailureReason) -> pb::FailureReason {
         FailureReason::Storage(_) => (Kind::Storage, vec![], None),
         FailureReason::Aborted(_) => (Kind::Unspecified, vec![], None),
         FailureReason::MembershipChanged(_) => (Kind::MembershipChanged, vec![], None),
+        FailureReason::MixedEpochs { nodes, .. } => (Kind::MixedEpochs, nodes.clone(), None),
     };
     pb::FailureReason {
         kind: kind as i32,

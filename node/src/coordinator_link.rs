@@ -50,6 +50,11 @@ pub(crate) struct CoordinatorLink {
     pub wirer: Wirer,
     /// Uploads under way, by snapshot.
     pub uploads: std::collections::BTreeMap<u64, mpsc::UnboundedSender<UploadItem>>,
+    /// The highest snapshot id this daemon has seen (told at registration, so that a
+    /// coordinator that lost its metadata never reuses an id).
+    pub highest_snapshot: u64,
+    /// The last restore the application applied ("" if none).
+    pub applied_restore: String,
 }
 
 impl CoordinatorLink {
@@ -98,6 +103,9 @@ impl CoordinatorLink {
             node_id: self.shared.node_id.to_string(),
             address: self.advertise.clone(),
             incarnation: self.shared.incarnation,
+            epoch: *self.shared.epoch.borrow(),
+            applied_restore_id: self.applied_restore.clone(),
+            highest_snapshot_id: self.highest_snapshot,
         };
         let first = pb::NodeToCoordinator {
             kind: Some(pb::node_to_coordinator::Kind::Register(register)),
@@ -117,6 +125,8 @@ impl CoordinatorLink {
                     epoch = m.epoch,
                     "registered with the coordinator"
                 );
+                // The coordinator names the epoch this node is to be in: the cluster's for a
+                // new daemon, its own while it still has a restore to apply.
                 if m.epoch != *self.shared.epoch.borrow() {
                     let adopt = LoopMsg::AdoptEpoch { epoch: m.epoch };
                     self.loop_tx
@@ -172,6 +182,7 @@ impl CoordinatorLink {
         match kind {
             Kind::Initiate(plan) => match plan_from_pb(&plan) {
                 Ok(plan) => {
+                    self.highest_snapshot = self.highest_snapshot.max(plan.id.0);
                     let _ = self.loop_tx.send(LoopMsg::InitiatePlan { plan }).await;
                 }
                 Err(e) => tracing::error!("coordinator sent a bad plan: {e}"),
@@ -214,8 +225,12 @@ impl CoordinatorLink {
         client: &pb::coordinator_client::CoordinatorClient<Channel>,
     ) -> Result<(), String> {
         use pb::node_snapshot_event::Kind;
+        if let Some(id) = event.snapshot() {
+            self.highest_snapshot = self.highest_snapshot.max(id.0);
+        }
         let (id, kind) = match event {
             NodeEvent::RestoreApplied { restore_id } => {
+                self.applied_restore.clone_from(&restore_id);
                 let applied = pb::node_to_coordinator::Kind::RestoreApplied(pb::RestoreApplied {
                     restore_id,
                 });
@@ -277,10 +292,25 @@ impl CoordinatorLink {
                 snapshot_id: id,
                 node_id: self.shared.node_id.to_string(),
                 incarnation: self.shared.incarnation,
+                epoch: *self.shared.epoch.borrow(),
+                applied_restore_id: self.applied_restore.clone(),
             };
             tokio::spawn(upload(client.clone(), header, rx, session.clone()));
             items
         })
+    }
+}
+
+impl NodeEvent {
+    /// The snapshot the event is about, if any.
+    fn snapshot(&self) -> Option<SnapshotId> {
+        match self {
+            Self::StateRecorded(id) | Self::StateChunk { id, .. } | Self::Failed(id, _) => {
+                Some(*id)
+            }
+            Self::PartReady(part) => Some(SnapshotId(part.snapshot_id)),
+            Self::RestoreApplied { .. } | Self::RestoreFailed { .. } => None,
+        }
     }
 }
 

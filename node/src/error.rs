@@ -68,6 +68,23 @@ pub enum Error {
         /// The sender's.
         theirs: u64,
     },
+    /// A peer stream from a daemon incarnation the coordinator has not admitted for that
+    /// node id: a second process with the same id, or a restarted one the membership has
+    /// not caught up with yet (it retries).
+    #[error(
+        "{channel}: node {node} is admitted as incarnation {admitted}, not {claimed}: a \
+         second daemon with that node id, or one not yet admitted by the coordinator"
+    )]
+    NotAdmitted {
+        /// The channel.
+        channel: ChannelId,
+        /// The node the stream claims to be.
+        node: NodeId,
+        /// The incarnation it claims.
+        claimed: u64,
+        /// The incarnation admitted.
+        admitted: u64,
+    },
     /// Fault injection is off.
     #[error("fault injection is disabled; start the daemon with --fault-injection")]
     FaultInjectionDisabled,
@@ -88,7 +105,7 @@ impl From<Error> for Status {
             Error::NoSuchPart(_) => Code::NotFound,
             Error::DuplicateSnapshot(_) => Code::AlreadyExists,
             Error::SnapshotFailed { .. } => Code::FailedPrecondition,
-            Error::EpochMismatch { .. } => Code::Aborted,
+            Error::EpochMismatch { .. } | Error::NotAdmitted { .. } => Code::Aborted,
             Error::FaultInjectionDisabled => Code::PermissionDenied,
             Error::ShuttingDown => Code::Unavailable,
         };

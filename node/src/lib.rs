@@ -161,6 +161,8 @@ pub async fn run(
                 events: events_rx,
                 wirer,
                 uploads: std::collections::BTreeMap::new(),
+                highest_snapshot: 0,
+                applied_restore: String::new(),
             };
             Some(tokio::spawn(link.run(stop.clone())))
         }

@@ -113,6 +113,22 @@ impl PeerService {
         if handshake.incarnation == 0 {
             return Err(invalid("handshake incarnation must not be 0"));
         }
+        let admitted = self
+            .shared
+            .wiring()
+            .incarnations
+            .get(&channel.from)
+            .copied();
+        if let Some(admitted) = admitted
+            && admitted != handshake.incarnation
+        {
+            return Err(Error::NotAdmitted {
+                node: channel.from.clone(),
+                channel,
+                claimed: handshake.incarnation,
+                admitted,
+            });
+        }
         let ours = *self.shared.epoch.borrow();
         if handshake.epoch != ours {
             return Err(Error::EpochMismatch {
@@ -274,6 +290,7 @@ impl Reader {
             return Ok(());
         }
         let n = items.len() as u64;
+        let (kept, answer) = oneshot::channel();
         self.loop_tx
             .send(LoopMsg::InboundFrames {
                 channel: self.channel.clone(),
@@ -281,9 +298,21 @@ impl Reader {
                 epoch: self.epoch,
                 first_seq: self.expected,
                 items,
+                kept,
             })
             .await
             .map_err(|_| Status::from(Error::ShuttingDown))?;
+        // Acknowledged only once the loop has kept them: never a frame it dropped.
+        if !answer
+            .await
+            .map_err(|_| Status::from(Error::ShuttingDown))?
+        {
+            return Err(Status::aborted(format!(
+                "{}: this stream (incarnation {}, epoch {}) was replaced by another \
+                 incarnation or epoch; its frames were not kept and are not acknowledged",
+                self.channel, self.incarnation, self.epoch
+            )));
+        }
         self.expected += n;
         Ok(())
     }

@@ -40,6 +40,7 @@ pub(crate) fn wiring(
         topology,
         addresses,
         channels,
+        incarnations: BTreeMap::new(),
     }
 }
 
@@ -121,7 +122,14 @@ impl Wirer {
             String::new()
         };
         let buffer = self.shared.channel_buffer;
-        let wiring = Arc::new(wiring(&me, topology, addresses, buffer, Some(&old)));
+        let mut wiring = wiring(&me, topology, addresses, buffer, Some(&old));
+        wiring.incarnations = membership
+            .nodes
+            .iter()
+            .filter(|n| n.incarnation != 0)
+            .map(|n| (NodeId::new(n.node_id.clone()), n.incarnation))
+            .collect();
+        let wiring = Arc::new(wiring);
         if what.is_empty() {
             *self.shared.wiring.write().expect("wiring lock") = wiring;
             return Ok(());

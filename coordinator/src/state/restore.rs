@@ -11,7 +11,10 @@ use cairn_proto::v1 as pb;
 use super::{Msg, State};
 use crate::error::Error;
 use crate::records_conv::now_ms;
-use crate::store::{Kv, RestoreRecord, SnapshotRecord};
+use crate::store::{Kv, PartRecord, RestoreRecord, SnapshotRecord};
+
+/// How many of the newest completed snapshots automatic recovery tries to verify.
+const AUTO_RESTORE_CANDIDATES: usize = 10;
 
 /// The restore under way.
 pub(crate) struct ActiveRestore {
@@ -36,6 +39,7 @@ pub(crate) fn restore_pb(r: &RestoreRecord) -> pb::RestoreOperation {
         started_at_ms: r.started_at_ms,
         nodes: r.nodes.clone(),
         finished_at_ms: r.finished_at_ms,
+        skipped: r.skipped.clone(),
     }
 }
 
@@ -45,16 +49,35 @@ pub(crate) fn restore_epoch(id: &str) -> Option<u64> {
 }
 
 impl State {
-    /// Whether a restore is under way, and which.
-    pub(super) fn restore_in_progress(&self) -> Option<&str> {
-        self.restore.as_ref().map(|r| r.record.id.as_str())
-    }
-
     /// Starts restoring `snapshot_id`; see `Coordinator/RestoreSnapshot`.
     pub(super) async fn restore(
         &mut self,
         snapshot_id: u64,
         requested_by: String,
+    ) -> Result<RestoreRecord, Error> {
+        self.restore_with(snapshot_id, requested_by, Vec::new())
+            .await
+    }
+
+    /// Checks that every chunk of a snapshot is there and matches its name.
+    pub(super) async fn verify_snapshot(&self, snapshot: &SnapshotRecord) -> Result<(), Error> {
+        let id = snapshot.id;
+        let mut parts = Vec::new();
+        for (key, value) in self.kv.list(&self.keys.parts(id)).await? {
+            let part: PartRecord = serde_json::from_slice(&value)
+                .map_err(|e| Error::DataLoss(format!("{key}: unreadable part record: {e}")))?;
+            parts.push(part);
+        }
+        crate::service::verify_parts(&self.blobs, id, snapshot, &parts).await?;
+        Ok(())
+    }
+
+    /// [`Self::restore`], noting the snapshots automatic recovery passed over.
+    async fn restore_with(
+        &mut self,
+        snapshot_id: u64,
+        requested_by: String,
+        skipped: Vec<String>,
     ) -> Result<RestoreRecord, Error> {
         if let Some(active) = &self.restore {
             return Err(Error::FailedPrecondition(format!(
@@ -98,6 +121,9 @@ impl State {
                 extra.join(", ")
             )));
         }
+        // Every byte the nodes will fetch is checked before anything is fenced: a restore
+        // that would fail halfway is refused now, naming the chunk and the node.
+        self.verify_snapshot(&snapshot).await?;
         // The fence: from here on, frames of the old epoch are dropped wherever they are.
         let epoch = self.kv.fetch_increment(&self.keys.epoch()).await? + 1;
         self.epoch = epoch;
@@ -117,6 +143,7 @@ impl State {
             requested_by,
             started_at_ms: now_ms(),
             finished_at_ms: 0,
+            skipped,
         };
         self.put_restore(&record).await?;
         let command = pb::NodeRestore {
@@ -131,12 +158,7 @@ impl State {
                 }));
             }
         }
-        let tx = self.self_tx.clone();
-        let timeout = self.settings.restore_timeout;
-        tokio::spawn(async move {
-            tokio::time::sleep(timeout).await;
-            let _ = tx.send(Msg::RestoreTimedOut { epoch }).await;
-        });
+        self.restore_deadline(epoch);
         tracing::warn!(
             restore = %record.id,
             snapshot = snapshot_id,
@@ -151,11 +173,24 @@ impl State {
         Ok(record)
     }
 
+    /// The restore of `epoch` fails unless it ends within the restore timeout from now.
+    fn restore_deadline(&self, epoch: u64) {
+        let tx = self.self_tx.clone();
+        let timeout = self.settings.restore_timeout;
+        tokio::spawn(async move {
+            tokio::time::sleep(timeout).await;
+            let _ = tx.send(Msg::RestoreTimedOut { epoch }).await;
+        });
+    }
+
     /// A node's application applied its restored state.
     pub(super) async fn restore_applied(&mut self, node: &NodeId, restore_id: &str) {
         let Some(active) = self.restore.as_mut().filter(|a| a.record.id == restore_id) else {
             return;
         };
+        if let Some(member) = self.members.get_mut(node) {
+            member.epoch = active.record.epoch;
+        }
         active.progress.node_applied(node);
         active.record.applied = active
             .progress
@@ -228,10 +263,18 @@ impl State {
         if let Err(e) = self.put_restore(&record).await {
             tracing::error!(restore = %record.id, "cannot store the restore record: {e}");
         }
-        if record.status != "IN_PROGRESS" {
-            self.restore = None;
-            self.maybe_auto_restore().await;
+        match record.status.as_str() {
+            "DONE" => self.unfinished_restore = None,
+            "FAILED" => {
+                if self.settings.auto_restore {
+                    self.pending_recovery = Some(format!("{} failed", record.id));
+                }
+                self.unfinished_restore = Some(record.clone());
+            }
+            _ => return,
         }
+        self.restore = None;
+        self.maybe_auto_restore().await;
     }
 
     /// Automatic recovery: once a restarted member and every other one are connected (and
@@ -244,22 +287,45 @@ impl State {
             return; // again when that changes
         }
         self.pending_recovery = None;
-        let newest = match self.newest_completed().await {
-            Ok(newest) => newest,
+        let completed = match self.completed_newest_first().await {
+            Ok(completed) => completed,
             Err(e) => {
                 tracing::error!("automatic recovery ({reason}): cannot list snapshots: {e}");
                 return;
             }
         };
-        let Some(snapshot) = newest else {
+        // The newest snapshot whose every chunk verifies; the ones passed over are named.
+        let mut skipped = Vec::new();
+        let mut chosen = None;
+        for snapshot in completed.into_iter().take(AUTO_RESTORE_CANDIDATES) {
+            match self.verify_snapshot(&snapshot).await {
+                Ok(()) => {
+                    chosen = Some(snapshot);
+                    break;
+                }
+                Err(e) => {
+                    tracing::error!(
+                        snapshot = snapshot.id,
+                        "automatic recovery ({reason}) passes over snapshot {}: {e}",
+                        snapshot.id
+                    );
+                    skipped.push(format!("snapshot {}: {e}", snapshot.id));
+                }
+            }
+        }
+        let Some(snapshot) = chosen else {
             tracing::error!(
-                "automatic recovery ({reason}): no completed snapshot to restore; the \
-                 cluster runs on as it is"
+                "automatic recovery ({reason}): no completed snapshot that verifies (of the \
+                 newest {AUTO_RESTORE_CANDIDATES}); the cluster runs on as it is"
             );
             return;
         };
         if let Err(e) = self
-            .restore(snapshot.id, format!("automatic recovery ({reason})"))
+            .restore_with(
+                snapshot.id,
+                format!("automatic recovery ({reason})"),
+                skipped,
+            )
             .await
         {
             tracing::error!(
@@ -269,17 +335,17 @@ impl State {
         }
     }
 
-    async fn newest_completed(&self) -> Result<Option<SnapshotRecord>, Error> {
-        let mut newest: Option<SnapshotRecord> = None;
-        for (_, value) in self.kv.list(&self.keys.snapshots()).await? {
-            if let Ok(record) = serde_json::from_slice::<SnapshotRecord>(&value)
-                && record.status == "COMPLETED"
-                && newest.as_ref().is_none_or(|n| n.id < record.id)
-            {
-                newest = Some(record);
-            }
-        }
-        Ok(newest)
+    async fn completed_newest_first(&self) -> Result<Vec<SnapshotRecord>, Error> {
+        let mut completed: Vec<SnapshotRecord> = self
+            .kv
+            .list(&self.keys.snapshots())
+            .await?
+            .into_iter()
+            .filter_map(|(_, value)| serde_json::from_slice::<SnapshotRecord>(&value).ok())
+            .filter(|record| record.status == "COMPLETED")
+            .collect();
+        completed.sort_by_key(|r| std::cmp::Reverse(r.id));
+        Ok(completed)
     }
 
     async fn put_restore(&self, record: &RestoreRecord) -> Result<(), Error> {
@@ -287,24 +353,70 @@ impl State {
         Ok(self.kv.put(&self.keys.restore(record.epoch), value).await?)
     }
 
-    /// At start: the current epoch, and restores a previous coordinator left running
-    /// marked failed.
+    /// At start: the current epoch, and the restores a previous coordinator left. A restore
+    /// is durable: one left in progress is resumed (nodes that have not applied it are sent
+    /// it again as they register, under a new deadline); the newest one, if it failed,
+    /// keeps the cluster fenced until a later restore is applied by every node.
     pub(super) async fn recover_restores(&mut self) -> Result<(), Error> {
         if let Some(value) = self.kv.get(&self.keys.epoch()).await? {
             self.epoch = String::from_utf8_lossy(&value).trim().parse().unwrap_or(0);
         }
+        let mut newest: Option<RestoreRecord> = None;
         for (key, value) in self.kv.list(&self.keys.restores()).await? {
-            let Ok(mut record) = serde_json::from_slice::<RestoreRecord>(&value) else {
+            let Ok(record) = serde_json::from_slice::<RestoreRecord>(&value) else {
                 tracing::warn!(%key, "skipping an unreadable restore record");
                 continue;
             };
-            if record.status == "IN_PROGRESS" {
+            if record.status == "IN_PROGRESS"
+                && newest.as_ref().is_some_and(|n| n.epoch > record.epoch)
+            {
+                // Superseded long ago by a later restore: it can no longer finish.
+                let mut record = record;
                 record.status = "FAILED".into();
-                record.failure = Some("the coordinator restarted during the restore".into());
+                record.failure = Some("superseded by a later restore".into());
                 record.finished_at_ms = now_ms();
-                tracing::warn!(restore = %record.id, "restore failed: coordinator restarted");
                 self.put_restore(&record).await?;
+                continue;
             }
+            if newest.as_ref().is_none_or(|n| n.epoch < record.epoch) {
+                if let Some(mut older) = newest.take()
+                    && older.status == "IN_PROGRESS"
+                {
+                    older.status = "FAILED".into();
+                    older.failure = Some(format!("superseded by {}", record.id));
+                    older.finished_at_ms = now_ms();
+                    self.put_restore(&older).await?;
+                }
+                newest = Some(record);
+            }
+        }
+        self.epoch = self.epoch.max(newest.as_ref().map_or(0, |r| r.epoch));
+        match newest {
+            Some(record) if record.status == "IN_PROGRESS" => {
+                let nodes: BTreeSet<NodeId> = record.nodes.iter().map(NodeId::new).collect();
+                let mut progress = RestoreProgress::new(nodes);
+                for node in &record.applied {
+                    progress.node_applied(&NodeId::new(node.clone()));
+                }
+                tracing::warn!(
+                    restore = %record.id,
+                    snapshot = record.snapshot_id,
+                    applied = ?record.applied,
+                    "resuming the restore a previous coordinator left in progress: nodes \
+                     that have not applied it get it again when they register"
+                );
+                self.restore_deadline(record.epoch);
+                self.restore = Some(ActiveRestore { record, progress });
+            }
+            Some(record) if record.status == "FAILED" => {
+                tracing::warn!(
+                    restore = %record.id,
+                    "the newest restore failed: no snapshot starts until a restore is \
+                     applied by every node"
+                );
+                self.unfinished_restore = Some(record);
+            }
+            _ => {}
         }
         tracing::info!(epoch = self.epoch, "epoch loaded");
         Ok(())

@@ -67,10 +67,42 @@ pub struct FileKv {
     synced: Mutex<Synced>,
     /// A handle on the log for syncing outside `inner`'s lock.
     sync_handle: std::sync::Arc<std::fs::File>,
+    /// The lock file, held (an exclusive `flock`) for as long as the store is open: a
+    /// second coordinator on the same directory is refused instead of forking the store.
+    lock: std::fs::File,
+    lock_path: PathBuf,
 }
 
 fn io(path: &Path, what: &str, e: std::io::Error) -> StoreError {
     StoreError(format!("cannot {what} {}: {e}", path.display()))
+}
+
+/// Opens and locks the store's lock file, writing this process's id into it.
+fn lock_store(path: &Path) -> Result<std::fs::File, StoreError> {
+    use std::io::Write;
+    let mut file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .read(true)
+        .write(true)
+        .open(path)
+        .map_err(|e| io(path, "open", e))?;
+    match file.try_lock() {
+        Ok(()) => {}
+        Err(std::fs::TryLockError::WouldBlock) => {
+            let holder = std::fs::read_to_string(path).unwrap_or_default();
+            return Err(StoreError(format!(
+                "the embedded store is in use by another coordinator (pid {}; lock {}): \
+                 the embedded store serves one coordinator; use etcd for several",
+                holder.trim(),
+                path.display()
+            )));
+        }
+        Err(std::fs::TryLockError::Error(e)) => return Err(io(path, "lock", e)),
+    }
+    file.set_len(0).map_err(|e| io(path, "write", e))?;
+    writeln!(file, "{}", std::process::id()).map_err(|e| io(path, "write", e))?;
+    Ok(file)
 }
 
 impl FileKv {
@@ -83,6 +115,8 @@ impl FileKv {
                 .await
                 .map_err(|e| io(dir, "create", e))?;
         }
+        let lock_path = path.with_extension("lock");
+        let lock = lock_store(&lock_path)?;
         let mut data: BTreeMap<String, String> = match tokio::fs::read(path).await {
             Ok(bytes) => serde_json::from_slice(&bytes)
                 .map_err(|e| StoreError(format!("{} is not a cairn store: {e}", path.display())))?,
@@ -139,9 +173,33 @@ impl FileKv {
             }),
             synced: Mutex::new(Synced::default()),
             sync_handle: std::sync::Arc::new(sync_handle),
+            lock,
+            lock_path,
         };
         store.compact(&mut *store.inner.lock().await).await?;
         Ok(store)
+    }
+
+    /// Checks that the store's files are still the ones it has open: the lock file and the
+    /// log (same inode) and the base. A store whose files were deleted or replaced under it
+    /// would lose every change from here on at the next restart.
+    pub fn check_files(&self) -> Result<(), StoreError> {
+        use std::os::unix::fs::MetadataExt;
+        let same = |path: &Path, open: &std::fs::File| -> Result<(), StoreError> {
+            let on_disk = std::fs::metadata(path).map_err(|e| io(path, "find", e))?;
+            let held = open.metadata().map_err(|e| io(path, "stat", e))?;
+            if (on_disk.dev(), on_disk.ino()) != (held.dev(), held.ino()) {
+                return Err(StoreError(format!(
+                    "{} was replaced while the coordinator runs",
+                    path.display()
+                )));
+            }
+            Ok(())
+        };
+        same(&self.lock_path, &self.lock)?;
+        same(&self.log_path, &self.sync_handle)?;
+        std::fs::metadata(&self.base).map_err(|e| io(&self.base, "find", e))?;
+        Ok(())
     }
 
     /// Writes the whole map as the new base (write, sync, rename), then empties the log.
@@ -156,6 +214,9 @@ impl FileKv {
         let write = async {
             let mut file = tokio::fs::File::create(&tmp).await?;
             file.write_all(&bytes).await?;
+            // tokio's file writes in the background: flush surfaces its errors (a full
+            // disk), which `sync_all` alone would not report.
+            file.flush().await?;
             file.sync_all().await?;
             tokio::fs::rename(&tmp, &self.base).await
         };

@@ -108,6 +108,17 @@ impl Kv for AnyKv {
     }
 }
 
+impl AnyKv {
+    /// Whether the store's own files are intact (the embedded store's may be deleted under
+    /// it; etcd answers for itself).
+    pub fn check_files(&self) -> Result<(), StoreError> {
+        match self {
+            Self::Etcd(_) => Ok(()),
+            Self::File(s) => s.check_files(),
+        }
+    }
+}
+
 /// The keys of one cluster.
 #[derive(Debug, Clone)]
 pub struct Keys {

@@ -46,6 +46,9 @@ pub struct SnapshotRecord {
     pub bytes_new: u64,
     /// Bytes shared with earlier snapshots.
     pub bytes_reused: u64,
+    /// The cluster's epoch when it started: every part must have been recorded in it.
+    #[serde(default)]
+    pub epoch: u64,
 }
 
 /// Why a snapshot failed.
@@ -115,6 +118,12 @@ pub struct PartRecord {
     pub bytes_new: u64,
     /// Bytes this part shared with what was stored before.
     pub bytes_reused: u64,
+    /// The epoch the node recorded it in.
+    #[serde(default)]
+    pub epoch: u64,
+    /// The last restore the node's application had applied ("" if none).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub applied_restore_id: String,
 }
 
 /// A registered node daemon.
@@ -170,6 +179,9 @@ pub struct RestoreRecord {
     pub started_at_ms: u64,
     /// Milliseconds since the Unix epoch; 0 while in progress.
     pub finished_at_ms: u64,
+    /// Snapshots that automatic recovery passed over because they did not verify, with why.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub skipped: Vec<String>,
 }
 
 /// The snapshot policy (`/cairn/<cluster>/policy`), so that it outlives a restart.

@@ -45,7 +45,7 @@ impl NodeLoop {
         epoch: u64,
         first_seq: u64,
         items: Vec<InItem>,
-    ) {
+    ) -> bool {
         let incoming = self
             .incoming
             .get_mut(&channel)
@@ -61,7 +61,7 @@ impl NodeLoop {
                     .filter(|i| matches!(i, InItem::Data(_)))
                     .count(),
             );
-            return;
+            return false;
         }
         let mut fresh = Vec::with_capacity(items.len());
         for (i, item) in items.into_iter().enumerate() {
@@ -78,6 +78,7 @@ impl NodeLoop {
         let incoming = self.incoming.get_mut(&channel).expect("present");
         incoming.held.extend(fresh);
         self.take_in(&channel);
+        true
     }
 
     /// Moves frames from the channel's held queue into the inbox until it is empty or the

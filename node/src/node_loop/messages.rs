@@ -53,6 +53,10 @@ pub(crate) enum LoopMsg {
         epoch: u64,
         first_seq: u64,
         items: Vec<InItem>,
+        /// Whether the loop kept them: the stream acknowledges only frames the loop kept
+        /// (a stream already replaced by another incarnation, or of a left epoch, is
+        /// closed without acknowledging, so its sender keeps and resends them).
+        kept: oneshot::Sender<bool>,
     },
     /// An outgoing channel's task wants up to `max` frames.
     Pull {
@@ -259,6 +263,9 @@ pub(crate) struct Wiring {
     pub addresses: BTreeMap<NodeId, String>,
     /// This node's channels, incoming and outgoing.
     pub channels: BTreeMap<ChannelId, Arc<ChannelHandles>>,
+    /// The daemon incarnation the coordinator admitted for each member (empty without a
+    /// coordinator): a peer stream from any other incarnation claiming that id is refused.
+    pub incarnations: BTreeMap<NodeId, u64>,
 }
 
 /// What every part of the daemon may read without asking the loop.

@@ -276,7 +276,16 @@ impl NodeLoop {
                 epoch,
                 first_seq,
                 items,
-            } => self.on_inbound_frames(channel, incarnation, epoch, first_seq, items),
+                kept,
+            } => {
+                let _ = kept.send(self.on_inbound_frames(
+                    channel,
+                    incarnation,
+                    epoch,
+                    first_seq,
+                    items,
+                ));
+            }
             LoopMsg::Pull {
                 channel,
                 max,

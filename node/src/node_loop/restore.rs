@@ -160,19 +160,18 @@ impl NodeLoop {
         });
     }
 
-    /// The coordinator's epoch at registration differs from this node's.
+    /// The coordinator names, at registration, an epoch this node may enter as it is (it
+    /// does so only for a daemon new to the cluster: one behind a restore is sent the
+    /// restore instead, and enters its epoch only with its state).
     pub(super) fn adopt_epoch(&mut self, epoch: u64) {
         if epoch == self.epoch {
             return;
         }
-        if self.epoch != 0 || self.app.is_some() {
-            tracing::error!(
-                from = self.epoch,
-                to = epoch,
-                "this node missed a restore: it enters the cluster's epoch with its \
-                 application's state as it is; restore a snapshot to bring it in line"
-            );
-        }
+        tracing::info!(
+            from = self.epoch,
+            to = epoch,
+            "entering the cluster's epoch as a new member"
+        );
         self.enter_epoch(epoch);
     }
 

@@ -1,0 +1,594 @@
+//! Integrity under faults and hostile input, each at the level where the fault happens:
+//! a full disk under the blob store (a real tmpfs), chunk files corrupted behind the
+//! coordinator's back, a second daemon claiming a node id in use and a forged peer
+//! handshake, a paused (SIGSTOPped) daemon, the embedded store's files deleted while it
+//! runs, and requests that must be refused before they spend a snapshot id.
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use bytes::Bytes;
+use cairn_integration_tests::coordinated::{CoordinatedCluster, Store, assert_completed};
+use cairn_integration_tests::processes::{ChildGuard, binary, eventually, free_port};
+use cairn_integration_tests::restore::{assert_restored, snapshot};
+use cairn_proto::v1 as pb;
+use cairn_sdk::{AppEvent, AppSession};
+use tonic::Code;
+
+/// Incompressible bytes (xorshift), different for each seed.
+fn noise(len: usize, seed: u64) -> Bytes {
+    let mut x = seed | 1;
+    let mut out = Vec::with_capacity(len + 8);
+    while out.len() < len {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        out.extend_from_slice(&x.to_le_bytes());
+    }
+    out.truncate(len);
+    out.into()
+}
+
+/// A test application that records `state` for every snapshot.
+fn recording_app(mut session: AppSession, state: Bytes) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        let sender = session.sender();
+        while let Ok(Some(event)) = session.next_event().await {
+            if let AppEvent::RecordState { snapshot_id } = event {
+                let _ = sender.state_recorded(snapshot_id, state.clone());
+            }
+        }
+    })
+}
+
+/// Every chunk file under a blob directory (temporary files left out).
+fn chunk_files(dir: &Path) -> BTreeSet<PathBuf> {
+    let mut out = BTreeSet::new();
+    for sub in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        for file in std::fs::read_dir(sub.path())
+            .into_iter()
+            .flatten()
+            .flatten()
+        {
+            if !file.file_name().to_string_lossy().starts_with('.') {
+                out.insert(file.path());
+            }
+        }
+    }
+    out
+}
+
+/// Flips the first byte of a chunk file (its size stays).
+fn corrupt(path: &Path) {
+    let mut bytes = std::fs::read(path).unwrap();
+    bytes[0] ^= 0xff;
+    std::fs::write(path, bytes).unwrap();
+}
+
+/// A tmpfs mounted for the test, unmounted when dropped (pass or fail).
+struct Tmpfs(PathBuf);
+
+impl Tmpfs {
+    fn mount(size: &str) -> Self {
+        let dir = std::env::temp_dir().join(format!(
+            "cairn-tmpfs-{}-{}",
+            std::process::id(),
+            free_port()
+        ));
+        std::fs::create_dir_all(&dir).unwrap();
+        let status = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+            .arg(&dir)
+            .status()
+            .expect("run mount");
+        assert!(
+            status.success(),
+            "this test mounts a small tmpfs to fill it up: run it as root (CI and \
+             scripts/test.sh do)"
+        );
+        Self(dir)
+    }
+
+    fn resize(&self, size: &str) {
+        let status = Command::new("mount")
+            .args(["-o", &format!("remount,size={size}")])
+            .arg(&self.0)
+            .status()
+            .unwrap();
+        assert!(status.success());
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(&self.0).status();
+        let _ = std::fs::remove_dir(&self.0);
+    }
+}
+
+/// A full disk fails the snapshot with KIND_STORAGE naming the node and the cause, leaves
+/// no empty chunk behind, and once there is room again the same content is stored anew
+/// (not "reused" from empty files) and reads back whole.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_disk_fails_the_snapshot_and_stores_nothing_empty() {
+    let disk = Tmpfs::mount("1m");
+    let blob_dir = disk.0.display().to_string();
+    let cluster = CoordinatedCluster::start(2, Store::Embedded, &[1], &["--blob-dir", &blob_dir])
+        .await
+        .unwrap();
+    let state = noise(3 << 20, 7);
+    let session = AppSession::connect(&cluster.nodes[1].app, "big")
+        .await
+        .unwrap();
+    let app = recording_app(session, state.clone());
+    cluster.wait_ready(1).await.unwrap();
+
+    let id = cluster
+        .start_snapshot(pb::StartSnapshotRequest::default())
+        .await
+        .unwrap();
+    let failed = cluster.wait_with(id, false).await.unwrap();
+    assert_eq!(
+        failed.status,
+        pb::SnapshotStatus::Failed as i32,
+        "{failed:?}"
+    );
+    let failure = failed.failure.unwrap();
+    assert_eq!(
+        failure.kind,
+        pb::failure_reason::Kind::Storage as i32,
+        "{failure:?}"
+    );
+    assert!(
+        failure.message.contains("n2") && failure.message.contains("space"),
+        "names the node and the cause: {}",
+        failure.message
+    );
+    for chunk in chunk_files(&disk.0) {
+        let len = std::fs::metadata(&chunk).unwrap().len();
+        assert!(len > 0, "an empty chunk was left: {}", chunk.display());
+    }
+
+    disk.resize("64m");
+    let id = cluster
+        .start_snapshot(pb::StartSnapshotRequest::default())
+        .await
+        .unwrap();
+    let done = cluster.wait(id).await.unwrap();
+    assert_eq!(
+        done.status,
+        pb::SnapshotStatus::Completed as i32,
+        "{:?}",
+        done.failure
+    );
+    let part = done.nodes.iter().find(|n| n.node_id == "n2").unwrap();
+    assert_eq!(part.local_state, state, "the state reads back whole");
+    let verified = cluster
+        .client()
+        .await
+        .unwrap()
+        .verify_snapshot(pb::VerifySnapshotRequest { snapshot_id: id })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(verified.bytes >= state.len() as u64, "{verified:?}");
+    app.abort();
+}
+
+/// Chunks are checked against their names on every read: a corrupted chunk makes
+/// GetSnapshot and VerifySnapshot answer DATA_LOSS naming it, a restore of that snapshot
+/// is refused with DATA_LOSS before anything is fenced, and a later snapshot of the same
+/// bytes does not reuse the corrupt file. `cairnctl snapshot verify` says the same.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_corrupted_chunk_is_data_loss_on_every_read_and_blocks_its_restore() {
+    let cluster = CoordinatedCluster::start(2, Store::Embedded, &[1], &[])
+        .await
+        .unwrap();
+    let state = noise(1 << 20, 11);
+    let session = AppSession::connect(&cluster.nodes[1].app, "app")
+        .await
+        .unwrap();
+    let app = recording_app(session, state.clone());
+    cluster.wait_ready(1).await.unwrap();
+    let first = cluster
+        .start_snapshot(pb::StartSnapshotRequest::default())
+        .await
+        .unwrap();
+    assert_eq!(
+        cluster.wait_with(first, false).await.unwrap().status,
+        pb::SnapshotStatus::Completed as i32
+    );
+    let chunks = chunk_files(&cluster.data_dir().join("blobs"));
+    assert!(!chunks.is_empty());
+    for chunk in &chunks {
+        corrupt(chunk);
+    }
+    let mut client = cluster.client().await.unwrap();
+    let err = client
+        .get_snapshot(pb::GetSnapshotRequest {
+            snapshot_id: first,
+            include_data: true,
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::DataLoss, "{err:?}");
+    assert!(
+        err.message().contains("chunk") && err.message().contains("corrupt"),
+        "{err:?}"
+    );
+    let err = client
+        .verify_snapshot(pb::VerifySnapshotRequest { snapshot_id: first })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::DataLoss, "{err:?}");
+    assert!(err.message().contains("node n"), "names the node: {err:?}");
+    let cairnctl = Command::new(binary("cairnctl").unwrap())
+        .args(["--coordinator", &cluster.coordinator, "snapshot", "verify"])
+        .arg(first.to_string())
+        .output()
+        .unwrap();
+    assert!(!cairnctl.status.success());
+    let said = String::from_utf8_lossy(&cairnctl.stderr);
+    assert!(said.contains("corrupt"), "cairnctl said: {said}");
+
+    let err = client
+        .restore_snapshot(pb::RestoreSnapshotRequest { snapshot_id: first })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::DataLoss, "{err:?}");
+    let restores = client
+        .list_restores(pb::ListRestoresRequest::default())
+        .await
+        .unwrap()
+        .into_inner()
+        .restores;
+    assert!(restores.is_empty(), "nothing was fenced: {restores:?}");
+
+    // The same bytes again: the corrupt files are rewritten, not reused.
+    let second = cluster
+        .start_snapshot(pb::StartSnapshotRequest::default())
+        .await
+        .unwrap();
+    let second = cluster.wait(second).await.unwrap();
+    assert_eq!(
+        second.status,
+        pb::SnapshotStatus::Completed as i32,
+        "{:?}",
+        second.failure
+    );
+    assert!(
+        second.bytes_new >= state.len() as u64,
+        "{}",
+        second.bytes_new
+    );
+    let part = second.nodes.iter().find(|n| n.node_id == "n2").unwrap();
+    assert_eq!(part.local_state, state);
+    app.abort();
+}
+
+/// Automatic recovery restores the newest snapshot that verifies, passing over a newer one
+/// whose chunks are corrupt and saying so in the restore record.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn automatic_recovery_passes_over_a_snapshot_that_does_not_verify() {
+    let mut cluster = CoordinatedCluster::start(3, Store::Embedded, &[], &["--auto-restore"])
+        .await
+        .unwrap();
+    let blobs = cluster.data_dir().join("blobs");
+    let good = snapshot(&cluster, pb::SnapshotMode::ChandyLamport).await;
+    let before = chunk_files(&blobs);
+    // A snapshot whose chunks are all new (the balances moved), then corrupted.
+    let bad = eventually(
+        "a snapshot with new chunks",
+        Duration::from_secs(30),
+        || async {
+            let bad = snapshot(&cluster, pb::SnapshotMode::ChandyLamport).await;
+            let new: Vec<PathBuf> = chunk_files(&blobs).difference(&before).cloned().collect();
+            anyhow::ensure!(!new.is_empty(), "no new chunk yet");
+            Ok((bad, new))
+        },
+    )
+    .await
+    .unwrap();
+    for chunk in &bad.1 {
+        corrupt(chunk);
+    }
+    let bad_id = bad.0.plan.as_ref().unwrap().snapshot_id;
+    cluster.set_workload(0.0).await.unwrap();
+    cluster.kill_node(1);
+    cluster.bank_workload = 0.0;
+    cluster.start_node(1).unwrap();
+    let op = eventually("an automatic restore", Duration::from_secs(60), || async {
+        let op = cluster
+            .client()
+            .await?
+            .list_restores(pb::ListRestoresRequest::default())
+            .await?
+            .into_inner()
+            .restores
+            .into_iter()
+            .next()
+            .ok_or_else(|| anyhow::anyhow!("no restore yet"))?;
+        anyhow::ensure!(op.done || op.failure.is_some(), "in progress");
+        Ok(op)
+    })
+    .await
+    .unwrap();
+    assert!(op.done, "{:?}", op.failure);
+    assert_eq!(op.snapshot_id, good.plan.as_ref().unwrap().snapshot_id);
+    assert!(
+        op.skipped
+            .iter()
+            .any(|s| s.contains(&format!("snapshot {bad_id}"))),
+        "{:?}",
+        op.skipped
+    );
+    assert_restored(&cluster, &good).await;
+}
+
+/// One live process per node id: a second daemon started with an id in use is refused by
+/// the coordinator (naming the holder), a forged handshake claiming that id is refused by
+/// the peers without resetting the channel, and not a unit of money is lost meanwhile.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_duplicate_node_id_and_a_forged_handshake_lose_no_message() {
+    let cluster = CoordinatedCluster::start(3, Store::Embedded, &[], &[])
+        .await
+        .unwrap();
+    let before = snapshot(&cluster, pb::SnapshotMode::ChandyLamport).await;
+    let (impostor, log) = cluster.spawn_impostor(1).unwrap();
+    let refused = eventually(
+        "the impostor is refused",
+        Duration::from_secs(30),
+        || async {
+            let text = std::fs::read_to_string(&log)?;
+            anyhow::ensure!(text.contains("held by a connected daemon"), "{text}");
+            Ok(text)
+        },
+    )
+    .await
+    .unwrap();
+    assert!(
+        refused.contains(&cluster.nodes[1].peer),
+        "names the holder: {refused}"
+    );
+
+    // A forged stream claiming to be n2 towards n1, with a made-up incarnation.
+    let mut peer =
+        pb::peer_client::PeerClient::connect(format!("http://{}", cluster.nodes[0].peer))
+            .await
+            .unwrap();
+    let handshake = pb::PeerFrame {
+        kind: Some(pb::peer_frame::Kind::Handshake(pb::Handshake {
+            cluster: "cairn".into(),
+            from: "n2".into(),
+            to: "n1".into(),
+            incarnation: 42,
+            epoch: 0,
+        })),
+    };
+    let forged = peer
+        .channel(tokio_stream::iter(vec![handshake]))
+        .await
+        .unwrap_err();
+    assert_eq!(forged.code(), Code::Aborted, "{forged:?}");
+    assert!(forged.message().contains("admitted"), "{forged:?}");
+
+    // Transfers go on through it all; snapshots add up, and so does the live money.
+    let moved = before.plan.as_ref().unwrap().snapshot_id;
+    for mode in [pb::SnapshotMode::ChandyLamport, pb::SnapshotMode::Unaligned] {
+        let s = snapshot(&cluster, mode).await;
+        assert!(s.plan.as_ref().unwrap().snapshot_id > moved);
+    }
+    drop(impostor);
+    snapshot(&cluster, pb::SnapshotMode::Aligned).await;
+    cluster.set_workload(0.0).await.unwrap();
+    eventually(
+        "the live money adds up",
+        Duration::from_secs(30),
+        || async {
+            let total: u64 = cairn_integration_tests::restore::balances(&cluster)
+                .await?
+                .values()
+                .sum();
+            anyhow::ensure!(total == cluster.total(), "live total {total}");
+            Ok(())
+        },
+    )
+    .await
+    .unwrap();
+}
+
+/// A paused daemon (SIGSTOP) keeps its TCP connection, but it stops sending heartbeats: the
+/// coordinator marks it disconnected within three heartbeat intervals, snapshots are
+/// refused naming it, and once it resumes it registers again and snapshots complete.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paused_daemon_is_seen_disconnected_and_comes_back() {
+    let cluster = CoordinatedCluster::start(2, Store::Embedded, &[], &[])
+        .await
+        .unwrap();
+    let pid = cluster.node_pid(1).unwrap().to_string();
+    struct Continue(String);
+    impl Drop for Continue {
+        fn drop(&mut self) {
+            let _ = Command::new("kill").args(["-CONT", &self.0]).status();
+        }
+    }
+    assert!(
+        Command::new("kill")
+            .args(["-STOP", &pid])
+            .status()
+            .unwrap()
+            .success()
+    );
+    let resume = Continue(pid);
+    let paused_at = std::time::Instant::now();
+    eventually(
+        "n2 is seen disconnected",
+        Duration::from_secs(20),
+        || async {
+            let nodes = cluster
+                .client()
+                .await?
+                .list_nodes(pb::ListNodesRequest {})
+                .await?
+                .into_inner()
+                .nodes;
+            let n2 = nodes.iter().find(|n| n.node_id == "n2").unwrap();
+            anyhow::ensure!(!n2.connected, "still connected");
+            Ok(())
+        },
+    )
+    .await
+    .unwrap();
+    // Three heartbeats of 2 s, plus the coordinator's 250 ms check and some slack.
+    assert!(
+        paused_at.elapsed() < Duration::from_secs(10),
+        "{:?}",
+        paused_at.elapsed()
+    );
+    let refused = cluster
+        .start_snapshot(pb::StartSnapshotRequest::default())
+        .await
+        .unwrap_err();
+    assert!(refused.to_string().contains("n2"), "{refused:?}");
+    drop(resume);
+    cluster.wait_registered(2).await.unwrap();
+    let id = eventually(
+        "a snapshot after n2 resumed",
+        Duration::from_secs(30),
+        || async {
+            let id = cluster
+                .start_snapshot(pb::StartSnapshotRequest::default())
+                .await?;
+            let s = cluster.wait(id).await?;
+            anyhow::ensure!(
+                s.status == pb::SnapshotStatus::Completed as i32,
+                "{:?}",
+                s.failure
+            );
+            Ok(s)
+        },
+    )
+    .await
+    .unwrap();
+    assert_completed(&id, cluster.total());
+}
+
+/// The embedded store's files deleted under a running coordinator: it notices (health
+/// NOT_SERVING); restarted on the empty store, it never hands out an id the daemons have
+/// seen. A second coordinator on the same directory is refused by the store's lock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lost_metadata_never_reuses_a_snapshot_id_and_the_store_is_locked() {
+    let mut cluster = CoordinatedCluster::start(2, Store::Embedded, &[], &[])
+        .await
+        .unwrap();
+    let mut last = 0;
+    for _ in 0..3 {
+        last = snapshot(&cluster, pb::SnapshotMode::ChandyLamport)
+            .await
+            .plan
+            .unwrap()
+            .snapshot_id;
+    }
+
+    // A second coordinator on the same data directory exits, naming the lock.
+    let log = cluster.logs().join("second-coordinator.log");
+    let mut command = Command::new(binary("cairn-coordinator").unwrap());
+    command
+        .args(["--listen", &format!("127.0.0.1:{}", free_port())])
+        .arg("--data-dir")
+        .arg(cluster.data_dir());
+    let mut second = ChildGuard::spawn("second coordinator", command, &log).unwrap();
+    let exited = eventually(
+        "the second coordinator exits",
+        Duration::from_secs(15),
+        || {
+            let running = second.running();
+            async move {
+                anyhow::ensure!(!running, "still running on a store in use");
+                Ok(())
+            }
+        },
+    )
+    .await;
+    let said = std::fs::read_to_string(&log).unwrap();
+    assert!(exited.is_ok(), "{said}");
+    assert!(said.contains("in use by another coordinator"), "{said}");
+
+    for file in ["metadata.json", "metadata.log", "metadata.lock"] {
+        std::fs::remove_file(cluster.data_dir().join(file)).unwrap();
+    }
+    let channel =
+        tonic::transport::Endpoint::from_shared(format!("http://{}", cluster.coordinator))
+            .unwrap()
+            .connect()
+            .await
+            .unwrap();
+    let health = tonic_health::pb::health_client::HealthClient::new(channel);
+    eventually("health NOT_SERVING", Duration::from_secs(10), || {
+        let mut health = health.clone();
+        async move {
+            let status = health
+                .check(tonic_health::pb::HealthCheckRequest {
+                    service: String::new(),
+                })
+                .await?
+                .into_inner()
+                .status;
+            anyhow::ensure!(
+                status == tonic_health::pb::health_check_response::ServingStatus::NotServing as i32,
+                "status {status}"
+            );
+            Ok(())
+        }
+    })
+    .await
+    .unwrap();
+
+    cluster.kill_coordinator();
+    cluster.start_coordinator().unwrap();
+    cluster.wait_registered(2).await.unwrap();
+    let next = eventually(
+        "a snapshot on the new store",
+        Duration::from_secs(30),
+        || async {
+            Ok(cluster
+                .start_snapshot(pb::StartSnapshotRequest::default())
+                .await?)
+        },
+    )
+    .await
+    .unwrap();
+    assert!(next > last, "id {next} reused (daemons saw {last})");
+    assert_completed(&cluster.wait(next).await.unwrap(), cluster.total());
+}
+
+/// A request refused for an unknown initiator spends no snapshot id.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_start_spends_no_snapshot_id() {
+    let cluster = CoordinatedCluster::start(2, Store::Embedded, &[], &[])
+        .await
+        .unwrap();
+    let first = snapshot(&cluster, pb::SnapshotMode::ChandyLamport)
+        .await
+        .plan
+        .unwrap()
+        .snapshot_id;
+    for _ in 0..3 {
+        let err = cluster
+            .start_snapshot(pb::StartSnapshotRequest {
+                initiators: vec!["nobody".into()],
+                ..Default::default()
+            })
+            .await
+            .unwrap_err();
+        assert_eq!(err.code(), Code::InvalidArgument, "{err:?}");
+        assert!(err.message().contains("nobody"), "{err:?}");
+    }
+    let next = cluster
+        .start_snapshot(pb::StartSnapshotRequest::default())
+        .await
+        .unwrap();
+    assert_eq!(next, first + 1);
+}
