@@ -71,6 +71,12 @@ fi
 say "cargo build --bins (the multi-process tests run the built binaries)"
 cargo build --workspace --bins --locked
 
+say "randomised fault run (cairn-faults: 4 nodes, etcd, automatic recovery; kills, pauses, cuts, restores)"
+# Seeded and bounded: ${CAIRN_FAULTS_SECONDS:-150} s of faults, then the checks (about a
+# minute). CAIRN_FAULTS_SEED picks another schedule of faults; a failing run keeps its logs.
+target/debug/cairn-faults --seed "${CAIRN_FAULTS_SEED:-1}" --seconds "${CAIRN_FAULTS_SECONDS:-150}" \
+  --out target/faults-run.json
+
 say "cargo test --workspace"
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT

@@ -436,6 +436,11 @@ impl CoordinatedCluster {
         &self.dir
     }
 
+    /// Keeps the logs when the cluster is dropped (for a run that found something).
+    pub fn keep_logs(&mut self) {
+        self.keep_logs = true;
+    }
+
     /// The coordinator's `--data-dir` (the embedded store and, by default, the blobs).
     pub fn data_dir(&self) -> PathBuf {
         self.dir.join("data")

@@ -414,6 +414,10 @@ impl State {
                     "the newest restore failed: no snapshot starts until a restore is \
                      applied by every node"
                 );
+                if self.settings.auto_restore {
+                    // The recovery a previous coordinator had pending goes on here.
+                    self.pending_recovery = Some(format!("{} failed", record.id));
+                }
                 self.unfinished_restore = Some(record);
             }
             _ => {}
