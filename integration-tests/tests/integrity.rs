@@ -592,3 +592,91 @@ async fn a_refused_start_spends_no_snapshot_id() {
         .unwrap();
     assert_eq!(next, first + 1);
 }
+
+/// A part recorded in another epoch than the snapshot's never completes it: a node (here a
+/// test client speaking the daemon's protocol) that uploads its part from epoch 5 into a
+/// snapshot of epoch 0 fails it with KIND_MIXED_EPOCHS naming the node; the same part from
+/// epoch 0 completes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_part_from_another_epoch_fails_the_snapshot_as_mixed_epochs() {
+    use pb::coordinator_to_node::Kind as Command;
+    use pb::upload_chunk::Kind as Piece;
+    let cluster = CoordinatedCluster::start(0, Store::Embedded, &[], &[])
+        .await
+        .unwrap();
+    let mut client = cluster.client().await.unwrap();
+    let (session_tx, session_rx) = tokio::sync::mpsc::channel(8);
+    session_tx
+        .send(pb::NodeToCoordinator {
+            kind: Some(pb::node_to_coordinator::Kind::Register(pb::Register {
+                cluster: "cairn".into(),
+                node_id: "n1".into(),
+                address: "127.0.0.1:1".into(),
+                incarnation: 1,
+                ..Default::default()
+            })),
+        })
+        .await
+        .unwrap();
+    let mut commands = client
+        .node_session(tokio_stream::wrappers::ReceiverStream::new(session_rx))
+        .await
+        .unwrap()
+        .into_inner();
+    let registered = commands.message().await.unwrap().unwrap();
+    assert!(matches!(registered.kind, Some(Command::Registered(_))));
+    for (epoch, mixed) in [(5u64, true), (0, false)] {
+        let id = cluster
+            .start_snapshot(pb::StartSnapshotRequest::default())
+            .await
+            .unwrap();
+        let initiate = loop {
+            match commands.message().await.unwrap().unwrap().kind {
+                Some(Command::Initiate(plan)) => break plan,
+                _ => continue,
+            }
+        };
+        assert_eq!(initiate.snapshot_id, id);
+        let upload = vec![
+            pb::UploadChunk {
+                kind: Some(Piece::Header(pb::UploadHeader {
+                    snapshot_id: id,
+                    node_id: "n1".into(),
+                    incarnation: 1,
+                    epoch,
+                    applied_restore_id: String::new(),
+                })),
+            },
+            pb::UploadChunk {
+                kind: Some(Piece::LocalState(Bytes::from_static(b"state"))),
+            },
+            pb::UploadChunk {
+                kind: Some(Piece::Cut(pb::UploadCut::default())),
+            },
+        ];
+        client
+            .upload_snapshot_part(tokio_stream::iter(upload))
+            .await
+            .unwrap();
+        let s = cluster.wait(id).await.unwrap();
+        if mixed {
+            assert_eq!(s.status, pb::SnapshotStatus::Failed as i32, "{s:?}");
+            let failure = s.failure.unwrap();
+            assert_eq!(
+                failure.kind,
+                pb::failure_reason::Kind::MixedEpochs as i32,
+                "{failure:?}"
+            );
+            assert_eq!(failure.nodes, vec!["n1".to_owned()]);
+            assert!(failure.message.contains("epoch 5"), "{}", failure.message);
+        } else {
+            assert_eq!(
+                s.status,
+                pb::SnapshotStatus::Completed as i32,
+                "{:?}",
+                s.failure
+            );
+        }
+    }
+    drop(session_tx);
+}
