@@ -197,6 +197,8 @@ pub(crate) struct State {
     unfinished_restore: Option<RestoreRecord>,
     /// The highest snapshot id any daemon reported: no id at or below it is handed out.
     id_floor: u64,
+    /// When silent members were last looked for (wall-clock ms).
+    last_silence_check_ms: u64,
 }
 
 /// A daemon that has not been heard from for this long is taken as gone (three
@@ -227,6 +229,7 @@ impl State {
             pending_recovery: None,
             unfinished_restore: None,
             id_floor: 0,
+            last_silence_check_ms: now_ms(),
             metrics,
             keys: Keys::new(&settings.cluster),
             settings,
@@ -1009,6 +1012,13 @@ impl State {
     /// whose connection has not broken) are taken as disconnected.
     async fn drop_silent_members(&mut self) {
         let now = now_ms();
+        // A tick that comes late means this task was busy (a long verification, say): the
+        // heartbeats may be waiting in its queue, not missing. Judge at the next tick.
+        let since_last =
+            now.saturating_sub(std::mem::replace(&mut self.last_silence_check_ms, now));
+        if since_last > 1_000 {
+            return;
+        }
         let silent: Vec<(NodeId, u64)> = self
             .members
             .iter()

@@ -149,3 +149,31 @@ pub async fn moved_on(cluster: &CoordinatedCluster, snapshot: &pb::Snapshot) {
     .await
     .unwrap();
 }
+
+/// The newest restore operation, if there is one.
+pub async fn newest_restore(
+    cluster: &CoordinatedCluster,
+) -> anyhow::Result<Option<pb::RestoreOperation>> {
+    Ok(cluster
+        .client()
+        .await?
+        .list_restores(pb::ListRestoresRequest::default())
+        .await?
+        .into_inner()
+        .restores
+        .into_iter()
+        .next())
+}
+
+/// Waits until there is a restore (an automatic one, say) and the newest has ended.
+pub async fn wait_newest_restore(cluster: &CoordinatedCluster) -> pb::RestoreOperation {
+    eventually("a restore that ends", Duration::from_secs(60), || async {
+        let op = newest_restore(cluster)
+            .await?
+            .ok_or_else(|| anyhow::anyhow!("no restore yet"))?;
+        anyhow::ensure!(op.done || op.failure.is_some(), "in progress");
+        Ok(op)
+    })
+    .await
+    .unwrap()
+}

@@ -10,26 +10,13 @@ use std::process::Command;
 use std::time::Duration;
 
 use bytes::Bytes;
+use cairn_integration_tests::bench::filler;
 use cairn_integration_tests::coordinated::{CoordinatedCluster, Store, assert_completed};
 use cairn_integration_tests::processes::{ChildGuard, binary, eventually, free_port};
-use cairn_integration_tests::restore::{assert_restored, snapshot};
+use cairn_integration_tests::restore::{assert_restored, snapshot, wait_newest_restore};
 use cairn_proto::v1 as pb;
 use cairn_sdk::{AppEvent, AppSession};
 use tonic::Code;
-
-/// Incompressible bytes (xorshift), different for each seed.
-fn noise(len: usize, seed: u64) -> Bytes {
-    let mut x = seed | 1;
-    let mut out = Vec::with_capacity(len + 8);
-    while out.len() < len {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        out.extend_from_slice(&x.to_le_bytes());
-    }
-    out.truncate(len);
-    out.into()
-}
 
 /// A test application that records `state` for every snapshot.
 fn recording_app(mut session: AppSession, state: Bytes) -> tokio::task::JoinHandle<()> {
@@ -118,7 +105,7 @@ async fn a_full_disk_fails_the_snapshot_and_stores_nothing_empty() {
     let cluster = CoordinatedCluster::start(2, Store::Embedded, &[1], &["--blob-dir", &blob_dir])
         .await
         .unwrap();
-    let state = noise(3 << 20, 7);
+    let state = filler(3 << 20, 7);
     let session = AppSession::connect(&cluster.nodes[1].app, "big")
         .await
         .unwrap();
@@ -186,7 +173,7 @@ async fn a_corrupted_chunk_is_data_loss_on_every_read_and_blocks_its_restore() {
     let cluster = CoordinatedCluster::start(2, Store::Embedded, &[1], &[])
         .await
         .unwrap();
-    let state = noise(1 << 20, 11);
+    let state = filler(1 << 20, 11);
     let session = AppSession::connect(&cluster.nodes[1].app, "app")
         .await
         .unwrap();
@@ -299,22 +286,7 @@ async fn automatic_recovery_passes_over_a_snapshot_that_does_not_verify() {
     cluster.kill_node(1);
     cluster.bank_workload = 0.0;
     cluster.start_node(1).unwrap();
-    let op = eventually("an automatic restore", Duration::from_secs(60), || async {
-        let op = cluster
-            .client()
-            .await?
-            .list_restores(pb::ListRestoresRequest::default())
-            .await?
-            .into_inner()
-            .restores
-            .into_iter()
-            .next()
-            .ok_or_else(|| anyhow::anyhow!("no restore yet"))?;
-        anyhow::ensure!(op.done || op.failure.is_some(), "in progress");
-        Ok(op)
-    })
-    .await
-    .unwrap();
+    let op = wait_newest_restore(&cluster).await;
     assert!(op.done, "{:?}", op.failure);
     assert_eq!(op.snapshot_id, good.plan.as_ref().unwrap().snapshot_id);
     assert!(

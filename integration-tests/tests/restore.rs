@@ -9,7 +9,7 @@ use std::time::Duration;
 use cairn_integration_tests::coordinated::{CoordinatedCluster, Store, channel_fault};
 use cairn_integration_tests::processes::eventually;
 use cairn_integration_tests::restore::{
-    assert_restored, moved_on, restore, snapshot, wait_restore,
+    assert_restored, moved_on, restore, snapshot, wait_newest_restore, wait_restore,
 };
 use cairn_proto::v1 as pb;
 use cairn_sdk::{AppEvent, AppSession};
@@ -237,23 +237,7 @@ async fn automatic_recovery_restores_the_newest_snapshot_after_a_node_restarts()
     cluster.kill_node(1);
     cluster.bank_workload = 0.0;
     cluster.start_node(1).unwrap();
-    let op = eventually("an automatic restore", Duration::from_secs(60), || async {
-        let restores = cluster
-            .client()
-            .await?
-            .list_restores(pb::ListRestoresRequest::default())
-            .await?
-            .into_inner()
-            .restores;
-        let op = restores
-            .into_iter()
-            .next()
-            .ok_or_else(|| anyhow::anyhow!("no restore yet"))?;
-        anyhow::ensure!(op.done || op.failure.is_some(), "in progress");
-        Ok(op)
-    })
-    .await
-    .unwrap();
+    let op = wait_newest_restore(&cluster).await;
     assert!(op.done, "{:?}", op.failure);
     assert_eq!(op.snapshot_id, taken.plan.as_ref().unwrap().snapshot_id);
     assert!(

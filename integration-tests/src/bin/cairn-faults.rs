@@ -16,7 +16,7 @@ use std::time::Duration;
 use cairn_integration_tests::coordinated::{CoordinatedCluster, Store, bank_money, channel_fault};
 use cairn_integration_tests::etcd::Etcd;
 use cairn_integration_tests::processes::eventually;
-use cairn_integration_tests::restore::balances;
+use cairn_integration_tests::restore::{balances, newest_restore};
 use cairn_proto::v1 as pb;
 use clap::Parser;
 use rand::rngs::StdRng;
@@ -322,15 +322,7 @@ async fn run(args: &Args) -> anyhow::Result<(Vec<String>, serde_json::Value)> {
     // Every member back, any restore over (automatic recovery retries a failed one).
     run.cluster.wait_registered(NODES).await?;
     let settled = eventually("restores settle", Duration::from_secs(120), || async {
-        let restores = run
-            .cluster
-            .client()
-            .await?
-            .list_restores(pb::ListRestoresRequest::default())
-            .await?
-            .into_inner()
-            .restores;
-        if let Some(newest) = restores.first() {
+        if let Some(newest) = newest_restore(&run.cluster).await? {
             anyhow::ensure!(
                 newest.done,
                 "{} not done: {:?}",
@@ -349,7 +341,7 @@ async fn run(args: &Args) -> anyhow::Result<(Vec<String>, serde_json::Value)> {
             "{:?}",
             s.failure
         );
-        Ok(restores.len())
+        Ok(())
     })
     .await;
     if let Err(e) = &settled {
