@@ -135,6 +135,8 @@ struct Member {
     session: u64,
     tx: NodeTx,
     last_seen_ms: u64,
+    /// When it was last heard from, on the monotonic clock.
+    heard: Instant,
     application_attached: bool,
     /// The epoch the daemon is in, as far as the coordinator knows.
     epoch: u64,
@@ -197,14 +199,20 @@ pub(crate) struct State {
     unfinished_restore: Option<RestoreRecord>,
     /// The highest snapshot id any daemon reported: no id at or below it is handed out.
     id_floor: u64,
-    /// When silent members were last looked for (wall-clock ms).
-    last_silence_check_ms: u64,
+    /// When silent members were last looked for.
+    last_silence_check: Instant,
+    /// Automatic recovery is not tried again before this (after a failed attempt).
+    pub(super) recovery_not_before: Instant,
 }
 
 /// A daemon that has not been heard from for this long is taken as gone (three
 /// heartbeats), and a second daemon claiming a node id whose holder was heard from
 /// within it is refused.
 const MEMBER_SILENCE_MS: u64 = 6_000;
+
+/// The largest snapshot id or epoch a daemon may report at registration (far above any a
+/// real cluster reaches; keeps the counters' arithmetic clear of overflow).
+const MAX_REPORTED: u64 = 1 << 48;
 
 impl State {
     pub(crate) fn new(
@@ -229,7 +237,8 @@ impl State {
             pending_recovery: None,
             unfinished_restore: None,
             id_floor: 0,
-            last_silence_check_ms: now_ms(),
+            last_silence_check: Instant::now(),
+            recovery_not_before: Instant::now(),
             metrics,
             keys: Keys::new(&settings.cluster),
             settings,
@@ -359,6 +368,7 @@ impl State {
                 () = sleep_until(due) => self.scheduled().await,
                 _ = refresh.tick() => {
                     self.drop_silent_members().await;
+                    self.maybe_auto_restore().await;
                     self.refresh().await;
                 }
             }
@@ -394,6 +404,7 @@ impl State {
             } => {
                 if let Some(member) = self.members.get_mut(&node) {
                     member.last_seen_ms = now_ms();
+                    member.heard = Instant::now();
                     member.application_attached = application_attached;
                 }
             }
@@ -758,13 +769,6 @@ impl State {
         address: &str,
         incarnation: u64,
     ) -> Result<(Option<String>, bool), Error> {
-        if let Some(topology) = &self.settings.topology
-            && !topology.contains(node)
-        {
-            return Err(Error::FailedPrecondition(format!(
-                "node {node} is not in this coordinator's --topology file"
-            )));
-        }
         let restarted = self
             .roster
             .get(node)
@@ -831,26 +835,40 @@ impl State {
         // One live process per node id: a second daemon claiming an id whose holder is
         // connected and heard from is refused (a restarted daemon's predecessor has gone
         // silent or its session has ended).
+        // Its session ends, or the silence check drops it (`MEMBER_SILENCE_MS`), before
+        // another process may take the id.
         if let Some(old) = self.members.get(&node)
             && old.record.incarnation != register.incarnation
         {
-            let silent = now_ms().saturating_sub(old.last_seen_ms);
-            if silent < MEMBER_SILENCE_MS {
-                return Err(Error::FailedPrecondition(format!(
-                    "node id {node} is held by a connected daemon at {} (incarnation {}, \
-                     heard from {silent} ms ago); this daemon (incarnation {}, at {}) is \
-                     refused: is a second process running with --node-id {node}?",
-                    old.record.address,
-                    old.record.incarnation,
-                    register.incarnation,
-                    register.address
-                )));
-            }
-            tracing::warn!(%node, silent_ms = silent, "a new daemon replaces a silent one");
+            let silent = old.heard.elapsed().as_millis();
+            return Err(Error::FailedPrecondition(format!(
+                "node id {node} is held by a connected daemon at {} (incarnation {}, heard \
+                 from {silent} ms ago); this daemon (incarnation {}, at {}) is refused: is a \
+                 second process running with --node-id {node}?",
+                old.record.address, old.record.incarnation, register.incarnation, register.address
+            )));
+        }
+        if register.highest_snapshot_id > MAX_REPORTED || register.epoch > MAX_REPORTED {
+            return Err(Error::InvalidArgument(format!(
+                "register: highest_snapshot_id {} or epoch {} is above {MAX_REPORTED}",
+                register.highest_snapshot_id, register.epoch
+            )));
+        }
+        if let Some(topology) = &self.settings.topology
+            && !topology.contains(&node)
+        {
+            return Err(Error::FailedPrecondition(format!(
+                "node {node} is not in this coordinator's --topology file"
+            )));
         }
         // A daemon that saw higher ids or epochs than the store holds: the metadata was
         // lost or rolled back. Never hand out what the daemons already know.
-        self.id_floor = self.id_floor.max(register.highest_snapshot_id);
+        if register.highest_snapshot_id > self.id_floor {
+            if register.highest_snapshot_id > self.id_floor.saturating_add(1_000_000) {
+                tracing::error!(%node, reported = register.highest_snapshot_id, floor = self.id_floor, "a daemon reports a snapshot id far above any known: ids continue above it");
+            }
+            self.id_floor = register.highest_snapshot_id;
+        }
         if register.epoch > self.epoch {
             tracing::error!(
                 %node,
@@ -864,12 +882,14 @@ impl State {
                 .await?;
             self.epoch = register.epoch;
         }
-        // A daemon the roster does not know by this incarnation is new: it has no epoch of
-        // its own yet and may enter the cluster's as it is.
-        let fresh = self
-            .roster
-            .get(&node)
-            .is_none_or(|r| r.incarnation != register.incarnation);
+        // A new daemon process (no epoch of its own yet, an incarnation the roster does not
+        // know) may enter the cluster's epoch as it is; one that has an epoch keeps it.
+        let fresh = register.epoch == 0
+            && register.applied_restore_id.is_empty()
+            && self
+                .roster
+                .get(&node)
+                .is_none_or(|r| r.incarnation != register.incarnation);
         let (_, restarted) = self
             .enroll(&node, &register.address, register.incarnation)
             .await?;
@@ -904,6 +924,7 @@ impl State {
                 session,
                 tx: tx.clone(),
                 last_seen_ms: now_ms(),
+                heard: Instant::now(),
                 application_attached: false,
                 epoch,
             },
@@ -1011,18 +1032,16 @@ impl State {
     /// Members not heard from for [`MEMBER_SILENCE_MS`] (a paused or partitioned daemon
     /// whose connection has not broken) are taken as disconnected.
     async fn drop_silent_members(&mut self) {
-        let now = now_ms();
         // A tick that comes late means this task was busy (a long verification, say): the
         // heartbeats may be waiting in its queue, not missing. Judge at the next tick.
-        let since_last =
-            now.saturating_sub(std::mem::replace(&mut self.last_silence_check_ms, now));
-        if since_last > 1_000 {
+        let last = std::mem::replace(&mut self.last_silence_check, Instant::now());
+        if last.elapsed() > Duration::from_secs(1) {
             return;
         }
         let silent: Vec<(NodeId, u64)> = self
             .members
             .iter()
-            .map(|(n, m)| (n.clone(), now.saturating_sub(m.last_seen_ms)))
+            .map(|(n, m)| (n.clone(), m.heard.elapsed().as_millis() as u64))
             .filter(|(_, silent)| *silent >= MEMBER_SILENCE_MS)
             .collect();
         for (node, silent) in silent {
@@ -1035,6 +1054,7 @@ impl State {
         use pb::node_snapshot_event::Kind;
         if let Some(member) = self.members.get_mut(&node) {
             member.last_seen_ms = now_ms();
+            member.heard = Instant::now();
         }
         let id = event.snapshot_id;
         match event.kind {

@@ -84,8 +84,8 @@ pub enum FailureReason {
     Aborted(String),
     /// The membership or the topology changed while it was in flight (what changed).
     MembershipChanged(String),
-    /// The parts were recorded in different epochs or after different restores: a cut
-    /// across a restore is no cut. Names the nodes that disagree with the snapshot.
+    /// A part was recorded in another epoch than the snapshot's: a cut across a restore is
+    /// no cut. Names the nodes that disagree with the snapshot.
     MixedEpochs {
         /// The nodes whose part disagrees.
         nodes: Vec<NodeId>,

@@ -16,6 +16,9 @@ use crate::store::{Kv, PartRecord, RestoreRecord, SnapshotRecord};
 /// How many of the newest completed snapshots automatic recovery tries to verify.
 const AUTO_RESTORE_CANDIDATES: usize = 10;
 
+/// How long automatic recovery waits before trying again after a failure.
+const RECOVERY_BACKOFF: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// The restore under way.
 pub(crate) struct ActiveRestore {
     pub record: RestoreRecord,
@@ -125,8 +128,14 @@ impl State {
         // that would fail halfway is refused now, naming the chunk and the node.
         self.verify_snapshot(&snapshot).await?;
         // The fence: from here on, frames of the old epoch are dropped wherever they are.
-        let epoch = self.kv.fetch_increment(&self.keys.epoch()).await? + 1;
-        self.epoch = epoch;
+        // The counter only allocates: the cluster's epoch is that of the newest restore
+        // record, so an epoch is entered only once its record is stored.
+        let epoch = self
+            .kv
+            .fetch_increment(&self.keys.epoch())
+            .await?
+            .checked_add(1)
+            .ok_or_else(|| Error::FailedPrecondition("the epoch counter is exhausted".into()))?;
         let in_flight: Vec<u64> = self.inflight.keys().copied().collect();
         for id in in_flight {
             let update = self.tracker.fail(SnapshotId(id), FailureReason::Restore);
@@ -146,6 +155,7 @@ impl State {
             skipped,
         };
         self.put_restore(&record).await?;
+        self.epoch = epoch;
         let command = pb::NodeRestore {
             restore_id: record.id.clone(),
             snapshot_id,
@@ -186,6 +196,14 @@ impl State {
     /// A node's application applied its restored state.
     pub(super) async fn restore_applied(&mut self, node: &NodeId, restore_id: &str) {
         let Some(active) = self.restore.as_mut().filter(|a| a.record.id == restore_id) else {
+            // The restore that made the current epoch ended DONE meanwhile (this node
+            // applied it again after a restart): the node is in the cluster's epoch.
+            if restore_epoch(restore_id) == Some(self.epoch)
+                && self.unfinished_restore.is_none()
+                && let Some(member) = self.members.get_mut(node)
+            {
+                member.epoch = self.epoch;
+            }
             return;
         };
         if let Some(member) = self.members.get_mut(node) {
@@ -244,7 +262,7 @@ impl State {
                 tracing::info!(
                     restore = %active.record.id,
                     snapshot = active.record.snapshot_id,
-                    ms = active.record.finished_at_ms - active.record.started_at_ms,
+                    ms = active.record.finished_at_ms.saturating_sub(active.record.started_at_ms),
                     "restore done: every node runs on the restored state"
                 );
             }
@@ -268,6 +286,8 @@ impl State {
             "FAILED" => {
                 if self.settings.auto_restore {
                     self.pending_recovery = Some(format!("{} failed", record.id));
+                    // Not at once: a failure that repeats must not spin restores.
+                    self.recovery_not_before = tokio::time::Instant::now() + RECOVERY_BACKOFF;
                 }
                 self.unfinished_restore = Some(record.clone());
             }
@@ -283,14 +303,23 @@ impl State {
         let Some(reason) = self.pending_recovery.clone() else {
             return;
         };
-        if self.restore.is_some() || self.roster.keys().any(|n| !self.members.contains_key(n)) {
-            return; // again when that changes
+        if self.restore.is_some()
+            || self.roster.keys().any(|n| !self.members.contains_key(n))
+            || tokio::time::Instant::now() < self.recovery_not_before
+        {
+            return; // again when that changes (a registration, a restore's end, a tick)
         }
         self.pending_recovery = None;
+        // Until a restore starts, the recovery stays due (tried again after a pause).
+        let retry = |state: &mut Self| {
+            state.pending_recovery = Some(reason.clone());
+            state.recovery_not_before = tokio::time::Instant::now() + RECOVERY_BACKOFF;
+        };
         let completed = match self.completed_newest_first().await {
             Ok(completed) => completed,
             Err(e) => {
                 tracing::error!("automatic recovery ({reason}): cannot list snapshots: {e}");
+                retry(self);
                 return;
             }
         };
@@ -318,6 +347,9 @@ impl State {
                 "automatic recovery ({reason}): no completed snapshot that verifies (of the \
                  newest {AUTO_RESTORE_CANDIDATES}); the cluster runs on as it is"
             );
+            if !skipped.is_empty() {
+                retry(self); // perhaps the store answers again later
+            }
             return;
         };
         if let Err(e) = self
@@ -332,6 +364,7 @@ impl State {
                 snapshot = snapshot.id,
                 "automatic recovery ({reason}) could not restore: {e}"
             );
+            retry(self);
         }
     }
 
@@ -390,7 +423,9 @@ impl State {
                 newest = Some(record);
             }
         }
-        self.epoch = self.epoch.max(newest.as_ref().map_or(0, |r| r.epoch));
+        // The cluster is in the epoch of its newest restore (the counter may be ahead of it
+        // if a coordinator died between allocating an epoch and storing its restore).
+        self.epoch = newest.as_ref().map_or(0, |r| r.epoch);
         match newest {
             Some(record) if record.status == "IN_PROGRESS" => {
                 let nodes: BTreeSet<NodeId> = record.nodes.iter().map(NodeId::new).collect();

@@ -281,11 +281,13 @@ impl Kv for EtcdKv {
                 }
                 None => (0, Compare::version(key, CompareOp::Equal, 0)),
             };
-            let txn = Txn::new().when([compare]).and_then([TxnOp::put(
-                key,
-                (current + 1).to_string(),
-                None,
-            )]);
+            let next = current
+                .checked_add(1)
+                .ok_or_else(|| StoreError(format!("{key} is at its largest value")))?;
+            let txn =
+                Txn::new()
+                    .when([compare])
+                    .and_then([TxnOp::put(key, next.to_string(), None)]);
             if client.txn(txn).await.map_err(unavailable)?.succeeded() {
                 return Ok(current);
             }

@@ -93,7 +93,7 @@ fn lock_store(path: &Path) -> Result<std::fs::File, StoreError> {
             let holder = std::fs::read_to_string(path).unwrap_or_default();
             return Err(StoreError(format!(
                 "the embedded store is in use by another coordinator (pid {}; lock {}): \
-                 the embedded store serves one coordinator; use etcd for several",
+                 the embedded store serves one coordinator at a time",
                 holder.trim(),
                 path.display()
             )));
@@ -359,9 +359,12 @@ impl Kv for FileKv {
                 .map_err(|_| StoreError(format!("{key} is not a number")))?,
             None => 0,
         };
+        let next = current
+            .checked_add(1)
+            .ok_or_else(|| StoreError(format!("{key} is at its largest value")))?;
         let change = Change::Put {
             key: key.to_owned(),
-            value: (current + 1).to_string(),
+            value: next.to_string(),
         };
         self.commit(inner, change).await?;
         Ok(current)

@@ -89,6 +89,16 @@ impl NodeLoop {
                 current = self.epoch,
                 "a restore of an epoch already passed: ignored"
             );
+            if data.epoch < self.epoch {
+                // Say so now rather than let the coordinator wait out its deadline.
+                self.tell(NodeEvent::RestoreFailed {
+                    restore_id: data.restore_id,
+                    message: format!(
+                        "this node is already in epoch {}, after this restore's {}",
+                        self.epoch, data.epoch
+                    ),
+                });
+            }
             return;
         }
         if let Some(pending) = self.restore_pending.take() {
