@@ -1,4 +1,5 @@
-//! `cairnctl policy` and `cairnctl status`: the snapshot schedule and the cluster at a glance.
+//! `cairnctl policy`: the snapshot schedule. Its words for durations and freshness are
+//! also `cairnctl status`'s (see `health.rs`).
 
 use std::process::ExitCode;
 use std::time::Duration;
@@ -7,7 +8,8 @@ use cairn_proto::v1 as pb;
 use cairn_sdk::CoordinatorClient;
 use clap::Subcommand;
 
-use super::{Mode, Output, mode_word, status_word, table};
+use crate::output::{Output, table};
+use crate::snapshot::Mode;
 
 #[derive(Debug, Subcommand)]
 pub(crate) enum PolicyCommand {
@@ -144,7 +146,7 @@ pub(crate) async fn policy(
     Ok(ExitCode::SUCCESS)
 }
 
-fn human(ms: u64) -> String {
+pub(crate) fn human(ms: u64) -> String {
     humantime::format_duration(Duration::from_millis(ms)).to_string()
 }
 
@@ -152,7 +154,7 @@ fn human_or(ms: u64, none: &str) -> String {
     if ms == 0 { none.into() } else { human(ms) }
 }
 
-fn policy_mode(p: &pb::Policy) -> &'static str {
+pub(crate) fn policy_mode(p: &pb::Policy) -> &'static str {
     match pb::SnapshotMode::try_from(p.mode).unwrap_or(pb::SnapshotMode::Unspecified) {
         pb::SnapshotMode::Unaligned => "UNALIGNED",
         pb::SnapshotMode::Aligned => "ALIGNED",
@@ -160,7 +162,7 @@ fn policy_mode(p: &pb::Policy) -> &'static str {
     }
 }
 
-fn age(p: &pb::Policy) -> String {
+pub(crate) fn age(p: &pb::Policy) -> String {
     if p.has_completed {
         format!("{} ago", human(p.newest_completed_age_ms))
     } else {
@@ -168,7 +170,7 @@ fn age(p: &pb::Policy) -> String {
     }
 }
 
-fn freshness(p: &pb::Policy) -> String {
+pub(crate) fn freshness(p: &pb::Policy) -> String {
     match (p.freshness_threshold_ms, p.stale) {
         (0, _) => "no threshold".into(),
         (t, true) => format!("STALE (nothing completed within {})", human(t)),
@@ -218,7 +220,7 @@ fn policy_rows(p: &pb::Policy) -> Vec<(&'static str, String)> {
     ]
 }
 
-fn policy_json(p: &pb::Policy) -> serde_json::Value {
+pub(crate) fn policy_json(p: &pb::Policy) -> serde_json::Value {
     serde_json::json!({
         "interval_ms": p.interval_ms,
         "mode": policy_mode(p),
@@ -239,159 +241,4 @@ fn policy_json(p: &pb::Policy) -> serde_json::Value {
         "newest_completed_age_ms": p.has_completed.then_some(p.newest_completed_age_ms),
         "stale": p.stale,
     })
-}
-
-/// `cairnctl status`: members, snapshots in flight, the newest completed one, the schedule
-/// and freshness.
-pub(crate) async fn status(coordinator: &str, output: Output) -> anyhow::Result<ExitCode> {
-    let mut client = CoordinatorClient::connect(coordinator).await?;
-    let nodes = client
-        .raw()
-        .list_nodes(pb::ListNodesRequest {})
-        .await?
-        .into_inner();
-    let list = |status: pb::SnapshotStatus, page_size| pb::ListSnapshotsRequest {
-        status: status as i32,
-        page_size,
-        page_token: String::new(),
-    };
-    let running = client
-        .raw()
-        .list_snapshots(list(pb::SnapshotStatus::InProgress, 1000))
-        .await?
-        .into_inner()
-        .snapshots;
-    let newest = client
-        .raw()
-        .list_snapshots(list(pb::SnapshotStatus::Completed, 1))
-        .await?
-        .into_inner()
-        .snapshots
-        .into_iter()
-        .next();
-    let policy = client
-        .raw()
-        .get_policy(pb::GetPolicyRequest {})
-        .await?
-        .into_inner();
-    let last_restore = client
-        .raw()
-        .list_restores(pb::ListRestoresRequest { limit: 1 })
-        .await?
-        .into_inner()
-        .restores
-        .into_iter()
-        .next();
-    let restore_text = last_restore.as_ref().map(|r| {
-        let state = if r.done {
-            "DONE".to_owned()
-        } else if let Some(f) = &r.failure {
-            format!("FAILED: {}", f.message)
-        } else {
-            format!(
-                "IN_PROGRESS ({}/{} applied)",
-                r.applied.len(),
-                r.nodes.len()
-            )
-        };
-        format!(
-            "{} of snapshot {} (epoch {}, by {}): {state}",
-            r.restore_id, r.snapshot_id, r.epoch, r.requested_by
-        )
-    });
-    let connected = nodes.nodes.iter().filter(|n| n.connected).count();
-    let down: Vec<&str> = nodes
-        .nodes
-        .iter()
-        .filter(|n| !n.connected)
-        .map(|n| n.node_id.as_str())
-        .collect();
-    let id = |s: &pb::Snapshot| s.plan.as_ref().map_or(0, |p| p.snapshot_id);
-    if output == Output::Json {
-        let json = serde_json::json!({
-            "coordinator": coordinator,
-            "nodes": nodes.nodes.len(),
-            "connected": connected,
-            "not_connected": down,
-            "in_progress": running.iter().map(id).collect::<Vec<_>>(),
-            "newest_completed": newest.as_ref().map(|s| serde_json::json!({
-                "id": id(s), "mode": mode_word(s), "status": status_word(s.status),
-                "finished_at_ms": s.finished_at_ms,
-                "duration_ms": s.finished_at_ms.saturating_sub(s.started_at_ms),
-            })),
-            "policy": policy_json(&policy),
-            "last_restore": restore_text,
-        });
-        println!("{}", serde_json::to_string_pretty(&json)?);
-        return Ok(ExitCode::SUCCESS);
-    }
-    let mut rows = vec![
-        ("coordinator", coordinator.to_owned()),
-        (
-            "nodes",
-            if down.is_empty() {
-                format!("{connected}/{} connected", nodes.nodes.len())
-            } else {
-                format!(
-                    "{connected}/{} connected; not connected: {}",
-                    nodes.nodes.len(),
-                    down.join(", ")
-                )
-            },
-        ),
-        (
-            "in progress",
-            if running.is_empty() {
-                "none".into()
-            } else {
-                running
-                    .iter()
-                    .map(|s| id(s).to_string())
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            },
-        ),
-        (
-            "newest completed",
-            match &newest {
-                None => "none".into(),
-                Some(s) => format!(
-                    "#{} {}, took {} ms, {}",
-                    id(s),
-                    mode_word(s),
-                    s.finished_at_ms.saturating_sub(s.started_at_ms),
-                    age(&policy)
-                ),
-            },
-        ),
-    ];
-    let schedule = if policy.interval_ms == 0 {
-        "off".to_owned()
-    } else {
-        format!(
-            "every {}{}, {}; {} started, {} skipped, {} failed in a row{}",
-            human(policy.interval_ms),
-            if policy.jitter_ms > 0 {
-                format!(" (+ up to {})", human(policy.jitter_ms))
-            } else {
-                String::new()
-            },
-            policy_mode(&policy),
-            policy.started,
-            policy.skipped,
-            policy.consecutive_failures,
-            if policy.failing { " (FAILING)" } else { "" }
-        )
-    };
-    rows.push(("schedule", schedule));
-    rows.push((
-        "last restore",
-        restore_text.unwrap_or_else(|| "none".into()),
-    ));
-    rows.push(("freshness", freshness(&policy)));
-    table(
-        &["CLUSTER", ""],
-        rows.into_iter().map(|(k, v)| vec![k.to_owned(), v]),
-    );
-    Ok(ExitCode::SUCCESS)
 }

@@ -8,7 +8,7 @@ use cairn_proto::v1 as pb;
 use cairn_sdk::CoordinatorClient;
 use clap::Subcommand;
 
-use super::{Output, table};
+use crate::output::{Output, table};
 
 #[derive(Debug, Subcommand)]
 pub(crate) enum RestoreCommand {

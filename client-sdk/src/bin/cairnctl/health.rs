@@ -1,0 +1,243 @@
+//! `cairnctl nodes`, `cairnctl status` and `cairnctl health`: who is in the cluster, the
+//! cluster at a glance, and whether a server answers SERVING.
+
+use std::process::ExitCode;
+use std::time::Duration;
+
+use cairn_proto::v1 as pb;
+use cairn_sdk::CoordinatorClient;
+
+use crate::output::{Output, mode_word, status_word, table};
+use crate::policy::{age, freshness, human, policy_json, policy_mode};
+
+/// `cairnctl nodes`: the registered node daemons.
+pub(crate) async fn nodes(coordinator: &str, output: Output) -> anyhow::Result<ExitCode> {
+    let mut client = CoordinatorClient::connect(coordinator).await?;
+    let nodes = client
+        .raw()
+        .list_nodes(pb::ListNodesRequest {})
+        .await?
+        .into_inner();
+    if output == Output::Json {
+        let rows: Vec<_> = nodes
+            .nodes
+            .iter()
+            .map(|n| serde_json::json!({"node_id": n.node_id, "address": n.address, "incarnation": n.incarnation, "connected": n.connected, "application_attached": n.application_attached, "last_seen_ms": n.last_seen_ms}))
+            .collect();
+        println!("{}", serde_json::to_string_pretty(&rows)?);
+    } else {
+        table(
+            &["NODE", "ADDRESS", "CONNECTED", "INCARNATION", "APPLICATION"],
+            nodes.nodes.iter().map(|n| {
+                vec![
+                    n.node_id.clone(),
+                    n.address.clone(),
+                    if n.connected { "yes" } else { "no" }.into(),
+                    n.incarnation.to_string(),
+                    if n.application_attached {
+                        "attached".into()
+                    } else {
+                        "none".into()
+                    },
+                ]
+            }),
+        );
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `cairnctl health`: SERVING → 0; anything else, or no answer, → 1 with the reason.
+pub(crate) async fn health(
+    address: &str,
+    service: &str,
+    timeout: Duration,
+) -> anyhow::Result<ExitCode> {
+    use tonic_health::pb::{
+        HealthCheckRequest, health_check_response::ServingStatus, health_client::HealthClient,
+    };
+    let ask = async {
+        let channel = tonic::transport::Endpoint::from_shared(format!("http://{address}"))?
+            .connect()
+            .await?;
+        let answer = HealthClient::new(channel)
+            .check(HealthCheckRequest {
+                service: service.to_owned(),
+            })
+            .await?
+            .into_inner();
+        anyhow::Ok(answer.status())
+    };
+    match tokio::time::timeout(timeout, ask).await {
+        Ok(Ok(ServingStatus::Serving)) => {
+            println!("SERVING");
+            Ok(ExitCode::SUCCESS)
+        }
+        Ok(Ok(status)) => {
+            println!("{}", status.as_str_name());
+            Ok(ExitCode::FAILURE)
+        }
+        Ok(Err(e)) => {
+            eprintln!("error: {address}: {e:#}");
+            Ok(ExitCode::FAILURE)
+        }
+        Err(_) => {
+            eprintln!("error: {address}: no answer within {timeout:?}");
+            Ok(ExitCode::FAILURE)
+        }
+    }
+}
+
+/// `cairnctl status`: members, snapshots in flight, the newest completed one, the schedule
+/// and freshness.
+pub(crate) async fn status(coordinator: &str, output: Output) -> anyhow::Result<ExitCode> {
+    let mut client = CoordinatorClient::connect(coordinator).await?;
+    let nodes = client
+        .raw()
+        .list_nodes(pb::ListNodesRequest {})
+        .await?
+        .into_inner();
+    let list = |status: pb::SnapshotStatus, page_size| pb::ListSnapshotsRequest {
+        status: status as i32,
+        page_size,
+        page_token: String::new(),
+    };
+    let running = client
+        .raw()
+        .list_snapshots(list(pb::SnapshotStatus::InProgress, 1000))
+        .await?
+        .into_inner()
+        .snapshots;
+    let newest = client
+        .raw()
+        .list_snapshots(list(pb::SnapshotStatus::Completed, 1))
+        .await?
+        .into_inner()
+        .snapshots
+        .into_iter()
+        .next();
+    let policy = client
+        .raw()
+        .get_policy(pb::GetPolicyRequest {})
+        .await?
+        .into_inner();
+    let last_restore = client
+        .raw()
+        .list_restores(pb::ListRestoresRequest { limit: 1 })
+        .await?
+        .into_inner()
+        .restores
+        .into_iter()
+        .next();
+    let restore_text = last_restore.as_ref().map(|r| {
+        let state = if r.done {
+            "DONE".to_owned()
+        } else if let Some(f) = &r.failure {
+            format!("FAILED: {}", f.message)
+        } else {
+            format!(
+                "IN_PROGRESS ({}/{} applied)",
+                r.applied.len(),
+                r.nodes.len()
+            )
+        };
+        format!(
+            "{} of snapshot {} (epoch {}, by {}): {state}",
+            r.restore_id, r.snapshot_id, r.epoch, r.requested_by
+        )
+    });
+    let connected = nodes.nodes.iter().filter(|n| n.connected).count();
+    let down: Vec<&str> = nodes
+        .nodes
+        .iter()
+        .filter(|n| !n.connected)
+        .map(|n| n.node_id.as_str())
+        .collect();
+    let id = |s: &pb::Snapshot| s.plan.as_ref().map_or(0, |p| p.snapshot_id);
+    if output == Output::Json {
+        let json = serde_json::json!({
+            "coordinator": coordinator,
+            "nodes": nodes.nodes.len(),
+            "connected": connected,
+            "not_connected": down,
+            "in_progress": running.iter().map(id).collect::<Vec<_>>(),
+            "newest_completed": newest.as_ref().map(|s| serde_json::json!({
+                "id": id(s), "mode": mode_word(s), "status": status_word(s.status),
+                "finished_at_ms": s.finished_at_ms,
+                "duration_ms": s.finished_at_ms.saturating_sub(s.started_at_ms),
+            })),
+            "policy": policy_json(&policy),
+            "last_restore": restore_text,
+        });
+        println!("{}", serde_json::to_string_pretty(&json)?);
+        return Ok(ExitCode::SUCCESS);
+    }
+    let mut rows = vec![
+        ("coordinator", coordinator.to_owned()),
+        (
+            "nodes",
+            if down.is_empty() {
+                format!("{connected}/{} connected", nodes.nodes.len())
+            } else {
+                format!(
+                    "{connected}/{} connected; not connected: {}",
+                    nodes.nodes.len(),
+                    down.join(", ")
+                )
+            },
+        ),
+        (
+            "in progress",
+            if running.is_empty() {
+                "none".into()
+            } else {
+                running
+                    .iter()
+                    .map(|s| id(s).to_string())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            },
+        ),
+        (
+            "newest completed",
+            match &newest {
+                None => "none".into(),
+                Some(s) => format!(
+                    "#{} {}, took {} ms, {}",
+                    id(s),
+                    mode_word(s),
+                    s.finished_at_ms.saturating_sub(s.started_at_ms),
+                    age(&policy)
+                ),
+            },
+        ),
+    ];
+    let schedule = if policy.interval_ms == 0 {
+        "off".to_owned()
+    } else {
+        format!(
+            "every {}{}, {}; {} started, {} skipped, {} failed in a row{}",
+            human(policy.interval_ms),
+            if policy.jitter_ms > 0 {
+                format!(" (+ up to {})", human(policy.jitter_ms))
+            } else {
+                String::new()
+            },
+            policy_mode(&policy),
+            policy.started,
+            policy.skipped,
+            policy.consecutive_failures,
+            if policy.failing { " (FAILING)" } else { "" }
+        )
+    };
+    rows.push(("schedule", schedule));
+    rows.push((
+        "last restore",
+        restore_text.unwrap_or_else(|| "none".into()),
+    ));
+    rows.push(("freshness", freshness(&policy)));
+    table(
+        &["CLUSTER", ""],
+        rows.into_iter().map(|(k, v)| vec![k.to_owned(), v]),
+    );
+    Ok(ExitCode::SUCCESS)
+}

@@ -1,0 +1,327 @@
+//! `cairnctl snapshot`: start, inspect, list, watch, abort, verify, delete and restore
+//! snapshots.
+
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use cairn_proto::v1 as pb;
+use cairn_sdk::CoordinatorClient;
+use clap::{Subcommand, ValueEnum};
+
+use crate::output::{
+    Output, SNAPSHOT_HEADER, print_snapshot, snapshot_json, snapshot_row, status_word, table,
+};
+use crate::restore;
+
+#[derive(Debug, Subcommand)]
+pub(crate) enum SnapshotCommand {
+    /// Start a snapshot and print its id.
+    Start {
+        /// The mode.
+        #[arg(long, env = "CAIRN_MODE", value_enum, default_value_t = Mode::ChandyLamport)]
+        mode: Mode,
+        /// An initiator (repeatable); default: the coordinator chooses one.
+        #[arg(long, env = "CAIRN_INITIATORS", value_delimiter = ',')]
+        initiator: Vec<String>,
+        /// Timeout (e.g. 30s); default: the coordinator's.
+        #[arg(long, env = "CAIRN_SNAPSHOT_TIMEOUT", value_parser = humantime::parse_duration)]
+        timeout: Option<Duration>,
+        /// Aligned mode: switch to unaligned after this long aligning (e.g. 100ms).
+        #[arg(long, env = "CAIRN_ALIGNMENT_TIMEOUT", value_parser = humantime::parse_duration)]
+        alignment_timeout: Option<Duration>,
+        /// A label KEY=VALUE (repeatable).
+        #[arg(long, env = "CAIRN_LABELS", value_delimiter = ',')]
+        label: Vec<String>,
+        /// Wait until it ends and print it.
+        #[arg(long, env = "CAIRN_WAIT")]
+        wait: bool,
+    },
+    /// Show one snapshot.
+    Get {
+        /// Its id.
+        id: u64,
+        /// Include each node's state and the recorded messages.
+        #[arg(long, env = "CAIRN_DATA")]
+        data: bool,
+    },
+    /// List snapshots, newest first.
+    List {
+        /// Only this status.
+        #[arg(long, env = "CAIRN_STATUS", value_enum)]
+        status: Option<Status>,
+        /// At most this many.
+        #[arg(long, env = "CAIRN_LIMIT", default_value_t = 50)]
+        limit: u32,
+    },
+    /// Follow a snapshot's progress until it ends.
+    Watch {
+        /// Its id.
+        id: u64,
+    },
+    /// Abort a snapshot in progress.
+    Abort {
+        /// Its id.
+        id: u64,
+        /// Why.
+        #[arg(long, env = "CAIRN_REASON", default_value = "aborted with cairnctl")]
+        reason: String,
+    },
+    /// Delete a finished snapshot and the chunks only it used.
+    Delete {
+        /// Its id.
+        id: u64,
+    },
+    /// Read every chunk of a COMPLETED snapshot and check it against its SHA-256 name.
+    /// Exit 0 if all match; exit 1 naming the first missing or corrupt chunk and its node.
+    Verify {
+        /// Its id.
+        id: u64,
+    },
+    /// Roll the whole cluster back to a COMPLETED snapshot: every node's application gets
+    /// its recorded state, and the recorded in-flight messages are delivered again ahead
+    /// of any new traffic. Waits until every node applied its state (exit 0) or the
+    /// restore failed (exit 1).
+    Restore {
+        /// The snapshot.
+        id: u64,
+        /// Print the operation and return at once.
+        #[arg(long)]
+        no_wait: bool,
+        /// How long to wait.
+        #[arg(long, default_value = "120s", value_parser = humantime::parse_duration)]
+        timeout: Duration,
+    },
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub(crate) enum Mode {
+    ChandyLamport,
+    Unaligned,
+    Aligned,
+}
+
+impl Mode {
+    pub(crate) fn pb(self) -> pb::SnapshotMode {
+        match self {
+            Self::ChandyLamport => pb::SnapshotMode::ChandyLamport,
+            Self::Unaligned => pb::SnapshotMode::Unaligned,
+            Self::Aligned => pb::SnapshotMode::Aligned,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub(crate) enum Status {
+    InProgress,
+    Completed,
+    Failed,
+    Aborted,
+}
+
+pub(crate) async fn snapshot(
+    coordinator: &str,
+    output: Output,
+    command: SnapshotCommand,
+) -> anyhow::Result<ExitCode> {
+    let mut client = CoordinatorClient::connect(coordinator).await?;
+    match command {
+        SnapshotCommand::Start {
+            mode,
+            initiator,
+            timeout,
+            alignment_timeout,
+            label,
+            wait,
+        } => {
+            let labels = label
+                .iter()
+                .map(|l| {
+                    l.split_once('=')
+                        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+                        .ok_or_else(|| anyhow::anyhow!("label `{l}` is not KEY=VALUE"))
+                })
+                .collect::<anyhow::Result<_>>()?;
+            let id = client
+                .start_snapshot(pb::StartSnapshotRequest {
+                    mode: mode.pb() as i32,
+                    initiators: initiator,
+                    timeout_ms: timeout.map_or(0, |d| d.as_millis() as u64),
+                    alignment_timeout_ms: alignment_timeout.map_or(0, |d| d.as_millis() as u64),
+                    labels,
+                })
+                .await?;
+            if !wait {
+                match output {
+                    Output::Json => println!("{}", serde_json::json!({ "snapshot_id": id })),
+                    Output::Table => println!("{id}"),
+                }
+                return Ok(ExitCode::SUCCESS);
+            }
+            let snapshot = wait_for(&mut client, id, false).await?;
+            print_snapshot(&snapshot, output)?;
+            Ok(if snapshot.status == pb::SnapshotStatus::Completed as i32 {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::FAILURE
+            })
+        }
+        SnapshotCommand::Get { id, data } => {
+            let snapshot = client.get_snapshot(id, data).await?;
+            print_snapshot(&snapshot, output)?;
+            if data && output == Output::Table {
+                for node in &snapshot.nodes {
+                    println!(
+                        "\n{}: local state {}",
+                        node.node_id,
+                        String::from_utf8_lossy(&node.local_state)
+                    );
+                    for state in &node.channel_states {
+                        let channel = state
+                            .channel
+                            .as_ref()
+                            .map(|c| format!("{}->{}", c.from, c.to))
+                            .unwrap_or_default();
+                        println!("  {channel}: {} recorded messages", state.messages.len());
+                    }
+                }
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        SnapshotCommand::List { status, limit } => {
+            let status = match status {
+                None => pb::SnapshotStatus::Unspecified,
+                Some(Status::InProgress) => pb::SnapshotStatus::InProgress,
+                Some(Status::Completed) => pb::SnapshotStatus::Completed,
+                Some(Status::Failed) => pb::SnapshotStatus::Failed,
+                Some(Status::Aborted) => pb::SnapshotStatus::Aborted,
+            };
+            let list = client
+                .raw()
+                .list_snapshots(pb::ListSnapshotsRequest {
+                    status: status as i32,
+                    page_size: limit,
+                    page_token: String::new(),
+                })
+                .await?
+                .into_inner();
+            match output {
+                Output::Json => println!(
+                    "{}",
+                    serde_json::to_string_pretty(
+                        &list.snapshots.iter().map(snapshot_json).collect::<Vec<_>>()
+                    )?
+                ),
+                Output::Table => table(&SNAPSHOT_HEADER, list.snapshots.iter().map(snapshot_row)),
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        SnapshotCommand::Watch { id } => {
+            let mut stream = client
+                .raw()
+                .watch_snapshot(pb::WatchSnapshotRequest { snapshot_id: id })
+                .await?
+                .into_inner();
+            let start = Instant::now();
+            let mut last = pb::SnapshotStatus::Unspecified as i32;
+            while let Some(progress) = stream.message().await? {
+                last = progress.status;
+                match output {
+                    Output::Json => println!(
+                        "{}",
+                        serde_json::json!({"snapshot_id": id, "status": status_word(progress.status), "recorded": progress.recorded, "reported": progress.reported,
+                            "failure": progress.failure.as_ref().map(|f| f.message.clone())})
+                    ),
+                    Output::Table => println!(
+                        "{:>7.1}s  {:<11} recorded [{}]  stored [{}]{}",
+                        start.elapsed().as_secs_f64(),
+                        status_word(progress.status),
+                        progress.recorded.join(" "),
+                        progress.reported.join(" "),
+                        progress
+                            .failure
+                            .as_ref()
+                            .map(|f| format!("  {}", f.message))
+                            .unwrap_or_default()
+                    ),
+                }
+            }
+            Ok(if last == pb::SnapshotStatus::Completed as i32 {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::FAILURE
+            })
+        }
+        SnapshotCommand::Abort { id, reason } => {
+            let snapshot = client
+                .raw()
+                .abort_snapshot(pb::AbortSnapshotRequest {
+                    snapshot_id: id,
+                    reason,
+                })
+                .await?
+                .into_inner();
+            print_snapshot(&snapshot, output)?;
+            Ok(ExitCode::SUCCESS)
+        }
+        SnapshotCommand::Restore {
+            id,
+            no_wait,
+            timeout,
+        } => restore::restore_snapshot(&mut client, output, id, !no_wait, timeout).await,
+        SnapshotCommand::Verify { id } => {
+            let response = client
+                .raw()
+                .verify_snapshot(pb::VerifySnapshotRequest { snapshot_id: id })
+                .await?
+                .into_inner();
+            match output {
+                Output::Json => println!(
+                    "{}",
+                    serde_json::json!({"snapshot_id": id, "verified": true, "chunks": response.chunks, "bytes": response.bytes})
+                ),
+                Output::Table => println!(
+                    "snapshot {id} verifies: {} chunks, {} bytes, each matching its SHA-256",
+                    response.chunks, response.bytes
+                ),
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        SnapshotCommand::Delete { id } => {
+            let response = client
+                .raw()
+                .delete_snapshot(pb::DeleteSnapshotRequest { snapshot_id: id })
+                .await?
+                .into_inner();
+            match output {
+                Output::Json => println!(
+                    "{}",
+                    serde_json::json!({"snapshot_id": id, "bytes_freed": response.bytes_freed})
+                ),
+                Output::Table => println!(
+                    "deleted snapshot {id}; {} bytes of chunks freed",
+                    response.bytes_freed
+                ),
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+    }
+}
+
+/// Follows a snapshot until it ends, then reads it (with its data if asked).
+pub(crate) async fn wait_for(
+    client: &mut CoordinatorClient,
+    id: u64,
+    data: bool,
+) -> anyhow::Result<pb::Snapshot> {
+    let mut stream = client
+        .raw()
+        .watch_snapshot(pb::WatchSnapshotRequest { snapshot_id: id })
+        .await?
+        .into_inner();
+    while let Some(progress) = stream.message().await? {
+        if progress.status != pb::SnapshotStatus::InProgress as i32 {
+            break;
+        }
+    }
+    Ok(client.get_snapshot(id, data).await?)
+}
