@@ -28,6 +28,14 @@ pub enum Error {
     /// Stored data is missing or corrupt (names the chunk and the node).
     #[error("data loss: {0}")]
     DataLoss(String),
+    /// A metadata record that does not parse.
+    #[error("the metadata record {key} is corrupt: {why}")]
+    CorruptRecord {
+        /// Its key.
+        key: String,
+        /// What is wrong with it.
+        why: String,
+    },
     /// The coordinator is shutting down.
     #[error("the coordinator is shutting down")]
     ShuttingDown,
@@ -54,7 +62,7 @@ impl From<Error> for Status {
             Error::ResourceExhausted(_) => Code::ResourceExhausted,
             Error::Store(_) => Code::Unavailable,
             Error::Blob(_) => Code::Internal,
-            Error::DataLoss(_) => Code::DataLoss,
+            Error::DataLoss(_) | Error::CorruptRecord { .. } => Code::DataLoss,
             Error::ShuttingDown => Code::Unavailable,
         };
         Status::new(code, error.to_string())

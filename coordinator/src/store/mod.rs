@@ -12,12 +12,16 @@
 
 mod etcd;
 mod file;
+mod memory;
+mod meta;
 pub(crate) mod records;
 
 use std::future::Future;
 
 pub use etcd::EtcdKv;
 pub use file::FileKv;
+pub use memory::MemoryKv;
+pub use meta::Metadata;
 pub use records::{
     ChunkList, FailureRecord, MemberRecord, PartRecord, PolicyRecord, RestoreRecord, RosterRecord,
     SnapshotRecord, VerdictRecord,
@@ -61,6 +65,8 @@ pub enum AnyKv {
     Etcd(Box<EtcdKv>),
     /// The embedded file store.
     File(Box<FileKv>),
+    /// In memory, for unit tests.
+    Memory(MemoryKv),
 }
 
 impl Kv for AnyKv {
@@ -68,42 +74,49 @@ impl Kv for AnyKv {
         match self {
             Self::Etcd(s) => s.get(key).await,
             Self::File(s) => s.get(key).await,
+            Self::Memory(s) => s.get(key).await,
         }
     }
     async fn put(&self, key: &str, value: Vec<u8>) -> Result<(), StoreError> {
         match self {
             Self::Etcd(s) => s.put(key, value).await,
             Self::File(s) => s.put(key, value).await,
+            Self::Memory(s) => s.put(key, value).await,
         }
     }
     async fn put_ephemeral(&self, key: &str, value: Vec<u8>) -> Result<(), StoreError> {
         match self {
             Self::Etcd(s) => s.put_ephemeral(key, value).await,
             Self::File(s) => s.put_ephemeral(key, value).await,
+            Self::Memory(s) => s.put_ephemeral(key, value).await,
         }
     }
     async fn delete(&self, key: &str) -> Result<(), StoreError> {
         match self {
             Self::Etcd(s) => s.delete(key).await,
             Self::File(s) => s.delete(key).await,
+            Self::Memory(s) => s.delete(key).await,
         }
     }
     async fn delete_prefix(&self, prefix: &str) -> Result<(), StoreError> {
         match self {
             Self::Etcd(s) => s.delete_prefix(prefix).await,
             Self::File(s) => s.delete_prefix(prefix).await,
+            Self::Memory(s) => s.delete_prefix(prefix).await,
         }
     }
     async fn list(&self, prefix: &str) -> Result<Vec<(String, Vec<u8>)>, StoreError> {
         match self {
             Self::Etcd(s) => s.list(prefix).await,
             Self::File(s) => s.list(prefix).await,
+            Self::Memory(s) => s.list(prefix).await,
         }
     }
     async fn fetch_increment(&self, key: &str) -> Result<u64, StoreError> {
         match self {
             Self::Etcd(s) => s.fetch_increment(key).await,
             Self::File(s) => s.fetch_increment(key).await,
+            Self::Memory(s) => s.fetch_increment(key).await,
         }
     }
 }
@@ -113,7 +126,7 @@ impl AnyKv {
     /// it; etcd answers for itself).
     pub fn check_files(&self) -> Result<(), StoreError> {
         match self {
-            Self::Etcd(_) => Ok(()),
+            Self::Etcd(_) | Self::Memory(_) => Ok(()),
             Self::File(s) => s.check_files(),
         }
     }
@@ -143,6 +156,10 @@ impl Keys {
     /// One snapshot record.
     pub fn snapshot(&self, id: u64) -> String {
         format!("{}snapshots/{id:020}", self.root)
+    }
+    /// Every part of every snapshot.
+    pub fn all_parts(&self) -> String {
+        format!("{}parts/", self.root)
     }
     /// Every part of one snapshot.
     pub fn parts(&self, id: u64) -> String {
