@@ -3,11 +3,12 @@
 
 use std::time::Duration;
 
-use cairn_core::schedule::{Policy, PolicyError, PolicyField, Status, saturating_millis};
+use cairn_core::schedule::{Policy, Status, saturating_millis};
+use cairn_proto::convert::{mode_from_pb, policy_error};
 use cairn_proto::v1 as pb;
 
 use crate::error::Error;
-use crate::records_conv::{mode_name, mode_pb, now_ms};
+use crate::records_conv::{mode_name, now_ms};
 use crate::store::PolicyRecord;
 
 /// The health service name whose status follows the freshness of the newest snapshot.
@@ -77,26 +78,6 @@ fn mode_from_name(name: &str) -> cairn_core::SnapshotMode {
         "ALIGNED" => cairn_core::SnapshotMode::Aligned,
         _ => cairn_core::SnapshotMode::ChandyLamport,
     }
-}
-
-/// The wire (and stored record's) name of a policy field.
-pub fn wire_field(field: PolicyField) -> &'static str {
-    match field {
-        PolicyField::Interval => "interval_ms",
-        PolicyField::Mode => "mode",
-        PolicyField::Timeout => "timeout_ms",
-        PolicyField::AlignmentTimeout => "alignment_timeout_ms",
-        PolicyField::MinPause => "min_pause_ms",
-        PolicyField::Jitter => "jitter_ms",
-        PolicyField::MaxConcurrent => "max_concurrent",
-        PolicyField::ToleratedFailures => "tolerated_failures",
-        PolicyField::FreshnessThreshold => "freshness_threshold_ms",
-    }
-}
-
-/// A failed [`Policy::check`] in wire terms: `policy.<field>: <why, with the limit>`.
-pub fn wire_error(e: &PolicyError) -> String {
-    format!("policy.{}: {}", wire_field(e.field), e.reason)
 }
 
 /// The record to store.
@@ -170,7 +151,7 @@ pub fn at_start(flags: &Policy, stored: Option<&[u8]>, max_in_flight: usize) -> 
         return use_flags(None);
     }
     if let Err(e) = policy.check() {
-        return use_flags(Some(wire_error(&e)));
+        return use_flags(Some(policy_error(&e)));
     }
     if policy.max_concurrent as usize > max_in_flight {
         return use_flags(Some(format!(
@@ -188,25 +169,8 @@ pub fn at_start(flags: &Policy, stored: Option<&[u8]>, max_in_flight: usize) -> 
 /// The wire form, with the schedule's state.
 pub fn to_pb(policy: &Policy, source: Source, status: &Status) -> pb::Policy {
     pb::Policy {
-        interval_ms: ms(policy.interval),
-        mode: mode_pb(&mode_name(policy.mode)) as i32,
-        timeout_ms: ms(policy.timeout),
-        alignment_timeout_ms: opt_ms(policy.alignment_timeout),
-        min_pause_ms: ms(policy.min_pause),
-        jitter_ms: ms(policy.jitter),
-        max_concurrent: policy.max_concurrent,
-        tolerated_failures: policy.tolerated_failures,
-        consecutive_failures: status.consecutive_failures,
-        skipped: status.skipped,
-        newest_completed_age_ms: opt_ms(status.newest_completed_age),
-        freshness_threshold_ms: opt_ms(policy.freshness_threshold),
-        failing: status.failing,
-        last_failure: status.last_failure.clone().unwrap_or_default(),
-        started: status.started,
         source: source.name().into(),
-        next_due_in_ms: opt_ms(status.next_due_in),
-        stale: status.stale,
-        has_completed: status.newest_completed_age.is_some(),
+        ..(policy, status).into()
     }
 }
 
@@ -248,7 +212,7 @@ pub fn apply(current: &Policy, wire: &pb::Policy, update: &[String]) -> Result<P
         match name.as_str() {
             "interval_ms" => next.interval = Duration::from_millis(wire.interval_ms),
             "mode" => {
-                next.mode = cairn_node::convert::mode_from_pb(wire.mode, None)
+                next.mode = mode_from_pb(wire.mode, None)
                     .map_err(|e| Error::InvalidArgument(format!("mode: {e}")))?;
                 if next.mode != cairn_core::SnapshotMode::Aligned
                     && !names.iter().any(|n| n == "alignment_timeout_ms")
@@ -280,7 +244,7 @@ pub fn apply(current: &Policy, wire: &pb::Policy, update: &[String]) -> Result<P
         }
     }
     next.check()
-        .map_err(|e| Error::InvalidArgument(wire_error(&e)))?;
+        .map_err(|e| Error::InvalidArgument(policy_error(&e)))?;
     Ok(next)
 }
 

@@ -3,6 +3,7 @@
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use cairn_core::{FailureReason, SnapshotMode};
+use cairn_proto::convert::{kind_from_word, kind_word};
 use cairn_proto::v1 as pb;
 
 use crate::store::{FailureRecord, SnapshotRecord, VerdictRecord};
@@ -50,29 +51,25 @@ pub fn status_name(status: pb::SnapshotStatus) -> &'static str {
     }
 }
 
-/// A failure for the store.
+/// A failure for the store: its wire form, with the kind as its stable word
+/// (`ABORTED` for a user's abort) and the channel as `from->to`.
 pub fn failure_record(reason: &FailureReason) -> FailureRecord {
-    let wire = cairn_node::convert::failure_to_pb(reason);
+    let wire = pb::FailureReason::from(reason);
     let kind = pb::failure_reason::Kind::try_from(wire.kind)
-        .map(|k| k.as_str_name().trim_start_matches("KIND_").to_owned())
+        .map(kind_word)
         .unwrap_or_default();
     FailureRecord {
-        kind: if matches!(reason, FailureReason::Aborted(_)) {
-            "ABORTED".into()
-        } else {
-            kind
-        },
+        kind: kind.to_owned(),
         message: wire.message,
         nodes: wire.nodes,
         channel: wire.channel.map(|c| format!("{}->{}", c.from, c.to)),
     }
 }
 
-fn failure_pb(record: &FailureRecord) -> pb::FailureReason {
-    let kind = pb::failure_reason::Kind::from_str_name(&format!("KIND_{}", record.kind))
-        .unwrap_or(pb::failure_reason::Kind::Unspecified);
+/// A stored failure on the wire: what [`failure_record`]'s reason gives there.
+pub fn failure_pb(record: &FailureRecord) -> pb::FailureReason {
     pb::FailureReason {
-        kind: kind as i32,
+        kind: kind_from_word(&record.kind) as i32,
         message: record.message.clone(),
         nodes: record.nodes.clone(),
         channel: record.channel.as_ref().and_then(|c| {
@@ -144,5 +141,103 @@ pub fn progress_pb(record: &SnapshotRecord) -> pb::SnapshotProgress {
         reported: record.reported.clone(),
         failure: record.failure.as_ref().map(failure_pb),
         verdict: record.verdict.as_ref().map(verdict_pb),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use cairn_core::{ChannelId, Side, Violation};
+
+    use super::*;
+
+    /// One reason of every kind.
+    fn every_reason() -> Vec<FailureReason> {
+        vec![
+            FailureReason::Timeout {
+                missing: vec!["a".into(), "b".into()],
+            },
+            FailureReason::NodeLost("a".into()),
+            FailureReason::ChannelReset(ChannelId::new("a", "b")),
+            FailureReason::Inconsistent(Violation::MissingChannel {
+                channel: ChannelId::new("b", "a"),
+                side: Side::Sender,
+            }),
+            FailureReason::NoApplication("a".into()),
+            FailureReason::CoordinatorRestarted,
+            FailureReason::Restore,
+            FailureReason::Shutdown("b".into()),
+            FailureReason::Storage("node a: cannot store its part: no space".into()),
+            FailureReason::Aborted("by the operator".into()),
+            FailureReason::MembershipChanged("node c joined".into()),
+            FailureReason::MixedEpochs {
+                nodes: vec!["b".into()],
+                detail: "b recorded in epoch 2".into(),
+            },
+        ]
+    }
+
+    /// The record as the coordinator stored it before the conversions moved to
+    /// `cairn_proto::convert` (the enum's name without `KIND_`, `ABORTED` for an abort):
+    /// what is stored must not change.
+    fn record_before(reason: &FailureReason) -> FailureRecord {
+        let wire = pb::FailureReason::from(reason);
+        let kind = pb::failure_reason::Kind::try_from(wire.kind)
+            .map(|k| k.as_str_name().trim_start_matches("KIND_").to_owned())
+            .unwrap_or_default();
+        FailureRecord {
+            kind: if matches!(reason, FailureReason::Aborted(_)) {
+                "ABORTED".into()
+            } else {
+                kind
+            },
+            message: wire.message,
+            nodes: wire.nodes,
+            channel: wire.channel.map(|c| format!("{}->{}", c.from, c.to)),
+        }
+    }
+
+    #[test]
+    fn every_kind_round_trips_through_the_store() {
+        for reason in every_reason() {
+            let record = failure_record(&reason);
+            let json = serde_json::to_string(&record).unwrap();
+            assert_eq!(
+                json,
+                serde_json::to_string(&record_before(&reason)).unwrap(),
+                "{reason}"
+            );
+            let stored: FailureRecord = serde_json::from_str(&json).unwrap();
+            let wire = failure_pb(&stored);
+            assert_eq!(wire, pb::FailureReason::from(&reason), "{reason}");
+            let back = FailureReason::try_from(&wire).unwrap();
+            assert_eq!(back.to_string(), reason.to_string());
+            assert_eq!(failure_record(&back), record, "{reason}");
+        }
+    }
+
+    #[test]
+    fn stored_failures_keep_their_json() {
+        let json = |reason: FailureReason| serde_json::to_string(&failure_record(&reason)).unwrap();
+        assert_eq!(
+            json(FailureReason::Aborted("enough".into())),
+            r#"{"kind":"ABORTED","message":"aborted: enough","nodes":[]}"#
+        );
+        assert_eq!(
+            json(FailureReason::ChannelReset(ChannelId::new("a", "b"))),
+            r#"{"kind":"CHANNEL_RESET","message":"channel a->b was reset","nodes":[],"channel":"a->b"}"#
+        );
+        assert_eq!(
+            json(FailureReason::Timeout {
+                missing: vec!["n2".into()]
+            }),
+            r#"{"kind":"TIMEOUT","message":"timed out waiting for n2","nodes":["n2"]}"#
+        );
+        assert_eq!(
+            json(FailureReason::MixedEpochs {
+                nodes: vec!["n1".into()],
+                detail: "n1 is in epoch 5".into()
+            }),
+            r#"{"kind":"MIXED_EPOCHS","message":"parts recorded in different epochs: n1 is in epoch 5","nodes":["n1"]}"#
+        );
     }
 }

@@ -7,8 +7,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use bytes::Bytes;
-use cairn_core::{ChannelId, LocalReport, NodeId, NodePart, SnapshotId, StartRequest};
-use cairn_node::convert::{channel_from_pb, channel_to_pb, incoming_from_pb, outgoing_from_pb};
+use cairn_core::{
+    ChannelId, IncomingCut, LocalReport, NodeId, NodePart, OutgoingCut, SnapshotId, StartRequest,
+};
+use cairn_proto::convert::{ConvertError, channel_from_pb};
 use cairn_proto::v1 as pb;
 use prost::Message;
 use tokio::sync::{mpsc, oneshot};
@@ -438,14 +440,14 @@ impl pb::coordinator_server::Coordinator for CoordinatorService {
             for (channel, messages) in plan {
                 if channel.from.as_str() == node {
                     counts.push(pb::ChannelCount {
-                        channel: Some(channel_to_pb(&channel)),
+                        channel: Some((&channel).into()),
                         messages: messages.len() as u64,
                     });
                     continue;
                 }
                 for (i, batch) in messages.chunks(256).enumerate() {
                     let state = pb::ChannelState {
-                        channel: Some(channel_to_pb(&channel)),
+                        channel: Some((&channel).into()),
                         messages: batch
                             .iter()
                             .enumerate()
@@ -600,7 +602,7 @@ impl pb::coordinator_server::Coordinator for CoordinatorService {
             reply,
         })
         .await??;
-        let invalid = |e: cairn_node::convert::InvalidInput| Error::InvalidArgument(e.to_string());
+        let invalid = |e: ConvertError| Error::InvalidArgument(e.to_string());
         // A write that fails (a full disk, an I/O error) fails the snapshot here, naming
         // this node and the cause, whatever the daemon does with the error it gets.
         let storage = |e: std::io::Error| {
@@ -652,13 +654,13 @@ impl pb::coordinator_server::Coordinator for CoordinatorService {
         let incoming: BTreeMap<_, _> = cut
             .incoming
             .iter()
-            .map(incoming_from_pb)
+            .map(<(ChannelId, IncomingCut)>::try_from)
             .collect::<Result<_, _>>()
             .map_err(invalid)?;
         let outgoing: BTreeMap<_, _> = cut
             .outgoing
             .iter()
-            .map(outgoing_from_pb)
+            .map(<(ChannelId, OutgoingCut)>::try_from)
             .collect::<Result<_, _>>()
             .map_err(invalid)?;
         let local_state = local_state.finish().await.map_err(blob_error)?;

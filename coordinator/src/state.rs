@@ -9,8 +9,8 @@ use std::time::Duration;
 
 use cairn_core::schedule::{Due, Failing, Policy, Schedule};
 use cairn_core::{
-    ChannelId, FailureReason, NodeId, NodePart, SnapshotId, SnapshotMode, SnapshotTracker,
-    StartError, StartRequest, Topology, tracker,
+    FailureReason, NodeId, NodePart, SnapshotId, SnapshotMode, SnapshotTracker, StartError,
+    StartRequest, Topology, tracker,
 };
 use cairn_proto::v1 as pb;
 use tokio::sync::{mpsc, oneshot};
@@ -750,7 +750,7 @@ impl State {
             .known_topology()
             .channels()
             .iter()
-            .map(cairn_node::convert::channel_to_pb)
+            .map(pb::ChannelRef::from)
             .collect();
         (nodes, channels)
     }
@@ -1142,7 +1142,7 @@ impl State {
         }
         self.inflight.insert(id, record);
         self.metrics.in_flight.set(self.inflight.len() as i64);
-        let wire_plan = cairn_node::convert::plan_to_pb(&plan, 0);
+        let wire_plan = cairn_proto::convert::plan_to_pb(&plan, 0);
         for initiator in &plan.initiators {
             if let Some(member) = self.members.get(initiator) {
                 let command = pb::CoordinatorToNode {
@@ -1489,24 +1489,89 @@ async fn sleep_until(deadline: Option<Instant>) {
     }
 }
 
+/// The failure `node` reported. The wire's reason is taken exactly
+/// (`cairn_proto::convert::failure`), except where the reporter is who it concerns: a
+/// node lost, without an application or shutting down is the reporting node (whatever
+/// the wire names), a reset without its channel is the reporter lost, and a reason
+/// without a kind (or one this coordinator does not know, or cannot read) is an abort
+/// naming the node.
 fn node_failure(node: &NodeId, reason: &pb::FailureReason) -> FailureReason {
     use pb::failure_reason::Kind;
+    let aborted = |why: String| FailureReason::Aborted(format!("on node {node}: {why}"));
     match Kind::try_from(reason.kind).unwrap_or(Kind::Unspecified) {
-        Kind::ChannelReset => match &reason.channel {
-            Some(c) => FailureReason::ChannelReset(ChannelId::new(c.from.as_str(), c.to.as_str())),
-            None => FailureReason::NodeLost(node.clone()),
-        },
+        Kind::ChannelReset if reason.channel.is_none() => FailureReason::NodeLost(node.clone()),
         Kind::NoApplication => FailureReason::NoApplication(node.clone()),
         Kind::Shutdown => FailureReason::Shutdown(node.clone()),
         Kind::NodeLost => FailureReason::NodeLost(node.clone()),
-        Kind::Storage => FailureReason::Storage(reason.message.clone()),
-        Kind::MembershipChanged => FailureReason::MembershipChanged(reason.message.clone()),
-        _ => FailureReason::Aborted(format!("on node {node}: {}", reason.message)),
+        Kind::Unspecified => aborted(reason.message.clone()),
+        _ => FailureReason::try_from(reason)
+            .unwrap_or_else(|e| aborted(format!("{} ({e})", reason.message))),
     }
 }
 
 /// The mode of a start request from the wire.
 pub(crate) fn mode_of(value: i32) -> Result<SnapshotMode, Error> {
-    cairn_node::convert::mode_from_pb(value, Some(SnapshotMode::ChandyLamport))
+    cairn_proto::convert::mode_from_pb(value, Some(SnapshotMode::ChandyLamport))
         .map_err(|e| Error::InvalidArgument(e.to_string()))
+}
+
+#[cfg(test)]
+mod tests {
+    use cairn_core::ChannelId;
+
+    use super::*;
+
+    #[test]
+    fn a_node_failure_is_exact_and_names_its_reporter() {
+        let node = NodeId::from("n2");
+        let wire = |reason: &FailureReason| pb::FailureReason::from(reason);
+        // Taken exactly (Timeout and MixedEpochs once became aborts).
+        for reason in [
+            FailureReason::ChannelReset(ChannelId::new("n1", "n2")),
+            FailureReason::Storage("upload of n2's part failed: no space".into()),
+            FailureReason::MembershipChanged("node n3 joined".into()),
+            FailureReason::Timeout {
+                missing: vec!["n1".into()],
+            },
+            FailureReason::Restore,
+            FailureReason::MixedEpochs {
+                nodes: vec!["n2".into()],
+                detail: "n2 is in epoch 2".into(),
+            },
+        ] {
+            assert_eq!(node_failure(&node, &wire(&reason)), reason);
+        }
+        // The reporter is who these concern, whatever the wire names.
+        for (sent, taken) in [
+            (
+                FailureReason::NoApplication("n9".into()),
+                FailureReason::NoApplication(node.clone()),
+            ),
+            (
+                FailureReason::Shutdown("n9".into()),
+                FailureReason::Shutdown(node.clone()),
+            ),
+            (
+                FailureReason::NodeLost("n9".into()),
+                FailureReason::NodeLost(node.clone()),
+            ),
+        ] {
+            assert_eq!(node_failure(&node, &wire(&sent)), taken);
+        }
+        let mut reset = wire(&FailureReason::ChannelReset(ChannelId::new("n1", "n2")));
+        reset.channel = None;
+        assert_eq!(
+            node_failure(&node, &reset),
+            FailureReason::NodeLost(node.clone())
+        );
+        let unknown = pb::FailureReason {
+            kind: 99,
+            message: "what".into(),
+            ..Default::default()
+        };
+        assert_eq!(
+            node_failure(&node, &unknown),
+            FailureReason::Aborted("on node n2: what".into())
+        );
+    }
 }

@@ -121,6 +121,10 @@ pub enum Violation {
         /// What it recorded, summarised.
         recorded: String,
     },
+    /// A violation known only by its sentence: how the wire and the store carry one. The
+    /// verifier never produces it; a reason read back from the wire does.
+    #[error("{0}")]
+    Described(String),
 }
 
 /// The verifier's verdict on a consistent cut.

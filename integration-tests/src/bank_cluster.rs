@@ -7,7 +7,6 @@ use std::process::Command;
 use std::time::Duration;
 
 use cairn_core::{NodeId, SnapshotMode, Topology};
-use cairn_node::convert::mode_to_pb;
 use cairn_proto::bank::v1 as bank_pb;
 use cairn_proto::v1 as pb;
 use tonic::Code;
@@ -174,7 +173,7 @@ impl BankCluster {
             .await?
             .initiate_snapshot(pb::InitiateSnapshotRequest {
                 snapshot_id: id,
-                mode: mode_to_pb(mode) as i32,
+                mode: pb::SnapshotMode::from(mode) as i32,
                 alignment_timeout_ms: 0,
             })
             .await?;

@@ -4,9 +4,10 @@
 use std::collections::BTreeMap;
 
 use cairn_core::{
-    ChannelId, Consistent, LocalReport, NodeId, NodePart, SnapshotId, Topology, verify,
+    ChannelId, Consistent, IncomingCut, LocalReport, NodeId, NodePart, OutgoingCut, SnapshotId,
+    Topology, verify,
 };
-use cairn_node::convert::{channel_from_pb, incoming_from_pb, outgoing_from_pb};
+use cairn_proto::convert::channel_from_pb;
 use cairn_proto::v1 as pb;
 use cairn_sdk::bank::{BankState, TransferPayload};
 
@@ -46,12 +47,12 @@ pub fn check_bank_cut(
             incoming: part
                 .incoming
                 .iter()
-                .map(incoming_from_pb)
+                .map(<(ChannelId, IncomingCut)>::try_from)
                 .collect::<Result<_, _>>()?,
             outgoing: part
                 .outgoing
                 .iter()
-                .map(outgoing_from_pb)
+                .map(<(ChannelId, OutgoingCut)>::try_from)
                 .collect::<Result<_, _>>()?,
         };
         let mut recorded: BTreeMap<ChannelId, Vec<u64>> = BTreeMap::new();

@@ -10,9 +10,9 @@ use cairn_proto::v1 as pb;
 use tokio::sync::{mpsc, oneshot};
 use tonic::{Request, Response, Status};
 
-use crate::convert::{InvalidInput, channel_from_pb, mode_from_pb, plan_to_pb};
 use crate::error::Error;
 use crate::node_loop::{HoldFault, LoopMsg, Shared};
+use cairn_proto::convert::{channel_from_pb, mode_from_pb, plan_to_pb};
 
 /// Longest fault-injection delay per batch, in milliseconds: a batch already waiting when
 /// the delay is removed still waits out its own, so this bounds how long a channel can be
@@ -52,9 +52,7 @@ impl pb::node_admin_server::NodeAdmin for AdminService {
     ) -> Result<Response<pb::InitiateSnapshotResponse>, Status> {
         let request = request.into_inner();
         if request.snapshot_id == 0 {
-            return Err(
-                Error::InvalidInput(InvalidInput("snapshot_id must be positive".into())).into(),
-            );
+            return Err(Error::Malformed("snapshot_id must be positive".into()).into());
         }
         let mode = mode_from_pb(request.mode, Some(Default::default())).map_err(Error::from)?;
         let alignment_timeout = (request.alignment_timeout_ms > 0)
@@ -96,8 +94,7 @@ impl pb::node_admin_server::NodeAdmin for AdminService {
             return Err(Error::Unknown(format!("node {me} has no channel {channel}")).into());
         };
         let incoming = channel.to == *me;
-        let invalid =
-            |what: &str| -> Status { Error::InvalidInput(InvalidInput(what.to_owned())).into() };
+        let invalid = |what: &str| -> Status { Error::Malformed(what.to_owned()).into() };
         let hold = |fault: HoldFault| LoopMsg::Fault {
             channel: channel.clone(),
             fault,

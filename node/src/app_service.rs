@@ -13,7 +13,6 @@ use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status, Streaming};
 
-use crate::convert::InvalidInput;
 use crate::error::Error;
 use crate::node_loop::{LoopMsg, RecordsDue, Shared, StateChunk};
 
@@ -80,7 +79,7 @@ impl pb::app_server::App for AppService {
 }
 
 fn invalid(what: &str) -> Error {
-    Error::InvalidInput(InvalidInput(what.to_owned()))
+    Error::Malformed(what.to_owned())
 }
 
 /// Most messages a session reads ahead of a full channel, without credits, while a recorded

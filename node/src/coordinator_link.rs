@@ -13,9 +13,9 @@ use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
 use tonic::transport::{Channel, Endpoint};
 
-use crate::convert::{channel_from_pb, failure_to_pb, plan_from_pb};
 use crate::node_loop::{LoopMsg, RestoreData, Shared, StateChunk};
 use crate::wiring::Wirer;
+use cairn_proto::convert::channel_from_pb;
 
 /// How often the node tells the coordinator it is alive, and whether its application is.
 const HEARTBEAT: Duration = Duration::from_secs(2);
@@ -180,7 +180,7 @@ impl CoordinatorLink {
     ) -> Result<(), String> {
         use pb::coordinator_to_node::Kind;
         match kind {
-            Kind::Initiate(plan) => match plan_from_pb(&plan) {
+            Kind::Initiate(plan) => match cairn_core::Plan::try_from(&plan) {
                 Ok(plan) => {
                     self.highest_snapshot = self.highest_snapshot.max(plan.id.0);
                     let _ = self.loop_tx.send(LoopMsg::InitiatePlan { plan }).await;
@@ -253,7 +253,7 @@ impl CoordinatorLink {
                 // Dropping its items ends the upload without a cut: the coordinator keeps
                 // nothing of it.
                 self.uploads.remove(&id.0);
-                (id, Kind::Failed(failure_to_pb(&reason)))
+                (id, Kind::Failed((&reason).into()))
             }
             NodeEvent::StateChunk { id, chunk } => {
                 let _ = self.upload(id.0, tx, client).send(UploadItem::State(chunk));
@@ -386,7 +386,7 @@ async fn upload(
     };
     tracing::warn!(snapshot = id, %node, "upload failed: {why}");
     // Tell the coordinator now rather than let the snapshot time out.
-    let reason = failure_to_pb(&FailureReason::Storage(format!(
+    let reason = pb::FailureReason::from(&FailureReason::Storage(format!(
         "upload of {node}'s part failed: {why}"
     )));
     let event = pb::NodeSnapshotEvent {

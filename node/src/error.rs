@@ -3,14 +3,18 @@
 use cairn_core::{ChannelId, FailureReason, NodeId, SnapshotId};
 use tonic::{Code, Status};
 
-use crate::convert::InvalidInput;
+use cairn_proto::convert::ConvertError;
 
 /// What can go wrong serving a request.
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum Error {
-    /// The request or frame is malformed.
+    /// A message that cannot become a domain value (a field missing or invalid).
     #[error("invalid input: {0}")]
-    InvalidInput(#[from] InvalidInput),
+    InvalidInput(#[from] ConvertError),
+    /// The request or frame is malformed in a way the daemon checks itself (a stream
+    /// that does not begin with its handshake, a frame with nothing in it, …).
+    #[error("invalid input: {0}")]
+    Malformed(String),
     /// A peer of another cluster.
     #[error("cluster mismatch: this node is in cluster `{ours}`, the peer says `{theirs}`")]
     WrongCluster {
@@ -96,7 +100,7 @@ pub enum Error {
 impl From<Error> for Status {
     fn from(error: Error) -> Self {
         let code = match &error {
-            Error::InvalidInput(_) => Code::InvalidArgument,
+            Error::InvalidInput(_) | Error::Malformed(_) => Code::InvalidArgument,
             Error::WrongCluster { .. } => Code::FailedPrecondition,
             Error::Unknown(_) => Code::NotFound,
             Error::OutOfSequence { .. } => Code::OutOfRange,

@@ -19,7 +19,7 @@
 //! - `peer_server`, `peer_client`: the two ends of the peer channels.
 //! - `app_service`: the application session.
 //! - `admin`: `NodeAdmin` (status, snapshots by hand, local parts).
-//! - [`convert`]: wire ↔ domain conversions.
+//! - wire ↔ domain conversions live in `cairn_proto::convert`.
 //! - [`error`]: the daemon's [`Error`] and its gRPC codes.
 //! - [`metrics`]: Prometheus metrics and the `/metrics` endpoint.
 //! - `wiring`: the node's members and channels, and how they grow.
@@ -30,7 +30,6 @@
 mod admin;
 mod app_service;
 pub mod config;
-pub mod convert;
 mod coordinator_link;
 pub mod error;
 pub mod metrics;

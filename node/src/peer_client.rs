@@ -18,8 +18,8 @@ use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
 use tonic::transport::{Channel, Endpoint};
 
-use crate::convert::plan_to_pb;
 use crate::node_loop::{ChannelHandles, LoopMsg, OutFrame, Pulled, Shared};
+use cairn_proto::convert::plan_to_pb;
 
 /// Most frames asked of the node loop at once.
 const PULL_MAX: usize = 1024;

@@ -13,7 +13,6 @@ use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status, Streaming};
 
-use crate::convert::{InvalidInput, plan_from_pb};
 use crate::error::Error;
 use crate::node_loop::{ChannelHandles, InItem, LoopMsg, Shared};
 
@@ -83,7 +82,7 @@ impl pb::peer_server::Peer for PeerService {
 }
 
 fn invalid(what: &str) -> Error {
-    Error::InvalidInput(InvalidInput(what.to_owned()))
+    Error::Malformed(what.to_owned())
 }
 
 impl PeerService {
@@ -251,7 +250,7 @@ impl Reader {
                         .plan
                         .as_ref()
                         .ok_or_else(|| invalid("marker without a plan"))?;
-                    items.push(InItem::Marker(plan_from_pb(plan)?));
+                    items.push(InItem::Marker(cairn_core::Plan::try_from(plan)?));
                 }
                 None => return Err(invalid("frame with neither data nor marker")),
             }

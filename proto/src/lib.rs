@@ -14,6 +14,9 @@
 //! - [`reflection`]: the reflection services (v1 and v1alpha) every cairn server adds, so
 //!   `grpcurl` works with no proto files.
 //! - [`limits`]: the message sizes, stalls and HTTP/2 settings every cairn server bounds.
+//! - [`convert`]: every conversion between these messages and `cairn-core`'s domain
+//!   types, with the one [`ConvertError`](convert::ConvertError) a message that cannot
+//!   become a domain value gives.
 
 /// Package `cairn.v1`.
 #[allow(missing_docs, clippy::large_enum_variant)]
@@ -34,6 +37,7 @@ pub mod bank {
 pub const FILE_DESCRIPTOR_SET: &[u8] =
     include_bytes!(concat!(env!("OUT_DIR"), "/cairn_descriptor.bin"));
 
+pub mod convert;
 pub mod limits;
 
 /// Server reflection for every cairn server, in both `grpc.reflection.v1` and `v1alpha`

@@ -7,7 +7,6 @@ use cairn_core::{ChannelId, Event};
 use cairn_proto::v1 as pb;
 
 use super::{HoldFault, InItem, InboxItem, NodeLoop, OutFrame, OutItem};
-use crate::convert::channel_to_pb;
 
 impl NodeLoop {
     /// A peer (re)opened a channel. A new incarnation of the peer means it restarted: the
@@ -263,7 +262,7 @@ impl NodeLoop {
         let mut channels = Vec::new();
         for (channel, incoming) in &self.incoming {
             channels.push(pb::ChannelStatus {
-                channel: Some(channel_to_pb(channel)),
+                channel: Some(channel.into()),
                 connected: incoming.incarnation != 0,
                 unacked_frames: 0,
                 data_messages: incoming.data_messages,
@@ -275,7 +274,7 @@ impl NodeLoop {
             let stats = &out.handles.stats;
             use std::sync::atomic::Ordering::Relaxed;
             channels.push(pb::ChannelStatus {
-                channel: Some(channel_to_pb(channel)),
+                channel: Some(channel.into()),
                 connected: stats.connected.load(Relaxed),
                 unacked_frames: stats.unacked.load(Relaxed) + out.queue.len() as u64,
                 data_messages: out.data_messages,

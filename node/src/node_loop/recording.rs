@@ -15,7 +15,6 @@ use cairn_proto::v1 as pb;
 use tokio::sync::mpsc;
 
 use super::StateChunk;
-use crate::convert::{channel_to_pb, incoming_to_pb, outgoing_to_pb};
 use crate::coordinator_link::NodeEvent;
 use crate::error::Error;
 
@@ -153,21 +152,13 @@ impl Recordings {
             snapshot_id: id.0,
             node_id: self.node.to_string(),
             local_state: state.freeze(),
-            incoming: report
-                .incoming
-                .iter()
-                .map(|(c, cut)| incoming_to_pb(c, cut))
-                .collect(),
-            outgoing: report
-                .outgoing
-                .iter()
-                .map(|(c, cut)| outgoing_to_pb(c, cut))
-                .collect(),
+            incoming: report.incoming.iter().map(pb::IncomingCut::from).collect(),
+            outgoing: report.outgoing.iter().map(pb::OutgoingCut::from).collect(),
             channel_states: recording
                 .channels
                 .into_iter()
                 .map(|(c, messages)| pb::ChannelState {
-                    channel: Some(channel_to_pb(&c)),
+                    channel: Some((&c).into()),
                     messages: messages
                         .into_iter()
                         .map(|(index, payload)| pb::RecordedMessage { index, payload })

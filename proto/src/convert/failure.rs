@@ -1,0 +1,254 @@
+//! Failure reasons, losslessly in both directions.
+//!
+//! The wire carries a stable `kind`, the reason's sentence (`message`, the domain's
+//! `Display`), the nodes and the channel concerned. Every domain variant maps to one kind
+//! (a user's abort to `KIND_UNSPECIFIED`, as it always has), and back: the nodes and the
+//! channel come from their fields, a variant's own text from the sentence, after the
+//! words `Display` puts before it (a sentence without them is taken whole).
+//!
+//! An inconsistent cut is judged by the coordinator's verifier, which stores and sends
+//! only the violation's sentence: no [`Violation`] ever crosses the wire structured, and
+//! one read back from the wire (or the store) is a [`Violation::Described`] with that
+//! sentence, which displays as the original did.
+
+use cairn_core::{FailureReason, NodeId, Violation};
+
+use super::{ConvertError, channel_from_pb};
+use crate::v1 as pb;
+use pb::failure_reason::Kind;
+
+/// The words each variant's `Display` puts before its own text.
+const INCONSISTENT: &str = "inconsistent cut: ";
+const MIXED_EPOCHS: &str = "parts recorded in different epochs: ";
+const STORAGE: &str = "storage failed: ";
+const ABORTED: &str = "aborted: ";
+const MEMBERSHIP_CHANGED: &str = "membership changed: ";
+
+impl From<&FailureReason> for pb::FailureReason {
+    fn from(reason: &FailureReason) -> Self {
+        let (kind, nodes, channel) = match reason {
+            FailureReason::Timeout { missing } => (Kind::Timeout, missing.clone(), None),
+            FailureReason::NodeLost(n) => (Kind::NodeLost, vec![n.clone()], None),
+            FailureReason::ChannelReset(c) => (Kind::ChannelReset, vec![], Some(c.into())),
+            FailureReason::Inconsistent(_) => (Kind::Inconsistent, vec![], None),
+            FailureReason::NoApplication(n) => (Kind::NoApplication, vec![n.clone()], None),
+            FailureReason::CoordinatorRestarted => (Kind::CoordinatorRestarted, vec![], None),
+            FailureReason::Restore => (Kind::Restore, vec![], None),
+            FailureReason::Shutdown(n) => (Kind::Shutdown, vec![n.clone()], None),
+            FailureReason::Storage(_) => (Kind::Storage, vec![], None),
+            FailureReason::Aborted(_) => (Kind::Unspecified, vec![], None),
+            FailureReason::MembershipChanged(_) => (Kind::MembershipChanged, vec![], None),
+            FailureReason::MixedEpochs { nodes, .. } => (Kind::MixedEpochs, nodes.clone(), None),
+        };
+        Self {
+            kind: kind as i32,
+            message: reason.to_string(),
+            nodes: nodes.iter().map(ToString::to_string).collect(),
+            channel,
+        }
+    }
+}
+
+/// Exact for every kind; a kind that names one node needs it in `nodes`, a channel reset
+/// its `channel`.
+impl TryFrom<&pb::FailureReason> for FailureReason {
+    type Error = ConvertError;
+
+    fn try_from(reason: &pb::FailureReason) -> Result<Self, ConvertError> {
+        let kind = Kind::try_from(reason.kind).map_err(|_| ConvertError::Invalid {
+            field: "kind",
+            why: format!("unknown failure kind {}", reason.kind),
+        })?;
+        let nodes = || {
+            reason
+                .nodes
+                .iter()
+                .map(|n| NodeId::new(n.clone()))
+                .collect()
+        };
+        let node = || {
+            reason
+                .nodes
+                .first()
+                .map(|n| NodeId::new(n.clone()))
+                .ok_or(ConvertError::Missing("nodes"))
+        };
+        let text = |prefix: &str| {
+            let message = reason.message.as_str();
+            message.strip_prefix(prefix).unwrap_or(message).to_owned()
+        };
+        Ok(match kind {
+            Kind::Unspecified => Self::Aborted(text(ABORTED)),
+            Kind::Timeout => Self::Timeout { missing: nodes() },
+            Kind::NodeLost => Self::NodeLost(node()?),
+            Kind::ChannelReset => Self::ChannelReset(channel_from_pb(reason.channel.as_ref())?),
+            Kind::Inconsistent => Self::Inconsistent(Violation::Described(text(INCONSISTENT))),
+            Kind::NoApplication => Self::NoApplication(node()?),
+            Kind::CoordinatorRestarted => Self::CoordinatorRestarted,
+            Kind::Restore => Self::Restore,
+            Kind::Shutdown => Self::Shutdown(node()?),
+            Kind::Storage => Self::Storage(text(STORAGE)),
+            Kind::MembershipChanged => Self::MembershipChanged(text(MEMBERSHIP_CHANGED)),
+            Kind::MixedEpochs => Self::MixedEpochs {
+                nodes: nodes(),
+                detail: text(MIXED_EPOCHS),
+            },
+        })
+    }
+}
+
+/// A kind's stable word, as the store and scripts spell it: the enum's name without
+/// `KIND_`, and `ABORTED` for `KIND_UNSPECIFIED` (a user's abort).
+pub fn kind_word(kind: Kind) -> &'static str {
+    match kind {
+        Kind::Unspecified => "ABORTED",
+        Kind::Timeout => "TIMEOUT",
+        Kind::NodeLost => "NODE_LOST",
+        Kind::ChannelReset => "CHANNEL_RESET",
+        Kind::Inconsistent => "INCONSISTENT",
+        Kind::NoApplication => "NO_APPLICATION",
+        Kind::CoordinatorRestarted => "COORDINATOR_RESTARTED",
+        Kind::Restore => "RESTORE",
+        Kind::Shutdown => "SHUTDOWN",
+        Kind::Storage => "STORAGE",
+        Kind::MembershipChanged => "MEMBERSHIP_CHANGED",
+        Kind::MixedEpochs => "MIXED_EPOCHS",
+    }
+}
+
+/// The kind of a stable word ([`kind_word`]'s inverse); a word no kind has is
+/// `KIND_UNSPECIFIED`.
+pub fn kind_from_word(word: &str) -> Kind {
+    ALL.iter()
+        .copied()
+        .find(|k| kind_word(*k) == word)
+        .unwrap_or(Kind::Unspecified)
+}
+
+/// Every kind, for [`kind_from_word`].
+const ALL: [Kind; 12] = [
+    Kind::Unspecified,
+    Kind::Timeout,
+    Kind::NodeLost,
+    Kind::ChannelReset,
+    Kind::Inconsistent,
+    Kind::NoApplication,
+    Kind::CoordinatorRestarted,
+    Kind::Restore,
+    Kind::Shutdown,
+    Kind::Storage,
+    Kind::MembershipChanged,
+    Kind::MixedEpochs,
+];
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use cairn_core::{ChannelId, Side};
+
+    use super::*;
+
+    /// One reason of every variant (with a violation as the verifier makes one).
+    pub(crate) fn every_reason() -> Vec<FailureReason> {
+        vec![
+            FailureReason::Timeout {
+                missing: vec!["a".into(), "b".into()],
+            },
+            FailureReason::NodeLost("a".into()),
+            FailureReason::ChannelReset(ChannelId::new("a", "b")),
+            FailureReason::Inconsistent(Violation::WrongMessages {
+                channel: ChannelId::new("a", "b"),
+                side: Side::Receiver,
+                expected: 3..5,
+                recorded: "messages 3..4".into(),
+            }),
+            FailureReason::NoApplication("a".into()),
+            FailureReason::CoordinatorRestarted,
+            FailureReason::Restore,
+            FailureReason::Shutdown("b".into()),
+            FailureReason::Storage("upload of a's part failed: no space".into()),
+            FailureReason::Aborted("by the operator: done".into()),
+            FailureReason::MembershipChanged("node c joined".into()),
+            FailureReason::MixedEpochs {
+                nodes: vec!["b".into()],
+                detail: "b recorded in epoch 2, the snapshot is of epoch 1".into(),
+            },
+        ]
+    }
+
+    #[test]
+    fn every_kind_round_trips_through_the_wire() {
+        let reasons = every_reason();
+        let kinds: std::collections::BTreeSet<i32> = reasons
+            .iter()
+            .map(|r| pb::FailureReason::from(r).kind)
+            .collect();
+        assert_eq!(kinds.len(), ALL.len(), "one reason of every wire kind");
+        for reason in reasons {
+            let wire = pb::FailureReason::from(&reason);
+            let back = FailureReason::try_from(&wire).unwrap();
+            match (&reason, &back) {
+                // The verifier's violation comes back as its sentence.
+                (FailureReason::Inconsistent(v), FailureReason::Inconsistent(b)) => {
+                    assert_eq!(*b, Violation::Described(v.to_string()));
+                }
+                _ => assert_eq!(back, reason),
+            }
+            assert_eq!(back.to_string(), reason.to_string());
+            assert_eq!(pb::FailureReason::from(&back), wire, "{reason}");
+        }
+    }
+
+    #[test]
+    fn every_kind_has_its_word() {
+        for kind in ALL {
+            assert_eq!(kind_from_word(kind_word(kind)), kind);
+            if kind != Kind::Unspecified {
+                assert_eq!(
+                    kind.as_str_name().strip_prefix("KIND_"),
+                    Some(kind_word(kind))
+                );
+            }
+        }
+        assert_eq!(kind_from_word("UNSPECIFIED"), Kind::Unspecified);
+        assert_eq!(kind_from_word("no such kind"), Kind::Unspecified);
+    }
+
+    #[test]
+    fn a_sentence_without_its_words_is_taken_whole() {
+        let wire = pb::FailureReason {
+            kind: Kind::Storage as i32,
+            message: "disk full".into(),
+            ..Default::default()
+        };
+        assert_eq!(
+            FailureReason::try_from(&wire),
+            Ok(FailureReason::Storage("disk full".into()))
+        );
+    }
+
+    #[test]
+    fn missing_nodes_channels_and_unknown_kinds_are_named() {
+        let wire = |kind: Kind| pb::FailureReason {
+            kind: kind as i32,
+            ..Default::default()
+        };
+        for kind in [Kind::NodeLost, Kind::NoApplication, Kind::Shutdown] {
+            assert_eq!(
+                FailureReason::try_from(&wire(kind)),
+                Err(ConvertError::Missing("nodes"))
+            );
+        }
+        assert_eq!(
+            FailureReason::try_from(&wire(Kind::ChannelReset)),
+            Err(ConvertError::Missing("channel"))
+        );
+        let unknown = pb::FailureReason {
+            kind: 99,
+            ..Default::default()
+        };
+        assert_eq!(
+            FailureReason::try_from(&unknown).unwrap_err().field(),
+            "kind"
+        );
+    }
+}
