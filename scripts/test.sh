@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# cairn's one test command: installs what the tests need, then runs every check a
-# reviewer would — formatting, clippy with warnings as errors, and every test.
+# cairn's one test command (CI runs it): first the fast check (scripts/check.sh: formatting,
+# clippy with warnings as errors, cairn-core's purity, the docs, the unit tests and the
+# simulation), then it installs what the other tests need and runs every check a reviewer
+# would — the fault run, every test, the deployment checks, the compose cluster, the benches.
 #
 #   ./scripts/test.sh
 #
@@ -54,19 +56,10 @@ install_prerequisites() {
     { echo "error: the compose test needs Docker Engine and docker-compose (apt-get install docker.io docker-compose)" >&2; exit 1; }
 }
 
+say "the fast check (scripts/check.sh: fmt, clippy, core purity, docs, unit tests, simulation)"
+scripts/check.sh
+
 install_prerequisites
-
-say "cargo fmt --all --check"
-cargo fmt --all --check
-
-say "cargo clippy --workspace --all-targets -- -D warnings"
-cargo clippy --workspace --all-targets --locked -- -D warnings
-
-say "cairn-core stays pure (no tokio, tonic, prost, etcd-client)"
-if cargo tree -p cairn-core -e normal --prefix none --locked | grep -E '^(tokio|tonic|prost|etcd-client) '; then
-  echo "error: cairn-core depends on an I/O crate (above); keep the algorithm sans-IO" >&2
-  exit 1
-fi
 
 say "cargo build --bins (the multi-process tests run the built binaries)"
 cargo build --workspace --bins --locked

@@ -13,7 +13,7 @@
 //! - [`coordinated`]: a coordinator, node daemons and banks as processes.
 //! - [`proxy`]: a TCP proxy that cuts its connections on demand.
 //! - [`restore`]: what banks must hold after a restore, and the restore calls tests share.
-//! - [`bench`]: the pieces of `cairn-bench` (in-process applications, baselines, stats).
+//! - [`mod@bench`]: the pieces of `cairn-bench` (in-process applications, baselines, stats).
 
 #![forbid(unsafe_code)]
 

@@ -2,7 +2,7 @@
 //! links, under a seeded scheduler that picks which queue moves next, with snapshots
 //! started at random processes in every mode, on every topology shape, with connection
 //! faults. After every completed snapshot it checks the cut against its own ground truth
-//! (see [`oracle`]); at the end, that every snapshot finished and no token was lost.
+//! (see `oracle.rs`); at the end, that every snapshot finished and no token was lost.
 //!
 //! A failure names its seed; `CAIRN_SIM_SEED=<seed>` replays exactly that schedule.
 
