@@ -64,6 +64,9 @@ install_prerequisites
 say "cargo build --bins (the multi-process tests run the built binaries)"
 cargo build --workspace --bins --locked
 
+say "cargo build -p cairn-sdk --no-default-features (the SDK an application links: no clap, no tracing-subscriber)"
+cargo build -p cairn-sdk --no-default-features --locked
+
 say "randomised fault run (cairn-faults: 4 nodes, etcd, automatic recovery; kills, pauses, cuts, restores)"
 # Seeded and bounded: ${CAIRN_FAULTS_SECONDS:-150} s of faults, then the checks (about a
 # minute). CAIRN_FAULTS_SEED picks another schedule of faults; a failing run keeps its logs.

@@ -1,12 +1,20 @@
 //! What every cairn binary does the same way at start: parse its flags (a bad one exits
 //! with code 64), set up logging, bind its listeners with a message naming the flag, and
-//! turn SIGTERM/SIGINT into a cancellation.
+//! turn SIGTERM/SIGINT into a cancellation; and the `/metrics` endpoint of the two
+//! daemons ([`metrics`]).
+//!
+//! Behind the `cli` feature (on by default): the node and the coordinator enable it, as
+//! do this crate's binaries (`cairnctl`, `cairn-bank`); an application builds the SDK with
+//! `default-features = false` and links neither clap, tracing-subscriber, axum nor
+//! prometheus-client.
 
 use std::net::SocketAddr;
 use std::process::ExitCode;
 
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
+
+pub mod metrics;
 
 /// The exit code of a bad configuration (sysexits' EX_USAGE).
 pub const EX_USAGE: u8 = 64;

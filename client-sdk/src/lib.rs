@@ -49,12 +49,15 @@
 //! - [`coordinator`]: the coordinator client, [`CoordinatorClient`].
 //! - [`bank`]: the `cairn-bank` example application.
 //! - [`local_cluster`]: the processes of `cairnctl cluster up`.
-//! - [`cli`]: start-up plumbing shared by cairn's binaries (flags, logging, signals).
+//! - `cli` (feature `cli`, on by default): start-up plumbing shared by cairn's binaries
+//!   (flags, logging, signals) and the daemons' `/metrics` endpoint. Build with
+//!   `default-features = false` for an application: no clap, no tracing-subscriber.
 //! - [`error`]: [`Error`], with [`Error::is_retryable`].
 
 #![forbid(unsafe_code)]
 
 pub mod bank;
+#[cfg(feature = "cli")]
 pub mod cli;
 pub mod coordinator;
 pub mod error;

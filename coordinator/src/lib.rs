@@ -107,7 +107,7 @@ pub async fn run(
     let mut registry = prometheus_client::registry::Registry::default();
     metrics.register(&mut registry);
     if let Some(listener) = metrics_listener {
-        tokio::spawn(cairn_node::metrics::serve(
+        tokio::spawn(cairn_sdk::cli::metrics::serve(
             listener,
             Arc::new(registry),
             stop.clone(),

@@ -1,4 +1,4 @@
-//! The coordinator's Prometheus metrics (served by `cairn_node::metrics::serve`).
+//! The coordinator's Prometheus metrics (served by `cairn_sdk::cli::metrics::serve`).
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;

@@ -21,7 +21,7 @@
 //! - `admin`: `NodeAdmin` (status, snapshots by hand, local parts).
 //! - wire ↔ domain conversions live in `cairn_proto::convert`.
 //! - [`error`]: the daemon's [`Error`] and its gRPC codes.
-//! - [`metrics`]: Prometheus metrics and the `/metrics` endpoint.
+//! - [`metrics`]: Prometheus metrics (served by `cairn_sdk::cli::metrics`).
 //! - `wiring`: the node's members and channels, and how they grow.
 //! - `coordinator_link`: the session with the coordinator.
 
@@ -238,7 +238,11 @@ pub async fn run(
     let peer_server = tokio::spawn(peer_server);
     let app_server = tokio::spawn(app_server);
     if let Some(listener) = listeners.metrics {
-        tokio::spawn(metrics::serve(listener, Arc::new(registry), stop.clone()));
+        tokio::spawn(cairn_sdk::cli::metrics::serve(
+            listener,
+            Arc::new(registry),
+            stop.clone(),
+        ));
     }
 
     for name in ["", "cairn.v1.Peer", "cairn.v1.App", "cairn.v1.NodeAdmin"] {

@@ -1,16 +1,11 @@
-//! Prometheus metrics: the daemon's counters, and a `/metrics` endpoint that the
-//! coordinator reuses for its own registry.
+//! Prometheus metrics: the daemon's counters (served at `/metrics` by
+//! `cairn_sdk::cli::metrics::serve`, as the coordinator's are).
 
-use std::sync::Arc;
-
-use axum::response::IntoResponse;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
-use tokio::net::TcpListener;
-use tokio_util::sync::CancellationToken;
 
 /// A label naming an outcome.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -101,39 +96,4 @@ impl NodeMetrics {
             })
             .inc_by(n);
     }
-}
-
-/// Serves `registry` as Prometheus text at `GET /metrics` until `shutdown`.
-pub async fn serve(
-    listener: TcpListener,
-    registry: Arc<Registry>,
-    shutdown: CancellationToken,
-) -> std::io::Result<()> {
-    let app = axum::Router::new().route(
-        "/metrics",
-        axum::routing::get(move || {
-            let registry = registry.clone();
-            async move {
-                let mut body = String::new();
-                match prometheus_client::encoding::text::encode(&mut body, &registry) {
-                    Ok(()) => (
-                        [(
-                            axum::http::header::CONTENT_TYPE,
-                            "text/plain; version=0.0.4; charset=utf-8",
-                        )],
-                        body,
-                    )
-                        .into_response(),
-                    Err(e) => (
-                        axum::http::StatusCode::INTERNAL_SERVER_ERROR,
-                        format!("encoding failed: {e}"),
-                    )
-                        .into_response(),
-                }
-            }
-        }),
-    );
-    axum::serve(listener, app)
-        .with_graceful_shutdown(shutdown.cancelled_owned())
-        .await
 }
