@@ -11,7 +11,8 @@ use tokio::sync::{mpsc, oneshot};
 use tonic::{Request, Response, Status};
 
 use crate::error::Error;
-use crate::node_loop::{HoldFault, LoopMsg, Shared};
+use crate::node_loop::{HoldFault, LoopMsg};
+use crate::shared::Shared;
 use cairn_proto::convert::{channel_from_pb, mode_from_pb, plan_to_pb};
 
 /// Longest fault-injection delay per batch, in milliseconds: a batch already waiting when

@@ -14,7 +14,8 @@ use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status, Streaming};
 
 use crate::error::Error;
-use crate::node_loop::{LoopMsg, RecordsDue, Shared, StateChunk};
+use crate::node_loop::{LoopMsg, RecordsDue};
+use crate::shared::{ChannelHandles, Shared, StateChunk, UPLOAD_ROOM};
 
 /// The `App` service.
 pub(crate) struct AppService {
@@ -125,7 +126,7 @@ impl SessionReader {
                     }
                     // Wait for upload room: a large state flows on to the coordinator as
                     // it arrives instead of piling up here.
-                    let want = state.chunk.len().clamp(1, crate::UPLOAD_ROOM) as u32;
+                    let want = state.chunk.len().clamp(1, UPLOAD_ROOM) as u32;
                     let room = self
                         .shared
                         .upload_room
@@ -175,7 +176,7 @@ impl SessionReader {
     }
 
     /// Takes a message in on credit: the channel's credits pay it back.
-    fn on_credit(&self, handles: &crate::node_loop::ChannelHandles) {
+    fn on_credit(&self, handles: &ChannelHandles) {
         handles.debt.fetch_add(1, Ordering::AcqRel);
         self.read_ahead.fetch_add(1, Ordering::Relaxed);
     }

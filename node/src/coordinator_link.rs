@@ -13,7 +13,8 @@ use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
 use tonic::transport::{Channel, Endpoint};
 
-use crate::node_loop::{LoopMsg, RestoreData, Shared, StateChunk};
+use crate::node_loop::{LoopMsg, NodeEvent, RestoreData};
+use crate::shared::{Shared, StateChunk};
 use crate::wiring::Wirer;
 use cairn_proto::convert::channel_from_pb;
 
@@ -22,23 +23,6 @@ const HEARTBEAT: Duration = Duration::from_secs(2);
 
 /// Largest piece of a channel's recorded messages per upload message.
 const UPLOAD_CHUNK: usize = 1 << 20;
-
-/// What the node loop tells the coordinator.
-#[derive(Debug)]
-pub(crate) enum NodeEvent {
-    /// The application recorded its state for this snapshot.
-    StateRecorded(SnapshotId),
-    /// The next piece of the application's state (streamed into the part's upload).
-    StateChunk { id: SnapshotId, chunk: StateChunk },
-    /// This node's part is complete (its state, if any, went ahead in pieces).
-    PartReady(Box<pb::LocalSnapshot>),
-    /// The snapshot failed here.
-    Failed(SnapshotId, FailureReason),
-    /// The application applied a restored state.
-    RestoreApplied { restore_id: String },
-    /// This node could not restore.
-    RestoreFailed { restore_id: String, message: String },
-}
 
 pub(crate) struct CoordinatorLink {
     pub shared: Arc<Shared>,
@@ -298,19 +282,6 @@ impl CoordinatorLink {
             tokio::spawn(upload(client.clone(), header, rx, session.clone()));
             items
         })
-    }
-}
-
-impl NodeEvent {
-    /// The snapshot the event is about, if any.
-    fn snapshot(&self) -> Option<SnapshotId> {
-        match self {
-            Self::StateRecorded(id) | Self::StateChunk { id, .. } | Self::Failed(id, _) => {
-                Some(*id)
-            }
-            Self::PartReady(part) => Some(SnapshotId(part.snapshot_id)),
-            Self::RestoreApplied { .. } | Self::RestoreFailed { .. } => None,
-        }
     }
 }
 

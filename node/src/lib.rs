@@ -36,6 +36,7 @@ pub mod metrics;
 mod node_loop;
 mod peer_client;
 mod peer_server;
+mod shared;
 mod wiring;
 
 use std::collections::BTreeSet;
@@ -53,15 +54,14 @@ use tokio_util::task::TaskTracker;
 pub use config::{ConfigError, NodeConfig};
 pub use error::Error;
 
-use node_loop::{LoopMsg, NodeLoop, Shared};
+use node_loop::{LoopMsg, NodeLoop};
+use shared::{Shared, UPLOAD_ROOM};
 
 /// Streams one connection may have open at once on the peer port (a peer opens one per
 /// channel it sends on; admin calls are short).
 const PEER_PORT_STREAMS: u32 = 64;
 /// Streams one connection may have open at once on the application port (one session).
 const APP_PORT_STREAMS: u32 = 16;
-/// Bytes of recorded state on their way from the application to the coordinator at once.
-pub(crate) const UPLOAD_ROOM: usize = 8 << 20;
 /// Most unacknowledged frames per outgoing channel (fewer if the channel buffer is smaller).
 const LINK_WINDOW: usize = 4096;
 /// HTTP/2 stream window of the application session, in bytes.

@@ -18,7 +18,8 @@ use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
 use tonic::transport::{Channel, Endpoint};
 
-use crate::node_loop::{ChannelHandles, LoopMsg, OutFrame, Pulled, Shared};
+use crate::node_loop::{LoopMsg, OutFrame, Pulled};
+use crate::shared::{ChannelHandles, Shared};
 use cairn_proto::convert::plan_to_pb;
 
 /// Most frames asked of the node loop at once.

@@ -14,7 +14,8 @@ use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status, Streaming};
 
 use crate::error::Error;
-use crate::node_loop::{ChannelHandles, InItem, LoopMsg, Shared};
+use crate::node_loop::{InItem, LoopMsg};
+use crate::shared::{ChannelHandles, Shared};
 
 /// The `Peer` service.
 pub(crate) struct PeerService {

@@ -15,8 +15,9 @@ use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::node_loop::{ChannelHandles, LoopMsg, Shared, Wiring};
+use crate::node_loop::LoopMsg;
 use crate::peer_client::{Link, LinkConfig};
+use crate::shared::{ChannelHandles, Shared, Wiring};
 
 /// The wiring of `me` in `topology`, reusing the handles of channels `old` already has.
 pub(crate) fn wiring(

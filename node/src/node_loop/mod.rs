@@ -2,6 +2,7 @@
 //! every outgoing queue, so that the position of a marker or a record request among the
 //! messages is decided in one place, without locks.
 
+mod events;
 mod messages;
 mod recording;
 mod restore;
@@ -14,11 +15,12 @@ use cairn_core::{ChannelId, Command, Event, FailureReason, Plan, SnapshotEngine,
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
-use crate::coordinator_link::NodeEvent;
 use crate::error::Error;
+use crate::shared::{ChannelHandles, Shared, StateChunk, Wiring};
+use events::Events;
+pub(crate) use events::NodeEvent;
 pub(crate) use messages::{
-    AppTx, ChannelHandles, HoldFault, InItem, LoopMsg, OutFrame, Pulled, RecordsDue, RestoreData,
-    Shared, StateChunk, Wiring,
+    AppTx, HoldFault, InItem, LoopMsg, OutFrame, Pulled, RecordsDue, RestoreData,
 };
 use recording::Recordings;
 
@@ -152,7 +154,7 @@ pub(crate) struct NodeLoop {
     /// sends was decided on its old state and is dropped.
     restore_pending: Option<RestorePending>,
     /// Where the coordinator link hears of restores applied or failed.
-    events: Option<mpsc::UnboundedSender<NodeEvent>>,
+    events: Events,
 }
 
 /// A restore handed to the application and not yet applied.
@@ -173,6 +175,7 @@ impl NodeLoop {
         let wiring = shared.wiring();
         let engine = SnapshotEngine::new(shared.node_id.clone(), wiring.topology.clone());
         let epoch = *shared.epoch.borrow();
+        let events = Events::new(events);
         let mut this = Self {
             engine,
             rx,

@@ -12,11 +12,9 @@ use bytes::{Bytes, BytesMut};
 use cairn_core::{ChannelId, FailureReason, LocalReport, NodeId, SnapshotId};
 use cairn_proto::v1 as pb;
 
-use tokio::sync::mpsc;
-
-use super::StateChunk;
-use crate::coordinator_link::NodeEvent;
+use super::events::{Events, NodeEvent};
 use crate::error::Error;
+use crate::shared::StateChunk;
 
 #[derive(Default)]
 struct Recording {
@@ -33,17 +31,13 @@ pub(super) struct Recordings {
     node: NodeId,
     keep: usize,
     /// Where the coordinator link hears of state, parts and failures, if there is one.
-    events: Option<mpsc::UnboundedSender<NodeEvent>>,
+    events: Events,
     active: BTreeMap<SnapshotId, Recording>,
     parts: BTreeMap<SnapshotId, Result<pb::LocalSnapshot, FailureReason>>,
 }
 
 impl Recordings {
-    pub(super) fn new(
-        node: NodeId,
-        keep: usize,
-        events: Option<mpsc::UnboundedSender<NodeEvent>>,
-    ) -> Self {
+    pub(super) fn new(node: NodeId, keep: usize, events: Events) -> Self {
         Self {
             node,
             keep: keep.max(1),
@@ -72,7 +66,7 @@ impl Recordings {
         let recording = self.active.entry(id).or_default();
         let first = !recording.state_started;
         recording.state_started = true;
-        if self.events.is_none() {
+        if !self.events.heard() {
             if !chunk.bytes.is_empty() {
                 recording.state.push(chunk.bytes);
             }
@@ -118,9 +112,7 @@ impl Recordings {
     }
 
     fn tell(&self, event: NodeEvent) {
-        if let Some(events) = &self.events {
-            let _ = events.send(event);
-        }
+        self.events.tell(event);
     }
 
     pub(super) fn part(&self, id: SnapshotId) -> Result<pb::LocalSnapshot, Error> {

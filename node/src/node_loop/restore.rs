@@ -15,8 +15,8 @@ use std::collections::VecDeque;
 use bytes::Bytes;
 use cairn_core::{Event, FailureReason, SnapshotEngine};
 
+use super::events::NodeEvent;
 use super::{InboxItem, NodeLoop, OutItem, RestoreData, RestorePending};
-use crate::coordinator_link::NodeEvent;
 
 impl NodeLoop {
     /// Drops everything of the current epoch and enters `epoch`.
@@ -230,8 +230,6 @@ impl NodeLoop {
     }
 
     fn tell(&self, event: NodeEvent) {
-        if let Some(events) = &self.events {
-            let _ = events.send(event);
-        }
+        self.events.tell(event);
     }
 }

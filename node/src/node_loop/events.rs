@@ -1,0 +1,60 @@
+//! What the node loop tells the coordinator link. The loop owns these events: the link
+//! imports them from here, and nothing in the loop knows of the link.
+
+use cairn_core::{FailureReason, SnapshotId};
+use cairn_proto::v1 as pb;
+use tokio::sync::mpsc;
+
+use crate::shared::StateChunk;
+
+/// What the node loop tells the coordinator.
+#[derive(Debug)]
+pub(crate) enum NodeEvent {
+    /// The application recorded its state for this snapshot.
+    StateRecorded(SnapshotId),
+    /// The next piece of the application's state (streamed into the part's upload).
+    StateChunk { id: SnapshotId, chunk: StateChunk },
+    /// This node's part is complete (its state, if any, went ahead in pieces).
+    PartReady(Box<pb::LocalSnapshot>),
+    /// The snapshot failed here.
+    Failed(SnapshotId, FailureReason),
+    /// The application applied a restored state.
+    RestoreApplied { restore_id: String },
+    /// This node could not restore.
+    RestoreFailed { restore_id: String, message: String },
+}
+
+impl NodeEvent {
+    /// The snapshot the event is about, if any.
+    pub(crate) fn snapshot(&self) -> Option<SnapshotId> {
+        match self {
+            Self::StateRecorded(id) | Self::StateChunk { id, .. } | Self::Failed(id, _) => {
+                Some(*id)
+            }
+            Self::PartReady(part) => Some(SnapshotId(part.snapshot_id)),
+            Self::RestoreApplied { .. } | Self::RestoreFailed { .. } => None,
+        }
+    }
+}
+
+/// Where the loop's events go: nowhere for a daemon without a coordinator.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Events(Option<mpsc::UnboundedSender<NodeEvent>>);
+
+impl Events {
+    pub(crate) fn new(tx: Option<mpsc::UnboundedSender<NodeEvent>>) -> Self {
+        Self(tx)
+    }
+
+    /// Whether a coordinator link hears the events.
+    pub(crate) fn heard(&self) -> bool {
+        self.0.is_some()
+    }
+
+    /// Tells the coordinator link, if there is one (a link already gone hears nothing).
+    pub(crate) fn tell(&self, event: NodeEvent) {
+        if let Some(tx) = &self.0 {
+            let _ = tx.send(event);
+        }
+    }
+}

@@ -1,0 +1,140 @@
+//! What every part of the daemon reads without asking the node loop: the node's identity
+//! and limits ([`Shared`]), the members and channels it is wired to ([`Wiring`]), each
+//! channel's credits, counters and injected faults ([`ChannelHandles`]), and the pieces of
+//! recorded state on their way to the coordinator ([`StateChunk`]).
+//!
+//! This module depends on no other part of the daemon but its metrics: every part may
+//! import it without an import cycle.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, RwLock};
+
+use bytes::Bytes;
+use cairn_core::{ChannelId, NodeId, Topology};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+
+use crate::metrics::NodeMetrics;
+
+/// Bytes of recorded state on their way from the application to the coordinator at once.
+pub(crate) const UPLOAD_ROOM: usize = 8 << 20;
+
+/// Faults either end of a channel can be asked to inject at its own side.
+#[derive(Debug, Default)]
+pub(crate) struct ChannelFaults {
+    /// Break the channel's current connection (it reconnects and resends).
+    pub cut: tokio::sync::Notify,
+    /// Milliseconds to wait before sending each batch (sender side).
+    pub delay_ms: AtomicU64,
+}
+
+/// Counters of one outgoing channel, kept by its sending task.
+#[derive(Debug, Default)]
+pub(crate) struct LinkStats {
+    pub connected: AtomicBool,
+    pub reconnects: AtomicU64,
+    pub unacked: AtomicU64,
+}
+
+/// A piece of the application's recorded state. It holds its share of the upload room
+/// (`Shared::upload_room`) until it is on its way to the coordinator, so a large state
+/// flows through the daemon without piling up in it: the application's session waits for
+/// room instead.
+#[derive(Debug)]
+pub(crate) struct StateChunk {
+    pub bytes: Bytes,
+    pub room: OwnedSemaphorePermit,
+}
+
+/// What the parts of the daemon share about one channel of this node.
+#[derive(Debug)]
+pub(crate) struct ChannelHandles {
+    /// Incoming: messages held inside this daemon. Outgoing: messages queued or
+    /// unacknowledged. Each message takes one; the sender waits when none is left.
+    pub credits: Semaphore,
+    /// Outgoing only: kept by the channel's sending task.
+    pub stats: LinkStats,
+    /// Fault injection at this node's end.
+    pub faults: ChannelFaults,
+    /// Outgoing only: messages taken in without a credit (read ahead of a recorded state);
+    /// credits coming back pay this off first.
+    pub debt: AtomicU64,
+}
+
+impl ChannelHandles {
+    pub(crate) fn new(buffer: usize) -> Self {
+        Self {
+            credits: Semaphore::new(buffer),
+            stats: LinkStats::default(),
+            faults: ChannelFaults::default(),
+            debt: AtomicU64::new(0),
+        }
+    }
+
+    /// Gives back `n` credits of an outgoing channel, paying off its debt first.
+    pub(crate) fn release(&self, n: usize) {
+        let mut n = n as u64;
+        let _ = self
+            .debt
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |debt| {
+                let paid = debt.min(n);
+                Some(debt - paid)
+            })
+            .map(|debt| n -= debt.min(n));
+        if n > 0 {
+            self.credits.add_permits(n as usize);
+        }
+    }
+}
+
+/// The members and channels this node is wired to. Replaced whole when the membership
+/// grows; a channel keeps its handles across replacements.
+#[derive(Debug)]
+pub(crate) struct Wiring {
+    pub topology: Topology,
+    /// Every member's peer address.
+    pub addresses: BTreeMap<NodeId, String>,
+    /// This node's channels, incoming and outgoing.
+    pub channels: BTreeMap<ChannelId, Arc<ChannelHandles>>,
+    /// The daemon incarnation the coordinator admitted for each member (empty without a
+    /// coordinator): a peer stream from any other incarnation claiming that id is refused.
+    pub incarnations: BTreeMap<NodeId, u64>,
+}
+
+/// What every part of the daemon may read without asking the loop.
+#[derive(Debug)]
+pub(crate) struct Shared {
+    pub metrics: NodeMetrics,
+    pub node_id: NodeId,
+    pub cluster: String,
+    pub incarnation: u64,
+    pub max_payload: usize,
+    /// Messages each channel may hold in this daemon.
+    pub channel_buffer: usize,
+    /// Read often, written when the membership changes; never held across an await.
+    pub wiring: RwLock<Arc<Wiring>>,
+    /// Whether fault injection is allowed.
+    pub fault_injection: bool,
+    /// Bytes of recorded state that may be on their way to the coordinator at once.
+    pub upload_room: Arc<Semaphore>,
+    /// The epoch: raised by every restore. Written only by the node loop; the peer service
+    /// refuses streams of another epoch, and sending tasks start over when it changes.
+    pub epoch: tokio::sync::watch::Sender<u64>,
+}
+
+impl Shared {
+    /// The current wiring.
+    pub(crate) fn wiring(&self) -> Arc<Wiring> {
+        self.wiring.read().expect("wiring lock").clone()
+    }
+
+    /// One channel's handles, if it is one of this node's.
+    pub(crate) fn channel(&self, channel: &ChannelId) -> Option<Arc<ChannelHandles>> {
+        self.wiring
+            .read()
+            .expect("wiring lock")
+            .channels
+            .get(channel)
+            .cloned()
+    }
+}
