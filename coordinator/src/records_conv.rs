@@ -6,7 +6,7 @@ use cairn_core::{FailureReason, SnapshotMode};
 use cairn_proto::convert::{kind_from_word, kind_word};
 use cairn_proto::v1 as pb;
 
-use crate::store::{FailureRecord, SnapshotRecord, VerdictRecord};
+use crate::store::{FailureRecord, SnapshotRecord, SnapshotStatus, VerdictRecord};
 
 /// Milliseconds since the Unix epoch.
 pub fn now_ms() -> u64 {
@@ -30,24 +30,23 @@ pub fn mode_pb(name: &str) -> pb::SnapshotMode {
 }
 
 /// The wire value of a stored status.
-pub fn status_pb(name: &str) -> pb::SnapshotStatus {
-    match name {
-        "IN_PROGRESS" => pb::SnapshotStatus::InProgress,
-        "COMPLETED" => pb::SnapshotStatus::Completed,
-        "FAILED" => pb::SnapshotStatus::Failed,
-        "ABORTED" => pb::SnapshotStatus::Aborted,
-        _ => pb::SnapshotStatus::Unspecified,
+pub fn status_pb(status: SnapshotStatus) -> pb::SnapshotStatus {
+    match status {
+        SnapshotStatus::InProgress => pb::SnapshotStatus::InProgress,
+        SnapshotStatus::Completed => pb::SnapshotStatus::Completed,
+        SnapshotStatus::Failed => pb::SnapshotStatus::Failed,
+        SnapshotStatus::Aborted => pb::SnapshotStatus::Aborted,
     }
 }
 
-/// The stored name of a wire status.
-pub fn status_name(status: pb::SnapshotStatus) -> &'static str {
+/// The stored status a wire status filters on; `None` for unspecified (any).
+pub fn status_from_pb(status: pb::SnapshotStatus) -> Option<SnapshotStatus> {
     match status {
-        pb::SnapshotStatus::InProgress => "IN_PROGRESS",
-        pb::SnapshotStatus::Completed => "COMPLETED",
-        pb::SnapshotStatus::Failed => "FAILED",
-        pb::SnapshotStatus::Aborted => "ABORTED",
-        pb::SnapshotStatus::Unspecified => "",
+        pb::SnapshotStatus::InProgress => Some(SnapshotStatus::InProgress),
+        pb::SnapshotStatus::Completed => Some(SnapshotStatus::Completed),
+        pb::SnapshotStatus::Failed => Some(SnapshotStatus::Failed),
+        pb::SnapshotStatus::Aborted => Some(SnapshotStatus::Aborted),
+        pb::SnapshotStatus::Unspecified => None,
     }
 }
 
@@ -100,7 +99,7 @@ pub fn snapshot_pb(record: &SnapshotRecord) -> pb::Snapshot {
             alignment_timeout_ms: record.alignment_timeout_ms,
             epoch: 0,
         }),
-        status: status_pb(&record.status) as i32,
+        status: status_pb(record.status) as i32,
         failure: record.failure.as_ref().map(failure_pb),
         verdict: record.verdict.as_ref().map(verdict_pb),
         started_at_ms: record.started_at_ms,
@@ -136,7 +135,7 @@ pub fn snapshot_pb(record: &SnapshotRecord) -> pb::Snapshot {
 pub fn progress_pb(record: &SnapshotRecord) -> pb::SnapshotProgress {
     pb::SnapshotProgress {
         snapshot_id: record.id,
-        status: status_pb(&record.status) as i32,
+        status: status_pb(record.status) as i32,
         recorded: record.recorded.clone(),
         reported: record.reported.clone(),
         failure: record.failure.as_ref().map(failure_pb),

@@ -20,10 +20,12 @@ use tonic::{Request, Response, Status, Streaming};
 use crate::blob::BlobStore;
 use crate::error::Error;
 use crate::limits;
-use crate::records_conv::{snapshot_pb, status_name};
+use crate::records_conv::{snapshot_pb, status_from_pb};
 use crate::state::{Msg, mode_of, restore_epoch, restore_pb};
 use crate::store::records::CutRecord;
-use crate::store::{AnyKv, ChunkList, Keys, Kv, PartRecord, RestoreRecord, SnapshotRecord};
+use crate::store::{
+    AnyKv, ChunkList, Keys, Kv, PartRecord, RestoreRecord, SnapshotRecord, SnapshotStatus,
+};
 
 /// The `Coordinator` service.
 pub(crate) struct CoordinatorService {
@@ -54,7 +56,7 @@ impl CoordinatorService {
             .ok_or(Error::NotFound(id))?;
         let stored: SnapshotRecord = serde_json::from_slice(&value)
             .map_err(|e| Error::Blob(format!("snapshot {id}: unreadable record: {e}")))?;
-        if stored.status != "IN_PROGRESS" {
+        if stored.status != SnapshotStatus::InProgress {
             return Ok(stored);
         }
         let (reply, answer) = oneshot::channel();
@@ -217,6 +219,7 @@ impl pb::coordinator_server::Coordinator for CoordinatorService {
         let r = request.into_inner();
         let status = pb::SnapshotStatus::try_from(r.status)
             .map_err(|_| Error::InvalidArgument(format!("unknown status {}", r.status)))?;
+        let wanted = status_from_pb(status);
         let page_size = if r.page_size == 0 {
             100
         } else {
@@ -237,9 +240,7 @@ impl pb::coordinator_server::Coordinator for CoordinatorService {
             .into_iter()
             .filter_map(|(_, v)| serde_json::from_slice::<SnapshotRecord>(&v).ok())
             .filter(|r| r.id < before)
-            .filter(|r| {
-                status == pb::SnapshotStatus::Unspecified || r.status == status_name(status)
-            })
+            .filter(|r| wanted.is_none_or(|w| r.status == w))
             .collect();
         records.sort_by_key(|r| std::cmp::Reverse(r.id));
         let more = records.len() > page_size;
@@ -298,7 +299,7 @@ impl pb::coordinator_server::Coordinator for CoordinatorService {
     ) -> Result<Response<pb::VerifySnapshotResponse>, Status> {
         let id = request.into_inner().snapshot_id;
         let record = self.record(id).await?;
-        if record.status != "COMPLETED" {
+        if record.status != SnapshotStatus::Completed {
             return Err(Error::FailedPrecondition(format!(
                 "snapshot {id} is {}; only a COMPLETED snapshot has data to verify",
                 record.status
@@ -375,7 +376,7 @@ impl pb::coordinator_server::Coordinator for CoordinatorService {
         let r = request.into_inner();
         let id = r.snapshot_id;
         let record = self.record(id).await?;
-        if record.status != "COMPLETED" {
+        if record.status != SnapshotStatus::Completed {
             return Err(Error::FailedPrecondition(format!(
                 "snapshot {id} is {}; only a COMPLETED snapshot can be restored",
                 record.status

@@ -11,7 +11,7 @@ use cairn_proto::v1 as pb;
 use super::{Msg, State};
 use crate::error::Error;
 use crate::records_conv::now_ms;
-use crate::store::{Kv, PartRecord, RestoreRecord, SnapshotRecord};
+use crate::store::{Kv, PartRecord, RestoreRecord, RestoreStatus, SnapshotRecord, SnapshotStatus};
 
 /// How many of the newest completed snapshots automatic recovery tries to verify.
 const AUTO_RESTORE_CANDIDATES: usize = 10;
@@ -32,7 +32,7 @@ pub(crate) fn restore_pb(r: &RestoreRecord) -> pb::RestoreOperation {
         snapshot_id: r.snapshot_id,
         epoch: r.epoch,
         applied: r.applied.clone(),
-        done: r.status == "DONE",
+        done: r.status == RestoreStatus::Done,
         failure: r.failure.as_ref().map(|message| pb::FailureReason {
             kind: pb::failure_reason::Kind::Restore as i32,
             message: message.clone(),
@@ -52,6 +52,42 @@ pub(crate) fn restore_epoch(id: &str) -> Option<u64> {
 }
 
 impl State {
+    /// Why snapshots may not start now, if they may not: a restore under way, or one that
+    /// failed and left the nodes possibly in different states.
+    pub(super) fn fence(&self) -> Option<String> {
+        if let Some(active) = &self.restore {
+            return Some(format!(
+                "{} (of snapshot {}) is in progress; snapshots can start once every node \
+                 has applied it",
+                active.record.id, active.record.snapshot_id
+            ));
+        }
+        if let Some(r) = &self.unfinished_restore {
+            return Some(format!(
+                "{} (of snapshot {}) did not finish ({}): the nodes may hold different \
+                 states, so no snapshot starts until a restore is applied by every node \
+                 (cairnctl snapshot restore ID)",
+                r.id,
+                r.snapshot_id,
+                r.failure.as_deref().unwrap_or("failed")
+            ));
+        }
+        let behind: Vec<String> = self
+            .members
+            .iter()
+            .filter(|(_, m)| m.epoch != self.epoch)
+            .map(|(n, m)| format!("{n} (epoch {})", m.epoch))
+            .collect();
+        (!behind.is_empty()).then(|| {
+            format!(
+                "nodes missed a restore and are not in the cluster's epoch {}: {}; no \
+                 snapshot starts until a restore is applied by every node",
+                self.epoch,
+                behind.join(", ")
+            )
+        })
+    }
+
     /// Starts restoring `snapshot_id`; see `Coordinator/RestoreSnapshot`.
     pub(super) async fn restore(
         &mut self,
@@ -92,7 +128,7 @@ impl State {
             .get_record(snapshot_id)
             .await?
             .ok_or(Error::NotFound(snapshot_id))?;
-        if snapshot.status != "COMPLETED" {
+        if snapshot.status != SnapshotStatus::Completed {
             return Err(Error::FailedPrecondition(format!(
                 "snapshot {snapshot_id} is {}; only a COMPLETED snapshot can be restored",
                 snapshot.status
@@ -147,7 +183,7 @@ impl State {
             epoch,
             nodes: nodes.iter().map(ToString::to_string).collect(),
             applied: Vec::new(),
-            status: "IN_PROGRESS".into(),
+            status: RestoreStatus::InProgress,
             failure: None,
             requested_by,
             started_at_ms: now_ms(),
@@ -257,7 +293,7 @@ impl State {
         match active.progress.state().clone() {
             RestoreState::InProgress => {}
             RestoreState::Done => {
-                active.record.status = "DONE".into();
+                active.record.status = RestoreStatus::Done;
                 active.record.finished_at_ms = now_ms();
                 tracing::info!(
                     restore = %active.record.id,
@@ -267,7 +303,7 @@ impl State {
                 );
             }
             RestoreState::Failed(why) => {
-                active.record.status = "FAILED".into();
+                active.record.status = RestoreStatus::Failed;
                 active.record.finished_at_ms = now_ms();
                 tracing::error!(
                     restore = %active.record.id,
@@ -281,9 +317,9 @@ impl State {
         if let Err(e) = self.put_restore(&record).await {
             tracing::error!(restore = %record.id, "cannot store the restore record: {e}");
         }
-        match record.status.as_str() {
-            "DONE" => self.unfinished_restore = None,
-            "FAILED" => {
+        match record.status {
+            RestoreStatus::Done => self.unfinished_restore = None,
+            RestoreStatus::Failed => {
                 if self.settings.auto_restore {
                     self.pending_recovery = Some(format!("{} failed", record.id));
                     // Not at once: a failure that repeats must not spin restores.
@@ -291,7 +327,7 @@ impl State {
                 }
                 self.unfinished_restore = Some(record.clone());
             }
-            _ => return,
+            RestoreStatus::InProgress => return,
         }
         self.restore = None;
         self.maybe_auto_restore().await;
@@ -375,7 +411,7 @@ impl State {
             .await?
             .into_iter()
             .filter_map(|(_, value)| serde_json::from_slice::<SnapshotRecord>(&value).ok())
-            .filter(|record| record.status == "COMPLETED")
+            .filter(|record| record.status == SnapshotStatus::Completed)
             .collect();
         completed.sort_by_key(|r| std::cmp::Reverse(r.id));
         Ok(completed)
@@ -400,12 +436,12 @@ impl State {
                 tracing::warn!(%key, "skipping an unreadable restore record");
                 continue;
             };
-            if record.status == "IN_PROGRESS"
+            if record.status == RestoreStatus::InProgress
                 && newest.as_ref().is_some_and(|n| n.epoch > record.epoch)
             {
                 // Superseded long ago by a later restore: it can no longer finish.
                 let mut record = record;
-                record.status = "FAILED".into();
+                record.status = RestoreStatus::Failed;
                 record.failure = Some("superseded by a later restore".into());
                 record.finished_at_ms = now_ms();
                 self.put_restore(&record).await?;
@@ -413,9 +449,9 @@ impl State {
             }
             if newest.as_ref().is_none_or(|n| n.epoch < record.epoch) {
                 if let Some(mut older) = newest.take()
-                    && older.status == "IN_PROGRESS"
+                    && older.status == RestoreStatus::InProgress
                 {
-                    older.status = "FAILED".into();
+                    older.status = RestoreStatus::Failed;
                     older.failure = Some(format!("superseded by {}", record.id));
                     older.finished_at_ms = now_ms();
                     self.put_restore(&older).await?;
@@ -427,7 +463,7 @@ impl State {
         // if a coordinator died between allocating an epoch and storing its restore).
         self.epoch = newest.as_ref().map_or(0, |r| r.epoch);
         match newest {
-            Some(record) if record.status == "IN_PROGRESS" => {
+            Some(record) if record.status == RestoreStatus::InProgress => {
                 let nodes: BTreeSet<NodeId> = record.nodes.iter().map(NodeId::new).collect();
                 let mut progress = RestoreProgress::new(nodes);
                 for node in &record.applied {
@@ -443,7 +479,7 @@ impl State {
                 self.restore_deadline(record.epoch);
                 self.restore = Some(ActiveRestore { record, progress });
             }
-            Some(record) if record.status == "FAILED" => {
+            Some(record) if record.status == RestoreStatus::Failed => {
                 tracing::warn!(
                     restore = %record.id,
                     "the newest restore failed: no snapshot starts until a restore is \

@@ -14,7 +14,9 @@ pub struct MemoryKv {
 
 impl MemoryKv {
     fn data(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, Vec<u8>>> {
-        self.data.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+        self.data
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 }
 

@@ -8,7 +8,10 @@ use std::sync::Arc;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
-use super::{AnyKv, Keys, Kv, MemberRecord, PartRecord, PolicyRecord, RestoreRecord, RosterRecord, SnapshotRecord};
+use super::{
+    AnyKv, Keys, Kv, MemberRecord, PartRecord, PolicyRecord, RestoreRecord, RosterRecord,
+    SnapshotRecord,
+};
 use crate::error::Error;
 
 /// Typed access to one cluster's metadata.
@@ -139,8 +142,12 @@ impl Metadata {
 
     /// Stores a node of the roster.
     pub async fn put_roster(&self, record: &RosterRecord) -> Result<(), Error> {
-        self.put(&self.keys.roster_node(&record.node), record, Layout::Compact)
-            .await
+        self.put(
+            &self.keys.roster_node(&record.node),
+            record,
+            Layout::Compact,
+        )
+        .await
     }
 
     /// Stores a connected member, for as long as this coordinator lives.

@@ -23,8 +23,8 @@ pub use file::FileKv;
 pub use memory::MemoryKv;
 pub use meta::Metadata;
 pub use records::{
-    ChunkList, FailureRecord, MemberRecord, PartRecord, PolicyRecord, RestoreRecord, RosterRecord,
-    SnapshotRecord, VerdictRecord,
+    ChunkList, FailureRecord, MemberRecord, PartRecord, PolicyRecord, RestoreRecord, RestoreStatus,
+    RosterRecord, SnapshotRecord, SnapshotStatus, VerdictRecord,
 };
 
 /// A metadata store that cannot be reached or answered wrongly.

@@ -4,6 +4,60 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
+/// Where a snapshot is in its life; stored as `IN_PROGRESS`, `COMPLETED`, `FAILED`, `ABORTED`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum SnapshotStatus {
+    /// Started, not ended.
+    InProgress,
+    /// Every part stored and the cut verified.
+    Completed,
+    /// Ended without a verified cut.
+    Failed,
+    /// Aborted by a user.
+    Aborted,
+}
+
+impl SnapshotStatus {
+    /// The stored word.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::InProgress => "IN_PROGRESS",
+            Self::Completed => "COMPLETED",
+            Self::Failed => "FAILED",
+            Self::Aborted => "ABORTED",
+        }
+    }
+}
+
+impl std::fmt::Display for SnapshotStatus {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// Where a restore is; stored as `IN_PROGRESS`, `DONE`, `FAILED`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum RestoreStatus {
+    /// Nodes are applying it.
+    InProgress,
+    /// Every node applied it.
+    Done,
+    /// It ended without every node applying it.
+    Failed,
+}
+
+impl std::fmt::Display for RestoreStatus {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::InProgress => "in progress",
+            Self::Done => "done",
+            Self::Failed => "failed",
+        })
+    }
+}
+
 /// A snapshot: its plan, lifecycle, verdict, sizes and timings.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SnapshotRecord {
@@ -15,8 +69,8 @@ pub struct SnapshotRecord {
     pub initiators: Vec<String>,
     /// Aligned mode's alignment timeout; 0 for none.
     pub alignment_timeout_ms: u64,
-    /// IN_PROGRESS, COMPLETED, FAILED or ABORTED.
-    pub status: String,
+    /// Where it is in its life.
+    pub status: SnapshotStatus,
     /// Why it failed or was aborted.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub failure: Option<FailureRecord>,
@@ -168,8 +222,8 @@ pub struct RestoreRecord {
     pub nodes: Vec<String>,
     /// The nodes that did.
     pub applied: Vec<String>,
-    /// IN_PROGRESS, DONE or FAILED.
-    pub status: String,
+    /// Where it is.
+    pub status: RestoreStatus,
     /// Why it failed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub failure: Option<String>,

@@ -1,0 +1,433 @@
+//! Membership, as the coordinator's task keeps it: registrations (one live process per node
+//! id, the epoch a node is to be in), sessions that end or go silent, and what nodes and
+//! `ListNodes` are told. The roster's rules are plain data in [`crate::roster`].
+
+use std::time::Duration;
+
+use cairn_core::{FailureReason, NodeId, SnapshotId, Topology, tracker};
+use cairn_proto::v1 as pb;
+use tokio::time::Instant;
+
+use super::{NodeTx, State};
+use crate::error::Error;
+use crate::records_conv::now_ms;
+use crate::store::{Kv, MemberRecord, RosterRecord};
+
+pub(super) struct Member {
+    pub(super) record: MemberRecord,
+    pub(super) session: u64,
+    pub(super) tx: NodeTx,
+    pub(super) last_seen_ms: u64,
+    /// When it was last heard from, on the monotonic clock.
+    pub(super) heard: Instant,
+    pub(super) application_attached: bool,
+    /// The epoch the daemon is in, as far as the coordinator knows.
+    pub(super) epoch: u64,
+}
+
+/// What a registering node still has to do about a restore.
+pub(super) enum OnRegister {
+    Nothing,
+    /// It had applied the restore under way (its word was lost with a session).
+    Applied(String),
+    /// It has not: send it the restore.
+    Restore(pb::NodeRestore),
+}
+
+/// A daemon that has not been heard from for this long is taken as gone (three
+/// heartbeats), and a second daemon claiming a node id whose holder was heard from
+/// within it is refused.
+pub(super) const MEMBER_SILENCE_MS: u64 = 6_000;
+
+/// The largest snapshot id or epoch a daemon may report at registration (far above any a
+/// real cluster reaches; keeps the counters' arithmetic clear of overflow).
+const MAX_REPORTED: u64 = 1 << 48;
+
+impl State {
+    /// The topology snapshots span: `--topology` when given, else a full mesh of the
+    /// roster. Every one of its nodes must be connected.
+    pub(super) fn topology(&self) -> Result<Topology, Error> {
+        let topology = self.known_topology();
+        let missing: Vec<&str> = topology
+            .nodes()
+            .iter()
+            .filter(|n| !self.members.contains_key(*n))
+            .map(NodeId::as_str)
+            .collect();
+        if !missing.is_empty() {
+            let never: Vec<&str> = missing
+                .iter()
+                .copied()
+                .filter(|n| !self.roster.contains_key(&NodeId::new(*n)))
+                .collect();
+            return Err(Error::FailedPrecondition(if never.is_empty() {
+                format!(
+                    "not connected to the coordinator: {} (a snapshot needs every node of the \
+                     topology)",
+                    missing.join(", ")
+                )
+            } else {
+                format!(
+                    "never registered: {} (named in --topology); not connected: {}",
+                    never.join(", "),
+                    missing.join(", ")
+                )
+            }));
+        }
+        Ok(topology)
+    }
+
+    /// The topology over the nodes whose address is known: the fixed one restricted to the
+    /// roster, or a full mesh of the roster.
+    pub(super) fn known_topology(&self) -> Topology {
+        let nodes = self.roster.keys().cloned();
+        match &self.settings.topology {
+            None => Topology::full_mesh(nodes),
+            Some(fixed) => {
+                let channels = fixed.channels().iter().filter(|c| {
+                    self.roster.contains_key(&c.from) && self.roster.contains_key(&c.to)
+                });
+                let nodes: Vec<NodeId> = fixed
+                    .nodes()
+                    .iter()
+                    .filter(|n| self.roster.contains_key(*n))
+                    .cloned()
+                    .collect();
+                Topology::from_channels(nodes, channels.cloned())
+                    .expect("a restriction of a topology")
+            }
+        }
+    }
+
+    /// What nodes are told: every known node with its address, and the channels among them.
+    pub(super) fn membership(&self) -> pb::Membership {
+        let (nodes, channels) = self.list_nodes_parts();
+        pb::Membership {
+            nodes,
+            channels,
+            epoch: self.epoch,
+        }
+    }
+
+    pub(super) fn list_nodes_parts(&self) -> (Vec<pb::NodeInfo>, Vec<pb::ChannelRef>) {
+        let nodes = self
+            .roster
+            .iter()
+            .map(|(id, r)| {
+                let live = self.members.get(id);
+                pb::NodeInfo {
+                    node_id: r.node.clone(),
+                    address: r.address.clone(),
+                    // The incarnation admitted last, connected or not: peers accept
+                    // streams from this daemon only.
+                    incarnation: live.map_or(r.incarnation, |m| m.record.incarnation),
+                    application_attached: live.is_some_and(|m| m.application_attached),
+                    last_seen_ms: live.map_or(0, |m| m.last_seen_ms),
+                    connected: live.is_some(),
+                }
+            })
+            .collect();
+        let channels = self
+            .known_topology()
+            .channels()
+            .iter()
+            .map(pb::ChannelRef::from)
+            .collect();
+        (nodes, channels)
+    }
+
+    pub(super) fn list_nodes(&self) -> pb::ListNodesResponse {
+        let (nodes, channels) = self.list_nodes_parts();
+        pb::ListNodesResponse { nodes, channels }
+    }
+
+    /// Puts a registering node on the roster, or moves it to its new address, and notes its
+    /// incarnation. Returns what changed for the other nodes, if anything, and whether the
+    /// node's daemon restarted since it last registered.
+    pub(super) async fn enroll(
+        &mut self,
+        node: &NodeId,
+        address: &str,
+        incarnation: u64,
+    ) -> Result<(Option<String>, bool), Error> {
+        let restarted = self
+            .roster
+            .get(node)
+            .is_some_and(|r| r.incarnation != 0 && r.incarnation != incarnation);
+        let change = match self.roster.get(node) {
+            Some(r) if r.address == address && r.incarnation == incarnation => {
+                return Ok((None, false));
+            }
+            Some(r) if r.address == address => None,
+            Some(r) => Some(format!("node {node} moved from {} to {address}", r.address)),
+            None => Some(format!("node {node} joined")),
+        };
+        let record = RosterRecord {
+            node: node.to_string(),
+            address: address.to_owned(),
+            joined_at_ms: self
+                .roster
+                .get(node)
+                .map_or_else(now_ms, |r| r.joined_at_ms),
+            incarnation,
+        };
+        let value = serde_json::to_vec(&record).expect("plain record");
+        self.kv
+            .put(&self.keys.roster_node(node.as_str()), value)
+            .await?;
+        let joined = !self.roster.contains_key(node);
+        self.roster.insert(node.clone(), record);
+        let Some(change) = change else {
+            return Ok((None, restarted));
+        };
+        if joined {
+            // Snapshots in flight were planned without it.
+            let ids: Vec<u64> = self.inflight.keys().copied().collect();
+            for id in ids {
+                let update = self.tracker.fail(
+                    SnapshotId(id),
+                    FailureReason::MembershipChanged(change.clone()),
+                );
+                self.settle(id, update).await;
+            }
+        }
+        tracing::info!(%node, %address, "{change}");
+        Ok((Some(change), restarted))
+    }
+
+    pub(super) async fn register(
+        &mut self,
+        register: pb::Register,
+        session: u64,
+        tx: NodeTx,
+    ) -> Result<pb::Membership, Error> {
+        if register.cluster != self.settings.cluster {
+            return Err(Error::FailedPrecondition(format!(
+                "cluster mismatch: the coordinator serves `{}`, the node says `{}`",
+                self.settings.cluster, register.cluster
+            )));
+        }
+        if register.node_id.is_empty() || register.address.is_empty() {
+            return Err(Error::InvalidArgument(
+                "register needs node_id and address".into(),
+            ));
+        }
+        let node = NodeId::new(register.node_id.clone());
+        // One live process per node id: a second daemon claiming an id whose holder is
+        // connected and heard from is refused (a restarted daemon's predecessor has gone
+        // silent or its session has ended).
+        // Its session ends, or the silence check drops it (`MEMBER_SILENCE_MS`), before
+        // another process may take the id.
+        if let Some(old) = self.members.get(&node)
+            && old.record.incarnation != register.incarnation
+        {
+            let silent = old.heard.elapsed().as_millis();
+            return Err(Error::FailedPrecondition(format!(
+                "node id {node} is held by a connected daemon at {} (incarnation {}, heard \
+                 from {silent} ms ago); this daemon (incarnation {}, at {}) is refused: is a \
+                 second process running with --node-id {node}?",
+                old.record.address, old.record.incarnation, register.incarnation, register.address
+            )));
+        }
+        if register.highest_snapshot_id > MAX_REPORTED || register.epoch > MAX_REPORTED {
+            return Err(Error::InvalidArgument(format!(
+                "register: highest_snapshot_id {} or epoch {} is above {MAX_REPORTED}",
+                register.highest_snapshot_id, register.epoch
+            )));
+        }
+        if let Some(topology) = &self.settings.topology
+            && !topology.contains(&node)
+        {
+            return Err(Error::FailedPrecondition(format!(
+                "node {node} is not in this coordinator's --topology file"
+            )));
+        }
+        // A daemon that saw higher ids or epochs than the store holds: the metadata was
+        // lost or rolled back. Never hand out what the daemons already know.
+        if register.highest_snapshot_id > self.id_floor {
+            if register.highest_snapshot_id > self.id_floor.saturating_add(1_000_000) {
+                tracing::error!(%node, reported = register.highest_snapshot_id, floor = self.id_floor, "a daemon reports a snapshot id far above any known: ids continue above it");
+            }
+            self.id_floor = register.highest_snapshot_id;
+        }
+        if register.epoch > self.epoch {
+            tracing::error!(
+                %node,
+                node_epoch = register.epoch,
+                epoch = self.epoch,
+                "a daemon is in a later epoch than the metadata store says (lost metadata?): \
+                 raising the cluster's epoch"
+            );
+            self.kv
+                .put(&self.keys.epoch(), register.epoch.to_string().into_bytes())
+                .await?;
+            self.epoch = register.epoch;
+        }
+        // A new daemon process (no epoch of its own yet, an incarnation the roster does not
+        // know) may enter the cluster's epoch as it is; one that has an epoch keeps it.
+        let fresh = register.epoch == 0
+            && register.applied_restore_id.is_empty()
+            && self
+                .roster
+                .get(&node)
+                .is_none_or(|r| r.incarnation != register.incarnation);
+        let (_, restarted) = self
+            .enroll(&node, &register.address, register.incarnation)
+            .await?;
+        if restarted && self.settings.auto_restore {
+            tracing::warn!(%node, "node restarted: automatic recovery will restore the newest completed snapshot");
+            self.pending_recovery = Some(format!("{node} restarted"));
+        }
+        if let Some(old) = self.members.get(&node)
+            && old.record.incarnation != register.incarnation
+        {
+            tracing::warn!(%node, "node restarted: failing the snapshots in flight through it");
+            for (id, outcome) in self.tracker.node_lost(&node) {
+                self.settle(id.0, tracker::Update::Finished(outcome)).await;
+            }
+        }
+        let (epoch, next) = self.epoch_on_register(&node, &register, fresh);
+        let record = MemberRecord {
+            node: register.node_id.clone(),
+            address: register.address,
+            incarnation: register.incarnation,
+            registered_at_ms: now_ms(),
+        };
+        let value = serde_json::to_vec(&record).expect("plain record");
+        self.kv
+            .put_ephemeral(&self.keys.member(&record.node), value)
+            .await?;
+        tracing::info!(%node, address = %record.address, epoch, "node registered");
+        self.members.insert(
+            node.clone(),
+            Member {
+                record,
+                session,
+                tx: tx.clone(),
+                last_seen_ms: now_ms(),
+                heard: Instant::now(),
+                application_attached: false,
+                epoch,
+            },
+        );
+        self.metrics.members.set(self.members.len() as i64);
+        let membership = self.membership();
+        // `Registered` goes first on the new session, before any command can. It carries
+        // the epoch this node is to be in, which is the cluster's only if it may enter it.
+        let registered = pb::coordinator_to_node::Kind::Registered(pb::Membership {
+            epoch,
+            ..membership.clone()
+        });
+        tx.try_send(Ok(pb::CoordinatorToNode {
+            kind: Some(registered),
+        }))
+        .map_err(|_| Error::ShuttingDown)?;
+        // Every member learns who holds each id now (peers admit streams from it only).
+        for (id, member) in &self.members {
+            if *id != node {
+                let update = pb::coordinator_to_node::Kind::Membership(membership.clone());
+                let _ = member
+                    .tx
+                    .try_send(Ok(pb::CoordinatorToNode { kind: Some(update) }));
+            }
+        }
+        match next {
+            OnRegister::Nothing => {}
+            OnRegister::Applied(restore_id) => self.restore_applied(&node, &restore_id).await,
+            OnRegister::Restore(command) => {
+                tracing::info!(%node, restore = %command.restore_id, "the node has not applied the restore under way: sending it again");
+                let _ = tx.try_send(Ok(pb::CoordinatorToNode {
+                    kind: Some(pb::coordinator_to_node::Kind::Restore(command)),
+                }));
+            }
+        }
+        self.maybe_auto_restore().await;
+        Ok(membership)
+    }
+
+    /// The epoch a registering node is to be in, and what it still has to do. A node
+    /// never enters an epoch without that epoch's state: behind a restore under way, it
+    /// keeps its epoch and is sent the restore; behind one that ended, it keeps its epoch
+    /// and the cluster stays fenced ([`Self::fence`]) until a restore brings every node
+    /// to one state. Only a new daemon enters the cluster's epoch as it is.
+    pub(super) fn epoch_on_register(
+        &self,
+        node: &NodeId,
+        register: &pb::Register,
+        fresh: bool,
+    ) -> (u64, OnRegister) {
+        if let Some(active) = &self.restore
+            && active.progress.nodes().contains(node)
+        {
+            let restore = &active.record;
+            if register.applied_restore_id == restore.id {
+                return (restore.epoch, OnRegister::Applied(restore.id.clone()));
+            }
+            if register.epoch == restore.epoch {
+                // In the epoch, its application about to apply: its word comes later.
+                return (restore.epoch, OnRegister::Nothing);
+            }
+            let command = pb::NodeRestore {
+                restore_id: restore.id.clone(),
+                snapshot_id: restore.snapshot_id,
+                epoch: restore.epoch,
+            };
+            return (register.epoch, OnRegister::Restore(command));
+        }
+        if register.epoch == self.epoch || fresh {
+            return (self.epoch, OnRegister::Nothing);
+        }
+        tracing::error!(
+            %node,
+            node_epoch = register.epoch,
+            epoch = self.epoch,
+            "the node missed a restore: it stays in its epoch, and no snapshot starts until \
+             a restore is applied by every node"
+        );
+        (register.epoch, OnRegister::Nothing)
+    }
+
+    pub(super) async fn session_ended(&mut self, node: NodeId, session: u64) {
+        if self.members.get(&node).map(|m| m.session) != Some(session) {
+            return; // an older session of a node that has re-registered
+        }
+        self.member_gone(&node, "its session with the coordinator ended")
+            .await;
+    }
+
+    /// A member is no longer connected: it leaves `members` (which ends its session's
+    /// stream), its restore share and its snapshots in flight fail.
+    pub(super) async fn member_gone(&mut self, node: &NodeId, why: &str) {
+        tracing::warn!(%node, "node disconnected: {why}");
+        self.members.remove(node);
+        self.restore_node_failed(node, None, why).await;
+        self.metrics.members.set(self.members.len() as i64);
+        if let Err(e) = self.kv.delete(&self.keys.member(node.as_str())).await {
+            tracing::warn!("{e}");
+        }
+        for (id, outcome) in self.tracker.node_lost(node) {
+            self.settle(id.0, tracker::Update::Finished(outcome)).await;
+        }
+    }
+
+    /// Members not heard from for [`MEMBER_SILENCE_MS`] (a paused or partitioned daemon
+    /// whose connection has not broken) are taken as disconnected.
+    pub(super) async fn drop_silent_members(&mut self) {
+        // A tick that comes late means this task was busy (a long verification, say): the
+        // heartbeats may be waiting in its queue, not missing. Judge at the next tick.
+        let last = std::mem::replace(&mut self.last_silence_check, Instant::now());
+        if last.elapsed() > Duration::from_secs(1) {
+            return;
+        }
+        let silent: Vec<(NodeId, u64)> = self
+            .members
+            .iter()
+            .map(|(n, m)| (n.clone(), m.heard.elapsed().as_millis() as u64))
+            .filter(|(_, silent)| *silent >= MEMBER_SILENCE_MS)
+            .collect();
+        for (node, silent) in silent {
+            self.member_gone(&node, &format!("no heartbeat for {silent} ms"))
+                .await;
+        }
+    }
+}

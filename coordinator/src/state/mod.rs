@@ -1,0 +1,484 @@
+//! The coordinator's one task that owns membership and the [`SnapshotTracker`]: every
+//! change to a snapshot's lifecycle happens here, in order, and is written to the
+//! metadata store before anyone is told.
+
+use std::collections::BTreeMap;
+use std::hash::BuildHasher;
+use std::sync::Arc;
+use std::time::Duration;
+
+use cairn_core::schedule::{Policy, Schedule};
+use cairn_core::{
+    FailureReason, NodeId, NodePart, SnapshotId, SnapshotMode, SnapshotTracker, StartRequest,
+    Topology,
+};
+use cairn_proto::v1 as pb;
+use tokio::sync::{mpsc, oneshot};
+use tokio::time::Instant;
+use tonic::Status;
+use tonic_health::server::HealthReporter;
+
+use crate::blob::BlobStore;
+use crate::error::Error;
+use crate::policy;
+use crate::records_conv::{failure_record, now_ms};
+use crate::store::{AnyKv, Keys, Kv, RestoreRecord, RosterRecord, SnapshotRecord, SnapshotStatus};
+
+mod membership;
+mod restore;
+mod retention;
+mod schedule;
+mod snapshots;
+
+use membership::Member;
+pub(crate) use restore::{restore_epoch, restore_pb};
+
+/// The stream a node's session reads its commands from.
+pub(crate) type NodeTx = mpsc::Sender<Result<pb::CoordinatorToNode, Status>>;
+/// A watcher's stream.
+pub(crate) type WatchTx = mpsc::Sender<Result<pb::SnapshotProgress, Status>>;
+
+/// A request to the coordinator task.
+pub(crate) enum Msg {
+    Register {
+        register: pb::Register,
+        session: u64,
+        tx: NodeTx,
+        reply: oneshot::Sender<Result<pb::Membership, Error>>,
+    },
+    SessionEnded {
+        node: NodeId,
+        session: u64,
+    },
+    NodeEvent {
+        node: NodeId,
+        event: pb::NodeSnapshotEvent,
+    },
+    Heartbeat {
+        node: NodeId,
+        application_attached: bool,
+    },
+    CheckUpload {
+        id: u64,
+        node: NodeId,
+        reply: oneshot::Sender<Result<(), Error>>,
+    },
+    PartStored {
+        part: NodePart,
+        bytes_new: u64,
+        bytes_reused: u64,
+        /// The epoch the node recorded the part in.
+        epoch: u64,
+        /// The last restore the node's application applied.
+        applied_restore_id: String,
+    },
+    /// Storing a part failed (`why` names the node and the cause).
+    StorageFailed {
+        id: u64,
+        why: String,
+    },
+    Start {
+        request: StartRequest,
+        timeout: Duration,
+        labels: BTreeMap<String, String>,
+        reply: oneshot::Sender<Result<u64, Error>>,
+    },
+    Abort {
+        id: u64,
+        reason: String,
+        reply: oneshot::Sender<Result<SnapshotRecord, Error>>,
+    },
+    Delete {
+        id: u64,
+        reply: oneshot::Sender<Result<u64, Error>>,
+    },
+    TimedOut {
+        id: u64,
+    },
+    Watch {
+        id: u64,
+        tx: WatchTx,
+        reply: oneshot::Sender<Result<(), Error>>,
+    },
+    ListNodes {
+        reply: oneshot::Sender<pb::ListNodesResponse>,
+    },
+    /// The record of a snapshot in flight, with its progress; `None` if it has ended.
+    Live {
+        id: u64,
+        reply: oneshot::Sender<Option<SnapshotRecord>>,
+    },
+    GetPolicy {
+        reply: oneshot::Sender<pb::Policy>,
+    },
+    Restore {
+        snapshot_id: u64,
+        reply: oneshot::Sender<Result<RestoreRecord, Error>>,
+    },
+    RestoreApplied {
+        node: NodeId,
+        restore_id: String,
+    },
+    RestoreFailed {
+        node: NodeId,
+        restore_id: String,
+        message: String,
+    },
+    RestoreTimedOut {
+        epoch: u64,
+    },
+    SetPolicy {
+        request: pb::SetPolicyRequest,
+        reply: oneshot::Sender<Result<pb::Policy, Error>>,
+    },
+}
+
+/// Settings the task needs.
+pub(crate) struct Settings {
+    pub cluster: String,
+    pub retention: usize,
+    /// A fixed topology (`--topology`); `None`: a full mesh of the roster.
+    pub topology: Option<Topology>,
+    /// The snapshot policy of the flags (a stored one set through the API wins).
+    pub policy: Policy,
+    /// Restore the newest completed snapshot when a member's daemon restarts.
+    pub auto_restore: bool,
+    /// How long a restore may take.
+    pub restore_timeout: Duration,
+}
+
+pub(crate) struct State {
+    metrics: crate::metrics::CoordinatorMetrics,
+    settings: Settings,
+    kv: Arc<AnyKv>,
+    blobs: BlobStore,
+    keys: Keys,
+    /// Every node of the cluster, connected or not (persisted).
+    roster: BTreeMap<NodeId, RosterRecord>,
+    /// The nodes with a session now.
+    members: BTreeMap<NodeId, Member>,
+    tracker: SnapshotTracker,
+    inflight: BTreeMap<u64, SnapshotRecord>,
+    watchers: BTreeMap<u64, Vec<WatchTx>>,
+    self_tx: mpsc::Sender<Msg>,
+    schedule: Schedule,
+    policy_source: policy::Source,
+    /// The zero of the schedule's monotonic milliseconds.
+    clock: Instant,
+    health: HealthReporter,
+    /// What the freshness health service says now; `None` before it is first set.
+    stale: Option<bool>,
+    /// Whether the schedule was reported failing.
+    failing: bool,
+    /// The cluster's epoch (raised by every restore).
+    epoch: u64,
+    /// The restore under way.
+    restore: Option<restore::ActiveRestore>,
+    /// Automatic recovery waits for every member to connect; why it is due.
+    pending_recovery: Option<String>,
+    /// The newest restore that did not finish (FAILED): until a later one is applied by
+    /// every node, the nodes may hold different states and no snapshot may start.
+    unfinished_restore: Option<RestoreRecord>,
+    /// The highest snapshot id any daemon reported: no id at or below it is handed out.
+    id_floor: u64,
+    /// When silent members were last looked for.
+    last_silence_check: Instant,
+    /// Automatic recovery is not tried again before this (after a failed attempt).
+    pub(super) recovery_not_before: Instant,
+}
+
+impl State {
+    pub(crate) fn new(
+        metrics: crate::metrics::CoordinatorMetrics,
+        settings: Settings,
+        kv: Arc<AnyKv>,
+        blobs: BlobStore,
+        max_in_flight: usize,
+        self_tx: mpsc::Sender<Msg>,
+        health: HealthReporter,
+    ) -> Self {
+        let seed = std::collections::hash_map::RandomState::new().hash_one(now_ms());
+        Self {
+            schedule: Schedule::new(settings.policy.clone(), 0, seed),
+            policy_source: policy::Source::Flags,
+            clock: Instant::now(),
+            health,
+            stale: None,
+            failing: false,
+            epoch: 0,
+            restore: None,
+            pending_recovery: None,
+            unfinished_restore: None,
+            id_floor: 0,
+            last_silence_check: Instant::now(),
+            recovery_not_before: Instant::now(),
+            metrics,
+            keys: Keys::new(&settings.cluster),
+            settings,
+            kv,
+            blobs,
+            roster: BTreeMap::new(),
+            members: BTreeMap::new(),
+            tracker: SnapshotTracker::new(max_in_flight.max(1)),
+            inflight: BTreeMap::new(),
+            watchers: BTreeMap::new(),
+            self_tx,
+        }
+    }
+
+    /// Marks every snapshot a previous coordinator left in flight as failed.
+    pub(crate) async fn recover(&mut self) -> Result<(), Error> {
+        for (key, value) in self.kv.list(&self.keys.roster()).await? {
+            let Ok(record) = serde_json::from_slice::<RosterRecord>(&value) else {
+                tracing::warn!(%key, "skipping an unreadable roster record");
+                continue;
+            };
+            let node = NodeId::new(record.node.clone());
+            if let Some(topology) = &self.settings.topology
+                && !topology.contains(&node)
+            {
+                tracing::warn!(%node, "node on the roster but not in --topology: left out");
+                continue;
+            }
+            self.roster.insert(node, record);
+        }
+        tracing::info!(nodes = self.roster.len(), "roster loaded");
+        self.load_policy().await?;
+        self.recover_restores().await?;
+        let mut newest_completed = None;
+        for (key, value) in self.kv.list(&self.keys.snapshots()).await? {
+            let Ok(mut record) = serde_json::from_slice::<SnapshotRecord>(&value) else {
+                tracing::warn!(%key, "skipping an unreadable snapshot record");
+                continue;
+            };
+            if record.status == SnapshotStatus::Completed {
+                newest_completed = newest_completed.max(Some(record.finished_at_ms));
+            }
+            if record.status == SnapshotStatus::InProgress {
+                record.status = SnapshotStatus::Failed;
+                record.failure = Some(failure_record(&FailureReason::CoordinatorRestarted));
+                record.finished_at_ms = now_ms();
+                tracing::warn!(
+                    snapshot = record.id,
+                    "snapshot failed: coordinator restarted"
+                );
+                self.put_record(&record).await?;
+            }
+        }
+        if let Some(at) = newest_completed {
+            let age = Duration::from_millis(now_ms().saturating_sub(at));
+            self.schedule.completed_before(self.clock_ms(), age);
+        }
+        self.refresh().await;
+        Ok(())
+    }
+
+    /// Serves requests until `shutdown`; then fails what is in flight and closes every
+    /// node session and watch stream, so the server can finish its graceful shutdown.
+    pub(crate) async fn run(
+        mut self,
+        mut rx: mpsc::Receiver<Msg>,
+        shutdown: tokio_util::sync::CancellationToken,
+    ) {
+        let mut refresh = tokio::time::interval(Duration::from_millis(250));
+        refresh.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+        loop {
+            // A due time beyond what the clock can hold is never (no overflow panic).
+            let due = self
+                .schedule
+                .next_due()
+                .and_then(|ms| self.clock.checked_add(Duration::from_millis(ms)));
+            tokio::select! {
+                _ = shutdown.cancelled() => break,
+                msg = rx.recv() => match msg {
+                    Some(msg) => self.handle(msg).await,
+                    None => break,
+                },
+                () = sleep_until(due) => self.scheduled().await,
+                _ = refresh.tick() => {
+                    self.drop_silent_members().await;
+                    self.maybe_auto_restore().await;
+                    self.refresh().await;
+                }
+            }
+        }
+        let ids: Vec<u64> = self.inflight.keys().copied().collect();
+        for id in ids {
+            let update = self.tracker.fail(
+                SnapshotId(id),
+                FailureReason::Aborted("coordinator shut down".into()),
+            );
+            self.settle(id, update).await;
+        }
+        self.members.clear();
+        self.watchers.clear();
+    }
+
+    async fn handle(&mut self, msg: Msg) {
+        match msg {
+            Msg::Register {
+                register,
+                session,
+                tx,
+                reply,
+            } => {
+                let result = self.register(register, session, tx).await;
+                let _ = reply.send(result);
+            }
+            Msg::SessionEnded { node, session } => self.session_ended(node, session).await,
+            Msg::NodeEvent { node, event } => self.node_event(node, event).await,
+            Msg::Heartbeat {
+                node,
+                application_attached,
+            } => {
+                if let Some(member) = self.members.get_mut(&node) {
+                    member.last_seen_ms = now_ms();
+                    member.heard = Instant::now();
+                    member.application_attached = application_attached;
+                }
+            }
+            Msg::CheckUpload { id, node, reply } => {
+                let ok = match self.inflight.get(&id) {
+                    None => Err(Error::FailedPrecondition(format!(
+                        "snapshot {id} is not in progress"
+                    ))),
+                    Some(r) if !r.nodes.iter().any(|n| n == node.as_str()) => {
+                        Err(Error::FailedPrecondition(format!(
+                            "node {node} is not a participant of snapshot {id}"
+                        )))
+                    }
+                    Some(_) => Ok(()),
+                };
+                let _ = reply.send(ok);
+            }
+            Msg::PartStored {
+                part,
+                bytes_new,
+                bytes_reused,
+                epoch,
+                applied_restore_id,
+            } => {
+                let id = part.report.id.0;
+                let node = part.report.node.to_string();
+                if let Some(expected) = self.inflight.get(&id).map(|r| r.epoch)
+                    && epoch != expected
+                {
+                    let applied = if applied_restore_id.is_empty() {
+                        "no restore".to_owned()
+                    } else {
+                        applied_restore_id
+                    };
+                    let reason = FailureReason::MixedEpochs {
+                        nodes: vec![part.report.node.clone()],
+                        detail: format!(
+                            "snapshot {id} started in epoch {expected}, node {node} recorded \
+                             its part in epoch {epoch} (after {applied})"
+                        ),
+                    };
+                    let update = self.tracker.fail(SnapshotId(id), reason);
+                    self.settle(id, update).await;
+                    return;
+                }
+                if let Some(record) = self.inflight.get_mut(&id) {
+                    record.bytes_new += bytes_new;
+                    record.bytes_reused += bytes_reused;
+                    if !record.reported.contains(&node) {
+                        record.reported.push(node.clone());
+                    }
+                    if !record.recorded.contains(&node) {
+                        record.recorded.push(node);
+                    }
+                }
+                let update = self.tracker.part_reported(part);
+                self.settle(id, update).await;
+            }
+            Msg::Start {
+                request,
+                timeout,
+                labels,
+                reply,
+            } => {
+                let result = self.start(request, timeout, labels).await;
+                let _ = reply.send(result);
+            }
+            Msg::Abort { id, reason, reply } => {
+                let result = self.abort(id, reason).await;
+                let _ = reply.send(result);
+            }
+            Msg::Delete { id, reply } => {
+                let result = self.delete(id).await;
+                let _ = reply.send(result);
+            }
+            Msg::StorageFailed { id, why } => {
+                let update = self
+                    .tracker
+                    .fail(SnapshotId(id), FailureReason::Storage(why));
+                self.settle(id, update).await;
+            }
+            Msg::TimedOut { id } => {
+                let update = self.tracker.timed_out(SnapshotId(id));
+                self.settle(id, update).await;
+            }
+            Msg::Watch { id, tx, reply } => {
+                let result = self.watch(id, tx).await;
+                let _ = reply.send(result);
+            }
+            Msg::ListNodes { reply } => {
+                let _ = reply.send(self.list_nodes());
+            }
+            Msg::Live { id, reply } => {
+                let _ = reply.send(self.inflight.get(&id).cloned());
+            }
+            Msg::GetPolicy { reply } => {
+                let _ = reply.send(self.policy_pb());
+            }
+            Msg::Restore { snapshot_id, reply } => {
+                let result = self.restore(snapshot_id, "user".into()).await;
+                let _ = reply.send(result);
+            }
+            Msg::RestoreApplied { node, restore_id } => {
+                self.restore_applied(&node, &restore_id).await;
+            }
+            Msg::RestoreFailed {
+                node,
+                restore_id,
+                message,
+            } => {
+                self.restore_node_failed(&node, Some(&restore_id), &message)
+                    .await;
+            }
+            Msg::RestoreTimedOut { epoch } => self.restore_timed_out(epoch).await,
+            Msg::SetPolicy { request, reply } => {
+                let result = self.set_policy(request).await;
+                let _ = reply.send(result);
+            }
+        }
+    }
+
+    /// Milliseconds on the schedule's monotonic clock.
+    fn clock_ms(&self) -> u64 {
+        self.clock.elapsed().as_millis() as u64
+    }
+
+    fn broadcast(&self, kind: pb::coordinator_to_node::Kind) {
+        for member in self.members.values() {
+            let _ = member.tx.try_send(Ok(pb::CoordinatorToNode {
+                kind: Some(kind.clone()),
+            }));
+        }
+    }
+}
+
+/// Sleeps until `deadline`; forever without one.
+async fn sleep_until(deadline: Option<Instant>) {
+    match deadline {
+        Some(deadline) => tokio::time::sleep_until(deadline).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// The mode of a start request from the wire.
+pub(crate) fn mode_of(value: i32) -> Result<SnapshotMode, Error> {
+    cairn_proto::convert::mode_from_pb(value, Some(SnapshotMode::ChandyLamport))
+        .map_err(|e| Error::InvalidArgument(e.to_string()))
+}

@@ -1,0 +1,397 @@
+//! A snapshot's life in the coordinator's task: the start (every check before an id is
+//! spent), node events and parts, the end stored and told to watchers and nodes.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use cairn_core::{FailureReason, NodeId, SnapshotId, StartError, StartRequest, tracker};
+use cairn_proto::v1 as pb;
+use tokio::time::Instant;
+
+use super::{Msg, State, WatchTx};
+use crate::error::Error;
+use crate::records_conv::{failure_record, mode_name, now_ms, progress_pb};
+use crate::store::{Kv, SnapshotRecord, SnapshotStatus, VerdictRecord};
+
+/// The failure `node` reported. The wire's reason is taken exactly
+/// (`cairn_proto::convert::failure`), except where the reporter is who it concerns: a
+/// node lost, without an application or shutting down is the reporting node (whatever
+/// the wire names), a reset without its channel is the reporter lost, and a reason
+/// without a kind (or one this coordinator does not know, or cannot read) is an abort
+/// naming the node.
+fn node_failure(node: &NodeId, reason: &pb::FailureReason) -> FailureReason {
+    use pb::failure_reason::Kind;
+    let aborted = |why: String| FailureReason::Aborted(format!("on node {node}: {why}"));
+    match Kind::try_from(reason.kind).unwrap_or(Kind::Unspecified) {
+        Kind::ChannelReset if reason.channel.is_none() => FailureReason::NodeLost(node.clone()),
+        Kind::NoApplication => FailureReason::NoApplication(node.clone()),
+        Kind::Shutdown => FailureReason::Shutdown(node.clone()),
+        Kind::NodeLost => FailureReason::NodeLost(node.clone()),
+        Kind::Unspecified => aborted(reason.message.clone()),
+        _ => FailureReason::try_from(reason)
+            .unwrap_or_else(|e| aborted(format!("{} ({e})", reason.message))),
+    }
+}
+
+impl State {
+    pub(super) async fn node_event(&mut self, node: NodeId, event: pb::NodeSnapshotEvent) {
+        use pb::node_snapshot_event::Kind;
+        if let Some(member) = self.members.get_mut(&node) {
+            member.last_seen_ms = now_ms();
+            member.heard = Instant::now();
+        }
+        let id = event.snapshot_id;
+        match event.kind {
+            Some(Kind::StateRecorded(_)) => {
+                let update = self.tracker.state_recorded(SnapshotId(id), &node);
+                if let (tracker::Update::Progress, Some(record)) =
+                    (&update, self.inflight.get_mut(&id))
+                {
+                    if !record.recorded.contains(&node.to_string()) {
+                        record.recorded.push(node.to_string());
+                    }
+                    let record = record.clone();
+                    self.publish(&record).await;
+                }
+            }
+            Some(Kind::Failed(reason)) => {
+                let update = self
+                    .tracker
+                    .fail(SnapshotId(id), node_failure(&node, &reason));
+                self.settle(id, update).await;
+            }
+            Some(Kind::PartUploaded(_)) | None => {}
+        }
+    }
+
+    pub(super) async fn start(
+        &mut self,
+        request: StartRequest,
+        timeout: Duration,
+        labels: BTreeMap<String, String>,
+    ) -> Result<u64, Error> {
+        if let Some(fence) = self.fence() {
+            return Err(Error::FailedPrecondition(fence));
+        }
+        let topology = self.topology()?;
+        if self.roster.is_empty() {
+            return Err(Error::FailedPrecondition(
+                "no node has registered with the coordinator".into(),
+            ));
+        }
+        let refused = |e: StartError| match e {
+            StartError::TooManyInFlight { .. } | StartError::AlignedInFlight(_) => {
+                Error::ResourceExhausted(e.to_string())
+            }
+            StartError::Unreachable { .. }
+            | StartError::UnknownInitiator(_)
+            | StartError::DuplicateId(_) => Error::InvalidArgument(e.to_string()),
+            StartError::NoMembers => Error::FailedPrecondition(e.to_string()),
+        };
+        // Every check before an id is spent.
+        self.tracker.check(&request, &topology).map_err(refused)?;
+        let id = self.next_snapshot_id().await?;
+        let plan = self
+            .tracker
+            .start(SnapshotId(id), request, &topology)
+            .map_err(refused)?;
+        let record = SnapshotRecord {
+            id,
+            mode: mode_name(plan.mode),
+            initiators: plan.initiators.iter().map(ToString::to_string).collect(),
+            alignment_timeout_ms: plan.alignment_timeout.map_or(0, |d| d.as_millis() as u64),
+            status: SnapshotStatus::InProgress,
+            failure: None,
+            verdict: None,
+            started_at_ms: now_ms(),
+            finished_at_ms: 0,
+            timeout_ms: timeout.as_millis() as u64,
+            labels,
+            nodes: topology.nodes().iter().map(ToString::to_string).collect(),
+            channels: topology
+                .channels()
+                .iter()
+                .map(ToString::to_string)
+                .collect(),
+            recorded: Vec::new(),
+            reported: Vec::new(),
+            bytes_new: 0,
+            bytes_reused: 0,
+            epoch: self.epoch,
+        };
+        if let Err(e) = self.put_record(&record).await {
+            self.tracker
+                .fail(SnapshotId(id), FailureReason::Storage(e.to_string()));
+            return Err(e);
+        }
+        self.inflight.insert(id, record);
+        self.metrics.in_flight.set(self.inflight.len() as i64);
+        let wire_plan = cairn_proto::convert::plan_to_pb(&plan, 0);
+        for initiator in &plan.initiators {
+            if let Some(member) = self.members.get(initiator) {
+                let command = pb::CoordinatorToNode {
+                    kind: Some(pb::coordinator_to_node::Kind::Initiate(wire_plan.clone())),
+                };
+                let _ = member.tx.try_send(Ok(command));
+            }
+        }
+        let tx = self.self_tx.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(timeout).await;
+            let _ = tx.send(Msg::TimedOut { id }).await;
+        });
+        tracing::info!(snapshot = id, mode = %plan.mode, "snapshot started");
+        Ok(id)
+    }
+
+    /// The next snapshot id: one above the stored counter and above every id a daemon
+    /// reported having seen (the counter may have been lost with the metadata).
+    pub(super) async fn next_snapshot_id(&mut self) -> Result<u64, Error> {
+        let id = self
+            .kv
+            .fetch_increment(&self.keys.next_id())
+            .await?
+            .saturating_add(1);
+        if id > self.id_floor {
+            return Ok(id);
+        }
+        let id = self.id_floor.saturating_add(1);
+        tracing::warn!(
+            snapshot = id,
+            daemons_saw = self.id_floor,
+            "the stored snapshot id counter is behind ids the daemons have seen (lost \
+             metadata?): continuing above them"
+        );
+        self.kv
+            .put(&self.keys.next_id(), id.to_string().into_bytes())
+            .await?;
+        Ok(id)
+    }
+
+    pub(super) async fn abort(&mut self, id: u64, reason: String) -> Result<SnapshotRecord, Error> {
+        if !self.inflight.contains_key(&id) {
+            return match self.get_record(id).await? {
+                Some(record) => Err(Error::FailedPrecondition(format!(
+                    "snapshot {id} is already {}",
+                    record.status
+                ))),
+                None => Err(Error::NotFound(id)),
+            };
+        }
+        let reason = if reason.is_empty() {
+            "aborted by a user".to_owned()
+        } else {
+            reason
+        };
+        let update = self
+            .tracker
+            .fail(SnapshotId(id), FailureReason::Aborted(reason));
+        self.settle(id, update).await;
+        self.get_record(id).await?.ok_or(Error::NotFound(id))
+    }
+
+    pub(super) async fn watch(&mut self, id: u64, tx: WatchTx) -> Result<(), Error> {
+        let record = match self.inflight.get(&id) {
+            Some(r) => r.clone(),
+            None => self.get_record(id).await?.ok_or(Error::NotFound(id))?,
+        };
+        let _ = tx.try_send(Ok(progress_pb(&record)));
+        if record.status == SnapshotStatus::InProgress {
+            self.watchers.entry(id).or_default().push(tx);
+        }
+        Ok(())
+    }
+
+    /// Applies a tracker update: progress is published; an end is stored, published, and
+    /// (if failed) sent to every node so that their engines drop the snapshot.
+    pub(super) async fn settle(&mut self, id: u64, update: tracker::Update) {
+        match update {
+            tracker::Update::Ignored => {}
+            tracker::Update::Progress => {
+                if let Some(record) = self.inflight.get(&id).cloned() {
+                    self.publish(&record).await;
+                }
+            }
+            tracker::Update::Finished(outcome) => {
+                let Some(mut record) = self.inflight.remove(&id) else {
+                    return;
+                };
+                record.finished_at_ms = now_ms();
+                self.metrics.in_flight.set(self.inflight.len() as i64);
+                match &outcome {
+                    tracker::Outcome::Completed(consistent) => {
+                        record.status = SnapshotStatus::Completed;
+                        record.verdict = Some(VerdictRecord {
+                            consistent: true,
+                            violation: String::new(),
+                            recorded_messages: consistent.recorded_messages,
+                        });
+                        tracing::info!(
+                            snapshot = id,
+                            ms = record.finished_at_ms - record.started_at_ms,
+                            "snapshot completed and verified"
+                        );
+                    }
+                    tracker::Outcome::Failed(reason) => {
+                        record.status = if matches!(reason, FailureReason::Aborted(_)) {
+                            SnapshotStatus::Aborted
+                        } else {
+                            SnapshotStatus::Failed
+                        };
+                        if let Some(violation) = outcome.violation() {
+                            record.verdict = Some(VerdictRecord {
+                                consistent: false,
+                                violation: violation.to_string(),
+                                recorded_messages: 0,
+                            });
+                        }
+                        record.failure = Some(failure_record(reason));
+                        tracing::warn!(snapshot = id, %reason, "snapshot did not complete");
+                        let abort = pb::AbortSnapshotRequest {
+                            snapshot_id: id,
+                            reason: reason.to_string(),
+                        };
+                        self.broadcast(pb::coordinator_to_node::Kind::Abort(abort));
+                    }
+                }
+                // Stored, then retention applied, then told: whoever sees it end sees the
+                // store as it is after it.
+                if let Err(e) = self.put_record(&record).await {
+                    tracing::error!(snapshot = id, "cannot store the snapshot record: {e}");
+                }
+                if record.status == SnapshotStatus::Completed
+                    && let Err(e) = self.apply_retention().await
+                {
+                    tracing::warn!("retention: {e}");
+                }
+                if let Some(watchers) = self.watchers.remove(&id) {
+                    let progress = progress_pb(&record);
+                    for watcher in watchers {
+                        let _ = watcher.try_send(Ok(progress.clone()));
+                    }
+                }
+                self.count_end(&record);
+                let result = match &record.failure {
+                    None => Ok(()),
+                    Some(_) => Err(match &outcome {
+                        tracker::Outcome::Failed(reason) => reason.to_string(),
+                        tracker::Outcome::Completed(_) => record.status.to_string(),
+                    }),
+                };
+                let alarm = self
+                    .schedule
+                    .finished(SnapshotId(id), self.clock_ms(), result);
+                self.alarm(alarm);
+                self.refresh().await;
+            }
+        }
+    }
+
+    pub(super) fn count_end(&self, record: &SnapshotRecord) {
+        let status = record.status.name().to_lowercase();
+        self.metrics
+            .snapshots
+            .get_or_create(&crate::metrics::StatusLabel { status })
+            .inc();
+        if record.status == SnapshotStatus::Completed {
+            let seconds =
+                record.finished_at_ms.saturating_sub(record.started_at_ms) as f64 / 1000.0;
+            self.metrics.duration.observe(seconds);
+            self.metrics.bytes_new.inc_by(record.bytes_new);
+            self.metrics.bytes_reused.inc_by(record.bytes_reused);
+            let recorded = record.verdict.as_ref().map_or(0, |v| v.recorded_messages);
+            self.metrics.recorded_messages.inc_by(recorded);
+        }
+    }
+
+    /// Tells the record's watchers; stores it once it has ended. Progress of a snapshot in
+    /// flight lives in `inflight` only (a restarted coordinator fails such a snapshot
+    /// anyway), which spares the store a synced write per node and step.
+    pub(super) async fn publish(&mut self, record: &SnapshotRecord) {
+        if record.status != SnapshotStatus::InProgress
+            && let Err(e) = self.put_record(record).await
+        {
+            tracing::error!(
+                snapshot = record.id,
+                "cannot store the snapshot record: {e}"
+            );
+        }
+        if let Some(watchers) = self.watchers.get_mut(&record.id) {
+            let progress = progress_pb(record);
+            watchers.retain(|w| w.try_send(Ok(progress.clone())).is_ok() || !w.is_closed());
+        }
+    }
+
+    pub(super) async fn put_record(&self, record: &SnapshotRecord) -> Result<(), Error> {
+        let value = serde_json::to_vec_pretty(record).expect("plain record");
+        Ok(self.kv.put(&self.keys.snapshot(record.id), value).await?)
+    }
+
+    pub(super) async fn get_record(&self, id: u64) -> Result<Option<SnapshotRecord>, Error> {
+        match self.kv.get(&self.keys.snapshot(id)).await? {
+            Some(value) => Ok(serde_json::from_slice(&value).ok()),
+            None => Ok(None),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use cairn_core::ChannelId;
+
+    use super::*;
+
+    #[test]
+    fn a_node_failure_is_exact_and_names_its_reporter() {
+        let node = NodeId::from("n2");
+        let wire = |reason: &FailureReason| pb::FailureReason::from(reason);
+        // Taken exactly (Timeout and MixedEpochs once became aborts).
+        for reason in [
+            FailureReason::ChannelReset(ChannelId::new("n1", "n2")),
+            FailureReason::Storage("upload of n2's part failed: no space".into()),
+            FailureReason::MembershipChanged("node n3 joined".into()),
+            FailureReason::Timeout {
+                missing: vec!["n1".into()],
+            },
+            FailureReason::Restore,
+            FailureReason::MixedEpochs {
+                nodes: vec!["n2".into()],
+                detail: "n2 is in epoch 2".into(),
+            },
+        ] {
+            assert_eq!(node_failure(&node, &wire(&reason)), reason);
+        }
+        // The reporter is who these concern, whatever the wire names.
+        for (sent, taken) in [
+            (
+                FailureReason::NoApplication("n9".into()),
+                FailureReason::NoApplication(node.clone()),
+            ),
+            (
+                FailureReason::Shutdown("n9".into()),
+                FailureReason::Shutdown(node.clone()),
+            ),
+            (
+                FailureReason::NodeLost("n9".into()),
+                FailureReason::NodeLost(node.clone()),
+            ),
+        ] {
+            assert_eq!(node_failure(&node, &wire(&sent)), taken);
+        }
+        let mut reset = wire(&FailureReason::ChannelReset(ChannelId::new("n1", "n2")));
+        reset.channel = None;
+        assert_eq!(
+            node_failure(&node, &reset),
+            FailureReason::NodeLost(node.clone())
+        );
+        let unknown = pb::FailureReason {
+            kind: 99,
+            message: "what".into(),
+            ..Default::default()
+        };
+        assert_eq!(
+            node_failure(&node, &unknown),
+            FailureReason::Aborted("on node n2: what".into())
+        );
+    }
+}
