@@ -77,7 +77,7 @@ impl pb::node_admin_server::NodeAdmin for AdminService {
     ) -> Result<Response<pb::LocalSnapshot>, Status> {
         let id = SnapshotId(request.into_inner().snapshot_id);
         let part = self.ask(|reply| LoopMsg::GetPart { id, reply }).await??;
-        Ok(Response::new(part))
+        Ok(Response::new(pb::LocalSnapshot::from(&part)))
     }
 
     async fn inject_fault(

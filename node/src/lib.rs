@@ -34,6 +34,7 @@ mod coordinator_link;
 pub mod error;
 pub mod metrics;
 mod node_loop;
+mod part;
 mod peer_client;
 mod peer_server;
 mod shared;

@@ -9,7 +9,7 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use cairn_core::{ChannelId, NodeId, Topology};
+use cairn_core::{ChannelId, NodeId, Topology, TopologyError};
 use cairn_proto::v1 as pb;
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
@@ -43,6 +43,20 @@ pub(crate) fn wiring(
         channels,
         incarnations: BTreeMap::new(),
     }
+}
+
+/// A membership from the coordinator that this daemon cannot follow.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum MembershipError {
+    /// Its topology is invalid.
+    #[error("the coordinator sent a bad topology: {0}")]
+    BadTopology(#[from] TopologyError),
+    /// It does not include this node.
+    #[error("the coordinator's membership does not include this node ({0})")]
+    NotAMember(NodeId),
+    /// It takes a channel of this node away.
+    #[error("the coordinator's topology no longer has channel {0}; restart this daemon to drop it")]
+    ChannelGone(ChannelId),
 }
 
 /// Starts sending tasks and grows the wiring.
@@ -80,7 +94,10 @@ impl Wirer {
     /// (snapshots in flight here fail, as they do at the coordinator), moved members are
     /// reached at their new address from the next connection on. A membership that would
     /// take a channel away is refused: that needs a restart of this daemon.
-    pub(crate) async fn apply(&mut self, membership: &pb::Membership) -> Result<(), String> {
+    pub(crate) async fn apply(
+        &mut self,
+        membership: &pb::Membership,
+    ) -> Result<(), MembershipError> {
         let me = self.shared.node_id.clone();
         let addresses: BTreeMap<NodeId, String> = membership
             .nodes
@@ -91,21 +108,16 @@ impl Wirer {
             .channels
             .iter()
             .map(|c| ChannelId::new(c.from.as_str(), c.to.as_str()));
-        let topology = Topology::from_channels(addresses.keys().cloned(), channels)
-            .map_err(|e| format!("the coordinator sent a bad topology: {e}"))?;
+        let topology = Topology::from_channels(addresses.keys().cloned(), channels)?;
         if !topology.contains(&me) {
-            return Err(format!(
-                "the coordinator's membership does not include this node ({me})"
-            ));
+            return Err(MembershipError::NotAMember(me));
         }
         let old = self.shared.wiring();
         let mine =
             |t: &Topology| -> Vec<ChannelId> { t.incoming(&me).chain(t.outgoing(&me)).collect() };
         let (old_channels, new_channels) = (mine(&old.topology), mine(&topology));
         if let Some(gone) = old_channels.iter().find(|c| !new_channels.contains(c)) {
-            return Err(format!(
-                "the coordinator's topology no longer has channel {gone}; restart this daemon to drop it"
-            ));
+            return Err(MembershipError::ChannelGone(gone.clone()));
         }
         let joined: Vec<&str> = topology
             .nodes()

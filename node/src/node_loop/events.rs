@@ -2,9 +2,9 @@
 //! imports them from here, and nothing in the loop knows of the link.
 
 use cairn_core::{FailureReason, SnapshotId};
-use cairn_proto::v1 as pb;
 use tokio::sync::mpsc;
 
+use crate::part::Part;
 use crate::shared::StateChunk;
 
 /// What the node loop tells the coordinator.
@@ -15,7 +15,7 @@ pub(crate) enum NodeEvent {
     /// The next piece of the application's state (streamed into the part's upload).
     StateChunk { id: SnapshotId, chunk: StateChunk },
     /// This node's part is complete (its state, if any, went ahead in pieces).
-    PartReady(Box<pb::LocalSnapshot>),
+    PartReady(Box<Part>),
     /// The snapshot failed here.
     Failed(SnapshotId, FailureReason),
     /// The application applied a restored state.
@@ -31,7 +31,7 @@ impl NodeEvent {
             Self::StateRecorded(id) | Self::StateChunk { id, .. } | Self::Failed(id, _) => {
                 Some(*id)
             }
-            Self::PartReady(part) => Some(SnapshotId(part.snapshot_id)),
+            Self::PartReady(part) => Some(part.report.id),
             Self::RestoreApplied { .. } | Self::RestoreFailed { .. } => None,
         }
     }

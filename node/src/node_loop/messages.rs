@@ -13,6 +13,7 @@ use tokio::sync::{mpsc, oneshot};
 use tonic::Status;
 
 use crate::error::Error;
+use crate::part::Part;
 use crate::shared::{StateChunk, Wiring};
 
 /// One frame of an incoming channel, decoded.
@@ -122,7 +123,7 @@ pub(crate) enum LoopMsg {
     /// This node's part of a snapshot (NodeAdmin).
     GetPart {
         id: SnapshotId,
-        reply: oneshot::Sender<Result<pb::LocalSnapshot, Error>>,
+        reply: oneshot::Sender<Result<Part, Error>>,
     },
     /// The node's status (NodeAdmin).
     Status {

@@ -186,7 +186,7 @@ impl NodeLoop {
             app: None,
             peers_changed: false,
             awaiting_state: BTreeSet::new(),
-            recordings: Recordings::new(shared.node_id.clone(), keep_parts, events.clone()),
+            recordings: Recordings::new(keep_parts, events.clone()),
             seen: BTreeSet::new(),
             pending: VecDeque::new(),
             epoch,

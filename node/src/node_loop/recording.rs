@@ -9,11 +9,11 @@
 use std::collections::BTreeMap;
 
 use bytes::{Bytes, BytesMut};
-use cairn_core::{ChannelId, FailureReason, LocalReport, NodeId, SnapshotId};
-use cairn_proto::v1 as pb;
+use cairn_core::{ChannelId, FailureReason, LocalReport, SnapshotId};
 
 use super::events::{Events, NodeEvent};
 use crate::error::Error;
+use crate::part::Part;
 use crate::shared::StateChunk;
 
 #[derive(Default)]
@@ -28,18 +28,16 @@ struct Recording {
 
 /// Recordings in progress and the parts they became.
 pub(super) struct Recordings {
-    node: NodeId,
     keep: usize,
     /// Where the coordinator link hears of state, parts and failures, if there is one.
     events: Events,
     active: BTreeMap<SnapshotId, Recording>,
-    parts: BTreeMap<SnapshotId, Result<pb::LocalSnapshot, FailureReason>>,
+    parts: BTreeMap<SnapshotId, Result<Part, FailureReason>>,
 }
 
 impl Recordings {
-    pub(super) fn new(node: NodeId, keep: usize, events: Events) -> Self {
+    pub(super) fn new(keep: usize, events: Events) -> Self {
         Self {
-            node,
             keep: keep.max(1),
             events,
             active: BTreeMap::new(),
@@ -115,7 +113,7 @@ impl Recordings {
         self.events.tell(event);
     }
 
-    pub(super) fn part(&self, id: SnapshotId) -> Result<pb::LocalSnapshot, Error> {
+    pub(super) fn part(&self, id: SnapshotId) -> Result<Part, Error> {
         match self.parts.get(&id) {
             Some(Ok(part)) => Ok(part.clone()),
             Some(Err(reason)) => Err(Error::SnapshotFailed {
@@ -140,30 +138,17 @@ impl Recordings {
         for chunk in &recording.state {
             state.extend_from_slice(chunk);
         }
-        let part = pb::LocalSnapshot {
-            snapshot_id: id.0,
-            node_id: self.node.to_string(),
-            local_state: state.freeze(),
-            incoming: report.incoming.iter().map(pb::IncomingCut::from).collect(),
-            outgoing: report.outgoing.iter().map(pb::OutgoingCut::from).collect(),
-            channel_states: recording
-                .channels
-                .into_iter()
-                .map(|(c, messages)| pb::ChannelState {
-                    channel: Some((&c).into()),
-                    messages: messages
-                        .into_iter()
-                        .map(|(index, payload)| pb::RecordedMessage { index, payload })
-                        .collect(),
-                })
-                .collect(),
+        let part = Part {
+            report,
+            state: state.freeze(),
+            channels: recording.channels,
         };
         tracing::info!(snapshot = %id, "local snapshot part complete");
         self.tell(NodeEvent::PartReady(Box::new(part.clone())));
         self.store(id, Ok(part));
     }
 
-    fn store(&mut self, id: SnapshotId, part: Result<pb::LocalSnapshot, FailureReason>) {
+    fn store(&mut self, id: SnapshotId, part: Result<Part, FailureReason>) {
         self.parts.insert(id, part);
         while self.parts.len() > self.keep {
             self.parts.pop_first();

@@ -1,11 +1,16 @@
 //! The daemon's session with the coordinator (when started with `--coordinator`): it
-//! registers, takes snapshot commands (initiate, abort), reports progress and failures,
-//! and uploads each completed part in chunks. After a broken session it registers again.
+//! registers, takes snapshot commands (initiate, abort, membership, restore), reports
+//! progress and failures, and uploads each completed part in chunks (`upload`). A restore's
+//! share is fetched aside (`restore_fetch`). After a broken session it registers again.
+
+mod restore_fetch;
+mod upload;
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use cairn_core::{FailureReason, SnapshotId};
+use cairn_proto::convert::ConvertError;
 use cairn_proto::v1 as pb;
 use rand::Rng;
 use tokio::sync::mpsc;
@@ -13,16 +18,64 @@ use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
 use tonic::transport::{Channel, Endpoint};
 
-use crate::node_loop::{LoopMsg, NodeEvent, RestoreData};
-use crate::shared::{Shared, StateChunk};
-use crate::wiring::Wirer;
-use cairn_proto::convert::channel_from_pb;
+use crate::node_loop::{LoopMsg, NodeEvent};
+use crate::shared::Shared;
+use crate::wiring::{MembershipError, Wirer};
+use restore_fetch::fetch_and_restore;
+use upload::UploadItem;
 
 /// How often the node tells the coordinator it is alive, and whether its application is.
 const HEARTBEAT: Duration = Duration::from_secs(2);
 
-/// Largest piece of a channel's recorded messages per upload message.
-const UPLOAD_CHUNK: usize = 1 << 20;
+/// Why a session with the coordinator ended, or a part's upload or a restore's fetch
+/// failed. The texts are what the daemon logs (the session's as
+/// "coordinator session: {why}; retrying").
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum LinkError {
+    /// The coordinator's address is not a valid endpoint.
+    #[error("{0}")]
+    Address(tonic::transport::Error),
+    /// The coordinator could not be reached.
+    #[error("cannot connect: {0}")]
+    Connect(tonic::transport::Error),
+    /// The coordinator refused the session (a node id held by a connected daemon, a node
+    /// not in its topology, ...): its message.
+    #[error("refused: {}", .0.message())]
+    Refused(tonic::Status),
+    /// The coordinator's first answer was not `Registered`.
+    #[error("expected Registered, got {0:?}")]
+    NotRegistered(Box<Option<pb::CoordinatorToNode>>),
+    /// The coordinator ended the session.
+    #[error("the coordinator closed the session")]
+    ClosedByCoordinator,
+    /// The session's stream failed: its status message.
+    #[error("{}", .0.message())]
+    Stream(tonic::Status),
+    /// This daemon's half of the session is gone.
+    #[error("session closed")]
+    SessionClosed,
+    /// The node loop has stopped.
+    #[error("node stopping")]
+    NodeStopping,
+    /// A membership this daemon cannot follow.
+    #[error(transparent)]
+    Membership(#[from] MembershipError),
+    /// Fetching a restore's share failed: the coordinator's message.
+    #[error("{}", .0.message())]
+    Fetch(tonic::Status),
+    /// A piece of a restore's share names no valid channel.
+    #[error("{0}")]
+    BadPiece(#[from] ConvertError),
+    /// A restore's share ended early.
+    #[error("the coordinator's stream ended before the replay counts")]
+    NoReplayCounts,
+    /// The coordinator refused or failed a part's upload: its message.
+    #[error("{}", .0.message())]
+    UploadRefused(tonic::Status),
+    /// The upload's call ended abnormally.
+    #[error("{0}")]
+    UploadTask(tokio::task::JoinError),
+}
 
 pub(crate) struct CoordinatorLink {
     pub shared: Arc<Shared>,
@@ -60,19 +113,19 @@ impl CoordinatorLink {
         }
     }
 
-    async fn connect(&self) -> Result<Channel, String> {
+    async fn connect(&self) -> Result<Channel, LinkError> {
         Endpoint::from_shared(format!("http://{}", self.address))
-            .map_err(|e| e.to_string())?
+            .map_err(LinkError::Address)?
             .connect_timeout(Duration::from_secs(3))
             .initial_stream_window_size(16 << 20)
             .initial_connection_window_size(32 << 20)
             .connect()
             .await
-            .map_err(|e| format!("cannot connect: {e}"))
+            .map_err(LinkError::Connect)
     }
 
     /// One session; `Ok` only on shutdown.
-    async fn session(&mut self, shutdown: &CancellationToken) -> Result<(), String> {
+    async fn session(&mut self, shutdown: &CancellationToken) -> Result<(), LinkError> {
         use pb::coordinator_to_node::Kind;
         let channel = tokio::select! {
             _ = shutdown.cancelled() => return Ok(()),
@@ -94,11 +147,11 @@ impl CoordinatorLink {
         let first = pb::NodeToCoordinator {
             kind: Some(pb::node_to_coordinator::Kind::Register(register)),
         };
-        tx.send(first).await.map_err(|_| "session closed")?;
+        tx.send(first).await.map_err(|_| LinkError::SessionClosed)?;
         let mut commands = client
             .node_session(ReceiverStream::new(rx))
             .await
-            .map_err(|s| format!("refused: {}", s.message()))?
+            .map_err(LinkError::Refused)?
             .into_inner();
         match commands.message().await {
             Ok(Some(pb::CoordinatorToNode {
@@ -116,14 +169,14 @@ impl CoordinatorLink {
                     self.loop_tx
                         .send(adopt)
                         .await
-                        .map_err(|_| "node stopping")?;
+                        .map_err(|_| LinkError::NodeStopping)?;
                 }
                 // A membership this daemon cannot follow ends the session: the coordinator
                 // sees it go, and the daemon tries again later.
                 self.wirer.apply(&m).await?;
             }
-            Ok(other) => return Err(format!("expected Registered, got {other:?}")),
-            Err(s) => return Err(format!("refused: {}", s.message())),
+            Ok(other) => return Err(LinkError::NotRegistered(Box::new(other))),
+            Err(s) => return Err(LinkError::Refused(s)),
         }
         let mut heartbeat = tokio::time::interval(HEARTBEAT);
         loop {
@@ -140,13 +193,13 @@ impl CoordinatorLink {
                             application_attached: status.application_attached,
                         })),
                     };
-                    tx.send(beat).await.map_err(|_| "session closed")?;
+                    tx.send(beat).await.map_err(|_| LinkError::SessionClosed)?;
                 }
                 command = commands.message() => match command {
                     Ok(Some(pb::CoordinatorToNode { kind: Some(kind) })) => self.command(kind, &tx, &client).await?,
                     Ok(Some(_)) => {}
-                    Ok(None) => return Err("the coordinator closed the session".into()),
-                    Err(s) => return Err(s.message().to_owned()),
+                    Ok(None) => return Err(LinkError::ClosedByCoordinator),
+                    Err(s) => return Err(LinkError::Stream(s)),
                 },
                 event = self.events.recv() => match event {
                     Some(event) => self.report(event, &tx, &client).await?,
@@ -161,7 +214,7 @@ impl CoordinatorLink {
         kind: pb::coordinator_to_node::Kind,
         session: &mpsc::Sender<pb::NodeToCoordinator>,
         client: &pb::coordinator_client::CoordinatorClient<Channel>,
-    ) -> Result<(), String> {
+    ) -> Result<(), LinkError> {
         use pb::coordinator_to_node::Kind;
         match kind {
             Kind::Initiate(plan) => match cairn_core::Plan::try_from(&plan) {
@@ -207,7 +260,7 @@ impl CoordinatorLink {
         event: NodeEvent,
         tx: &mpsc::Sender<pb::NodeToCoordinator>,
         client: &pb::coordinator_client::CoordinatorClient<Channel>,
-    ) -> Result<(), String> {
+    ) -> Result<(), LinkError> {
         use pb::node_snapshot_event::Kind;
         if let Some(id) = event.snapshot() {
             self.highest_snapshot = self.highest_snapshot.max(id.0);
@@ -221,7 +274,7 @@ impl CoordinatorLink {
                 let message = pb::NodeToCoordinator {
                     kind: Some(applied),
                 };
-                return tx.send(message).await.map_err(|_| "session closed".into());
+                return tx.send(message).await.map_err(|_| LinkError::SessionClosed);
             }
             NodeEvent::RestoreFailed {
                 restore_id,
@@ -230,7 +283,7 @@ impl CoordinatorLink {
                 return tx
                     .send(restore_failed(restore_id, message))
                     .await
-                    .map_err(|_| "session closed".into());
+                    .map_err(|_| LinkError::SessionClosed);
             }
             NodeEvent::StateRecorded(id) => (id, Kind::StateRecorded(pb::Empty {})),
             NodeEvent::Failed(id, reason) => {
@@ -244,7 +297,7 @@ impl CoordinatorLink {
                 return Ok(());
             }
             NodeEvent::PartReady(part) => {
-                let id = part.snapshot_id;
+                let id = part.report.id.0;
                 let _ = self.upload(id, tx, client).send(UploadItem::Finish(part));
                 self.uploads.remove(&id);
                 return Ok(());
@@ -258,116 +311,8 @@ impl CoordinatorLink {
                 },
             )),
         };
-        tx.send(event)
-            .await
-            .map_err(|_| "session closed".to_owned())
+        tx.send(event).await.map_err(|_| LinkError::SessionClosed)
     }
-
-    /// The upload of snapshot `id`'s part, started at its first piece.
-    fn upload(
-        &mut self,
-        id: u64,
-        session: &mpsc::Sender<pb::NodeToCoordinator>,
-        client: &pb::coordinator_client::CoordinatorClient<Channel>,
-    ) -> &mpsc::UnboundedSender<UploadItem> {
-        self.uploads.entry(id).or_insert_with(|| {
-            let (items, rx) = mpsc::unbounded_channel();
-            let header = pb::UploadHeader {
-                snapshot_id: id,
-                node_id: self.shared.node_id.to_string(),
-                incarnation: self.shared.incarnation,
-                epoch: *self.shared.epoch.borrow(),
-                applied_restore_id: self.applied_restore.clone(),
-            };
-            tokio::spawn(upload(client.clone(), header, rx, session.clone()));
-            items
-        })
-    }
-}
-
-/// What goes into a part's upload, in order.
-pub(crate) enum UploadItem {
-    /// The next piece of the state.
-    State(StateChunk),
-    /// The part is complete: its channel states and cut close the upload.
-    Finish(Box<pb::LocalSnapshot>),
-}
-
-/// Streams one part to the coordinator as its pieces come. The stream holds a few pieces at
-/// most; each piece gives its upload room back once it is in the stream. If the items end
-/// without `Finish`, the snapshot failed here and the upload is dropped quietly; if the
-/// coordinator refuses or fails the upload, the snapshot is reported failed (storage).
-async fn upload(
-    mut client: pb::coordinator_client::CoordinatorClient<Channel>,
-    header: pb::UploadHeader,
-    mut items: mpsc::UnboundedReceiver<UploadItem>,
-    session: mpsc::Sender<pb::NodeToCoordinator>,
-) {
-    use pb::upload_chunk::Kind;
-    let (id, node) = (header.snapshot_id, header.node_id.clone());
-    let (tx, rx) = mpsc::channel(4);
-    let message = |kind| pb::UploadChunk { kind: Some(kind) };
-    let _ = tx.send(message(Kind::Header(header))).await;
-    let call =
-        tokio::spawn(async move { client.upload_snapshot_part(ReceiverStream::new(rx)).await });
-    let mut aborted = true;
-    'items: while let Some(item) = items.recv().await {
-        match item {
-            UploadItem::State(StateChunk { bytes, room }) => {
-                if tx.send(message(Kind::LocalState(bytes))).await.is_err() {
-                    aborted = false; // the call ended: its result says why
-                    break;
-                }
-                drop(room); // in the stream: room for the next piece
-            }
-            UploadItem::Finish(part) => {
-                aborted = false;
-                for piece in channel_pieces(part.channel_states) {
-                    if tx.send(message(Kind::ChannelState(piece))).await.is_err() {
-                        break 'items;
-                    }
-                }
-                let cut = pb::UploadCut {
-                    incoming: part.incoming,
-                    outgoing: part.outgoing,
-                };
-                let _ = tx.send(message(Kind::Cut(cut))).await;
-                break;
-            }
-        }
-    }
-    drop(tx);
-    let result = call.await;
-    if aborted {
-        return;
-    }
-    let why = match result {
-        Ok(Ok(r)) => {
-            let r = r.into_inner();
-            tracing::debug!(
-                snapshot = id,
-                new = r.bytes_new,
-                reused = r.bytes_reused,
-                "part uploaded"
-            );
-            return;
-        }
-        Ok(Err(s)) => s.message().to_owned(),
-        Err(e) => e.to_string(),
-    };
-    tracing::warn!(snapshot = id, %node, "upload failed: {why}");
-    // Tell the coordinator now rather than let the snapshot time out.
-    let reason = pb::FailureReason::from(&FailureReason::Storage(format!(
-        "upload of {node}'s part failed: {why}"
-    )));
-    let event = pb::NodeSnapshotEvent {
-        snapshot_id: id,
-        kind: Some(pb::node_snapshot_event::Kind::Failed(reason)),
-    };
-    let message = pb::NodeToCoordinator {
-        kind: Some(pb::node_to_coordinator::Kind::Snapshot(event)),
-    };
-    let _ = session.send(message).await;
 }
 
 fn restore_failed(restore_id: String, message: String) -> pb::NodeToCoordinator {
@@ -379,103 +324,4 @@ fn restore_failed(restore_id: String, message: String) -> pb::NodeToCoordinator 
             },
         )),
     }
-}
-
-/// Fetches this node's share of a restore from the coordinator and hands it to the loop;
-/// a failure is reported to the coordinator, which fails the restore naming this node.
-async fn fetch_and_restore(
-    mut client: pb::coordinator_client::CoordinatorClient<Channel>,
-    restore: pb::NodeRestore,
-    node: String,
-    loop_tx: mpsc::Sender<LoopMsg>,
-    session: mpsc::Sender<pb::NodeToCoordinator>,
-) {
-    let result = async {
-        let request = pb::FetchRestorePartRequest {
-            snapshot_id: restore.snapshot_id,
-            node_id: node,
-        };
-        let mut pieces = client
-            .fetch_restore_part(request)
-            .await
-            .map_err(|s| s.message().to_owned())?
-            .into_inner();
-        let mut data = RestoreData {
-            restore_id: restore.restore_id.clone(),
-            snapshot_id: restore.snapshot_id,
-            epoch: restore.epoch,
-            state: Vec::new(),
-            incoming: Default::default(),
-            outgoing: Default::default(),
-        };
-        let mut complete = false;
-        while let Some(piece) = pieces.message().await.map_err(|s| s.message().to_owned())? {
-            use pb::restore_piece::Kind;
-            match piece.kind {
-                Some(Kind::LocalState(bytes)) => data.state.push(bytes),
-                Some(Kind::ChannelState(state)) => {
-                    let channel =
-                        channel_from_pb(state.channel.as_ref()).map_err(|e| e.to_string())?;
-                    data.incoming
-                        .entry(channel)
-                        .or_default()
-                        .extend(state.messages.into_iter().map(|m| m.payload));
-                }
-                Some(Kind::Counts(counts)) => {
-                    for c in counts.outgoing {
-                        let channel =
-                            channel_from_pb(c.channel.as_ref()).map_err(|e| e.to_string())?;
-                        data.outgoing.insert(channel, c.messages);
-                    }
-                    complete = true;
-                }
-                None => {}
-            }
-        }
-        if !complete {
-            return Err("the coordinator's stream ended before the replay counts".to_owned());
-        }
-        Ok::<_, String>(data)
-    }
-    .await;
-    match result {
-        Ok(data) => {
-            let _ = loop_tx.send(LoopMsg::Restore(Box::new(data))).await;
-        }
-        Err(why) => {
-            tracing::error!(restore = %restore.restore_id, "cannot fetch this node's share of the restore: {why}");
-            let message = format!("cannot fetch the recorded state: {why}");
-            let _ = session
-                .send(restore_failed(restore.restore_id, message))
-                .await;
-        }
-    }
-}
-
-/// Each channel's recorded messages in pieces of at most about `UPLOAD_CHUNK` bytes.
-fn channel_pieces(states: Vec<pb::ChannelState>) -> Vec<pb::ChannelState> {
-    let mut pieces = Vec::new();
-    for state in states {
-        let mut piece = pb::ChannelState {
-            channel: state.channel.clone(),
-            messages: Vec::new(),
-        };
-        let mut size = 0;
-        for message in state.messages {
-            size += message.payload.len() + 16;
-            piece.messages.push(message);
-            if size >= UPLOAD_CHUNK {
-                let empty = pb::ChannelState {
-                    channel: state.channel.clone(),
-                    messages: Vec::new(),
-                };
-                pieces.push(std::mem::replace(&mut piece, empty));
-                size = 0;
-            }
-        }
-        if !piece.messages.is_empty() {
-            pieces.push(piece);
-        }
-    }
-    pieces
 }
