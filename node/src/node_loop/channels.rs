@@ -3,10 +3,16 @@
 //! sending task).
 
 use bytes::Bytes;
-use cairn_core::{ChannelId, Event};
+use cairn_core::{ChannelId, Event, Plan};
 use cairn_proto::v1 as pb;
 
-use super::{HoldFault, InItem, InboxItem, NodeLoop, OutFrame, OutItem};
+use std::collections::VecDeque;
+use std::sync::Arc;
+
+use tokio::sync::oneshot;
+
+use super::{HoldFault, InItem, InboxItem, NodeLoop, OutFrame, Pulled};
+use crate::shared::ChannelHandles;
 
 impl NodeLoop {
     /// A peer (re)opened a channel. A new incarnation of the peer means it restarted: the
@@ -291,6 +297,81 @@ impl NodeLoop {
             inbox_depth: self.inbox.len() as u64,
             channels,
             snapshots_in_flight: self.engine.in_flight().map(|id| id.0).collect(),
+        }
+    }
+}
+
+/// The loop's state of one incoming channel.
+pub(super) struct Incoming {
+    pub(super) handles: Arc<ChannelHandles>,
+    /// The sending daemon's incarnation; 0 before the first contact.
+    pub(super) incarnation: u64,
+    /// Highest sequence number taken in (processed or held).
+    pub(super) received_seq: u64,
+    /// Bumped at each reset, so messages of an older incarnation are not counted.
+    pub(super) generation: u64,
+    /// Data index of the next message.
+    pub(super) next_index: u64,
+    pub(super) blocked: bool,
+    pub(super) held: VecDeque<InItem>,
+    pub(super) data_messages: u64,
+    /// Fault injection holds the channel...
+    pub(super) fault_hold: bool,
+    /// ...except for this many more frames.
+    pub(super) release: u64,
+}
+
+impl Incoming {
+    pub(super) fn new(handles: Arc<ChannelHandles>) -> Self {
+        Self {
+            handles,
+            incarnation: 0,
+            received_seq: 0,
+            generation: 0,
+            next_index: 0,
+            blocked: false,
+            held: VecDeque::new(),
+            data_messages: 0,
+            fault_hold: false,
+            release: 0,
+        }
+    }
+
+    /// Whether the next held frame may go in.
+    pub(super) fn may_take(&self) -> bool {
+        !self.blocked && (!self.fault_hold || self.release > 0)
+    }
+
+    pub(super) fn took(&mut self) {
+        if self.fault_hold {
+            self.release -= 1;
+        }
+    }
+}
+
+/// An item of an outgoing queue.
+pub(super) enum OutItem {
+    Data { index: u64, payload: Bytes },
+    Marker(Plan),
+}
+
+/// The loop's state of one outgoing channel.
+pub(super) struct Outgoing {
+    pub(super) handles: Arc<ChannelHandles>,
+    pub(super) queue: VecDeque<OutItem>,
+    pub(super) next_index: u64,
+    pub(super) pending_pull: Option<(usize, oneshot::Sender<Pulled>)>,
+    pub(super) data_messages: u64,
+}
+
+impl Outgoing {
+    pub(super) fn new(handles: Arc<ChannelHandles>) -> Self {
+        Self {
+            handles,
+            queue: VecDeque::new(),
+            next_index: 0,
+            pending_pull: None,
+            data_messages: 0,
         }
     }
 }

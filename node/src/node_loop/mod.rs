@@ -2,6 +2,8 @@
 //! every outgoing queue, so that the position of a marker or a record request among the
 //! messages is decided in one place, without locks.
 
+mod app;
+mod channels;
 mod events;
 mod messages;
 mod recording;
@@ -12,11 +14,12 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use cairn_core::{ChannelId, Command, Event, FailureReason, Plan, SnapshotEngine, SnapshotId};
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use crate::error::Error;
-use crate::shared::{ChannelHandles, Shared, StateChunk, Wiring};
+use crate::shared::{Shared, StateChunk, Wiring};
+use channels::{Incoming, OutItem, Outgoing};
 use events::Events;
 pub(crate) use events::NodeEvent;
 pub(crate) use messages::{
@@ -46,78 +49,6 @@ enum InboxItem {
         epoch: u64,
         pieces: VecDeque<Bytes>,
     },
-}
-
-struct Incoming {
-    handles: Arc<ChannelHandles>,
-    /// The sending daemon's incarnation; 0 before the first contact.
-    incarnation: u64,
-    /// Highest sequence number taken in (processed or held).
-    received_seq: u64,
-    /// Bumped at each reset, so messages of an older incarnation are not counted.
-    generation: u64,
-    /// Data index of the next message.
-    next_index: u64,
-    blocked: bool,
-    held: VecDeque<InItem>,
-    data_messages: u64,
-    /// Fault injection holds the channel...
-    fault_hold: bool,
-    /// ...except for this many more frames.
-    release: u64,
-}
-
-impl Incoming {
-    fn new(handles: Arc<ChannelHandles>) -> Self {
-        Self {
-            handles,
-            incarnation: 0,
-            received_seq: 0,
-            generation: 0,
-            next_index: 0,
-            blocked: false,
-            held: VecDeque::new(),
-            data_messages: 0,
-            fault_hold: false,
-            release: 0,
-        }
-    }
-
-    /// Whether the next held frame may go in.
-    fn may_take(&self) -> bool {
-        !self.blocked && (!self.fault_hold || self.release > 0)
-    }
-
-    fn took(&mut self) {
-        if self.fault_hold {
-            self.release -= 1;
-        }
-    }
-}
-
-enum OutItem {
-    Data { index: u64, payload: Bytes },
-    Marker(Plan),
-}
-
-struct Outgoing {
-    handles: Arc<ChannelHandles>,
-    queue: VecDeque<OutItem>,
-    next_index: u64,
-    pending_pull: Option<(usize, oneshot::Sender<Pulled>)>,
-    data_messages: u64,
-}
-
-impl Outgoing {
-    fn new(handles: Arc<ChannelHandles>) -> Self {
-        Self {
-            handles,
-            queue: VecDeque::new(),
-            next_index: 0,
-            pending_pull: None,
-            data_messages: 0,
-        }
-    }
 }
 
 struct App {
@@ -520,5 +451,5 @@ impl NodeLoop {
     }
 }
 
-mod app;
-mod channels;
+#[cfg(test)]
+mod tests;
