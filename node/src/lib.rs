@@ -15,15 +15,24 @@
 //! # Layout
 //!
 //! - [`config`]: [`NodeConfig`] and the parsers of its flags.
-//! - `node_loop`: the one task that owns the engine, the inbox and the outgoing queues.
+//! - `shared`: what every part reads without asking the loop (`Shared`, `Wiring`,
+//!   `ChannelHandles`, `StateChunk`); it imports nothing of the daemon but its metrics.
+//! - `node_loop`: the one task that owns the engine, the inbox and the outgoing queues; it
+//!   owns the events it emits (`NodeEvent`) and records each snapshot's `part::Part`.
 //! - `peer_server`, `peer_client`: the two ends of the peer channels.
 //! - `app_service`: the application session.
 //! - `admin`: `NodeAdmin` (status, snapshots by hand, local parts).
-//! - wire ↔ domain conversions live in `cairn_proto::convert`.
+//! - `part`: a node's part of a snapshot in core types, and its wire form (built at the
+//!   edges: `admin`, the link's upload); other conversions live in `cairn_proto::convert`.
 //! - [`error`]: the daemon's [`Error`] and its gRPC codes.
 //! - [`metrics`]: Prometheus metrics (served by `cairn_sdk::cli::metrics`).
 //! - `wiring`: the node's members and channels, and how they grow.
-//! - `coordinator_link`: the session with the coordinator.
+//! - `coordinator_link`: the session with the coordinator (`upload`, `restore_fetch`).
+//!
+//! The modules import each other in one direction: `coordinator_link` → `wiring` →
+//! `peer_client` → `node_loop` → `part`, `error`, `shared` → `metrics` (and `admin`,
+//! `app_service`, `peer_server` → `node_loop`, `shared`, `error`); nothing in `node_loop`
+//! imports the link or the wiring.
 
 #![forbid(unsafe_code)]
 
