@@ -23,6 +23,7 @@ mod limits;
 mod metrics;
 pub mod policy;
 mod records_conv;
+mod roster;
 mod service;
 mod state;
 pub mod store;
@@ -125,7 +126,7 @@ pub async fn run(
             auto_restore: config.auto_restore,
             restore_timeout: config.restore_timeout,
         },
-        kv.clone(),
+        store::Metadata::new(kv.clone(), keys.clone()),
         blobs.clone(),
         config.max_concurrent,
         tx.clone(),
@@ -137,9 +138,8 @@ pub async fn run(
 
     let service = service::CoordinatorService {
         tx: tx.clone(),
-        kv,
+        meta: store::Metadata::new(kv, keys),
         blobs,
-        keys,
         default_timeout: config.default_timeout,
         sessions: AtomicU64::new(0),
     };

@@ -2,7 +2,6 @@
 //! a session and upload their parts.
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
@@ -24,15 +23,14 @@ use crate::records_conv::{snapshot_pb, status_from_pb};
 use crate::state::{Msg, mode_of, restore_epoch, restore_pb};
 use crate::store::records::CutRecord;
 use crate::store::{
-    AnyKv, ChunkList, Keys, Kv, PartRecord, RestoreRecord, SnapshotRecord, SnapshotStatus,
+    ChunkList, Metadata, PartRecord, RestoreRecord, SnapshotRecord, SnapshotStatus,
 };
 
 /// The `Coordinator` service.
 pub(crate) struct CoordinatorService {
     pub tx: mpsc::Sender<Msg>,
-    pub kv: Arc<AnyKv>,
+    pub meta: Metadata,
     pub blobs: BlobStore,
-    pub keys: Keys,
     pub default_timeout: Duration,
     pub sessions: AtomicU64,
 }
@@ -49,13 +47,7 @@ impl CoordinatorService {
 
     /// A snapshot's record: stored, or with its live progress while it is in flight.
     async fn record(&self, id: u64) -> Result<SnapshotRecord, Error> {
-        let value = self
-            .kv
-            .get(&self.keys.snapshot(id))
-            .await?
-            .ok_or(Error::NotFound(id))?;
-        let stored: SnapshotRecord = serde_json::from_slice(&value)
-            .map_err(|e| Error::Blob(format!("snapshot {id}: unreadable record: {e}")))?;
+        let stored = self.meta.snapshot(id).await?.ok_or(Error::NotFound(id))?;
         if stored.status != SnapshotStatus::InProgress {
             return Ok(stored);
         }
@@ -67,23 +59,12 @@ impl CoordinatorService {
         match answer.await.map_err(|_| Error::ShuttingDown)? {
             Some(live) => Ok(live),
             // Ended meanwhile: read it again.
-            None => self
-                .kv
-                .get(&self.keys.snapshot(id))
-                .await?
-                .and_then(|v| serde_json::from_slice(&v).ok())
-                .ok_or(Error::NotFound(id)),
+            None => self.meta.snapshot(id).await?.ok_or(Error::NotFound(id)),
         }
     }
 
     async fn parts(&self, id: u64) -> Result<Vec<PartRecord>, Error> {
-        let mut parts = Vec::new();
-        for (key, value) in self.kv.list(&self.keys.parts(id)).await? {
-            let part =
-                serde_json::from_slice(&value).map_err(|e| Error::Blob(format!("{key}: {e}")))?;
-            parts.push(part);
-        }
-        Ok(parts)
+        self.meta.parts(id).await
     }
 
     async fn node_part(
@@ -233,12 +214,10 @@ impl pb::coordinator_server::Coordinator for CoordinatorService {
                 .map_err(|_| Error::InvalidArgument(format!("bad page token `{}`", r.page_token)))?
         };
         let mut records: Vec<SnapshotRecord> = self
-            .kv
-            .list(&self.keys.snapshots())
-            .await
-            .map_err(Error::from)?
+            .meta
+            .snapshots()
+            .await?
             .into_iter()
-            .filter_map(|(_, v)| serde_json::from_slice::<SnapshotRecord>(&v).ok())
             .filter(|r| r.id < before)
             .filter(|r| wanted.is_none_or(|w| r.status == w))
             .collect();
@@ -333,14 +312,7 @@ impl pb::coordinator_server::Coordinator for CoordinatorService {
         let id = request.into_inner().restore_id;
         let unknown = || Status::not_found(format!("no restore `{id}`"));
         let epoch = restore_epoch(&id).ok_or_else(unknown)?;
-        let value = self
-            .kv
-            .get(&self.keys.restore(epoch))
-            .await
-            .map_err(Error::from)?
-            .ok_or_else(unknown)?;
-        let record: RestoreRecord = serde_json::from_slice(&value)
-            .map_err(|e| Error::Blob(format!("{id}: unreadable record: {e}")))?;
+        let record = self.meta.restore(epoch).await?.ok_or_else(unknown)?;
         Ok(Response::new(restore_pb(&record)))
     }
 
@@ -352,14 +324,7 @@ impl pb::coordinator_server::Coordinator for CoordinatorService {
             0 => 100,
             n => n as usize,
         };
-        let mut records: Vec<RestoreRecord> = self
-            .kv
-            .list(&self.keys.restores())
-            .await
-            .map_err(Error::from)?
-            .into_iter()
-            .filter_map(|(_, v)| serde_json::from_slice(&v).ok())
-            .collect();
+        let mut records: Vec<RestoreRecord> = self.meta.restores().await?;
         records.sort_by_key(|r| std::cmp::Reverse(r.epoch));
         records.truncate(limit);
         Ok(Response::new(pb::ListRestoresResponse {
@@ -692,11 +657,7 @@ impl pb::coordinator_server::Coordinator for CoordinatorService {
             bytes_new,
             bytes_reused,
         };
-        let value = serde_json::to_vec_pretty(&record).expect("plain record");
-        self.kv
-            .put(&self.keys.part(id, node.as_str()), value)
-            .await
-            .map_err(Error::from)?;
+        self.meta.put_part(id, &record).await?;
         let part = NodePart {
             report: LocalReport {
                 id: SnapshotId(id),

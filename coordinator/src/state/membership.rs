@@ -11,7 +11,7 @@ use tokio::time::Instant;
 use super::{NodeTx, State};
 use crate::error::Error;
 use crate::records_conv::now_ms;
-use crate::store::{Kv, MemberRecord, RosterRecord};
+use crate::store::MemberRecord;
 
 pub(super) struct Member {
     pub(super) record: MemberRecord,
@@ -44,59 +44,12 @@ pub(super) const MEMBER_SILENCE_MS: u64 = 6_000;
 const MAX_REPORTED: u64 = 1 << 48;
 
 impl State {
-    /// The topology snapshots span: `--topology` when given, else a full mesh of the
-    /// roster. Every one of its nodes must be connected.
+    /// The topology snapshots span ([`crate::roster::Roster::spanning`]): every one of its
+    /// nodes must be connected.
     pub(super) fn topology(&self) -> Result<Topology, Error> {
-        let topology = self.known_topology();
-        let missing: Vec<&str> = topology
-            .nodes()
-            .iter()
-            .filter(|n| !self.members.contains_key(*n))
-            .map(NodeId::as_str)
-            .collect();
-        if !missing.is_empty() {
-            let never: Vec<&str> = missing
-                .iter()
-                .copied()
-                .filter(|n| !self.roster.contains_key(&NodeId::new(*n)))
-                .collect();
-            return Err(Error::FailedPrecondition(if never.is_empty() {
-                format!(
-                    "not connected to the coordinator: {} (a snapshot needs every node of the \
-                     topology)",
-                    missing.join(", ")
-                )
-            } else {
-                format!(
-                    "never registered: {} (named in --topology); not connected: {}",
-                    never.join(", "),
-                    missing.join(", ")
-                )
-            }));
-        }
-        Ok(topology)
-    }
-
-    /// The topology over the nodes whose address is known: the fixed one restricted to the
-    /// roster, or a full mesh of the roster.
-    pub(super) fn known_topology(&self) -> Topology {
-        let nodes = self.roster.keys().cloned();
-        match &self.settings.topology {
-            None => Topology::full_mesh(nodes),
-            Some(fixed) => {
-                let channels = fixed.channels().iter().filter(|c| {
-                    self.roster.contains_key(&c.from) && self.roster.contains_key(&c.to)
-                });
-                let nodes: Vec<NodeId> = fixed
-                    .nodes()
-                    .iter()
-                    .filter(|n| self.roster.contains_key(*n))
-                    .cloned()
-                    .collect();
-                Topology::from_channels(nodes, channels.cloned())
-                    .expect("a restriction of a topology")
-            }
-        }
+        self.roster
+            .spanning(|node| self.members.contains_key(node))
+            .map_err(Error::FailedPrecondition)
     }
 
     /// What nodes are told: every known node with its address, and the channels among them.
@@ -128,6 +81,7 @@ impl State {
             })
             .collect();
         let channels = self
+            .roster
             .known_topology()
             .channels()
             .iter()
@@ -142,45 +96,24 @@ impl State {
     }
 
     /// Puts a registering node on the roster, or moves it to its new address, and notes its
-    /// incarnation. Returns what changed for the other nodes, if anything, and whether the
-    /// node's daemon restarted since it last registered.
+    /// incarnation ([`crate::roster::Roster::enroll`] decides; this stores and tells).
+    /// Returns what changed for the other nodes, if anything, and whether the node's
+    /// daemon restarted since it last registered.
     pub(super) async fn enroll(
         &mut self,
         node: &NodeId,
         address: &str,
         incarnation: u64,
     ) -> Result<(Option<String>, bool), Error> {
-        let restarted = self
-            .roster
-            .get(node)
-            .is_some_and(|r| r.incarnation != 0 && r.incarnation != incarnation);
-        let change = match self.roster.get(node) {
-            Some(r) if r.address == address && r.incarnation == incarnation => {
-                return Ok((None, false));
-            }
-            Some(r) if r.address == address => None,
-            Some(r) => Some(format!("node {node} moved from {} to {address}", r.address)),
-            None => Some(format!("node {node} joined")),
+        let enrollment = self.roster.enroll(node, address, incarnation, now_ms());
+        if let Some(record) = enrollment.record {
+            self.meta.put_roster(&record).await?;
+            self.roster.insert(record);
+        }
+        let Some(change) = enrollment.change else {
+            return Ok((None, enrollment.restarted));
         };
-        let record = RosterRecord {
-            node: node.to_string(),
-            address: address.to_owned(),
-            joined_at_ms: self
-                .roster
-                .get(node)
-                .map_or_else(now_ms, |r| r.joined_at_ms),
-            incarnation,
-        };
-        let value = serde_json::to_vec(&record).expect("plain record");
-        self.kv
-            .put(&self.keys.roster_node(node.as_str()), value)
-            .await?;
-        let joined = !self.roster.contains_key(node);
-        self.roster.insert(node.clone(), record);
-        let Some(change) = change else {
-            return Ok((None, restarted));
-        };
-        if joined {
+        if enrollment.joined {
             // Snapshots in flight were planned without it.
             let ids: Vec<u64> = self.inflight.keys().copied().collect();
             for id in ids {
@@ -192,7 +125,7 @@ impl State {
             }
         }
         tracing::info!(%node, %address, "{change}");
-        Ok((Some(change), restarted))
+        Ok((Some(change), enrollment.restarted))
     }
 
     pub(super) async fn register(
@@ -235,13 +168,9 @@ impl State {
                 register.highest_snapshot_id, register.epoch
             )));
         }
-        if let Some(topology) = &self.settings.topology
-            && !topology.contains(&node)
-        {
-            return Err(Error::FailedPrecondition(format!(
-                "node {node} is not in this coordinator's --topology file"
-            )));
-        }
+        self.roster
+            .admits(&node)
+            .map_err(Error::FailedPrecondition)?;
         // A daemon that saw higher ids or epochs than the store holds: the metadata was
         // lost or rolled back. Never hand out what the daemons already know.
         if register.highest_snapshot_id > self.id_floor {
@@ -258,9 +187,7 @@ impl State {
                 "a daemon is in a later epoch than the metadata store says (lost metadata?): \
                  raising the cluster's epoch"
             );
-            self.kv
-                .put(&self.keys.epoch(), register.epoch.to_string().into_bytes())
-                .await?;
+            self.meta.set_epoch_counter(register.epoch).await?;
             self.epoch = register.epoch;
         }
         // A new daemon process (no epoch of its own yet, an incarnation the roster does not
@@ -293,10 +220,7 @@ impl State {
             incarnation: register.incarnation,
             registered_at_ms: now_ms(),
         };
-        let value = serde_json::to_vec(&record).expect("plain record");
-        self.kv
-            .put_ephemeral(&self.keys.member(&record.node), value)
-            .await?;
+        self.meta.put_member(&record).await?;
         tracing::info!(%node, address = %record.address, epoch, "node registered");
         self.members.insert(
             node.clone(),
@@ -402,7 +326,7 @@ impl State {
         self.members.remove(node);
         self.restore_node_failed(node, None, why).await;
         self.metrics.members.set(self.members.len() as i64);
-        if let Err(e) = self.kv.delete(&self.keys.member(node.as_str())).await {
+        if let Err(e) = self.meta.delete_member(node.as_str()).await {
             tracing::warn!("{e}");
         }
         for (id, outcome) in self.tracker.node_lost(node) {

@@ -4,7 +4,6 @@
 
 use std::collections::BTreeMap;
 use std::hash::BuildHasher;
-use std::sync::Arc;
 use std::time::Duration;
 
 use cairn_core::schedule::{Policy, Schedule};
@@ -22,13 +21,17 @@ use crate::blob::BlobStore;
 use crate::error::Error;
 use crate::policy;
 use crate::records_conv::{failure_record, now_ms};
-use crate::store::{AnyKv, Keys, Kv, RestoreRecord, RosterRecord, SnapshotRecord, SnapshotStatus};
+use crate::roster::Roster;
+use crate::store::Metadata;
+use crate::store::{RestoreRecord, SnapshotRecord, SnapshotStatus};
 
 mod membership;
 mod restore;
 mod retention;
 mod schedule;
 mod snapshots;
+#[cfg(test)]
+mod tests;
 
 use membership::Member;
 pub(crate) use restore::{restore_epoch, restore_pb};
@@ -150,11 +153,11 @@ pub(crate) struct Settings {
 pub(crate) struct State {
     metrics: crate::metrics::CoordinatorMetrics,
     settings: Settings,
-    kv: Arc<AnyKv>,
+    /// The metadata store, typed.
+    meta: Metadata,
     blobs: BlobStore,
-    keys: Keys,
-    /// Every node of the cluster, connected or not (persisted).
-    roster: BTreeMap<NodeId, RosterRecord>,
+    /// Every node of the cluster, connected or not (persisted), and the topology rules.
+    roster: Roster,
     /// The nodes with a session now.
     members: BTreeMap<NodeId, Member>,
     tracker: SnapshotTracker,
@@ -191,7 +194,7 @@ impl State {
     pub(crate) fn new(
         metrics: crate::metrics::CoordinatorMetrics,
         settings: Settings,
-        kv: Arc<AnyKv>,
+        meta: Metadata,
         blobs: BlobStore,
         max_in_flight: usize,
         self_tx: mpsc::Sender<Msg>,
@@ -213,11 +216,10 @@ impl State {
             last_silence_check: Instant::now(),
             recovery_not_before: Instant::now(),
             metrics,
-            keys: Keys::new(&settings.cluster),
+            roster: Roster::new(settings.topology.clone()),
             settings,
-            kv,
+            meta,
             blobs,
-            roster: BTreeMap::new(),
             members: BTreeMap::new(),
             tracker: SnapshotTracker::new(max_in_flight.max(1)),
             inflight: BTreeMap::new(),
@@ -228,29 +230,12 @@ impl State {
 
     /// Marks every snapshot a previous coordinator left in flight as failed.
     pub(crate) async fn recover(&mut self) -> Result<(), Error> {
-        for (key, value) in self.kv.list(&self.keys.roster()).await? {
-            let Ok(record) = serde_json::from_slice::<RosterRecord>(&value) else {
-                tracing::warn!(%key, "skipping an unreadable roster record");
-                continue;
-            };
-            let node = NodeId::new(record.node.clone());
-            if let Some(topology) = &self.settings.topology
-                && !topology.contains(&node)
-            {
-                tracing::warn!(%node, "node on the roster but not in --topology: left out");
-                continue;
-            }
-            self.roster.insert(node, record);
-        }
-        tracing::info!(nodes = self.roster.len(), "roster loaded");
+        self.roster.load(self.meta.roster().await?);
+        tracing::info!(nodes = self.roster.nodes().count(), "roster loaded");
         self.load_policy().await?;
         self.recover_restores().await?;
         let mut newest_completed = None;
-        for (key, value) in self.kv.list(&self.keys.snapshots()).await? {
-            let Ok(mut record) = serde_json::from_slice::<SnapshotRecord>(&value) else {
-                tracing::warn!(%key, "skipping an unreadable snapshot record");
-                continue;
-            };
+        for mut record in self.meta.snapshots().await? {
             if record.status == SnapshotStatus::Completed {
                 newest_completed = newest_completed.max(Some(record.finished_at_ms));
             }

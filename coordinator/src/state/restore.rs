@@ -11,7 +11,7 @@ use cairn_proto::v1 as pb;
 use super::{Msg, State};
 use crate::error::Error;
 use crate::records_conv::now_ms;
-use crate::store::{Kv, PartRecord, RestoreRecord, RestoreStatus, SnapshotRecord, SnapshotStatus};
+use crate::store::{RestoreRecord, RestoreStatus, SnapshotRecord, SnapshotStatus};
 
 /// How many of the newest completed snapshots automatic recovery tries to verify.
 const AUTO_RESTORE_CANDIDATES: usize = 10;
@@ -101,12 +101,7 @@ impl State {
     /// Checks that every chunk of a snapshot is there and matches its name.
     pub(super) async fn verify_snapshot(&self, snapshot: &SnapshotRecord) -> Result<(), Error> {
         let id = snapshot.id;
-        let mut parts = Vec::new();
-        for (key, value) in self.kv.list(&self.keys.parts(id)).await? {
-            let part: PartRecord = serde_json::from_slice(&value)
-                .map_err(|e| Error::DataLoss(format!("{key}: unreadable part record: {e}")))?;
-            parts.push(part);
-        }
+        let parts = self.meta.parts(id).await?;
         crate::service::verify_parts(&self.blobs, id, snapshot, &parts).await?;
         Ok(())
     }
@@ -149,7 +144,7 @@ impl State {
         }
         let extra: Vec<&str> = self
             .roster
-            .keys()
+            .nodes()
             .filter(|n| !nodes.contains(*n))
             .map(NodeId::as_str)
             .collect();
@@ -166,12 +161,7 @@ impl State {
         // The fence: from here on, frames of the old epoch are dropped wherever they are.
         // The counter only allocates: the cluster's epoch is that of the newest restore
         // record, so an epoch is entered only once its record is stored.
-        let epoch = self
-            .kv
-            .fetch_increment(&self.keys.epoch())
-            .await?
-            .checked_add(1)
-            .ok_or_else(|| Error::FailedPrecondition("the epoch counter is exhausted".into()))?;
+        let epoch = self.meta.allocate_epoch().await?;
         let in_flight: Vec<u64> = self.inflight.keys().copied().collect();
         for id in in_flight {
             let update = self.tracker.fail(SnapshotId(id), FailureReason::Restore);
@@ -340,7 +330,7 @@ impl State {
             return;
         };
         if self.restore.is_some()
-            || self.roster.keys().any(|n| !self.members.contains_key(n))
+            || self.roster.nodes().any(|n| !self.members.contains_key(n))
             || tokio::time::Instant::now() < self.recovery_not_before
         {
             return; // again when that changes (a registration, a restore's end, a tick)
@@ -406,11 +396,10 @@ impl State {
 
     async fn completed_newest_first(&self) -> Result<Vec<SnapshotRecord>, Error> {
         let mut completed: Vec<SnapshotRecord> = self
-            .kv
-            .list(&self.keys.snapshots())
+            .meta
+            .snapshots()
             .await?
             .into_iter()
-            .filter_map(|(_, value)| serde_json::from_slice::<SnapshotRecord>(&value).ok())
             .filter(|record| record.status == SnapshotStatus::Completed)
             .collect();
         completed.sort_by_key(|r| std::cmp::Reverse(r.id));
@@ -418,8 +407,7 @@ impl State {
     }
 
     async fn put_restore(&self, record: &RestoreRecord) -> Result<(), Error> {
-        let value = serde_json::to_vec_pretty(record).expect("plain record");
-        Ok(self.kv.put(&self.keys.restore(record.epoch), value).await?)
+        self.meta.put_restore(record).await
     }
 
     /// At start: the current epoch, and the restores a previous coordinator left. A restore
@@ -427,15 +415,8 @@ impl State {
     /// it again as they register, under a new deadline); the newest one, if it failed,
     /// keeps the cluster fenced until a later restore is applied by every node.
     pub(super) async fn recover_restores(&mut self) -> Result<(), Error> {
-        if let Some(value) = self.kv.get(&self.keys.epoch()).await? {
-            self.epoch = String::from_utf8_lossy(&value).trim().parse().unwrap_or(0);
-        }
         let mut newest: Option<RestoreRecord> = None;
-        for (key, value) in self.kv.list(&self.keys.restores()).await? {
-            let Ok(record) = serde_json::from_slice::<RestoreRecord>(&value) else {
-                tracing::warn!(%key, "skipping an unreadable restore record");
-                continue;
-            };
+        for record in self.meta.restores().await? {
             if record.status == RestoreStatus::InProgress
                 && newest.as_ref().is_some_and(|n| n.epoch > record.epoch)
             {

@@ -5,7 +5,7 @@ use std::collections::BTreeSet;
 
 use super::State;
 use crate::error::Error;
-use crate::store::{Kv, RestoreRecord, SnapshotRecord, SnapshotStatus};
+use crate::store::{RestoreRecord, SnapshotStatus};
 
 impl State {
     /// The restore that keeps snapshot `id` from being deleted, if any.
@@ -34,8 +34,7 @@ impl State {
                 restore.id, restore.status
             )));
         }
-        self.kv.delete_prefix(&self.keys.parts(id)).await?;
-        self.kv.delete(&self.keys.snapshot(id)).await?;
+        self.meta.delete_snapshot(id).await?;
         tracing::info!(snapshot = id, "snapshot deleted");
         self.collect_garbage().await
     }
@@ -45,14 +44,14 @@ impl State {
         if self.settings.retention == 0 {
             return Ok(());
         }
-        let mut completed: Vec<u64> = Vec::new();
-        for (_, value) in self.kv.list(&self.keys.snapshots()).await? {
-            if let Ok(record) = serde_json::from_slice::<SnapshotRecord>(&value)
-                && record.status == SnapshotStatus::Completed
-            {
-                completed.push(record.id);
-            }
-        }
+        let mut completed: Vec<u64> = self
+            .meta
+            .snapshots()
+            .await?
+            .into_iter()
+            .filter(|record| record.status == SnapshotStatus::Completed)
+            .map(|record| record.id)
+            .collect();
         completed.sort_unstable();
         let excess = completed.len().saturating_sub(self.settings.retention);
         for id in completed.into_iter().take(excess) {
@@ -60,8 +59,7 @@ impl State {
                 tracing::info!(snapshot = id, restore = %restore.id, "retention: kept while a restore refers to it");
                 continue;
             }
-            self.kv.delete_prefix(&self.keys.parts(id)).await?;
-            self.kv.delete(&self.keys.snapshot(id)).await?;
+            self.meta.delete_snapshot(id).await?;
             tracing::info!(snapshot = id, "retention: deleted");
         }
         if excess > 0 {
@@ -77,12 +75,10 @@ impl State {
             return Ok(0);
         }
         let mut referenced = BTreeSet::new();
-        let parts_root = format!("/cairn/{}/parts/", self.settings.cluster);
-        for (_, value) in self.kv.list(&parts_root).await? {
-            if let Ok(part) = serde_json::from_slice::<crate::store::PartRecord>(&value) {
-                referenced.extend(part.local_state.chunks);
-                referenced.extend(part.channel_states.chunks);
-            }
+        // Every part, strictly: a chunk that only an unreadable part refers to must not go.
+        for part in self.meta.all_parts().await? {
+            referenced.extend(part.local_state.chunks);
+            referenced.extend(part.channel_states.chunks);
         }
         let freed = self
             .blobs

@@ -12,7 +12,6 @@ use tonic_health::ServingStatus;
 use super::State;
 use crate::error::Error;
 use crate::policy;
-use crate::store::Kv;
 
 impl State {
     /// Takes the stored policy if it was set through the API and is still valid, else the
@@ -21,7 +20,7 @@ impl State {
     /// flags', so it cannot make every start fail.
     pub(super) async fn load_policy(&mut self) -> Result<(), Error> {
         let flags = self.settings.policy.clone();
-        let stored = self.kv.get(&self.keys.policy()).await?;
+        let stored = self.meta.policy_bytes().await?;
         let chosen = policy::at_start(&flags, stored.as_deref(), self.tracker.max_in_flight());
         if let Some(why) = &chosen.rejected {
             tracing::error!(
@@ -46,12 +45,7 @@ impl State {
         source: policy::Source,
     ) -> Result<(), Error> {
         let record = policy::to_record(&policy, source);
-        self.kv
-            .put(
-                &self.keys.policy(),
-                serde_json::to_vec_pretty(&record).expect("plain record"),
-            )
-            .await?;
+        self.meta.put_policy(&record).await?;
         tracing::info!(
             source = source.name(),
             "snapshot policy: {}",

@@ -11,7 +11,7 @@ use tokio::time::Instant;
 use super::{Msg, State, WatchTx};
 use crate::error::Error;
 use crate::records_conv::{failure_record, mode_name, now_ms, progress_pb};
-use crate::store::{Kv, SnapshotRecord, SnapshotStatus, VerdictRecord};
+use crate::store::{SnapshotRecord, SnapshotStatus, VerdictRecord};
 
 /// The failure `node` reported. The wire's reason is taken exactly
 /// (`cairn_proto::convert::failure`), except where the reporter is who it concerns: a
@@ -147,11 +147,7 @@ impl State {
     /// The next snapshot id: one above the stored counter and above every id a daemon
     /// reported having seen (the counter may have been lost with the metadata).
     pub(super) async fn next_snapshot_id(&mut self) -> Result<u64, Error> {
-        let id = self
-            .kv
-            .fetch_increment(&self.keys.next_id())
-            .await?
-            .saturating_add(1);
+        let id = self.meta.take_snapshot_id().await?;
         if id > self.id_floor {
             return Ok(id);
         }
@@ -162,9 +158,7 @@ impl State {
             "the stored snapshot id counter is behind ids the daemons have seen (lost \
              metadata?): continuing above them"
         );
-        self.kv
-            .put(&self.keys.next_id(), id.to_string().into_bytes())
-            .await?;
+        self.meta.set_last_snapshot_id(id).await?;
         Ok(id)
     }
 
@@ -323,15 +317,11 @@ impl State {
     }
 
     pub(super) async fn put_record(&self, record: &SnapshotRecord) -> Result<(), Error> {
-        let value = serde_json::to_vec_pretty(record).expect("plain record");
-        Ok(self.kv.put(&self.keys.snapshot(record.id), value).await?)
+        self.meta.put_snapshot(record).await
     }
 
     pub(super) async fn get_record(&self, id: u64) -> Result<Option<SnapshotRecord>, Error> {
-        match self.kv.get(&self.keys.snapshot(id)).await? {
-            Some(value) => Ok(serde_json::from_slice(&value).ok()),
-            None => Ok(None),
-        }
+        self.meta.snapshot(id).await
     }
 }
 

@@ -107,9 +107,14 @@ impl Metadata {
         Ok(parts)
     }
 
-    /// Every part of every snapshot (unparsable ones skipped).
+    /// Every part of every snapshot; one that does not parse is an error naming its key
+    /// (garbage collection must not run past a part it cannot read).
     pub async fn all_parts(&self) -> Result<Vec<PartRecord>, Error> {
-        self.list(&self.keys.all_parts()).await
+        let mut parts = Vec::new();
+        for (key, value) in self.kv.list(&self.keys.all_parts()).await? {
+            parts.push(decode(&key, &value)?);
+        }
+        Ok(parts)
     }
 
     /// Stores node `part.node`'s part of snapshot `id`.
@@ -205,5 +210,73 @@ impl Metadata {
     pub async fn put_restore(&self, record: &RestoreRecord) -> Result<(), Error> {
         self.put(&self.keys.restore(record.epoch), record, Layout::Pretty)
             .await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::{MemoryKv, SnapshotStatus};
+
+    /// The stored JSON is what it always was: pretty for snapshots, compact for the roster.
+    #[tokio::test]
+    async fn records_are_stored_as_before() {
+        let kv = Arc::new(AnyKv::Memory(MemoryKv::default()));
+        let meta = Metadata::new(kv.clone(), Keys::new("c"));
+        let snapshot = SnapshotRecord {
+            id: 7,
+            mode: "CHANDY_LAMPORT".into(),
+            initiators: vec!["n1".into()],
+            alignment_timeout_ms: 0,
+            status: SnapshotStatus::Completed,
+            failure: None,
+            verdict: None,
+            started_at_ms: 1,
+            finished_at_ms: 2,
+            timeout_ms: 3,
+            labels: Default::default(),
+            nodes: vec!["n1".into()],
+            channels: Vec::new(),
+            recorded: Vec::new(),
+            reported: Vec::new(),
+            bytes_new: 4,
+            bytes_reused: 5,
+            epoch: 0,
+        };
+        meta.put_snapshot(&snapshot).await.unwrap();
+        let raw = kv
+            .get("/cairn/c/snapshots/00000000000000000007")
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(raw, serde_json::to_vec_pretty(&snapshot).unwrap());
+        assert!(
+            String::from_utf8(raw)
+                .unwrap()
+                .contains("\"status\": \"COMPLETED\"")
+        );
+        let roster = RosterRecord {
+            node: "n1".into(),
+            address: "h:1".into(),
+            joined_at_ms: 9,
+            incarnation: 2,
+        };
+        meta.put_roster(&roster).await.unwrap();
+        let raw = kv.get("/cairn/c/roster/n1").await.unwrap().unwrap();
+        assert_eq!(
+            String::from_utf8(raw).unwrap(),
+            r#"{"node":"n1","address":"h:1","joined_at_ms":9,"incarnation":2}"#
+        );
+        assert_eq!(meta.snapshot(7).await.unwrap().unwrap(), snapshot);
+        // A record that does not parse is named by its key.
+        kv.put("/cairn/c/snapshots/00000000000000000008", b"{".to_vec())
+            .await
+            .unwrap();
+        let err = meta.snapshot(8).await.unwrap_err();
+        assert!(
+            err.to_string().contains("snapshots/00000000000000000008"),
+            "{err}"
+        );
+        assert_eq!(meta.snapshots().await.unwrap().len(), 1, "listing skips it");
     }
 }

@@ -1,0 +1,374 @@
+//! The coordinator's task driven directly, on the in-memory metadata store: its messages
+//! in, what it stores and what it tells nodes out — no gRPC, no processes.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use cairn_core::schedule::Policy;
+use cairn_core::{
+    ChannelId, IncomingCut, LocalReport, NodeId, NodePart, OutgoingCut, SnapshotId, SnapshotMode,
+    StartRequest,
+};
+use cairn_proto::v1 as pb;
+use pb::coordinator_to_node::Kind as Command;
+use tokio::sync::{mpsc, oneshot};
+use tokio_util::sync::CancellationToken;
+use tonic::Status;
+
+use super::{Msg, Settings, State};
+use crate::blob::BlobStore;
+use crate::error::Error;
+use crate::store::{
+    AnyKv, ChunkList, Keys, MemoryKv, Metadata, PartRecord, RestoreStatus, SnapshotStatus,
+};
+
+type Session = mpsc::Receiver<Result<pb::CoordinatorToNode, Status>>;
+
+struct Harness {
+    tx: mpsc::Sender<Msg>,
+    meta: Metadata,
+    stop: CancellationToken,
+    task: tokio::task::JoinHandle<()>,
+    dir: std::path::PathBuf,
+    sessions: u64,
+}
+
+impl Harness {
+    async fn start() -> Self {
+        let dir = std::env::temp_dir().join(format!(
+            "cairn-state-test-{}-{}",
+            std::process::id(),
+            rand_suffix()
+        ));
+        let blobs = BlobStore::open(&dir).await.unwrap();
+        let meta = Metadata::new(Arc::new(AnyKv::Memory(MemoryKv::default())), Keys::new("t"));
+        let (health, _) = tonic_health::server::health_reporter();
+        let (tx, rx) = mpsc::channel(64);
+        let settings = Settings {
+            cluster: "t".into(),
+            retention: 0,
+            topology: None,
+            policy: Policy::default(),
+            auto_restore: false,
+            restore_timeout: Duration::from_secs(60),
+        };
+        let mut state = State::new(
+            crate::metrics::CoordinatorMetrics::default(),
+            settings,
+            meta.clone(),
+            blobs,
+            4,
+            tx.clone(),
+            health,
+        );
+        state.recover().await.unwrap();
+        let stop = CancellationToken::new();
+        let task = tokio::spawn(state.run(rx, stop.clone()));
+        Self {
+            tx,
+            meta,
+            stop,
+            task,
+            dir,
+            sessions: 0,
+        }
+    }
+
+    async fn ask<T>(&self, make: impl FnOnce(oneshot::Sender<T>) -> Msg) -> T {
+        let (reply, answer) = oneshot::channel();
+        self.tx.send(make(reply)).await.unwrap();
+        answer.await.unwrap()
+    }
+
+    async fn register_as(
+        &mut self,
+        node: &str,
+        incarnation: u64,
+        highest_snapshot_id: u64,
+    ) -> Result<Session, Error> {
+        self.sessions += 1;
+        let session = self.sessions;
+        let (tx, mut rx) = mpsc::channel(64);
+        let register = pb::Register {
+            cluster: "t".into(),
+            node_id: node.into(),
+            address: format!("{node}:1"),
+            incarnation,
+            highest_snapshot_id,
+            ..Default::default()
+        };
+        self.ask(|reply| Msg::Register {
+            register,
+            session,
+            tx,
+            reply,
+        })
+        .await?;
+        let first = rx.recv().await.unwrap().unwrap();
+        assert!(matches!(first.kind, Some(Command::Registered(_))));
+        Ok(rx)
+    }
+
+    async fn register(&mut self, node: &str) -> Session {
+        self.register_as(node, 1, 0).await.unwrap()
+    }
+
+    async fn start_snapshot(&self) -> Result<u64, Error> {
+        let request = StartRequest {
+            mode: SnapshotMode::ChandyLamport,
+            initiators: Default::default(),
+            alignment_timeout: None,
+        };
+        self.ask(|reply| Msg::Start {
+            request,
+            timeout: Duration::from_secs(30),
+            labels: BTreeMap::new(),
+            reply,
+        })
+        .await
+    }
+
+    /// Node `node`'s part of snapshot `id` in a two-node mesh with nothing in flight.
+    async fn part(&self, id: u64, node: &str, other: &str) {
+        let report = LocalReport {
+            id: SnapshotId(id),
+            node: NodeId::new(node),
+            incoming: BTreeMap::from([(
+                ChannelId::new(other, node),
+                IncomingCut {
+                    delivered: 0,
+                    marker_at: 0,
+                },
+            )]),
+            outgoing: BTreeMap::from([(
+                ChannelId::new(node, other),
+                OutgoingCut {
+                    sent: 0,
+                    marker_at: 0,
+                },
+            )]),
+        };
+        let part = NodePart {
+            report,
+            recorded: BTreeMap::new(),
+        };
+        self.tx
+            .send(Msg::PartStored {
+                part,
+                bytes_new: 0,
+                bytes_reused: 0,
+                epoch: 0,
+                applied_restore_id: String::new(),
+            })
+            .await
+            .unwrap();
+    }
+
+    /// The snapshot's stored record once it has ended.
+    async fn ended(&self, id: u64) -> crate::store::SnapshotRecord {
+        for _ in 0..1000 {
+            if self.ask(|reply| Msg::Live { id, reply }).await.is_none() {
+                return self.meta.snapshot(id).await.unwrap().unwrap();
+            }
+            tokio::task::yield_now().await;
+        }
+        panic!("snapshot {id} did not end");
+    }
+
+    async fn stop(self) {
+        self.stop.cancel();
+        self.task.await.unwrap();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn rand_suffix() -> u64 {
+    use std::hash::BuildHasher;
+    std::collections::hash_map::RandomState::new().hash_one(std::time::SystemTime::now())
+}
+
+/// The next command a node's session gets (anything but membership updates).
+async fn command(session: &mut Session) -> Command {
+    loop {
+        let next = tokio::time::timeout(Duration::from_secs(5), session.recv())
+            .await
+            .expect("a command")
+            .unwrap()
+            .unwrap();
+        match next.kind.unwrap() {
+            Command::Membership(_) => continue,
+            other => return other,
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_started_snapshot_completes_when_every_part_is_stored() {
+    let mut h = Harness::start().await;
+    let mut a = h.register("a").await;
+    let _b = h.register("b").await;
+    let id = h.start_snapshot().await.unwrap();
+    assert_eq!(id, 1);
+    let Command::Initiate(plan) = command(&mut a).await else {
+        panic!("the initiator is told to initiate")
+    };
+    assert_eq!(plan.snapshot_id, 1);
+    h.part(id, "a", "b").await;
+    h.part(id, "b", "a").await;
+    let record = h.ended(id).await;
+    assert_eq!(record.status, SnapshotStatus::Completed, "{record:?}");
+    assert!(record.verdict.unwrap().consistent);
+    h.stop().await;
+}
+
+#[tokio::test]
+async fn a_failure_reported_by_a_node_fails_the_snapshot_and_aborts_it_everywhere() {
+    let mut h = Harness::start().await;
+    let _a = h.register("a").await;
+    let mut b = h.register("b").await;
+    let id = h.start_snapshot().await.unwrap();
+    let reason = cairn_core::FailureReason::NoApplication(NodeId::new("b"));
+    let event = pb::NodeSnapshotEvent {
+        snapshot_id: id,
+        kind: Some(pb::node_snapshot_event::Kind::Failed((&reason).into())),
+    };
+    h.tx.send(Msg::NodeEvent {
+        node: NodeId::new("b"),
+        event,
+    })
+    .await
+    .unwrap();
+    let record = h.ended(id).await;
+    assert_eq!(record.status, SnapshotStatus::Failed);
+    assert_eq!(record.failure.unwrap().kind, "NO_APPLICATION");
+    let Command::Abort(abort) = command(&mut b).await else {
+        panic!("nodes are told to drop it")
+    };
+    assert_eq!(abort.snapshot_id, id);
+    h.stop().await;
+}
+
+#[tokio::test]
+async fn an_abort_ends_the_snapshot_as_aborted_and_a_second_one_is_refused() {
+    let mut h = Harness::start().await;
+    let _a = h.register("a").await;
+    let _b = h.register("b").await;
+    let id = h.start_snapshot().await.unwrap();
+    let aborted = h
+        .ask(|reply| Msg::Abort {
+            id,
+            reason: "enough".into(),
+            reply,
+        })
+        .await
+        .unwrap();
+    assert_eq!(aborted.status, SnapshotStatus::Aborted);
+    let again = h
+        .ask(|reply| Msg::Abort {
+            id,
+            reason: String::new(),
+            reply,
+        })
+        .await
+        .unwrap_err();
+    assert!(matches!(again, Error::FailedPrecondition(_)), "{again:?}");
+    h.stop().await;
+}
+
+#[tokio::test]
+async fn a_restore_fences_snapshots_until_every_node_applied_it() {
+    let mut h = Harness::start().await;
+    let mut a = h.register("a").await;
+    let mut b = h.register("b").await;
+    let id = h.start_snapshot().await.unwrap();
+    h.part(id, "a", "b").await;
+    h.part(id, "b", "a").await;
+    assert_eq!(h.ended(id).await.status, SnapshotStatus::Completed);
+    // The service stores the parts; here they are stored by hand (no bytes).
+    for node in ["a", "b"] {
+        let part = PartRecord {
+            node: node.into(),
+            incarnation: 1,
+            incoming: Vec::new(),
+            outgoing: Vec::new(),
+            local_state: ChunkList::default(),
+            channel_states: ChunkList::default(),
+            recorded_messages: 0,
+            bytes_new: 0,
+            bytes_reused: 0,
+            epoch: 0,
+            applied_restore_id: String::new(),
+        };
+        h.meta.put_part(id, &part).await.unwrap();
+    }
+    let op = h
+        .ask(|reply| Msg::Restore {
+            snapshot_id: id,
+            reply,
+        })
+        .await
+        .unwrap();
+    assert_eq!((op.id.as_str(), op.epoch), ("restore-1", 1));
+    for session in [&mut a, &mut b] {
+        let restore = loop {
+            match command(session).await {
+                Command::Restore(restore) => break restore,
+                Command::Initiate(_) => continue, // the snapshot taken before
+                other => panic!("every node is told to restore, not {other:?}"),
+            }
+        };
+        assert_eq!(restore.epoch, 1);
+    }
+    let fenced = h.start_snapshot().await.unwrap_err();
+    assert!(fenced.to_string().contains("restore-1"), "{fenced}");
+    // Deleting the snapshot being restored is refused too.
+    let refused = h.ask(|reply| Msg::Delete { id, reply }).await.unwrap_err();
+    assert!(refused.to_string().contains("restore-1"), "{refused}");
+    for node in ["a", "b"] {
+        h.tx.send(Msg::RestoreApplied {
+            node: NodeId::new(node),
+            restore_id: "restore-1".into(),
+        })
+        .await
+        .unwrap();
+    }
+    let next = h.start_snapshot().await.unwrap();
+    assert_eq!(next, 2);
+    let stored = h.meta.restore(1).await.unwrap().unwrap();
+    assert_eq!(stored.status, RestoreStatus::Done);
+    h.stop().await;
+}
+
+#[tokio::test]
+async fn a_node_joining_fails_the_snapshot_in_flight() {
+    let mut h = Harness::start().await;
+    let _a = h.register("a").await;
+    let _b = h.register("b").await;
+    let id = h.start_snapshot().await.unwrap();
+    let _c = h.register("c").await;
+    let record = h.ended(id).await;
+    assert_eq!(record.status, SnapshotStatus::Failed);
+    let failure = record.failure.unwrap();
+    assert_eq!(failure.kind, "MEMBERSHIP_CHANGED");
+    assert!(
+        failure.message.contains("node c joined"),
+        "{}",
+        failure.message
+    );
+    h.stop().await;
+}
+
+#[tokio::test]
+async fn a_second_daemon_for_a_connected_id_is_refused_and_ids_stay_above_what_daemons_saw() {
+    let mut h = Harness::start().await;
+    let _a = h.register_as("a", 1, 41).await.unwrap();
+    let refused = h.register_as("a", 2, 0).await.unwrap_err();
+    assert!(
+        refused.to_string().contains("held by a connected daemon"),
+        "{refused}"
+    );
+    let _b = h.register("b").await;
+    assert_eq!(h.start_snapshot().await.unwrap(), 42);
+    h.stop().await;
+}
