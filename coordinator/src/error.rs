@@ -28,6 +28,9 @@ pub enum Error {
     /// Stored data is missing or corrupt (names the chunk and the node).
     #[error("data loss: {0}")]
     DataLoss(String),
+    /// The blob store could not store a part (names the node and the cause).
+    #[error("storage failed: {0}")]
+    Storage(String),
     /// A metadata record that does not parse.
     #[error("the metadata record {key} is corrupt: {why}")]
     CorruptRecord {
@@ -61,7 +64,7 @@ impl From<Error> for Status {
             Error::FailedPrecondition(_) => Code::FailedPrecondition,
             Error::ResourceExhausted(_) => Code::ResourceExhausted,
             Error::Store(_) => Code::Unavailable,
-            Error::Blob(_) => Code::Internal,
+            Error::Blob(_) | Error::Storage(_) => Code::Internal,
             Error::DataLoss(_) | Error::CorruptRecord { .. } => Code::DataLoss,
             Error::ShuttingDown => Code::Unavailable,
         };

@@ -21,6 +21,7 @@ pub mod config;
 pub mod error;
 mod limits;
 mod metrics;
+mod parts;
 pub mod policy;
 mod records_conv;
 mod roster;

@@ -5,13 +5,9 @@ use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use bytes::Bytes;
-use cairn_core::{
-    ChannelId, IncomingCut, LocalReport, NodeId, NodePart, OutgoingCut, SnapshotId, StartRequest,
-};
-use cairn_proto::convert::{ConvertError, channel_from_pb};
+use cairn_core::{NodeId, StartRequest};
+use cairn_proto::convert::channel_from_pb;
 use cairn_proto::v1 as pb;
-use prost::Message;
 use tokio::sync::{mpsc, oneshot};
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
@@ -19,12 +15,10 @@ use tonic::{Request, Response, Status, Streaming};
 use crate::blob::BlobStore;
 use crate::error::Error;
 use crate::limits;
+use crate::parts;
 use crate::records_conv::{snapshot_pb, status_from_pb};
 use crate::state::{Msg, mode_of, restore_epoch, restore_pb};
-use crate::store::records::CutRecord;
-use crate::store::{
-    ChunkList, Metadata, PartRecord, RestoreRecord, SnapshotRecord, SnapshotStatus,
-};
+use crate::store::{Metadata, PartRecord, RestoreRecord, SnapshotRecord, SnapshotStatus};
 
 /// The `Coordinator` service.
 pub(crate) struct CoordinatorService {
@@ -65,77 +59,6 @@ impl CoordinatorService {
 
     async fn parts(&self, id: u64) -> Result<Vec<PartRecord>, Error> {
         self.meta.parts(id).await
-    }
-
-    async fn node_part(
-        &self,
-        part: &PartRecord,
-        include_data: bool,
-    ) -> Result<pb::NodePart, Error> {
-        let cut = |c: &CutRecord| {
-            let (from, to) = c.channel.split_once("->").unwrap_or_default();
-            Some(pb::ChannelRef {
-                from: from.into(),
-                to: to.into(),
-            })
-        };
-        let mut out = pb::NodePart {
-            node_id: part.node.clone(),
-            recorded: true,
-            reported: true,
-            local_state_bytes: part.local_state.size,
-            incoming: part
-                .incoming
-                .iter()
-                .map(|c| pb::IncomingCut {
-                    channel: cut(c),
-                    delivered: c.count,
-                    marker_at: c.marker_at,
-                    recorded_from: c.count.min(c.marker_at),
-                    recorded_to: c.marker_at,
-                })
-                .collect(),
-            outgoing: part
-                .outgoing
-                .iter()
-                .map(|c| pb::OutgoingCut {
-                    channel: cut(c),
-                    sent: c.count,
-                    marker_at: c.marker_at,
-                    recorded_from: c.marker_at,
-                    recorded_to: c.count.max(c.marker_at),
-                })
-                .collect(),
-            ..Default::default()
-        };
-        if include_data {
-            let node = &part.node;
-            out.local_state = Bytes::from(
-                self.read(&part.local_state, &format!("node {node}'s state"))
-                    .await?,
-            );
-            let states = self
-                .read(
-                    &part.channel_states,
-                    &format!("node {node}'s channel states"),
-                )
-                .await?;
-            let mut buf = &states[..];
-            while !buf.is_empty() {
-                let state = pb::ChannelState::decode_length_delimited(&mut buf)
-                    .map_err(|e| Error::Blob(format!("channel states of {}: {e}", part.node)))?;
-                out.channel_states.push(state);
-            }
-        }
-        Ok(out)
-    }
-
-    /// Reads `list` (`what` names it in errors), every chunk checked against its name.
-    async fn read(&self, list: &ChunkList, what: &str) -> Result<Vec<u8>, Error> {
-        self.blobs
-            .read(list)
-            .await
-            .map_err(|e| Error::reading(what, &e))
     }
 }
 
@@ -185,7 +108,7 @@ impl pb::coordinator_server::Coordinator for CoordinatorService {
         let mut snapshot = snapshot_pb(&record);
         let parts = self.parts(r.snapshot_id).await?;
         for part in &parts {
-            let full = self.node_part(part, r.include_data).await?;
+            let full = parts::read_part(&self.blobs, part, r.include_data).await?;
             if let Some(slot) = snapshot.nodes.iter_mut().find(|n| n.node_id == part.node) {
                 *slot = full;
             }
@@ -286,7 +209,7 @@ impl pb::coordinator_server::Coordinator for CoordinatorService {
             .into());
         }
         let parts = self.parts(id).await?;
-        let (chunks, bytes) = verify_parts(&self.blobs, id, &record, &parts).await?;
+        let (chunks, bytes) = parts::verify(&self.blobs, id, &record, &parts).await?;
         Ok(Response::new(pb::VerifySnapshotResponse {
             snapshot_id: id,
             chunks,
@@ -363,14 +286,10 @@ impl pb::coordinator_server::Coordinator for CoordinatorService {
         // (in flight to it) or, unaligned, the sender's (still queued there).
         let mut recorded = Vec::new();
         for part in &parts {
-            let what = format!("node {}'s channel states", part.node);
-            let states = self.read(&part.channel_states, &what).await?;
-            let mut buf = &states[..];
-            while !buf.is_empty() {
-                let state = pb::ChannelState::decode_length_delimited(&mut buf)
-                    .map_err(|e| Error::Blob(format!("channel states of {}: {e}", part.node)))?;
-                let channel = channel_from_pb(state.channel.as_ref())
-                    .map_err(|e| Error::Blob(e.to_string()))?;
+            for state in parts::channel_states(&self.blobs, part).await? {
+                let channel = channel_from_pb(state.channel.as_ref()).map_err(|e| {
+                    Error::DataLoss(format!("node {}'s channel states: {e}", part.node))
+                })?;
                 if channel.to.as_str() == r.node_id || channel.from.as_str() == r.node_id {
                     for m in state.messages {
                         recorded.push((channel.clone(), m.index, m.payload));
@@ -568,108 +487,23 @@ impl pb::coordinator_server::Coordinator for CoordinatorService {
             reply,
         })
         .await??;
-        let invalid = |e: ConvertError| Error::InvalidArgument(e.to_string());
-        // A write that fails (a full disk, an I/O error) fails the snapshot here, naming
-        // this node and the cause, whatever the daemon does with the error it gets.
-        let storage = |e: std::io::Error| {
-            let why = format!("node {node}: cannot store its part: {e}");
-            let _ = self.tx.try_send(Msg::StorageFailed {
-                id,
-                why: why.clone(),
-            });
-            Error::Blob(why)
-        };
-        let blob_error = &storage;
-        let mut local_state = self.blobs.writer();
-        let mut channel_states = self.blobs.writer();
-        let mut recorded: BTreeMap<ChannelId, Vec<u64>> = BTreeMap::new();
-        let mut messages = 0u64;
-        let mut cut = None;
-        while let Some(chunk) = chunks.message().await? {
-            if cut.is_some() {
-                return Err(Error::InvalidArgument("a message after the cut".into()).into());
+        let stored = match parts::store_upload(&self.blobs, &header, &mut chunks).await {
+            Ok(stored) => stored,
+            Err(e) => {
+                // A write that fails (a full disk, an I/O error) fails the snapshot here,
+                // naming this node and the cause, whatever the daemon does with the error.
+                if let Error::Storage(why) = &e {
+                    let why = why.clone();
+                    let _ = self.tx.try_send(Msg::StorageFailed { id, why });
+                }
+                return Err(e.into());
             }
-            match chunk.kind {
-                Some(Kind::Cut(c)) => cut = Some(c),
-                Some(Kind::LocalState(bytes)) => {
-                    local_state.write(&bytes).await.map_err(blob_error)?
-                }
-                Some(Kind::ChannelState(state)) => {
-                    let channel = channel_from_pb(state.channel.as_ref()).map_err(invalid)?;
-                    let indices = recorded.entry(channel).or_default();
-                    indices.extend(state.messages.iter().map(|m| m.index));
-                    messages += state.messages.len() as u64;
-                    channel_states
-                        .write(&state.encode_length_delimited_to_vec())
-                        .await
-                        .map_err(blob_error)?;
-                }
-                Some(Kind::Header(_)) | None => {
-                    return Err(
-                        Error::InvalidArgument("a second header in one upload".into()).into(),
-                    );
-                }
-            }
-        }
-        let Some(cut) = cut else {
-            return Err(Error::InvalidArgument(format!(
-                "the upload of {node}'s part of snapshot {id} ended without its cut"
-            ))
-            .into());
         };
-        let incoming: BTreeMap<_, _> = cut
-            .incoming
-            .iter()
-            .map(<(ChannelId, IncomingCut)>::try_from)
-            .collect::<Result<_, _>>()
-            .map_err(invalid)?;
-        let outgoing: BTreeMap<_, _> = cut
-            .outgoing
-            .iter()
-            .map(<(ChannelId, OutgoingCut)>::try_from)
-            .collect::<Result<_, _>>()
-            .map_err(invalid)?;
-        let local_state = local_state.finish().await.map_err(blob_error)?;
-        let channel_states = channel_states.finish().await.map_err(blob_error)?;
-        let bytes_new = local_state.new + channel_states.new;
-        let bytes_reused = local_state.reused + channel_states.reused;
-        let cut = |c: &ChannelId, count: u64, marker_at: u64| CutRecord {
-            channel: c.to_string(),
-            count,
-            marker_at,
-        };
-        let record = PartRecord {
-            node: node.to_string(),
-            incarnation: header.incarnation,
-            epoch: header.epoch,
-            applied_restore_id: header.applied_restore_id.clone(),
-            incoming: incoming
-                .iter()
-                .map(|(c, x)| cut(c, x.delivered, x.marker_at))
-                .collect(),
-            outgoing: outgoing
-                .iter()
-                .map(|(c, x)| cut(c, x.sent, x.marker_at))
-                .collect(),
-            local_state: local_state.list,
-            channel_states: channel_states.list,
-            recorded_messages: messages,
-            bytes_new,
-            bytes_reused,
-        };
-        self.meta.put_part(id, &record).await?;
-        let part = NodePart {
-            report: LocalReport {
-                id: SnapshotId(id),
-                node,
-                incoming,
-                outgoing,
-            },
-            recorded,
-        };
+        self.meta.put_part(id, &stored.record).await?;
+        let (bytes_new, bytes_reused) = (stored.record.bytes_new, stored.record.bytes_reused);
         self.tx
             .send(Msg::PartStored {
-                part,
+                part: stored.part,
                 bytes_new,
                 bytes_reused,
                 epoch: header.epoch,
@@ -682,35 +516,4 @@ impl pb::coordinator_server::Coordinator for CoordinatorService {
             bytes_reused,
         }))
     }
-}
-
-/// Checks every chunk of every part of a snapshot against its name, and that every node of
-/// the snapshot has a part; returns the chunks and bytes checked. Errors name the node.
-pub(crate) async fn verify_parts(
-    blobs: &BlobStore,
-    id: u64,
-    record: &SnapshotRecord,
-    parts: &[PartRecord],
-) -> Result<(u64, u64), Error> {
-    for node in &record.nodes {
-        if !parts.iter().any(|p| &p.node == node) {
-            return Err(Error::DataLoss(format!(
-                "snapshot {id}: node {node}'s part is missing"
-            )));
-        }
-    }
-    let (mut chunks, mut bytes) = (0u64, 0u64);
-    for part in parts {
-        for (list, what) in [
-            (&part.local_state, "state"),
-            (&part.channel_states, "channel states"),
-        ] {
-            let checked = blobs.verify(list).await.map_err(|e| {
-                Error::reading(&format!("snapshot {id}: node {}'s {what}", part.node), &e)
-            })?;
-            chunks += list.chunks.len() as u64;
-            bytes += checked;
-        }
-    }
-    Ok((chunks, bytes))
 }

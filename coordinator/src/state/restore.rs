@@ -102,7 +102,7 @@ impl State {
     pub(super) async fn verify_snapshot(&self, snapshot: &SnapshotRecord) -> Result<(), Error> {
         let id = snapshot.id;
         let parts = self.meta.parts(id).await?;
-        crate::service::verify_parts(&self.blobs, id, snapshot, &parts).await?;
+        crate::parts::verify(&self.blobs, id, snapshot, &parts).await?;
         Ok(())
     }
 
