@@ -2,27 +2,124 @@
 
 use tonic::{Code, Status};
 
-use crate::store::StoreError;
+use crate::store::{RestoreStatus, SnapshotStatus, StoreError};
 
-/// What can go wrong serving a request.
+/// What can go wrong serving a request: one variant per cause, each with one deliberate
+/// gRPC code (see `From<Error> for Status`), as the node's errors are.
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum Error {
-    /// The request is malformed.
+    /// The request is malformed or out of its limits (names the field).
     #[error("invalid argument: {0}")]
     InvalidArgument(String),
     /// No snapshot with that id.
     #[error("snapshot {0} not found")]
-    NotFound(u64),
-    /// The cluster is not in a state that allows the request.
+    SnapshotNotFound(u64),
+    /// The snapshot has ended; it cannot be aborted (or uploaded to) any more.
+    #[error("snapshot {id} is already {status}")]
+    AlreadyEnded {
+        /// The snapshot.
+        id: u64,
+        /// How it ended.
+        status: SnapshotStatus,
+    },
+    /// The snapshot is in flight: it cannot be deleted yet.
+    #[error("snapshot {0} is in progress; abort it first")]
+    StillInProgress(u64),
+    /// The snapshot is not in flight (an upload for it).
+    #[error("snapshot {0} is not in progress")]
+    NotInProgress(u64),
+    /// The snapshot did not complete; `only` says what only a completed one allows.
+    #[error("snapshot {id} is {status}; only a COMPLETED snapshot {only}")]
+    NotCompleted {
+        /// The snapshot.
+        id: u64,
+        /// Where it is.
+        status: SnapshotStatus,
+        /// "can be restored", "has data to verify".
+        only: &'static str,
+    },
+    /// A restore is running, or did not finish, or nodes are in other epochs: the cluster
+    /// is fenced (the reason names the restore or the nodes).
     #[error("{0}")]
-    FailedPrecondition(String),
-    /// Too many snapshots in flight.
+    Fenced(String),
+    /// A restore is running; another cannot start.
+    #[error("{restore} (of snapshot {snapshot}) is in progress")]
+    RestoreInProgress {
+        /// The restore.
+        restore: String,
+        /// Its snapshot.
+        snapshot: u64,
+    },
+    /// A restore refers to the snapshot: it cannot be deleted.
+    #[error(
+        "snapshot {id} is being restored by {restore} ({status}); it can be deleted once a \
+         restore has finished"
+    )]
+    HeldByRestore {
+        /// The snapshot.
+        id: u64,
+        /// The restore.
+        restore: String,
+        /// Where the restore is.
+        status: RestoreStatus,
+    },
+    /// Nodes a snapshot or a restore needs are not connected (the sentence names them).
     #[error("{0}")]
-    ResourceExhausted(String),
+    NodesNotConnected(String),
+    /// Nodes joined after the snapshot a restore would bring back.
+    #[error(
+        "cannot restore snapshot {snapshot}: {} joined after it was taken and has no state in it",
+        nodes.join(", ")
+    )]
+    JoinedSince {
+        /// The snapshot.
+        snapshot: u64,
+        /// The nodes.
+        nodes: Vec<String>,
+    },
+    /// No node has registered yet.
+    #[error("no node has registered with the coordinator")]
+    NoMembers,
+    /// Too many snapshots in flight, or an aligned one already is.
+    #[error("{0}")]
+    TooManyInFlight(String),
+    /// A node of another cluster.
+    #[error("cluster mismatch: the coordinator serves `{ours}`, the node says `{theirs}`")]
+    ClusterMismatch {
+        /// This coordinator's cluster.
+        ours: String,
+        /// The node's.
+        theirs: String,
+    },
+    /// A node `--topology` does not name.
+    #[error("{0}")]
+    NotInTopology(String),
+    /// A second daemon for a node id whose holder is connected (the sentence names both).
+    #[error("{0}")]
+    NodeIdHeld(String),
+    /// A node that is not a participant of the snapshot (an upload).
+    #[error("node {node} is not a participant of snapshot {id}")]
+    NotAParticipant {
+        /// The snapshot.
+        id: u64,
+        /// The node.
+        node: String,
+    },
+    /// A node without a part in the snapshot (a restore's fetch).
+    #[error("node {node} has no part in snapshot {id}")]
+    NoPart {
+        /// The snapshot.
+        id: u64,
+        /// The node.
+        node: String,
+    },
+    /// A counter (snapshot ids, epochs) at its largest value.
+    #[error("the {0} counter is exhausted")]
+    CounterExhausted(&'static str),
     /// The metadata store cannot be reached.
     #[error("{0}")]
     Store(#[from] StoreError),
-    /// The blob store failed.
+    /// The blob store failed reading.
     #[error("blob store: {0}")]
     Blob(String),
     /// Stored data is missing or corrupt (names the chunk and the node).
@@ -60,13 +157,27 @@ impl From<Error> for Status {
     fn from(error: Error) -> Self {
         let code = match &error {
             Error::InvalidArgument(_) => Code::InvalidArgument,
-            Error::NotFound(_) => Code::NotFound,
-            Error::FailedPrecondition(_) => Code::FailedPrecondition,
-            Error::ResourceExhausted(_) => Code::ResourceExhausted,
-            Error::Store(_) => Code::Unavailable,
+            Error::SnapshotNotFound(_) => Code::NotFound,
+            Error::AlreadyEnded { .. }
+            | Error::StillInProgress(_)
+            | Error::NotInProgress(_)
+            | Error::NotCompleted { .. }
+            | Error::Fenced(_)
+            | Error::RestoreInProgress { .. }
+            | Error::HeldByRestore { .. }
+            | Error::NodesNotConnected(_)
+            | Error::JoinedSince { .. }
+            | Error::NoMembers
+            | Error::ClusterMismatch { .. }
+            | Error::NotInTopology(_)
+            | Error::NodeIdHeld(_)
+            | Error::NotAParticipant { .. }
+            | Error::NoPart { .. }
+            | Error::CounterExhausted(_) => Code::FailedPrecondition,
+            Error::TooManyInFlight(_) => Code::ResourceExhausted,
+            Error::Store(_) | Error::ShuttingDown => Code::Unavailable,
             Error::Blob(_) | Error::Storage(_) => Code::Internal,
             Error::DataLoss(_) | Error::CorruptRecord { .. } => Code::DataLoss,
-            Error::ShuttingDown => Code::Unavailable,
         };
         Status::new(code, error.to_string())
     }

@@ -41,7 +41,11 @@ impl CoordinatorService {
 
     /// A snapshot's record: stored, or with its live progress while it is in flight.
     async fn record(&self, id: u64) -> Result<SnapshotRecord, Error> {
-        let stored = self.meta.snapshot(id).await?.ok_or(Error::NotFound(id))?;
+        let stored = self
+            .meta
+            .snapshot(id)
+            .await?
+            .ok_or(Error::SnapshotNotFound(id))?;
         if stored.status != SnapshotStatus::InProgress {
             return Ok(stored);
         }
@@ -53,7 +57,11 @@ impl CoordinatorService {
         match answer.await.map_err(|_| Error::ShuttingDown)? {
             Some(live) => Ok(live),
             // Ended meanwhile: read it again.
-            None => self.meta.snapshot(id).await?.ok_or(Error::NotFound(id)),
+            None => self
+                .meta
+                .snapshot(id)
+                .await?
+                .ok_or(Error::SnapshotNotFound(id)),
         }
     }
 
@@ -202,10 +210,11 @@ impl pb::coordinator_server::Coordinator for CoordinatorService {
         let id = request.into_inner().snapshot_id;
         let record = self.record(id).await?;
         if record.status != SnapshotStatus::Completed {
-            return Err(Error::FailedPrecondition(format!(
-                "snapshot {id} is {}; only a COMPLETED snapshot has data to verify",
-                record.status
-            ))
+            return Err(Error::NotCompleted {
+                id,
+                status: record.status,
+                only: "has data to verify",
+            }
             .into());
         }
         let parts = self.parts(id).await?;
@@ -265,10 +274,11 @@ impl pb::coordinator_server::Coordinator for CoordinatorService {
         let id = r.snapshot_id;
         let record = self.record(id).await?;
         if record.status != SnapshotStatus::Completed {
-            return Err(Error::FailedPrecondition(format!(
-                "snapshot {id} is {}; only a COMPLETED snapshot can be restored",
-                record.status
-            ))
+            return Err(Error::NotCompleted {
+                id,
+                status: record.status,
+                only: "can be restored",
+            }
             .into());
         }
         let parts = self.parts(id).await?;
@@ -276,11 +286,9 @@ impl pb::coordinator_server::Coordinator for CoordinatorService {
             .iter()
             .find(|p| p.node == r.node_id)
             .cloned()
-            .ok_or_else(|| {
-                Error::FailedPrecondition(format!(
-                    "node {} has no part in snapshot {id}",
-                    r.node_id
-                ))
+            .ok_or_else(|| Error::NoPart {
+                id,
+                node: r.node_id.clone(),
             })?;
         // Every part may hold recorded messages of this node's channels: the receiver's
         // (in flight to it) or, unaligned, the sender's (still queued there).

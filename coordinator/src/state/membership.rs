@@ -49,7 +49,7 @@ impl State {
     pub(super) fn topology(&self) -> Result<Topology, Error> {
         self.roster
             .spanning(|node| self.members.contains_key(node))
-            .map_err(Error::FailedPrecondition)
+            .map_err(Error::NodesNotConnected)
     }
 
     /// What nodes are told: every known node with its address, and the channels among them.
@@ -135,10 +135,10 @@ impl State {
         tx: NodeTx,
     ) -> Result<pb::Membership, Error> {
         if register.cluster != self.settings.cluster {
-            return Err(Error::FailedPrecondition(format!(
-                "cluster mismatch: the coordinator serves `{}`, the node says `{}`",
-                self.settings.cluster, register.cluster
-            )));
+            return Err(Error::ClusterMismatch {
+                ours: self.settings.cluster.clone(),
+                theirs: register.cluster.clone(),
+            });
         }
         if register.node_id.is_empty() || register.address.is_empty() {
             return Err(Error::InvalidArgument(
@@ -155,7 +155,7 @@ impl State {
             && old.record.incarnation != register.incarnation
         {
             let silent = old.heard.elapsed().as_millis();
-            return Err(Error::FailedPrecondition(format!(
+            return Err(Error::NodeIdHeld(format!(
                 "node id {node} is held by a connected daemon at {} (incarnation {}, heard \
                  from {silent} ms ago); this daemon (incarnation {}, at {}) is refused: is a \
                  second process running with --node-id {node}?",
@@ -168,9 +168,7 @@ impl State {
                 register.highest_snapshot_id, register.epoch
             )));
         }
-        self.roster
-            .admits(&node)
-            .map_err(Error::FailedPrecondition)?;
+        self.roster.admits(&node).map_err(Error::NotInTopology)?;
         // A daemon that saw higher ids or epochs than the store holds: the metadata was
         // lost or rolled back. Never hand out what the daemons already know.
         if register.highest_snapshot_id > self.id_floor {

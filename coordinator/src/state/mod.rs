@@ -324,13 +324,12 @@ impl State {
             }
             Msg::CheckUpload { id, node, reply } => {
                 let ok = match self.inflight.get(&id) {
-                    None => Err(Error::FailedPrecondition(format!(
-                        "snapshot {id} is not in progress"
-                    ))),
+                    None => Err(Error::NotInProgress(id)),
                     Some(r) if !r.nodes.iter().any(|n| n == node.as_str()) => {
-                        Err(Error::FailedPrecondition(format!(
-                            "node {node} is not a participant of snapshot {id}"
-                        )))
+                        Err(Error::NotAParticipant {
+                            id,
+                            node: node.to_string(),
+                        })
                     }
                     Some(_) => Ok(()),
                 };

@@ -114,20 +114,21 @@ impl State {
         skipped: Vec<String>,
     ) -> Result<RestoreRecord, Error> {
         if let Some(active) = &self.restore {
-            return Err(Error::FailedPrecondition(format!(
-                "{} (of snapshot {}) is in progress",
-                active.record.id, active.record.snapshot_id
-            )));
+            return Err(Error::RestoreInProgress {
+                restore: active.record.id.clone(),
+                snapshot: active.record.snapshot_id,
+            });
         }
         let snapshot = self
             .get_record(snapshot_id)
             .await?
-            .ok_or(Error::NotFound(snapshot_id))?;
+            .ok_or(Error::SnapshotNotFound(snapshot_id))?;
         if snapshot.status != SnapshotStatus::Completed {
-            return Err(Error::FailedPrecondition(format!(
-                "snapshot {snapshot_id} is {}; only a COMPLETED snapshot can be restored",
-                snapshot.status
-            )));
+            return Err(Error::NotCompleted {
+                id: snapshot_id,
+                status: snapshot.status,
+                only: "can be restored",
+            });
         }
         let nodes: BTreeSet<NodeId> = snapshot.nodes.iter().map(NodeId::new).collect();
         let missing: Vec<&str> = nodes
@@ -136,7 +137,7 @@ impl State {
             .map(NodeId::as_str)
             .collect();
         if !missing.is_empty() {
-            return Err(Error::FailedPrecondition(format!(
+            return Err(Error::NodesNotConnected(format!(
                 "cannot restore snapshot {snapshot_id}: not connected to the coordinator: {} \
                  (every node of the snapshot must be)",
                 missing.join(", ")
@@ -149,11 +150,10 @@ impl State {
             .map(NodeId::as_str)
             .collect();
         if !extra.is_empty() {
-            return Err(Error::FailedPrecondition(format!(
-                "cannot restore snapshot {snapshot_id}: {} joined after it was taken and \
-                 has no state in it",
-                extra.join(", ")
-            )));
+            return Err(Error::JoinedSince {
+                snapshot: snapshot_id,
+                nodes: extra.iter().map(ToString::to_string).collect(),
+            });
         }
         // Every byte the nodes will fetch is checked before anything is fenced: a restore
         // that would fail halfway is refused now, naming the chunk and the node.

@@ -20,19 +20,17 @@ impl State {
 
     pub(super) async fn delete(&mut self, id: u64) -> Result<u64, Error> {
         if self.inflight.contains_key(&id) {
-            return Err(Error::FailedPrecondition(format!(
-                "snapshot {id} is in progress; abort it first"
-            )));
+            return Err(Error::StillInProgress(id));
         }
         if self.get_record(id).await?.is_none() {
-            return Err(Error::NotFound(id));
+            return Err(Error::SnapshotNotFound(id));
         }
         if let Some(restore) = self.restore_holding(id) {
-            return Err(Error::FailedPrecondition(format!(
-                "snapshot {id} is being restored by {} ({}); it can be deleted once a \
-                 restore has finished",
-                restore.id, restore.status
-            )));
+            return Err(Error::HeldByRestore {
+                id,
+                restore: restore.id.clone(),
+                status: restore.status,
+            });
         }
         self.meta.delete_snapshot(id).await?;
         tracing::info!(snapshot = id, "snapshot deleted");

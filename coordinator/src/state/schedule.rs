@@ -114,7 +114,7 @@ impl State {
                 match self.start(request, policy.timeout, labels).await {
                     Ok(id) => self.schedule.started(SnapshotId(id)),
                     Err(e) => {
-                        let busy = matches!(e, Error::ResourceExhausted(_));
+                        let busy = matches!(e, Error::TooManyInFlight(_));
                         let why = format!("could not start: {e}");
                         match self.schedule.refused(busy, why.clone()) {
                             Ok(skip) => self.skipped(&skip),

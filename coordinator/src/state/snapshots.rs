@@ -71,22 +71,20 @@ impl State {
         labels: BTreeMap<String, String>,
     ) -> Result<u64, Error> {
         if let Some(fence) = self.fence() {
-            return Err(Error::FailedPrecondition(fence));
+            return Err(Error::Fenced(fence));
         }
         let topology = self.topology()?;
         if self.roster.is_empty() {
-            return Err(Error::FailedPrecondition(
-                "no node has registered with the coordinator".into(),
-            ));
+            return Err(Error::NoMembers);
         }
         let refused = |e: StartError| match e {
             StartError::TooManyInFlight { .. } | StartError::AlignedInFlight(_) => {
-                Error::ResourceExhausted(e.to_string())
+                Error::TooManyInFlight(e.to_string())
             }
             StartError::Unreachable { .. }
             | StartError::UnknownInitiator(_)
             | StartError::DuplicateId(_) => Error::InvalidArgument(e.to_string()),
-            StartError::NoMembers => Error::FailedPrecondition(e.to_string()),
+            StartError::NoMembers => Error::NoMembers,
         };
         // Every check before an id is spent.
         self.tracker.check(&request, &topology).map_err(refused)?;
@@ -165,11 +163,11 @@ impl State {
     pub(super) async fn abort(&mut self, id: u64, reason: String) -> Result<SnapshotRecord, Error> {
         if !self.inflight.contains_key(&id) {
             return match self.get_record(id).await? {
-                Some(record) => Err(Error::FailedPrecondition(format!(
-                    "snapshot {id} is already {}",
-                    record.status
-                ))),
-                None => Err(Error::NotFound(id)),
+                Some(record) => Err(Error::AlreadyEnded {
+                    id,
+                    status: record.status,
+                }),
+                None => Err(Error::SnapshotNotFound(id)),
             };
         }
         let reason = if reason.is_empty() {
@@ -181,13 +179,18 @@ impl State {
             .tracker
             .fail(SnapshotId(id), FailureReason::Aborted(reason));
         self.settle(id, update).await;
-        self.get_record(id).await?.ok_or(Error::NotFound(id))
+        self.get_record(id)
+            .await?
+            .ok_or(Error::SnapshotNotFound(id))
     }
 
     pub(super) async fn watch(&mut self, id: u64, tx: WatchTx) -> Result<(), Error> {
         let record = match self.inflight.get(&id) {
             Some(r) => r.clone(),
-            None => self.get_record(id).await?.ok_or(Error::NotFound(id))?,
+            None => self
+                .get_record(id)
+                .await?
+                .ok_or(Error::SnapshotNotFound(id))?,
         };
         let _ = tx.try_send(Ok(progress_pb(&record)));
         if record.status == SnapshotStatus::InProgress {

@@ -272,7 +272,7 @@ async fn an_abort_ends_the_snapshot_as_aborted_and_a_second_one_is_refused() {
         })
         .await
         .unwrap_err();
-    assert!(matches!(again, Error::FailedPrecondition(_)), "{again:?}");
+    assert!(matches!(again, Error::AlreadyEnded { .. }), "{again:?}");
     h.stop().await;
 }
 

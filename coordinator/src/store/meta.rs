@@ -185,7 +185,7 @@ impl Metadata {
             .fetch_increment(&self.keys.epoch())
             .await?
             .checked_add(1)
-            .ok_or_else(|| Error::FailedPrecondition("the epoch counter is exhausted".into()))
+            .ok_or(Error::CounterExhausted("epoch"))
     }
 
     /// Raises the epoch counter to `epoch`.
