@@ -240,3 +240,34 @@ mod tests {
         );
     }
 }
+
+#[cfg(test)]
+mod status_tests {
+    use super::*;
+    use crate::store::RestoreStatus;
+
+    #[test]
+    fn every_snapshot_status_round_trips_through_the_wire_and_the_store() {
+        for status in [
+            SnapshotStatus::InProgress,
+            SnapshotStatus::Completed,
+            SnapshotStatus::Failed,
+            SnapshotStatus::Aborted,
+        ] {
+            assert_eq!(status_from_pb(status_pb(status)), Some(status));
+            let json = serde_json::to_string(&status).unwrap();
+            assert_eq!(json, format!("\"{}\"", status.name()), "stored as before");
+            assert_eq!(serde_json::from_str::<SnapshotStatus>(&json).unwrap(), status);
+        }
+        assert_eq!(status_from_pb(pb::SnapshotStatus::Unspecified), None);
+        for (status, word) in [
+            (RestoreStatus::InProgress, "IN_PROGRESS"),
+            (RestoreStatus::Done, "DONE"),
+            (RestoreStatus::Failed, "FAILED"),
+        ] {
+            let json = serde_json::to_string(&status).unwrap();
+            assert_eq!(json, format!("\"{word}\""));
+            assert_eq!(serde_json::from_str::<RestoreStatus>(&json).unwrap(), status);
+        }
+    }
+}
