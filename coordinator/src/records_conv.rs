@@ -257,7 +257,10 @@ mod status_tests {
             assert_eq!(status_from_pb(status_pb(status)), Some(status));
             let json = serde_json::to_string(&status).unwrap();
             assert_eq!(json, format!("\"{}\"", status.name()), "stored as before");
-            assert_eq!(serde_json::from_str::<SnapshotStatus>(&json).unwrap(), status);
+            assert_eq!(
+                serde_json::from_str::<SnapshotStatus>(&json).unwrap(),
+                status
+            );
         }
         assert_eq!(status_from_pb(pb::SnapshotStatus::Unspecified), None);
         for (status, word) in [
@@ -267,7 +270,10 @@ mod status_tests {
         ] {
             let json = serde_json::to_string(&status).unwrap();
             assert_eq!(json, format!("\"{word}\""));
-            assert_eq!(serde_json::from_str::<RestoreStatus>(&json).unwrap(), status);
+            assert_eq!(
+                serde_json::from_str::<RestoreStatus>(&json).unwrap(),
+                status
+            );
         }
     }
 }
