@@ -74,8 +74,9 @@ pub enum Outcome {
 pub enum Update {
     /// The snapshot progressed and is still in flight.
     Progress,
-    /// The snapshot ended.
-    Finished(Outcome),
+    /// The snapshot ended: how, and who had recorded and reported by then (the tracker
+    /// is the one place that follows progress).
+    Finished(Outcome, Progress),
     /// The snapshot is not in flight, or the process is not one of its participants.
     Ignored,
 }
@@ -102,6 +103,15 @@ pub struct Progress {
     pub recorded: BTreeSet<NodeId>,
     /// Processes whose part is complete.
     pub reported: BTreeSet<NodeId>,
+}
+
+impl Tracked {
+    fn progress(&self) -> Progress {
+        Progress {
+            recorded: self.recorded.clone(),
+            reported: self.parts.keys().cloned().collect(),
+        }
+    }
 }
 
 impl SnapshotTracker {
@@ -212,10 +222,7 @@ impl SnapshotTracker {
 
     /// A snapshot's progress, if in flight.
     pub fn progress(&self, id: SnapshotId) -> Option<Progress> {
-        self.in_flight.get(&id).map(|t| Progress {
-            recorded: t.recorded.clone(),
-            reported: t.parts.keys().cloned().collect(),
-        })
+        self.in_flight.get(&id).map(Tracked::progress)
     }
 
     /// A participant's application recorded its state.
@@ -245,16 +252,17 @@ impl SnapshotTracker {
             return Update::Progress;
         }
         let t = self.in_flight.remove(&id).expect("present");
-        Update::Finished(match verify(&t.topology, &t.parts) {
+        let outcome = match verify(&t.topology, &t.parts) {
             Ok(consistent) => Outcome::Completed(consistent),
             Err(violation) => Outcome::Failed(FailureReason::Inconsistent(violation)),
-        })
+        };
+        Update::Finished(outcome, t.progress())
     }
 
     /// The snapshot failed (at a process, or for any reason the caller names).
     pub fn fail(&mut self, id: SnapshotId, reason: FailureReason) -> Update {
         match self.in_flight.remove(&id) {
-            Some(_) => Update::Finished(Outcome::Failed(reason)),
+            Some(t) => Update::Finished(Outcome::Failed(reason), t.progress()),
             None => Update::Ignored,
         }
     }
@@ -287,7 +295,7 @@ impl SnapshotTracker {
     }
 
     /// A member was lost: every snapshot in flight fails naming it.
-    pub fn node_lost(&mut self, node: &NodeId) -> Vec<(SnapshotId, Outcome)> {
+    pub fn node_lost(&mut self, node: &NodeId) -> Vec<(SnapshotId, Update)> {
         let ids: Vec<SnapshotId> = self
             .in_flight
             .iter()
@@ -296,8 +304,8 @@ impl SnapshotTracker {
             .collect();
         ids.into_iter()
             .map(|id| {
-                self.in_flight.remove(&id);
-                (id, Outcome::Failed(FailureReason::NodeLost(node.clone())))
+                let reason = FailureReason::NodeLost(node.clone());
+                (id, self.fail(id, reason))
             })
             .collect()
     }

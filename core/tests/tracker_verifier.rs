@@ -6,7 +6,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use cairn_core::{
     ChannelId, Consistent, FailureReason, IncomingCut, LocalReport, NodeId, NodePart, OutgoingCut,
     Side, SnapshotId, SnapshotMode, SnapshotTracker, StartError, StartRequest, Topology, Update,
-    Violation, tracker::Outcome, verify,
+    Violation, tracker::Outcome, tracker::Progress, verify,
 };
 
 fn ch(from: &str, to: &str) -> ChannelId {
@@ -282,9 +282,15 @@ fn tracker_completes_a_snapshot_when_the_last_part_verifies() {
     );
     assert_eq!(
         t.part_reported(p.remove(&NodeId::from("b")).unwrap()),
-        Update::Finished(Outcome::Completed(Consistent {
-            recorded_messages: 1
-        }))
+        Update::Finished(
+            Outcome::Completed(Consistent {
+                recorded_messages: 1
+            }),
+            Progress {
+                recorded: ["a".into(), "b".into()].into(),
+                reported: ["a".into(), "b".into()].into(),
+            }
+        )
     );
     assert_eq!(t.in_flight().count(), 0);
 }
@@ -314,7 +320,7 @@ fn tracker_fails_an_inconsistent_cut_with_its_violation() {
     for part in p.into_values() {
         last = t.part_reported(part);
     }
-    let Update::Finished(outcome) = last else {
+    let Update::Finished(outcome, _) = last else {
         panic!("{last:?}")
     };
     assert!(matches!(
@@ -350,9 +356,15 @@ fn tracker_timeout_names_the_nodes_that_had_not_reported() {
     t.part_reported(p.remove(&NodeId::from("a")).unwrap());
     assert_eq!(
         t.timed_out(SnapshotId(1)),
-        Update::Finished(Outcome::Failed(FailureReason::Timeout {
-            missing: vec!["b".into()]
-        }))
+        Update::Finished(
+            Outcome::Failed(FailureReason::Timeout {
+                missing: vec!["b".into()]
+            }),
+            Progress {
+                recorded: ["a".into()].into(),
+                reported: ["a".into()].into(),
+            }
+        )
     );
     assert_eq!(t.timed_out(SnapshotId(1)), Update::Ignored);
 }
@@ -374,16 +386,26 @@ fn tracker_fails_every_snapshot_through_a_lost_node() {
     )
     .unwrap();
     let lost = t.node_lost(&"b".into());
+    let nothing = Progress {
+        recorded: Default::default(),
+        reported: Default::default(),
+    };
     assert_eq!(
         lost,
         vec![
             (
                 SnapshotId(1),
-                Outcome::Failed(FailureReason::NodeLost("b".into()))
+                Update::Finished(
+                    Outcome::Failed(FailureReason::NodeLost("b".into())),
+                    nothing.clone()
+                )
             ),
             (
                 SnapshotId(2),
-                Outcome::Failed(FailureReason::NodeLost("b".into()))
+                Update::Finished(
+                    Outcome::Failed(FailureReason::NodeLost("b".into())),
+                    nothing
+                )
             ),
         ]
     );

@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use cairn_core::{FailureReason, NodeId, SnapshotId, Topology, tracker};
+use cairn_core::{FailureReason, NodeId, SnapshotId, Topology};
 use cairn_proto::v1 as pb;
 use tokio::time::Instant;
 
@@ -207,8 +207,8 @@ impl State {
             && old.record.incarnation != register.incarnation
         {
             tracing::warn!(%node, "node restarted: failing the snapshots in flight through it");
-            for (id, outcome) in self.tracker.node_lost(&node) {
-                self.settle(id.0, tracker::Update::Finished(outcome)).await;
+            for (id, update) in self.tracker.node_lost(&node) {
+                self.settle(id.0, update).await;
             }
         }
         let (epoch, next) = self.epoch_on_register(&node, &register, fresh);
@@ -327,8 +327,8 @@ impl State {
         if let Err(e) = self.meta.delete_member(node.as_str()).await {
             tracing::warn!("{e}");
         }
-        for (id, outcome) in self.tracker.node_lost(node) {
-            self.settle(id.0, tracker::Update::Finished(outcome)).await;
+        for (id, update) in self.tracker.node_lost(node) {
+            self.settle(id.0, update).await;
         }
     }
 

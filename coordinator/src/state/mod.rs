@@ -364,14 +364,8 @@ impl State {
                     return;
                 }
                 if let Some(record) = self.inflight.get_mut(&id) {
-                    record.bytes_new += bytes_new;
-                    record.bytes_reused += bytes_reused;
-                    if !record.reported.contains(&node) {
-                        record.reported.push(node.clone());
-                    }
-                    if !record.recorded.contains(&node) {
-                        record.recorded.push(node);
-                    }
+                    record.bytes_new = record.bytes_new.saturating_add(bytes_new);
+                    record.bytes_reused = record.bytes_reused.saturating_add(bytes_reused);
                 }
                 let update = self.tracker.part_reported(part);
                 self.settle(id, update).await;
@@ -411,7 +405,7 @@ impl State {
                 let _ = reply.send(self.list_nodes());
             }
             Msg::Live { id, reply } => {
-                let _ = reply.send(self.inflight.get(&id).cloned());
+                let _ = reply.send(self.live_record(id));
             }
             Msg::GetPolicy { reply } => {
                 let _ = reply.send(self.policy_pb());

@@ -13,6 +13,13 @@ use crate::error::Error;
 use crate::records_conv::{failure_record, mode_name, now_ms, progress_pb};
 use crate::store::{SnapshotRecord, SnapshotStatus, VerdictRecord};
 
+/// Who recorded and who reported, as the tracker — the one place that follows progress —
+/// says.
+fn with_progress(record: &mut SnapshotRecord, progress: &tracker::Progress) {
+    record.recorded = progress.recorded.iter().map(ToString::to_string).collect();
+    record.reported = progress.reported.iter().map(ToString::to_string).collect();
+}
+
 /// The failure `node` reported. The wire's reason is taken exactly
 /// (`cairn_proto::convert::failure`), except where the reporter is who it concerns: a
 /// node lost, without an application or shutting down is the reporting node (whatever
@@ -44,15 +51,7 @@ impl State {
         match event.kind {
             Some(Kind::StateRecorded(_)) => {
                 let update = self.tracker.state_recorded(SnapshotId(id), &node);
-                if let (tracker::Update::Progress, Some(record)) =
-                    (&update, self.inflight.get_mut(&id))
-                {
-                    if !record.recorded.contains(&node.to_string()) {
-                        record.recorded.push(node.to_string());
-                    }
-                    let record = record.clone();
-                    self.publish(&record).await;
-                }
+                self.settle(id, update).await;
             }
             Some(Kind::Failed(reason)) => {
                 let update = self
@@ -199,20 +198,30 @@ impl State {
         Ok(())
     }
 
+    /// A snapshot in flight as it stands: its record with the tracker's progress.
+    pub(super) fn live_record(&self, id: u64) -> Option<SnapshotRecord> {
+        let mut record = self.inflight.get(&id)?.clone();
+        if let Some(progress) = self.tracker.progress(SnapshotId(id)) {
+            with_progress(&mut record, &progress);
+        }
+        Some(record)
+    }
+
     /// Applies a tracker update: progress is published; an end is stored, published, and
     /// (if failed) sent to every node so that their engines drop the snapshot.
     pub(super) async fn settle(&mut self, id: u64, update: tracker::Update) {
         match update {
             tracker::Update::Ignored => {}
             tracker::Update::Progress => {
-                if let Some(record) = self.inflight.get(&id).cloned() {
+                if let Some(record) = self.live_record(id) {
                     self.publish(&record).await;
                 }
             }
-            tracker::Update::Finished(outcome) => {
+            tracker::Update::Finished(outcome, progress) => {
                 let Some(mut record) = self.inflight.remove(&id) else {
                     return;
                 };
+                with_progress(&mut record, &progress);
                 record.finished_at_ms = now_ms();
                 self.metrics.in_flight.set(self.inflight.len() as i64);
                 match &outcome {

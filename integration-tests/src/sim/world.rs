@@ -215,7 +215,9 @@ impl World {
         let stuck: Vec<SnapshotId> = self.tracker.in_flight().map(|p| p.id).collect();
         if let Some(&id) = stuck.first() {
             let missing = match self.tracker.timed_out(id) {
-                tracker::Update::Finished(tracker::Outcome::Failed(reason)) => reason.to_string(),
+                tracker::Update::Finished(tracker::Outcome::Failed(reason), _) => {
+                    reason.to_string()
+                }
                 other => format!("{other:?}"),
             };
             return Err(SimFailure {
@@ -567,12 +569,12 @@ impl World {
                     .collect();
                 evidence.reports.insert(node.clone(), report.clone());
                 let update = self.tracker.part_reported(NodePart { report, recorded });
-                if let tracker::Update::Finished(outcome) = update {
+                if let tracker::Update::Finished(outcome, _) = update {
                     self.finished(id, outcome)?;
                 }
             }
             Command::Abort { id, reason } => {
-                if let tracker::Update::Finished(outcome) = self.tracker.fail(id, reason) {
+                if let tracker::Update::Finished(outcome, _) = self.tracker.fail(id, reason) {
                     self.finished(id, outcome)?;
                 }
             }
