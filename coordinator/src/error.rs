@@ -2,6 +2,8 @@
 
 use tonic::{Code, Status};
 
+use cairn_core::SnapshotId;
+
 use crate::store::{RestoreStatus, SnapshotStatus, StoreError};
 
 /// What can go wrong serving a request: one variant per cause, each with one deliberate
@@ -13,26 +15,26 @@ pub enum Error {
     InvalidArgument(String),
     /// No snapshot with that id.
     #[error("snapshot {0} not found")]
-    SnapshotNotFound(u64),
+    SnapshotNotFound(SnapshotId),
     /// The snapshot has ended; it cannot be aborted (or uploaded to) any more.
     #[error("snapshot {id} is already {status}")]
     AlreadyEnded {
         /// The snapshot.
-        id: u64,
+        id: SnapshotId,
         /// How it ended.
         status: SnapshotStatus,
     },
     /// The snapshot is in flight: it cannot be deleted yet.
     #[error("snapshot {0} is in progress; abort it first")]
-    StillInProgress(u64),
+    StillInProgress(SnapshotId),
     /// The snapshot is not in flight (an upload for it).
     #[error("snapshot {0} is not in progress")]
-    NotInProgress(u64),
+    NotInProgress(SnapshotId),
     /// The snapshot did not complete; `only` says what only a completed one allows.
     #[error("snapshot {id} is {status}; only a COMPLETED snapshot {only}")]
     NotCompleted {
         /// The snapshot.
-        id: u64,
+        id: SnapshotId,
         /// Where it is.
         status: SnapshotStatus,
         /// "can be restored", "has data to verify".
@@ -48,7 +50,7 @@ pub enum Error {
         /// The restore.
         restore: String,
         /// Its snapshot.
-        snapshot: u64,
+        snapshot: SnapshotId,
     },
     /// A restore refers to the snapshot: it cannot be deleted.
     #[error(
@@ -57,7 +59,7 @@ pub enum Error {
     )]
     HeldByRestore {
         /// The snapshot.
-        id: u64,
+        id: SnapshotId,
         /// The restore.
         restore: String,
         /// Where the restore is.
@@ -73,7 +75,7 @@ pub enum Error {
     )]
     JoinedSince {
         /// The snapshot.
-        snapshot: u64,
+        snapshot: SnapshotId,
         /// The nodes.
         nodes: Vec<String>,
     },
@@ -101,7 +103,7 @@ pub enum Error {
     #[error("node {node} is not a participant of snapshot {id}")]
     NotAParticipant {
         /// The snapshot.
-        id: u64,
+        id: SnapshotId,
         /// The node.
         node: String,
     },
@@ -109,7 +111,7 @@ pub enum Error {
     #[error("node {node} has no part in snapshot {id}")]
     NoPart {
         /// The snapshot.
-        id: u64,
+        id: SnapshotId,
         /// The node.
         node: String,
     },

@@ -210,7 +210,7 @@ async fn read(blobs: &BlobStore, list: &ChunkList, what: &str) -> Result<Vec<u8>
 /// the snapshot has a part; returns the chunks and bytes checked. Errors name the node.
 pub(crate) async fn verify(
     blobs: &BlobStore,
-    id: u64,
+    id: SnapshotId,
     record: &SnapshotRecord,
     parts: &[PartRecord],
 ) -> Result<(u64, u64), Error> {

@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use cairn_core::{NodeId, StartRequest};
+use cairn_core::{NodeId, SnapshotId, StartRequest};
 use cairn_proto::convert::channel_from_pb;
 use cairn_proto::v1 as pb;
 use tokio::sync::{mpsc, oneshot};
@@ -40,7 +40,7 @@ impl CoordinatorService {
     }
 
     /// A snapshot's record: stored, or with its live progress while it is in flight.
-    async fn record(&self, id: u64) -> Result<SnapshotRecord, Error> {
+    async fn record(&self, id: SnapshotId) -> Result<SnapshotRecord, Error> {
         let stored = self
             .meta
             .snapshot(id)
@@ -65,7 +65,7 @@ impl CoordinatorService {
         }
     }
 
-    async fn parts(&self, id: u64) -> Result<Vec<PartRecord>, Error> {
+    async fn parts(&self, id: SnapshotId) -> Result<Vec<PartRecord>, Error> {
         self.meta.parts(id).await
     }
 }
@@ -104,7 +104,9 @@ impl pb::coordinator_server::Coordinator for CoordinatorService {
                 reply,
             })
             .await??;
-        Ok(Response::new(pb::StartSnapshotResponse { snapshot_id: id }))
+        Ok(Response::new(pb::StartSnapshotResponse {
+            snapshot_id: id.0,
+        }))
     }
 
     async fn get_snapshot(
@@ -112,9 +114,9 @@ impl pb::coordinator_server::Coordinator for CoordinatorService {
         request: Request<pb::GetSnapshotRequest>,
     ) -> Result<Response<pb::Snapshot>, Status> {
         let r = request.into_inner();
-        let record = self.record(r.snapshot_id).await?;
+        let record = self.record(SnapshotId(r.snapshot_id)).await?;
         let mut snapshot = snapshot_pb(&record);
-        let parts = self.parts(r.snapshot_id).await?;
+        let parts = self.parts(SnapshotId(r.snapshot_id)).await?;
         for part in &parts {
             let full = parts::read_part(&self.blobs, part, r.include_data).await?;
             if let Some(slot) = snapshot.nodes.iter_mut().find(|n| n.node_id == part.node) {
@@ -172,7 +174,7 @@ impl pb::coordinator_server::Coordinator for CoordinatorService {
         &self,
         request: Request<pb::WatchSnapshotRequest>,
     ) -> Result<Response<Self::WatchSnapshotStream>, Status> {
-        let id = request.into_inner().snapshot_id;
+        let id = SnapshotId(request.into_inner().snapshot_id);
         let (tx, rx) = mpsc::channel(64);
         self.ask(|reply| Msg::Watch { id, tx, reply }).await??;
         Ok(Response::new(ReceiverStream::new(rx)))
@@ -186,7 +188,7 @@ impl pb::coordinator_server::Coordinator for CoordinatorService {
         limits::check_reason(&r.reason)?;
         let record = self
             .ask(|reply| Msg::Abort {
-                id: r.snapshot_id,
+                id: SnapshotId(r.snapshot_id),
                 reason: r.reason,
                 reply,
             })
@@ -198,7 +200,7 @@ impl pb::coordinator_server::Coordinator for CoordinatorService {
         &self,
         request: Request<pb::DeleteSnapshotRequest>,
     ) -> Result<Response<pb::DeleteSnapshotResponse>, Status> {
-        let id = request.into_inner().snapshot_id;
+        let id = SnapshotId(request.into_inner().snapshot_id);
         let bytes_freed = self.ask(|reply| Msg::Delete { id, reply }).await??;
         Ok(Response::new(pb::DeleteSnapshotResponse { bytes_freed }))
     }
@@ -207,7 +209,7 @@ impl pb::coordinator_server::Coordinator for CoordinatorService {
         &self,
         request: Request<pb::VerifySnapshotRequest>,
     ) -> Result<Response<pb::VerifySnapshotResponse>, Status> {
-        let id = request.into_inner().snapshot_id;
+        let id = SnapshotId(request.into_inner().snapshot_id);
         let record = self.record(id).await?;
         if record.status != SnapshotStatus::Completed {
             return Err(Error::NotCompleted {
@@ -220,7 +222,7 @@ impl pb::coordinator_server::Coordinator for CoordinatorService {
         let parts = self.parts(id).await?;
         let (chunks, bytes) = parts::verify(&self.blobs, id, &record, &parts).await?;
         Ok(Response::new(pb::VerifySnapshotResponse {
-            snapshot_id: id,
+            snapshot_id: id.0,
             chunks,
             bytes,
         }))
@@ -230,7 +232,7 @@ impl pb::coordinator_server::Coordinator for CoordinatorService {
         &self,
         request: Request<pb::RestoreSnapshotRequest>,
     ) -> Result<Response<pb::RestoreOperation>, Status> {
-        let snapshot_id = request.into_inner().snapshot_id;
+        let snapshot_id = SnapshotId(request.into_inner().snapshot_id);
         let record = self
             .ask(|reply| Msg::Restore { snapshot_id, reply })
             .await??;
@@ -271,7 +273,7 @@ impl pb::coordinator_server::Coordinator for CoordinatorService {
         request: Request<pb::FetchRestorePartRequest>,
     ) -> Result<Response<Self::FetchRestorePartStream>, Status> {
         let r = request.into_inner();
-        let id = r.snapshot_id;
+        let id = SnapshotId(r.snapshot_id);
         let record = self.record(id).await?;
         if record.status != SnapshotStatus::Completed {
             return Err(Error::NotCompleted {
@@ -487,7 +489,7 @@ impl pb::coordinator_server::Coordinator for CoordinatorService {
         else {
             return Err(Error::InvalidArgument("an upload starts with its header".into()).into());
         };
-        let id = header.snapshot_id;
+        let id = SnapshotId(header.snapshot_id);
         let node = NodeId::new(header.node_id.clone());
         self.ask(|reply| Msg::CheckUpload {
             id,

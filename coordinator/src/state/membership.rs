@@ -115,12 +115,11 @@ impl State {
         };
         if enrollment.joined {
             // Snapshots in flight were planned without it.
-            let ids: Vec<u64> = self.inflight.keys().copied().collect();
+            let ids: Vec<SnapshotId> = self.inflight.keys().copied().collect();
             for id in ids {
-                let update = self.tracker.fail(
-                    SnapshotId(id),
-                    FailureReason::MembershipChanged(change.clone()),
-                );
+                let update = self
+                    .tracker
+                    .fail(id, FailureReason::MembershipChanged(change.clone()));
                 self.settle(id, update).await;
             }
         }
@@ -208,7 +207,7 @@ impl State {
         {
             tracing::warn!(%node, "node restarted: failing the snapshots in flight through it");
             for (id, update) in self.tracker.node_lost(&node) {
-                self.settle(id.0, update).await;
+                self.settle(id, update).await;
             }
         }
         let (epoch, next) = self.epoch_on_register(&node, &register, fresh);
@@ -328,7 +327,7 @@ impl State {
             tracing::warn!("{e}");
         }
         for (id, update) in self.tracker.node_lost(node) {
-            self.settle(id.0, update).await;
+            self.settle(id, update).await;
         }
     }
 

@@ -62,7 +62,7 @@ pub(crate) enum Msg {
         application_attached: bool,
     },
     CheckUpload {
-        id: u64,
+        id: SnapshotId,
         node: NodeId,
         reply: oneshot::Sender<Result<(), Error>>,
     },
@@ -77,29 +77,29 @@ pub(crate) enum Msg {
     },
     /// Storing a part failed (`why` names the node and the cause).
     StorageFailed {
-        id: u64,
+        id: SnapshotId,
         why: String,
     },
     Start {
         request: StartRequest,
         timeout: Duration,
         labels: BTreeMap<String, String>,
-        reply: oneshot::Sender<Result<u64, Error>>,
+        reply: oneshot::Sender<Result<SnapshotId, Error>>,
     },
     Abort {
-        id: u64,
+        id: SnapshotId,
         reason: String,
         reply: oneshot::Sender<Result<SnapshotRecord, Error>>,
     },
     Delete {
-        id: u64,
+        id: SnapshotId,
         reply: oneshot::Sender<Result<u64, Error>>,
     },
     TimedOut {
-        id: u64,
+        id: SnapshotId,
     },
     Watch {
-        id: u64,
+        id: SnapshotId,
         tx: WatchTx,
         reply: oneshot::Sender<Result<(), Error>>,
     },
@@ -108,14 +108,14 @@ pub(crate) enum Msg {
     },
     /// The record of a snapshot in flight, with its progress; `None` if it has ended.
     Live {
-        id: u64,
+        id: SnapshotId,
         reply: oneshot::Sender<Option<SnapshotRecord>>,
     },
     GetPolicy {
         reply: oneshot::Sender<pb::Policy>,
     },
     Restore {
-        snapshot_id: u64,
+        snapshot_id: SnapshotId,
         reply: oneshot::Sender<Result<RestoreRecord, Error>>,
     },
     RestoreApplied {
@@ -161,8 +161,8 @@ pub(crate) struct State {
     /// The nodes with a session now.
     members: BTreeMap<NodeId, Member>,
     tracker: SnapshotTracker,
-    inflight: BTreeMap<u64, SnapshotRecord>,
-    watchers: BTreeMap<u64, Vec<WatchTx>>,
+    inflight: BTreeMap<SnapshotId, SnapshotRecord>,
+    watchers: BTreeMap<SnapshotId, Vec<WatchTx>>,
     self_tx: mpsc::Sender<Msg>,
     schedule: Schedule,
     policy_source: policy::Source,
@@ -287,12 +287,11 @@ impl State {
                 }
             }
         }
-        let ids: Vec<u64> = self.inflight.keys().copied().collect();
+        let ids: Vec<SnapshotId> = self.inflight.keys().copied().collect();
         for id in ids {
-            let update = self.tracker.fail(
-                SnapshotId(id),
-                FailureReason::Aborted("coordinator shut down".into()),
-            );
+            let update = self
+                .tracker
+                .fail(id, FailureReason::Aborted("coordinator shut down".into()));
             self.settle(id, update).await;
         }
         self.members.clear();
@@ -342,7 +341,7 @@ impl State {
                 epoch,
                 applied_restore_id,
             } => {
-                let id = part.report.id.0;
+                let id = part.report.id;
                 let node = part.report.node.to_string();
                 if let Some(expected) = self.inflight.get(&id).map(|r| r.epoch)
                     && epoch != expected
@@ -359,7 +358,7 @@ impl State {
                              its part in epoch {epoch} (after {applied})"
                         ),
                     };
-                    let update = self.tracker.fail(SnapshotId(id), reason);
+                    let update = self.tracker.fail(id, reason);
                     self.settle(id, update).await;
                     return;
                 }
@@ -388,13 +387,11 @@ impl State {
                 let _ = reply.send(result);
             }
             Msg::StorageFailed { id, why } => {
-                let update = self
-                    .tracker
-                    .fail(SnapshotId(id), FailureReason::Storage(why));
+                let update = self.tracker.fail(id, FailureReason::Storage(why));
                 self.settle(id, update).await;
             }
             Msg::TimedOut { id } => {
-                let update = self.tracker.timed_out(SnapshotId(id));
+                let update = self.tracker.timed_out(id);
                 self.settle(id, update).await;
             }
             Msg::Watch { id, tx, reply } => {

@@ -91,7 +91,7 @@ impl State {
     /// Starts restoring `snapshot_id`; see `Coordinator/RestoreSnapshot`.
     pub(super) async fn restore(
         &mut self,
-        snapshot_id: u64,
+        snapshot_id: SnapshotId,
         requested_by: String,
     ) -> Result<RestoreRecord, Error> {
         self.restore_with(snapshot_id, requested_by, Vec::new())
@@ -100,7 +100,7 @@ impl State {
 
     /// Checks that every chunk of a snapshot is there and matches its name.
     pub(super) async fn verify_snapshot(&self, snapshot: &SnapshotRecord) -> Result<(), Error> {
-        let id = snapshot.id;
+        let id = SnapshotId(snapshot.id);
         let parts = self.meta.parts(id).await?;
         crate::parts::verify(&self.blobs, id, snapshot, &parts).await?;
         Ok(())
@@ -109,14 +109,14 @@ impl State {
     /// [`Self::restore`], noting the snapshots automatic recovery passed over.
     async fn restore_with(
         &mut self,
-        snapshot_id: u64,
+        snapshot_id: SnapshotId,
         requested_by: String,
         skipped: Vec<String>,
     ) -> Result<RestoreRecord, Error> {
         if let Some(active) = &self.restore {
             return Err(Error::RestoreInProgress {
                 restore: active.record.id.clone(),
-                snapshot: active.record.snapshot_id,
+                snapshot: SnapshotId(active.record.snapshot_id),
             });
         }
         let snapshot = self
@@ -162,14 +162,14 @@ impl State {
         // The counter only allocates: the cluster's epoch is that of the newest restore
         // record, so an epoch is entered only once its record is stored.
         let epoch = self.meta.allocate_epoch().await?;
-        let in_flight: Vec<u64> = self.inflight.keys().copied().collect();
+        let in_flight: Vec<SnapshotId> = self.inflight.keys().copied().collect();
         for id in in_flight {
-            let update = self.tracker.fail(SnapshotId(id), FailureReason::Restore);
+            let update = self.tracker.fail(id, FailureReason::Restore);
             self.settle(id, update).await;
         }
         let record = RestoreRecord {
             id: format!("restore-{epoch}"),
-            snapshot_id,
+            snapshot_id: snapshot_id.0,
             epoch,
             nodes: nodes.iter().map(ToString::to_string).collect(),
             applied: Vec::new(),
@@ -184,7 +184,7 @@ impl State {
         self.epoch = epoch;
         let command = pb::NodeRestore {
             restore_id: record.id.clone(),
-            snapshot_id,
+            snapshot_id: snapshot_id.0,
             epoch,
         };
         for node in &nodes {
@@ -197,7 +197,7 @@ impl State {
         self.restore_deadline(epoch);
         tracing::warn!(
             restore = %record.id,
-            snapshot = snapshot_id,
+            snapshot = snapshot_id.0,
             epoch,
             by = %record.requested_by,
             "restore started: the cluster is fenced with a new epoch"
@@ -380,7 +380,7 @@ impl State {
         };
         if let Err(e) = self
             .restore_with(
-                snapshot.id,
+                SnapshotId(snapshot.id),
                 format!("automatic recovery ({reason})"),
                 skipped,
             )

@@ -4,21 +4,23 @@
 use std::collections::BTreeSet;
 
 use super::State;
+use cairn_core::SnapshotId;
+
 use crate::error::Error;
 use crate::store::{RestoreRecord, SnapshotStatus};
 
 impl State {
     /// The restore that keeps snapshot `id` from being deleted, if any.
-    pub(super) fn restore_holding(&self, id: u64) -> Option<&RestoreRecord> {
+    pub(super) fn restore_holding(&self, id: SnapshotId) -> Option<&RestoreRecord> {
         self.restore
             .as_ref()
             .map(|a| &a.record)
             .into_iter()
             .chain(self.unfinished_restore.as_ref())
-            .find(|r| r.snapshot_id == id)
+            .find(|r| r.snapshot_id == id.0)
     }
 
-    pub(super) async fn delete(&mut self, id: u64) -> Result<u64, Error> {
+    pub(super) async fn delete(&mut self, id: SnapshotId) -> Result<u64, Error> {
         if self.inflight.contains_key(&id) {
             return Err(Error::StillInProgress(id));
         }
@@ -33,7 +35,7 @@ impl State {
             });
         }
         self.meta.delete_snapshot(id).await?;
-        tracing::info!(snapshot = id, "snapshot deleted");
+        tracing::info!(snapshot = id.0, "snapshot deleted");
         self.collect_garbage().await
     }
 
@@ -42,23 +44,23 @@ impl State {
         if self.settings.retention == 0 {
             return Ok(());
         }
-        let mut completed: Vec<u64> = self
+        let mut completed: Vec<SnapshotId> = self
             .meta
             .snapshots()
             .await?
             .into_iter()
             .filter(|record| record.status == SnapshotStatus::Completed)
-            .map(|record| record.id)
+            .map(|record| SnapshotId(record.id))
             .collect();
         completed.sort_unstable();
         let excess = completed.len().saturating_sub(self.settings.retention);
         for id in completed.into_iter().take(excess) {
             if let Some(restore) = self.restore_holding(id) {
-                tracing::info!(snapshot = id, restore = %restore.id, "retention: kept while a restore refers to it");
+                tracing::info!(snapshot = id.0, restore = %restore.id, "retention: kept while a restore refers to it");
                 continue;
             }
             self.meta.delete_snapshot(id).await?;
-            tracing::info!(snapshot = id, "retention: deleted");
+            tracing::info!(snapshot = id.0, "retention: deleted");
         }
         if excess > 0 {
             self.collect_garbage().await?;

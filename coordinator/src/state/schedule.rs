@@ -4,8 +4,8 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use cairn_core::StartRequest;
 use cairn_core::schedule::{Due, Failing, Policy};
-use cairn_core::{SnapshotId, StartRequest};
 use cairn_proto::v1 as pb;
 use tonic_health::ServingStatus;
 
@@ -112,7 +112,7 @@ impl State {
                 };
                 let labels = BTreeMap::from([("scheduled".to_owned(), "true".to_owned())]);
                 match self.start(request, policy.timeout, labels).await {
-                    Ok(id) => self.schedule.started(SnapshotId(id)),
+                    Ok(id) => self.schedule.started(id),
                     Err(e) => {
                         let busy = matches!(e, Error::TooManyInFlight(_));
                         let why = format!("could not start: {e}");

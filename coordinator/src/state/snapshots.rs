@@ -47,16 +47,14 @@ impl State {
             member.last_seen_ms = now_ms();
             member.heard = Instant::now();
         }
-        let id = event.snapshot_id;
+        let id = SnapshotId(event.snapshot_id);
         match event.kind {
             Some(Kind::StateRecorded(_)) => {
-                let update = self.tracker.state_recorded(SnapshotId(id), &node);
+                let update = self.tracker.state_recorded(id, &node);
                 self.settle(id, update).await;
             }
             Some(Kind::Failed(reason)) => {
-                let update = self
-                    .tracker
-                    .fail(SnapshotId(id), node_failure(&node, &reason));
+                let update = self.tracker.fail(id, node_failure(&node, &reason));
                 self.settle(id, update).await;
             }
             Some(Kind::PartUploaded(_)) | None => {}
@@ -68,7 +66,7 @@ impl State {
         request: StartRequest,
         timeout: Duration,
         labels: BTreeMap<String, String>,
-    ) -> Result<u64, Error> {
+    ) -> Result<SnapshotId, Error> {
         if let Some(fence) = self.fence() {
             return Err(Error::Fenced(fence));
         }
@@ -90,10 +88,10 @@ impl State {
         let id = self.next_snapshot_id().await?;
         let plan = self
             .tracker
-            .start(SnapshotId(id), request, &topology)
+            .start(id, request, &topology)
             .map_err(refused)?;
         let record = SnapshotRecord {
-            id,
+            id: id.0,
             mode: mode_name(plan.mode),
             initiators: plan.initiators.iter().map(ToString::to_string).collect(),
             alignment_timeout_ms: plan.alignment_timeout.map_or(0, |d| d.as_millis() as u64),
@@ -117,8 +115,7 @@ impl State {
             epoch: self.epoch,
         };
         if let Err(e) = self.put_record(&record).await {
-            self.tracker
-                .fail(SnapshotId(id), FailureReason::Storage(e.to_string()));
+            self.tracker.fail(id, FailureReason::Storage(e.to_string()));
             return Err(e);
         }
         self.inflight.insert(id, record);
@@ -137,20 +134,20 @@ impl State {
             tokio::time::sleep(timeout).await;
             let _ = tx.send(Msg::TimedOut { id }).await;
         });
-        tracing::info!(snapshot = id, mode = %plan.mode, "snapshot started");
+        tracing::info!(snapshot = id.0, mode = %plan.mode, "snapshot started");
         Ok(id)
     }
 
     /// The next snapshot id: one above the stored counter and above every id a daemon
     /// reported having seen (the counter may have been lost with the metadata).
-    pub(super) async fn next_snapshot_id(&mut self) -> Result<u64, Error> {
+    pub(super) async fn next_snapshot_id(&mut self) -> Result<SnapshotId, Error> {
         let id = self.meta.take_snapshot_id().await?;
-        if id > self.id_floor {
+        if id.0 > self.id_floor {
             return Ok(id);
         }
-        let id = self.id_floor.saturating_add(1);
+        let id = SnapshotId(self.id_floor.saturating_add(1));
         tracing::warn!(
-            snapshot = id,
+            snapshot = id.0,
             daemons_saw = self.id_floor,
             "the stored snapshot id counter is behind ids the daemons have seen (lost \
              metadata?): continuing above them"
@@ -159,7 +156,11 @@ impl State {
         Ok(id)
     }
 
-    pub(super) async fn abort(&mut self, id: u64, reason: String) -> Result<SnapshotRecord, Error> {
+    pub(super) async fn abort(
+        &mut self,
+        id: SnapshotId,
+        reason: String,
+    ) -> Result<SnapshotRecord, Error> {
         if !self.inflight.contains_key(&id) {
             return match self.get_record(id).await? {
                 Some(record) => Err(Error::AlreadyEnded {
@@ -174,16 +175,14 @@ impl State {
         } else {
             reason
         };
-        let update = self
-            .tracker
-            .fail(SnapshotId(id), FailureReason::Aborted(reason));
+        let update = self.tracker.fail(id, FailureReason::Aborted(reason));
         self.settle(id, update).await;
         self.get_record(id)
             .await?
             .ok_or(Error::SnapshotNotFound(id))
     }
 
-    pub(super) async fn watch(&mut self, id: u64, tx: WatchTx) -> Result<(), Error> {
+    pub(super) async fn watch(&mut self, id: SnapshotId, tx: WatchTx) -> Result<(), Error> {
         let record = match self.inflight.get(&id) {
             Some(r) => r.clone(),
             None => self
@@ -199,9 +198,9 @@ impl State {
     }
 
     /// A snapshot in flight as it stands: its record with the tracker's progress.
-    pub(super) fn live_record(&self, id: u64) -> Option<SnapshotRecord> {
+    pub(super) fn live_record(&self, id: SnapshotId) -> Option<SnapshotRecord> {
         let mut record = self.inflight.get(&id)?.clone();
-        if let Some(progress) = self.tracker.progress(SnapshotId(id)) {
+        if let Some(progress) = self.tracker.progress(id) {
             with_progress(&mut record, &progress);
         }
         Some(record)
@@ -209,7 +208,7 @@ impl State {
 
     /// Applies a tracker update: progress is published; an end is stored, published, and
     /// (if failed) sent to every node so that their engines drop the snapshot.
-    pub(super) async fn settle(&mut self, id: u64, update: tracker::Update) {
+    pub(super) async fn settle(&mut self, id: SnapshotId, update: tracker::Update) {
         match update {
             tracker::Update::Ignored => {}
             tracker::Update::Progress => {
@@ -233,7 +232,7 @@ impl State {
                             recorded_messages: consistent.recorded_messages,
                         });
                         tracing::info!(
-                            snapshot = id,
+                            snapshot = id.0,
                             ms = record.finished_at_ms - record.started_at_ms,
                             "snapshot completed and verified"
                         );
@@ -252,9 +251,9 @@ impl State {
                             });
                         }
                         record.failure = Some(failure_record(reason));
-                        tracing::warn!(snapshot = id, %reason, "snapshot did not complete");
+                        tracing::warn!(snapshot = id.0, %reason, "snapshot did not complete");
                         let abort = pb::AbortSnapshotRequest {
-                            snapshot_id: id,
+                            snapshot_id: id.0,
                             reason: reason.to_string(),
                         };
                         self.broadcast(pb::coordinator_to_node::Kind::Abort(abort));
@@ -263,7 +262,7 @@ impl State {
                 // Stored, then retention applied, then told: whoever sees it end sees the
                 // store as it is after it.
                 if let Err(e) = self.put_record(&record).await {
-                    tracing::error!(snapshot = id, "cannot store the snapshot record: {e}");
+                    tracing::error!(snapshot = id.0, "cannot store the snapshot record: {e}");
                 }
                 if record.status == SnapshotStatus::Completed
                     && let Err(e) = self.apply_retention().await
@@ -284,9 +283,7 @@ impl State {
                         tracker::Outcome::Completed(_) => record.status.to_string(),
                     }),
                 };
-                let alarm = self
-                    .schedule
-                    .finished(SnapshotId(id), self.clock_ms(), result);
+                let alarm = self.schedule.finished(id, self.clock_ms(), result);
                 self.alarm(alarm);
                 self.refresh().await;
             }
@@ -322,7 +319,7 @@ impl State {
                 "cannot store the snapshot record: {e}"
             );
         }
-        if let Some(watchers) = self.watchers.get_mut(&record.id) {
+        if let Some(watchers) = self.watchers.get_mut(&SnapshotId(record.id)) {
             let progress = progress_pb(record);
             watchers.retain(|w| w.try_send(Ok(progress.clone())).is_ok() || !w.is_closed());
         }
@@ -332,7 +329,7 @@ impl State {
         self.meta.put_snapshot(record).await
     }
 
-    pub(super) async fn get_record(&self, id: u64) -> Result<Option<SnapshotRecord>, Error> {
+    pub(super) async fn get_record(&self, id: SnapshotId) -> Result<Option<SnapshotRecord>, Error> {
         self.meta.snapshot(id).await
     }
 }

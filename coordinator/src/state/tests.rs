@@ -127,6 +127,7 @@ impl Harness {
             reply,
         })
         .await
+        .map(|id| id.0)
     }
 
     /// Node `node`'s part of snapshot `id` in a two-node mesh with nothing in flight.
@@ -168,8 +169,15 @@ impl Harness {
     /// The snapshot's stored record once it has ended.
     async fn ended(&self, id: u64) -> crate::store::SnapshotRecord {
         for _ in 0..1000 {
-            if self.ask(|reply| Msg::Live { id, reply }).await.is_none() {
-                return self.meta.snapshot(id).await.unwrap().unwrap();
+            if self
+                .ask(|reply| Msg::Live {
+                    id: SnapshotId(id),
+                    reply,
+                })
+                .await
+                .is_none()
+            {
+                return self.meta.snapshot(SnapshotId(id)).await.unwrap().unwrap();
             }
             tokio::task::yield_now().await;
         }
@@ -257,7 +265,7 @@ async fn an_abort_ends_the_snapshot_as_aborted_and_a_second_one_is_refused() {
     let id = h.start_snapshot().await.unwrap();
     let aborted = h
         .ask(|reply| Msg::Abort {
-            id,
+            id: SnapshotId(id),
             reason: "enough".into(),
             reply,
         })
@@ -266,7 +274,7 @@ async fn an_abort_ends_the_snapshot_as_aborted_and_a_second_one_is_refused() {
     assert_eq!(aborted.status, SnapshotStatus::Aborted);
     let again = h
         .ask(|reply| Msg::Abort {
-            id,
+            id: SnapshotId(id),
             reason: String::new(),
             reply,
         })
@@ -300,11 +308,11 @@ async fn a_restore_fences_snapshots_until_every_node_applied_it() {
             epoch: 0,
             applied_restore_id: String::new(),
         };
-        h.meta.put_part(id, &part).await.unwrap();
+        h.meta.put_part(SnapshotId(id), &part).await.unwrap();
     }
     let op = h
         .ask(|reply| Msg::Restore {
-            snapshot_id: id,
+            snapshot_id: SnapshotId(id),
             reply,
         })
         .await
@@ -323,7 +331,13 @@ async fn a_restore_fences_snapshots_until_every_node_applied_it() {
     let fenced = h.start_snapshot().await.unwrap_err();
     assert!(fenced.to_string().contains("restore-1"), "{fenced}");
     // Deleting the snapshot being restored is refused too.
-    let refused = h.ask(|reply| Msg::Delete { id, reply }).await.unwrap_err();
+    let refused = h
+        .ask(|reply| Msg::Delete {
+            id: SnapshotId(id),
+            reply,
+        })
+        .await
+        .unwrap_err();
     assert!(refused.to_string().contains("restore-1"), "{refused}");
     for node in ["a", "b"] {
         h.tx.send(Msg::RestoreApplied {

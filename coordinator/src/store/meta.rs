@@ -5,6 +5,7 @@
 
 use std::sync::Arc;
 
+use cairn_core::SnapshotId;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
@@ -77,8 +78,8 @@ impl Metadata {
     }
 
     /// Snapshot `id`'s record.
-    pub async fn snapshot(&self, id: u64) -> Result<Option<SnapshotRecord>, Error> {
-        self.get(&self.keys.snapshot(id)).await
+    pub async fn snapshot(&self, id: SnapshotId) -> Result<Option<SnapshotRecord>, Error> {
+        self.get(&self.keys.snapshot(id.0)).await
     }
 
     /// Every snapshot record, in id order.
@@ -93,15 +94,15 @@ impl Metadata {
     }
 
     /// Removes snapshot `id`: its parts, then its record.
-    pub async fn delete_snapshot(&self, id: u64) -> Result<(), Error> {
-        self.kv.delete_prefix(&self.keys.parts(id)).await?;
-        Ok(self.kv.delete(&self.keys.snapshot(id)).await?)
+    pub async fn delete_snapshot(&self, id: SnapshotId) -> Result<(), Error> {
+        self.kv.delete_prefix(&self.keys.parts(id.0)).await?;
+        Ok(self.kv.delete(&self.keys.snapshot(id.0)).await?)
     }
 
     /// Snapshot `id`'s parts; a part that does not parse is an error naming its key.
-    pub async fn parts(&self, id: u64) -> Result<Vec<PartRecord>, Error> {
+    pub async fn parts(&self, id: SnapshotId) -> Result<Vec<PartRecord>, Error> {
         let mut parts = Vec::new();
-        for (key, value) in self.kv.list(&self.keys.parts(id)).await? {
+        for (key, value) in self.kv.list(&self.keys.parts(id.0)).await? {
             parts.push(decode(&key, &value)?);
         }
         Ok(parts)
@@ -118,25 +119,26 @@ impl Metadata {
     }
 
     /// Stores node `part.node`'s part of snapshot `id`.
-    pub async fn put_part(&self, id: u64, part: &PartRecord) -> Result<(), Error> {
-        self.put(&self.keys.part(id, &part.node), part, Layout::Pretty)
+    pub async fn put_part(&self, id: SnapshotId, part: &PartRecord) -> Result<(), Error> {
+        self.put(&self.keys.part(id.0, &part.node), part, Layout::Pretty)
             .await
     }
 
     /// Takes the next value of the snapshot id counter (the last id handed out + 1).
-    pub async fn take_snapshot_id(&self) -> Result<u64, Error> {
-        Ok(self
-            .kv
+    pub async fn take_snapshot_id(&self) -> Result<SnapshotId, Error> {
+        self.kv
             .fetch_increment(&self.keys.next_id())
             .await?
-            .saturating_add(1))
+            .checked_add(1)
+            .map(SnapshotId)
+            .ok_or(Error::CounterExhausted("snapshot id"))
     }
 
     /// Sets the snapshot id counter to `id` (the last id handed out).
-    pub async fn set_last_snapshot_id(&self, id: u64) -> Result<(), Error> {
+    pub async fn set_last_snapshot_id(&self, id: SnapshotId) -> Result<(), Error> {
         Ok(self
             .kv
-            .put(&self.keys.next_id(), id.to_string().into_bytes())
+            .put(&self.keys.next_id(), id.0.to_string().into_bytes())
             .await?)
     }
 
@@ -267,12 +269,15 @@ mod tests {
             String::from_utf8(raw).unwrap(),
             r#"{"node":"n1","address":"h:1","joined_at_ms":9,"incarnation":2}"#
         );
-        assert_eq!(meta.snapshot(7).await.unwrap().unwrap(), snapshot);
+        assert_eq!(
+            meta.snapshot(SnapshotId(7)).await.unwrap().unwrap(),
+            snapshot
+        );
         // A record that does not parse is named by its key.
         kv.put("/cairn/c/snapshots/00000000000000000008", b"{".to_vec())
             .await
             .unwrap();
-        let err = meta.snapshot(8).await.unwrap_err();
+        let err = meta.snapshot(SnapshotId(8)).await.unwrap_err();
         assert!(
             err.to_string().contains("snapshots/00000000000000000008"),
             "{err}"
