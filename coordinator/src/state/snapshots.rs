@@ -183,8 +183,8 @@ impl State {
     }
 
     pub(super) async fn watch(&mut self, id: SnapshotId, tx: WatchTx) -> Result<(), Error> {
-        let record = match self.inflight.get(&id) {
-            Some(r) => r.clone(),
+        let record = match self.live_record(id) {
+            Some(r) => r,
             None => self
                 .get_record(id)
                 .await?

@@ -386,3 +386,44 @@ async fn a_second_daemon_for_a_connected_id_is_refused_and_ids_stay_above_what_d
     assert_eq!(h.start_snapshot().await.unwrap(), 42);
     h.stop().await;
 }
+
+#[tokio::test]
+async fn a_watcher_and_a_reader_see_the_progress_the_tracker_has() {
+    let mut h = Harness::start().await;
+    let _a = h.register("a").await;
+    let _b = h.register("b").await;
+    let id = h.start_snapshot().await.unwrap();
+    let event = pb::NodeSnapshotEvent {
+        snapshot_id: id,
+        kind: Some(pb::node_snapshot_event::Kind::StateRecorded(pb::Empty {})),
+    };
+    h.tx.send(Msg::NodeEvent {
+        node: NodeId::new("a"),
+        event,
+    })
+    .await
+    .unwrap();
+    let (tx, mut rx) = mpsc::channel(8);
+    h.ask(|reply| Msg::Watch {
+        id: SnapshotId(id),
+        tx,
+        reply,
+    })
+    .await
+    .unwrap();
+    let first = rx.recv().await.unwrap().unwrap();
+    assert_eq!(first.recorded, vec!["a".to_owned()], "{first:?}");
+    let live = h
+        .ask(|reply| Msg::Live {
+            id: SnapshotId(id),
+            reply,
+        })
+        .await
+        .unwrap();
+    assert_eq!(live.recorded, vec!["a".to_owned()]);
+    assert!(live.reported.is_empty());
+    h.part(id, "b", "a").await;
+    let next = rx.recv().await.unwrap().unwrap();
+    assert_eq!(next.reported, vec!["b".to_owned()], "{next:?}");
+    h.stop().await;
+}
