@@ -423,48 +423,10 @@ impl pb::coordinator_server::Coordinator for CoordinatorService {
         tokio::spawn(async move {
             loop {
                 match inbound.message().await {
-                    Ok(Some(pb::NodeToCoordinator {
-                        kind: Some(Kind::Snapshot(event)),
-                    })) => {
-                        let msg = Msg::NodeEvent {
-                            node: node.clone(),
-                            event,
-                        };
-                        if state.send(msg).await.is_err() {
-                            return;
-                        }
-                    }
-                    Ok(Some(pb::NodeToCoordinator {
-                        kind: Some(Kind::Heartbeat(beat)),
-                    })) => {
-                        let msg = Msg::Heartbeat {
-                            node: node.clone(),
-                            application_attached: beat.application_attached,
-                        };
-                        if state.send(msg).await.is_err() {
-                            return;
-                        }
-                    }
-                    Ok(Some(pb::NodeToCoordinator {
-                        kind: Some(Kind::RestoreApplied(applied)),
-                    })) => {
-                        let msg = Msg::RestoreApplied {
-                            node: node.clone(),
-                            restore_id: applied.restore_id,
-                        };
-                        if state.send(msg).await.is_err() {
-                            return;
-                        }
-                    }
-                    Ok(Some(pb::NodeToCoordinator {
-                        kind: Some(Kind::RestoreFailed(failed)),
-                    })) => {
-                        let msg = Msg::RestoreFailed {
-                            node: node.clone(),
-                            restore_id: failed.restore_id,
-                            message: failed.message,
-                        };
-                        if state.send(msg).await.is_err() {
+                    Ok(Some(pb::NodeToCoordinator { kind: Some(kind) })) => {
+                        if let Some(msg) = session_msg(&node, kind)
+                            && state.send(msg).await.is_err()
+                        {
                             return;
                         }
                     }
@@ -526,4 +488,28 @@ impl pb::coordinator_server::Coordinator for CoordinatorService {
             bytes_reused,
         }))
     }
+}
+
+/// The task's message for what a node's session says; `None` for what needs nothing (a
+/// second `Register`).
+fn session_msg(node: &NodeId, kind: pb::node_to_coordinator::Kind) -> Option<Msg> {
+    use pb::node_to_coordinator::Kind;
+    let node = node.clone();
+    Some(match kind {
+        Kind::Snapshot(event) => Msg::NodeEvent { node, event },
+        Kind::Heartbeat(beat) => Msg::Heartbeat {
+            node,
+            application_attached: beat.application_attached,
+        },
+        Kind::RestoreApplied(applied) => Msg::RestoreApplied {
+            node,
+            restore_id: applied.restore_id,
+        },
+        Kind::RestoreFailed(failed) => Msg::RestoreFailed {
+            node,
+            restore_id: failed.restore_id,
+            message: failed.message,
+        },
+        Kind::Register(_) => return None,
+    })
 }
