@@ -335,6 +335,22 @@ impl CoordinatedCluster {
             .into_inner())
     }
 
+    /// Takes a snapshot and waits for it: its record with data if it COMPLETED, else an error
+    /// with its failure.
+    pub async fn completed(
+        &self,
+        request: pb::StartSnapshotRequest,
+    ) -> anyhow::Result<pb::Snapshot> {
+        let id = self.start_snapshot(request).await?;
+        let snapshot = self.wait(id).await?;
+        anyhow::ensure!(
+            snapshot.status == pb::SnapshotStatus::Completed as i32,
+            "snapshot {id} did not complete: {:?}",
+            snapshot.failure
+        );
+        Ok(snapshot)
+    }
+
     /// Waits until at least `n` participants of snapshot `id` recorded their state.
     pub async fn wait_recorded(&self, id: u64, n: usize) -> anyhow::Result<()> {
         let mut client = self.client().await?;
