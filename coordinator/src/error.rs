@@ -128,8 +128,12 @@ pub enum Error {
     #[error("data loss: {0}")]
     DataLoss(String),
     /// The blob store could not store a part (names the node and the cause).
-    #[error("storage failed: {0}")]
+    #[error("blob store: {0}")]
     Storage(String),
+    /// The request's stream failed (a message over its limit, a stalled or cancelled
+    /// stream): its own status, passed on unchanged.
+    #[error("{}", .0.message())]
+    Stream(Status),
     /// A metadata record that does not parse.
     #[error("the metadata record {key} is corrupt: {why}")]
     CorruptRecord {
@@ -157,6 +161,9 @@ impl Error {
 
 impl From<Error> for Status {
     fn from(error: Error) -> Self {
+        if let Error::Stream(status) = error {
+            return status;
+        }
         let code = match &error {
             Error::InvalidArgument(_) => Code::InvalidArgument,
             Error::SnapshotNotFound(_) => Code::NotFound,
@@ -180,6 +187,7 @@ impl From<Error> for Status {
             Error::Store(_) | Error::ShuttingDown => Code::Unavailable,
             Error::Blob(_) | Error::Storage(_) => Code::Internal,
             Error::DataLoss(_) | Error::CorruptRecord { .. } => Code::DataLoss,
+            Error::Stream(status) => status.code(),
         };
         Status::new(code, error.to_string())
     }

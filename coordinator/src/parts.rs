@@ -45,12 +45,7 @@ pub(crate) async fn store_upload(
     let mut recorded: BTreeMap<ChannelId, Vec<u64>> = BTreeMap::new();
     let mut messages = 0u64;
     let mut cut = None;
-    while let Some(chunk) = chunks.message().await.map_err(|s| {
-        Error::InvalidArgument(format!(
-            "the upload of {node}'s part broke: {}",
-            s.message()
-        ))
-    })? {
+    while let Some(chunk) = chunks.message().await.map_err(Error::Stream)? {
         if cut.is_some() {
             return Err(Error::InvalidArgument("a message after the cut".into()));
         }

@@ -85,7 +85,10 @@ pub enum Update {
 struct Tracked {
     plan: Plan,
     topology: Topology,
-    recorded: BTreeSet<NodeId>,
+    /// In the order they recorded.
+    recorded: Vec<NodeId>,
+    /// In the order their parts arrived.
+    reported: Vec<NodeId>,
     parts: BTreeMap<NodeId, NodePart>,
 }
 
@@ -99,17 +102,17 @@ pub struct SnapshotTracker {
 /// A snapshot's progress.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Progress {
-    /// Processes whose application recorded its state.
-    pub recorded: BTreeSet<NodeId>,
-    /// Processes whose part is complete.
-    pub reported: BTreeSet<NodeId>,
+    /// Processes whose application recorded its state, in the order they did.
+    pub recorded: Vec<NodeId>,
+    /// Processes whose part is complete, in the order their parts arrived.
+    pub reported: Vec<NodeId>,
 }
 
 impl Tracked {
     fn progress(&self) -> Progress {
         Progress {
             recorded: self.recorded.clone(),
-            reported: self.parts.keys().cloned().collect(),
+            reported: self.reported.clone(),
         }
     }
 }
@@ -187,7 +190,8 @@ impl SnapshotTracker {
             Tracked {
                 plan: plan.clone(),
                 topology: topology.clone(),
-                recorded: BTreeSet::new(),
+                recorded: Vec::new(),
+                reported: Vec::new(),
                 parts: BTreeMap::new(),
             },
         );
@@ -229,7 +233,9 @@ impl SnapshotTracker {
     pub fn state_recorded(&mut self, id: SnapshotId, node: &NodeId) -> Update {
         match self.in_flight.get_mut(&id) {
             Some(t) if t.topology.contains(node) => {
-                t.recorded.insert(node.clone());
+                if !t.recorded.contains(node) {
+                    t.recorded.push(node.clone());
+                }
                 Update::Progress
             }
             _ => Update::Ignored,
@@ -246,7 +252,12 @@ impl SnapshotTracker {
         if !t.topology.contains(&node) {
             return Update::Ignored;
         }
-        t.recorded.insert(node.clone());
+        if !t.recorded.contains(&node) {
+            t.recorded.push(node.clone());
+        }
+        if !t.reported.contains(&node) {
+            t.reported.push(node.clone());
+        }
         t.parts.insert(node, part);
         if t.parts.len() < t.topology.nodes().len() {
             return Update::Progress;

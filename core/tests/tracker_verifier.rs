@@ -287,8 +287,8 @@ fn tracker_completes_a_snapshot_when_the_last_part_verifies() {
                 recorded_messages: 1
             }),
             Progress {
-                recorded: ["a".into(), "b".into()].into(),
-                reported: ["a".into(), "b".into()].into(),
+                recorded: vec!["a".into(), "b".into()],
+                reported: vec!["a".into(), "b".into()],
             }
         )
     );
@@ -361,8 +361,8 @@ fn tracker_timeout_names_the_nodes_that_had_not_reported() {
                 missing: vec!["b".into()]
             }),
             Progress {
-                recorded: ["a".into()].into(),
-                reported: ["a".into()].into(),
+                recorded: vec!["a".into()],
+                reported: vec!["a".into()],
             }
         )
     );
