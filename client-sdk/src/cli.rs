@@ -1,7 +1,7 @@
 //! What every cairn binary does the same way at start: parse its flags (a bad one exits
 //! with code 64), set up logging, bind its listeners with a message naming the flag, and
-//! turn SIGTERM/SIGINT into a cancellation; and the `/metrics` endpoint of the two
-//! daemons ([`metrics`]).
+//! turn SIGTERM/SIGINT into a cancellation; the `/metrics` endpoint of the two
+//! daemons ([`metrics`]); and their bearer tokens and roles ([`auth`]).
 //!
 //! Behind the `cli` feature (on by default): the node and the coordinator enable it, as
 //! do this crate's binaries (`cairnctl`, `cairn-bank`); an application builds the SDK with
@@ -14,6 +14,7 @@ use std::process::ExitCode;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
+pub mod auth;
 pub mod metrics;
 
 /// The exit code of a bad configuration (sysexits' EX_USAGE).

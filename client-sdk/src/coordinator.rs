@@ -1,6 +1,9 @@
 //! A client of the coordinator's `cairn.v1.Coordinator` service.
 
 use cairn_proto::v1 as pb;
+use tonic::metadata::{AsciiMetadataValue, MetadataValue};
+use tonic::service::Interceptor;
+use tonic::service::interceptor::InterceptedService;
 use tonic::transport::{Channel, Endpoint};
 
 use crate::error::Error;
@@ -9,12 +12,61 @@ use crate::error::Error;
 /// issue; until then this is the typed entry point scripts and `cairnctl` will use.
 #[derive(Clone)]
 pub struct CoordinatorClient {
-    inner: pb::coordinator_client::CoordinatorClient<Channel>,
+    inner: pb::coordinator_client::CoordinatorClient<TokenChannel>,
+}
+
+/// A channel that adds `authorization: Bearer <token>` to every call, when it has a token.
+pub type TokenChannel = InterceptedService<Channel, BearerToken>;
+
+/// Adds `authorization: Bearer <token>` to every request (nothing without a token).
+#[derive(Clone, Debug, Default)]
+pub struct BearerToken(Option<AsciiMetadataValue>);
+
+impl BearerToken {
+    /// The header of `token`; an error if it cannot be a header value.
+    pub fn new(token: Option<&str>) -> Result<Self, Error> {
+        match token {
+            None => Ok(Self(None)),
+            Some(token) => MetadataValue::try_from(format!("Bearer {}", token.trim()))
+                .map(|v| Self(Some(v)))
+                .map_err(|_| Error::Connect {
+                    address: String::new(),
+                    reason: "the token holds characters a header cannot carry".into(),
+                }),
+        }
+    }
+}
+
+impl Interceptor for BearerToken {
+    fn call(
+        &mut self,
+        mut request: tonic::Request<()>,
+    ) -> Result<tonic::Request<()>, tonic::Status> {
+        if let Some(value) = &self.0 {
+            request
+                .metadata_mut()
+                .insert("authorization", value.clone());
+        }
+        Ok(request)
+    }
 }
 
 impl CoordinatorClient {
     /// Connects to the coordinator at `host:port`.
     pub async fn connect(address: &str) -> Result<Self, Error> {
+        Self::connect_with_token(address, None).await
+    }
+
+    /// Connects to the coordinator at `host:port`, sending `token` as a bearer token on
+    /// every call (`--auth-tokens` on the coordinator; `None`: no token).
+    pub async fn connect_with_token(address: &str, token: Option<&str>) -> Result<Self, Error> {
+        let bearer = BearerToken::new(token).map_err(|e| match e {
+            Error::Connect { reason, .. } => Error::Connect {
+                address: address.to_owned(),
+                reason,
+            },
+            other => other,
+        })?;
         let channel = Endpoint::from_shared(format!("http://{address}"))
             .map_err(|e| Error::Connect {
                 address: address.to_owned(),
@@ -27,7 +79,7 @@ impl CoordinatorClient {
                 reason: crate::error::with_causes(&e),
             })?;
         Ok(Self {
-            inner: pb::coordinator_client::CoordinatorClient::new(channel),
+            inner: pb::coordinator_client::CoordinatorClient::with_interceptor(channel, bearer),
         })
     }
 
@@ -58,7 +110,7 @@ impl CoordinatorClient {
     }
 
     /// The generated client, for every other call.
-    pub fn raw(&mut self) -> &mut pb::coordinator_client::CoordinatorClient<Channel> {
+    pub fn raw(&mut self) -> &mut pb::coordinator_client::CoordinatorClient<TokenChannel> {
         &mut self.inner
     }
 }

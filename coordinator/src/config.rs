@@ -34,6 +34,8 @@ pub struct CoordinatorConfig {
     pub auto_restore: bool,
     /// How long a restore may take before it fails naming the nodes that did not apply.
     pub restore_timeout: Duration,
+    /// Who may call what: the bearer tokens of `--auth-tokens`, or open (the default).
+    pub auth: cairn_sdk::cli::auth::Auth,
 }
 
 impl CoordinatorConfig {
@@ -52,6 +54,7 @@ impl CoordinatorConfig {
             policy: Policy::default(),
             auto_restore: false,
             restore_timeout: Duration::from_secs(60),
+            auth: cairn_sdk::cli::auth::Auth::open(),
         }
     }
 }

@@ -108,6 +108,8 @@ pub async fn run(
     let metrics = metrics::CoordinatorMetrics::default();
     let mut registry = prometheus_client::registry::Registry::default();
     metrics.register(&mut registry);
+    config.auth.register(&mut registry);
+    config.auth.start("the coordinator's API", stop.clone());
     if let Some(listener) = metrics_listener {
         tokio::spawn(cairn_sdk::cli::metrics::serve(
             listener,
@@ -164,6 +166,8 @@ pub async fn run(
     let server = cairn_proto::limits::server(COORDINATOR_STREAMS)
         .initial_stream_window_size(4 << 20)
         .initial_connection_window_size(16 << 20)
+        // Bearer tokens and roles (`--auth-tokens`), before a byte of a body is read.
+        .layer(config.auth.layer())
         .layer(
             cairn_proto::limits::MessageLimits::new(cairn_proto::limits::CONTROL_MESSAGE)
                 .rpc("/cairn.v1.Coordinator/UploadSnapshotPart", UPLOAD_MESSAGE),

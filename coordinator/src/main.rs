@@ -66,6 +66,12 @@ struct Args {
     /// their state.
     #[arg(long, env = "CAIRN_RESTORE_TIMEOUT", default_value = "60s", value_parser = humantime::parse_duration)]
     restore_timeout: Duration,
+    /// The bearer tokens people and tools must present (`authorization: Bearer <token>`):
+    /// one `ROLE SHA256HEX [NAME]` a line, ROLE viewer, operator or admin; `#` comments.
+    /// Reloaded when it changes and on SIGHUP. `cairnctl auth token` makes a token and its
+    /// line. None: the API is open to anyone who can reach it.
+    #[arg(long, env = "CAIRN_AUTH_TOKENS")]
+    auth_tokens: Option<PathBuf>,
     #[command(flatten)]
     schedule: Schedule,
 }
@@ -190,6 +196,10 @@ fn main() -> ExitCode {
             },
         },
     };
+    let auth = match cli::auth::Auth::from_flag(args.auth_tokens.as_deref()) {
+        Ok(auth) => auth,
+        Err(e) => return cli::usage_error(e),
+    };
     cli::init_logging(&args.log, args.log_format == "json");
     let Ok(runtime) = tokio::runtime::Runtime::new() else {
         eprintln!("error: cannot start the runtime");
@@ -215,6 +225,7 @@ fn main() -> ExitCode {
         config.policy = policy;
         config.auto_restore = args.auto_restore;
         config.restore_timeout = args.restore_timeout;
+        config.auth = auth;
         match cairn_coordinator::run(config, listener, metrics, shutdown).await {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {

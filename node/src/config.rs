@@ -38,6 +38,9 @@ pub struct NodeConfig {
     pub coordinator: Option<String>,
     /// With a coordinator: the peer address it hands out for this node (required).
     pub advertise: Option<String>,
+    /// Who may call NodeAdmin: the bearer tokens of `--auth-tokens`, or open (the default).
+    /// The peer channels and the application session are not governed by tokens.
+    pub auth: cairn_sdk::cli::auth::Auth,
 }
 
 impl NodeConfig {
@@ -61,6 +64,7 @@ impl NodeConfig {
             keep_parts: 256,
             coordinator: None,
             advertise: None,
+            auth: cairn_sdk::cli::auth::Auth::open(),
         }
     }
 

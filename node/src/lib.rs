@@ -118,6 +118,7 @@ pub async fn run(
     let metrics = metrics::NodeMetrics::default();
     let mut registry = prometheus_client::registry::Registry::default();
     metrics.register(&mut registry);
+    config.auth.register(&mut registry);
     let first = wiring::wiring(&me, topology, config.peers.clone(), buffer, None);
     let shared = Arc::new(Shared {
         metrics,
@@ -206,11 +207,14 @@ pub async fn run(
         shutdown: stop.clone(),
         sessions: AtomicU64::new(0),
     };
+    config.auth.start("this daemon's NodeAdmin", stop.clone());
     let accepting = CancellationToken::new();
     // Peer streams use large windows (CALIBRATION.md); each connection carries one channel.
     let peer_server = limits::server(PEER_PORT_STREAMS)
         .initial_stream_window_size(16 << 20)
         .initial_connection_window_size(32 << 20)
+        // NodeAdmin's bearer tokens and roles (`--auth-tokens`); Peer/Channel stays open.
+        .layer(config.auth.layer())
         .layer(
             limits::MessageLimits::new(limits::CONTROL_MESSAGE)
                 .rpc("/cairn.v1.Peer/Channel", data_limit),

@@ -72,6 +72,13 @@ struct Args {
     /// Log filter, in tracing's EnvFilter syntax (e.g. info, cairn_node=debug).
     #[arg(long, env = "CAIRN_LOG", default_value = "info")]
     log: String,
+    /// The bearer tokens people and tools must present to NodeAdmin (`authorization:
+    /// Bearer <token>`): one `ROLE SHA256HEX [NAME]` a line, ROLE viewer, operator or
+    /// admin; `#` comments. Reloaded when it changes and on SIGHUP. `cairnctl auth token`
+    /// makes a token and its line. None: NodeAdmin is open. Peer channels are not governed
+    /// by tokens.
+    #[arg(long, env = "CAIRN_AUTH_TOKENS")]
+    auth_tokens: Option<std::path::PathBuf>,
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -85,8 +92,12 @@ fn main() -> ExitCode {
         Ok(args) => args,
         Err(code) => return code,
     };
-    let config = match config(&args) {
+    let mut config = match config(&args) {
         Ok(config) => config,
+        Err(e) => return cli::usage_error(e),
+    };
+    config.auth = match cli::auth::Auth::from_flag(args.auth_tokens.as_deref()) {
+        Ok(auth) => auth,
         Err(e) => return cli::usage_error(e),
     };
     cli::init_logging(&args.log, matches!(args.log_format, LogFormat::Json));

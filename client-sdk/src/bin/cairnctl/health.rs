@@ -5,14 +5,13 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use cairn_proto::v1 as pb;
-use cairn_sdk::CoordinatorClient;
 
 use crate::output::{Output, mode_word, status_word, table};
 use crate::policy::{age, freshness, human, policy_json, policy_mode};
 
 /// `cairnctl nodes`: the registered node daemons.
 pub(crate) async fn nodes(coordinator: &str, output: Output) -> anyhow::Result<ExitCode> {
-    let mut client = CoordinatorClient::connect(coordinator).await?;
+    let mut client = crate::connect(coordinator).await?;
     let nodes = client
         .raw()
         .list_nodes(pb::ListNodesRequest {})
@@ -90,7 +89,7 @@ pub(crate) async fn health(
 /// `cairnctl status`: members, snapshots in flight, the newest completed one, the schedule
 /// and freshness.
 pub(crate) async fn status(coordinator: &str, output: Output) -> anyhow::Result<ExitCode> {
-    let mut client = CoordinatorClient::connect(coordinator).await?;
+    let mut client = crate::connect(coordinator).await?;
     let nodes = client
         .raw()
         .list_nodes(pb::ListNodesRequest {})

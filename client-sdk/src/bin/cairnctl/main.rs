@@ -33,6 +33,10 @@ struct Cli {
     /// the address the coordinator they start listens on [default: a free loopback port].
     #[arg(long, global = true, env = "CAIRN_COORDINATOR")]
     coordinator: Option<String>,
+    /// A bearer token sent on every call to the coordinator (one its --auth-tokens file
+    /// lists; `cairnctl auth token` makes one).
+    #[arg(long, global = true, env = "CAIRN_TOKEN", hide_env_values = true)]
+    token: Option<String>,
     /// Output format.
     #[arg(long, short, global = true, env = "CAIRN_OUTPUT", value_enum, default_value_t = Output::Table)]
     output: Output,
@@ -69,6 +73,9 @@ enum Command {
         #[arg(long, default_value = "2s", value_parser = humantime::parse_duration)]
         timeout: Duration,
     },
+    /// Bearer tokens for a coordinator's or daemon's --auth-tokens file.
+    #[command(subcommand)]
+    Auth(AuthCommand),
     /// Run a local cluster (a coordinator, N node daemons, N bank apps) on loopback.
     #[command(subcommand)]
     Cluster(cluster::ClusterCommand),
@@ -86,6 +93,31 @@ enum Command {
         #[arg(long, env = "CAIRN_DIR")]
         dir: Option<PathBuf>,
     },
+}
+
+#[derive(Debug, Subcommand)]
+enum AuthCommand {
+    /// Print a new random token and the line that admits it, to add to the tokens file
+    /// (`ROLE SHA256HEX [NAME]`; the file keeps only the token's SHA-256).
+    Token {
+        /// The token's role: viewer, operator or admin.
+        #[arg(long)]
+        role: cli::auth::Role,
+        /// A name for the token, kept in the file for people and logs.
+        #[arg(long)]
+        name: Option<String>,
+    },
+}
+
+/// The `--token` every coordinator client of this run sends.
+static TOKEN: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
+
+/// A client of the coordinator at `address`, sending `--token` if given.
+pub(crate) async fn connect(
+    address: &str,
+) -> Result<cairn_sdk::CoordinatorClient, cairn_sdk::Error> {
+    let token = TOKEN.get().and_then(|t| t.as_deref());
+    cairn_sdk::CoordinatorClient::connect_with_token(address, token).await
 }
 
 fn main() -> ExitCode {
@@ -120,6 +152,7 @@ const DEFAULT_COORDINATOR: &str = "127.0.0.1:7000";
 async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     // `cluster up` and `demo` start a coordinator: given, it listens there.
     let listen = cli.coordinator.clone();
+    let _ = TOKEN.set(cli.token.clone());
     let coordinator = cli.coordinator.as_deref().unwrap_or(DEFAULT_COORDINATOR);
     match cli.command {
         Command::Snapshot(command) => snapshot::snapshot(coordinator, cli.output, command).await,
@@ -132,6 +165,21 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             timeout,
         } => health::health(&address, &service, timeout).await,
         Command::Nodes => health::nodes(coordinator, cli.output).await,
+        Command::Auth(AuthCommand::Token { role, name }) => {
+            let (token, line) = cli::auth::new_token(role, name.as_deref());
+            match cli.output {
+                Output::Json => println!(
+                    "{}",
+                    serde_json::json!({ "token": token, "role": role.as_str(), "line": line })
+                ),
+                _ => {
+                    println!("token: {token}");
+                    println!("add this line to the --auth-tokens file:");
+                    println!("{line}");
+                }
+            }
+            Ok(ExitCode::SUCCESS)
+        }
         Command::Cluster(command) => cluster::cluster(command, listen).await,
         Command::Demo {
             nodes,

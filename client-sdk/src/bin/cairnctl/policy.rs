@@ -5,7 +5,6 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use cairn_proto::v1 as pb;
-use cairn_sdk::CoordinatorClient;
 use clap::Subcommand;
 
 use crate::output::{Output, table};
@@ -119,7 +118,7 @@ pub(crate) async fn policy(
     output: Output,
     command: PolicyCommand,
 ) -> anyhow::Result<ExitCode> {
-    let mut client = CoordinatorClient::connect(coordinator).await?;
+    let mut client = crate::connect(coordinator).await?;
     let policy = match command {
         PolicyCommand::Get => client.raw().get_policy(pb::GetPolicyRequest {}).await?,
         PolicyCommand::Set(set) => client.raw().set_policy(set.request()?).await?,

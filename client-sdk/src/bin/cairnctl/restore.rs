@@ -133,7 +133,7 @@ pub(crate) async fn restore(
     output: Output,
     command: RestoreCommand,
 ) -> anyhow::Result<ExitCode> {
-    let mut client = CoordinatorClient::connect(coordinator).await?;
+    let mut client = crate::connect(coordinator).await?;
     match command {
         RestoreCommand::Get { id } => {
             let op = client

@@ -123,7 +123,7 @@ pub(crate) async fn snapshot(
     output: Output,
     command: SnapshotCommand,
 ) -> anyhow::Result<ExitCode> {
-    let mut client = CoordinatorClient::connect(coordinator).await?;
+    let mut client = crate::connect(coordinator).await?;
     match command {
         SnapshotCommand::Start {
             mode,

@@ -1,0 +1,689 @@
+//! Bearer tokens and roles for the people and tools that call the coordinator and a
+//! daemon's `NodeAdmin` (issue 15, item 3; TLS and certificate identities come later).
+//!
+//! - [`TokenFile`]: the tokens file of `--auth-tokens` (one `ROLE SHA256HEX [NAME]` a line),
+//!   parsed with an error naming the bad line, reloaded when it changes or on SIGHUP.
+//! - [`required`]: the one table mapping each gRPC method path to what it needs.
+//! - [`AuthLayer`]: the tower layer both daemons put in front of every service; it reads
+//!   `authorization: Bearer <token>`, compares the token's SHA-256 in constant time with the
+//!   file's, and refuses with `UNAUTHENTICATED` (no or unknown token) or
+//!   `PERMISSION_DENIED` (a role too low), counted in `cairn_auth_refused_total{code}`.
+//! - [`new_token`]: a random token and the line of the tokens file that admits it.
+//!
+//! Without `--auth-tokens` the layer lets everything through ([`Auth::open`]).
+
+use std::future::Future;
+use std::path::{Path, PathBuf};
+use std::pin::Pin;
+use std::sync::{Arc, RwLock};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::registry::Registry;
+use sha2::{Digest, Sha256};
+use tokio_util::sync::CancellationToken;
+use tonic::Status;
+use tonic::body::Body;
+
+/// What a token allows, from least to most.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Role {
+    /// Reads: get, list and watch snapshots and restores, nodes, the policy.
+    Viewer,
+    /// A viewer that also starts and aborts snapshots and sets the policy.
+    Operator,
+    /// An operator that also deletes snapshots, restores, and drives a daemon's NodeAdmin.
+    Admin,
+}
+
+impl Role {
+    /// Its name in the tokens file and in messages.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Role::Viewer => "viewer",
+            Role::Operator => "operator",
+            Role::Admin => "admin",
+        }
+    }
+}
+
+impl std::fmt::Display for Role {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl std::str::FromStr for Role {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "viewer" => Ok(Role::Viewer),
+            "operator" => Ok(Role::Operator),
+            "admin" => Ok(Role::Admin),
+            other => Err(format!(
+                "unknown role {other:?} (viewer, operator or admin)"
+            )),
+        }
+    }
+}
+
+/// What a gRPC method needs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Required {
+    /// Nothing: health, reflection, and the node RPCs (governed by certificate identity
+    /// once TLS arrives, issue 15 item 2; open until then).
+    Open,
+    /// A token of at least this role.
+    Role(Role),
+}
+
+/// The methods each role needs (a role also has every method of the roles below it).
+const TABLE: &[(&str, Role)] = &[
+    ("/cairn.v1.Coordinator/GetSnapshot", Role::Viewer),
+    ("/cairn.v1.Coordinator/ListSnapshots", Role::Viewer),
+    ("/cairn.v1.Coordinator/WatchSnapshot", Role::Viewer),
+    ("/cairn.v1.Coordinator/ListNodes", Role::Viewer),
+    ("/cairn.v1.Coordinator/GetPolicy", Role::Viewer),
+    ("/cairn.v1.Coordinator/GetRestore", Role::Viewer),
+    ("/cairn.v1.Coordinator/ListRestores", Role::Viewer),
+    ("/cairn.v1.Coordinator/VerifySnapshot", Role::Viewer),
+    ("/cairn.v1.NodeAdmin/GetNodeStatus", Role::Viewer),
+    ("/cairn.v1.NodeAdmin/GetLocalSnapshot", Role::Viewer),
+    ("/cairn.v1.Coordinator/StartSnapshot", Role::Operator),
+    ("/cairn.v1.Coordinator/AbortSnapshot", Role::Operator),
+    ("/cairn.v1.Coordinator/SetPolicy", Role::Operator),
+    ("/cairn.v1.Coordinator/DeleteSnapshot", Role::Admin),
+    ("/cairn.v1.Coordinator/RestoreSnapshot", Role::Admin),
+    ("/cairn.v1.NodeAdmin/InitiateSnapshot", Role::Admin),
+    ("/cairn.v1.NodeAdmin/InjectFault", Role::Admin),
+];
+
+/// The node RPCs: a daemon's own calls, not a person's. Open to any caller for now; they
+/// are to be bound to the node's certificate identity (issue 15 item 2).
+const NODE_RPCS: &[&str] = &[
+    "/cairn.v1.Coordinator/NodeSession",
+    "/cairn.v1.Coordinator/UploadSnapshotPart",
+    "/cairn.v1.Coordinator/FetchRestorePart",
+    "/cairn.v1.Peer/Channel",
+    "/cairn.v1.App/Session",
+];
+
+/// What the method at `path` (`/package.Service/Method`) needs. Health and reflection are
+/// open, and so are the node RPCs; a method in no table needs `admin` (deny by default).
+pub fn required(path: &str) -> Required {
+    if path.starts_with("/grpc.health.v1.Health/")
+        || path.starts_with("/grpc.reflection.v1.ServerReflection/")
+        || path.starts_with("/grpc.reflection.v1alpha.ServerReflection/")
+        || NODE_RPCS.contains(&path)
+    {
+        return Required::Open;
+    }
+    TABLE
+        .iter()
+        .find(|(p, _)| *p == path)
+        .map_or(Required::Role(Role::Admin), |(_, r)| Required::Role(*r))
+}
+
+/// One token of the file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TokenEntry {
+    /// Its role.
+    pub role: Role,
+    /// The SHA-256 of the token.
+    pub hash: [u8; 32],
+    /// Its name, if the line gives one (for logs).
+    pub name: Option<String>,
+}
+
+/// The tokens a file holds.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Tokens {
+    entries: Vec<TokenEntry>,
+}
+
+impl Tokens {
+    /// Parses a tokens file: one `ROLE SHA256HEX [NAME]` a line, `#` starts a comment,
+    /// blank lines are skipped. The error names the line (from 1) and what is wrong.
+    pub fn parse(text: &str) -> Result<Self, String> {
+        let mut entries: Vec<TokenEntry> = Vec::new();
+        for (i, line) in text.lines().enumerate() {
+            let n = i + 1;
+            let line = line.split('#').next().unwrap_or("").trim();
+            if line.is_empty() {
+                continue;
+            }
+            let mut words = line.split_whitespace();
+            let (Some(role), Some(hash)) = (words.next(), words.next()) else {
+                return Err(format!(
+                    "line {n}: expected ROLE SHA256HEX [NAME], got {line:?}"
+                ));
+            };
+            let role: Role = role.parse().map_err(|e| format!("line {n}: {e}"))?;
+            let hash = parse_hash(hash).ok_or_else(|| {
+                format!("line {n}: {hash:?} is not a SHA-256 in hex (64 hex digits)")
+            })?;
+            let rest: Vec<&str> = words.collect();
+            let name = (!rest.is_empty()).then(|| rest.join(" "));
+            if entries.iter().any(|e| e.hash == hash) {
+                return Err(format!("line {n}: this token's hash is already listed"));
+            }
+            entries.push(TokenEntry { role, hash, name });
+        }
+        Ok(Self { entries })
+    }
+
+    /// The tokens.
+    pub fn entries(&self) -> &[TokenEntry] {
+        &self.entries
+    }
+
+    /// The entry of `token`, comparing its SHA-256 with every entry in constant time.
+    pub fn find(&self, token: &str) -> Option<&TokenEntry> {
+        let hash: [u8; 32] = Sha256::digest(token.as_bytes()).into();
+        let mut found = None;
+        for entry in &self.entries {
+            if constant_time_eq(&entry.hash, &hash) {
+                found = Some(entry);
+            }
+        }
+        found
+    }
+}
+
+fn parse_hash(text: &str) -> Option<[u8; 32]> {
+    let bytes = hex::decode(text).ok()?;
+    bytes.try_into().ok()
+}
+
+/// Equal, in a time that depends only on the length.
+fn constant_time_eq(a: &[u8; 32], b: &[u8; 32]) -> bool {
+    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+/// A new random token (32 bytes, hex) and the tokens-file line that admits it with `role`.
+pub fn new_token(role: Role, name: Option<&str>) -> (String, String) {
+    let bytes: [u8; 32] = rand::random();
+    let token = hex::encode(bytes);
+    let hash = hex::encode(Sha256::digest(token.as_bytes()));
+    let line = match name {
+        Some(name) => format!("{role} {hash} {name}"),
+        None => format!("{role} {hash}"),
+    };
+    (token, line)
+}
+
+/// The `--auth-tokens` file: the tokens it holds now, and where it is.
+#[derive(Debug)]
+pub struct TokenFile {
+    path: PathBuf,
+    tokens: RwLock<Arc<Tokens>>,
+    /// The text last read (loaded or refused), so a change is acted on once.
+    seen: std::sync::Mutex<Option<String>>,
+}
+
+impl TokenFile {
+    /// Reads and parses `path`; the error names the file and the bad line.
+    pub fn load(path: &Path) -> Result<Self, String> {
+        let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
+        let tokens = Tokens::parse(&text).map_err(|e| format!("{}: {e}", path.display()))?;
+        Ok(Self {
+            path: path.to_owned(),
+            tokens: RwLock::new(Arc::new(tokens)),
+            seen: std::sync::Mutex::new(Some(text)),
+        })
+    }
+
+    /// The tokens in force.
+    pub fn tokens(&self) -> Arc<Tokens> {
+        self.tokens
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// Reads the file again; when its text changed (or `force`), parses it and, if it is
+    /// good, puts it in force. A bad or unreadable file keeps the tokens in force and
+    /// logs an error naming the line.
+    pub fn reload(&self, force: bool) {
+        let text = match std::fs::read_to_string(&self.path) {
+            Ok(text) => text,
+            Err(e) => {
+                let mut seen = self.seen.lock().unwrap_or_else(|e| e.into_inner());
+                if seen.is_some() || force {
+                    tracing::error!(
+                        "--auth-tokens {}: cannot read it ({e}); keeping the tokens in force",
+                        self.path.display()
+                    );
+                }
+                *seen = None;
+                return;
+            }
+        };
+        {
+            let mut seen = self.seen.lock().unwrap_or_else(|e| e.into_inner());
+            if !force && seen.as_deref() == Some(text.as_str()) {
+                return;
+            }
+            *seen = Some(text.clone());
+        }
+        match Tokens::parse(&text) {
+            Ok(tokens) => {
+                let count = tokens.entries.len();
+                *self.tokens.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(tokens);
+                tracing::info!(
+                    tokens = count,
+                    "--auth-tokens {}: reloaded",
+                    self.path.display()
+                );
+            }
+            Err(e) => tracing::error!(
+                "--auth-tokens {}: {e}; keeping the tokens in force",
+                self.path.display()
+            ),
+        }
+    }
+
+    /// Reloads the file when it changes (checked every second) and on SIGHUP, until `stop`.
+    pub fn watch(self: &Arc<Self>, stop: CancellationToken) {
+        let file = self.clone();
+        let poll_stop = stop.clone();
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(Duration::from_secs(1));
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tokio::select! {
+                    _ = poll_stop.cancelled() => return,
+                    _ = tick.tick() => file.reload(false),
+                }
+            }
+        });
+        let file = self.clone();
+        tokio::spawn(async move {
+            use tokio::signal::unix::{SignalKind, signal};
+            let Ok(mut hup) = signal(SignalKind::hangup()) else {
+                tracing::warn!("cannot install a SIGHUP handler; the tokens file is still polled");
+                return;
+            };
+            loop {
+                tokio::select! {
+                    _ = stop.cancelled() => return,
+                    got = hup.recv() => {
+                        if got.is_none() {
+                            return;
+                        }
+                        tracing::info!("SIGHUP: reloading --auth-tokens");
+                        file.reload(true);
+                    }
+                }
+            }
+        });
+    }
+}
+
+/// How a server authenticates its callers: by the tokens of a file, or not at all.
+#[derive(Debug, Clone)]
+pub struct Auth {
+    file: Option<Arc<TokenFile>>,
+    refused: Family<Vec<(String, String)>, Counter>,
+}
+
+impl Auth {
+    /// No authentication: every call is let through.
+    pub fn open() -> Self {
+        Self {
+            file: None,
+            refused: Family::default(),
+        }
+    }
+
+    /// The tokens of `--auth-tokens` `path`, or [`Auth::open`] without one. The error is a
+    /// start-up error naming the flag, the file and the line.
+    pub fn from_flag(path: Option<&Path>) -> Result<Self, String> {
+        match path {
+            None => Ok(Self::open()),
+            Some(path) => Ok(Self {
+                file: Some(Arc::new(
+                    TokenFile::load(path).map_err(|e| format!("--auth-tokens {e}"))?,
+                )),
+                refused: Family::default(),
+            }),
+        }
+    }
+
+    /// Whether tokens are required.
+    pub fn enabled(&self) -> bool {
+        self.file.is_some()
+    }
+
+    /// Starts what a running server needs: with tokens, the reload on change and SIGHUP;
+    /// without, the one warning that the API is unauthenticated. `what` names the API.
+    pub fn start(&self, what: &str, stop: CancellationToken) {
+        match &self.file {
+            Some(file) => {
+                tracing::info!(
+                    tokens = file.tokens().entries.len(),
+                    "{what}: bearer tokens required (--auth-tokens {})",
+                    file.path.display()
+                );
+                file.watch(stop);
+            }
+            None => tracing::warn!(
+                "{what} is unauthenticated: anyone who can reach it may call every method \
+                 (give --auth-tokens to require bearer tokens)"
+            ),
+        }
+    }
+
+    /// Registers `cairn_auth_refused_total{code}`.
+    pub fn register(&self, registry: &mut Registry) {
+        registry.register(
+            "cairn_auth_refused",
+            "Calls refused for want of a token (code=unauthenticated) or of a role \
+             (code=permission_denied)",
+            self.refused.clone(),
+        );
+    }
+
+    /// The layer that enforces this.
+    pub fn layer(&self) -> AuthLayer {
+        AuthLayer { auth: self.clone() }
+    }
+
+    /// Checks a call to `path` with these request headers: `Ok` to let it through, or the
+    /// refusal.
+    pub fn check(&self, path: &str, headers: &http::HeaderMap) -> Result<(), Status> {
+        let Some(file) = &self.file else {
+            return Ok(());
+        };
+        let Required::Role(needed) = required(path) else {
+            return Ok(());
+        };
+        let result = check_token(&file.tokens(), path, needed, headers);
+        if let Err(status) = &result {
+            let code = match status.code() {
+                tonic::Code::Unauthenticated => "unauthenticated",
+                _ => "permission_denied",
+            };
+            self.refused
+                .get_or_create(&vec![("code".to_owned(), code.to_owned())])
+                .inc();
+            tracing::debug!(method = path, "refused: {}", status.message());
+        }
+        result
+    }
+}
+
+/// The token in `headers` against `tokens`, for a method that needs `needed`.
+fn check_token(
+    tokens: &Tokens,
+    path: &str,
+    needed: Role,
+    headers: &http::HeaderMap,
+) -> Result<(), Status> {
+    let Some(value) = headers.get(http::header::AUTHORIZATION) else {
+        return Err(Status::unauthenticated(
+            "a bearer token is required (authorization: Bearer <token>)",
+        ));
+    };
+    let token = value
+        .to_str()
+        .ok()
+        .and_then(|v| {
+            let (scheme, token) = v.trim().split_once(' ')?;
+            scheme.eq_ignore_ascii_case("bearer").then(|| token.trim())
+        })
+        .filter(|t| !t.is_empty())
+        .ok_or_else(|| {
+            Status::unauthenticated("a bearer token is required (authorization: Bearer <token>)")
+        })?;
+    let Some(entry) = tokens.find(token) else {
+        return Err(Status::unauthenticated("unknown token"));
+    };
+    if entry.role < needed {
+        let method = path.rsplit('/').next().unwrap_or(path);
+        return Err(Status::permission_denied(format!(
+            "{method} needs {needed}; the token is {}",
+            entry.role
+        )));
+    }
+    Ok(())
+}
+
+/// The tower layer of [`Auth`].
+#[derive(Debug, Clone)]
+pub struct AuthLayer {
+    auth: Auth,
+}
+
+impl<S> tower_layer::Layer<S> for AuthLayer {
+    type Service = Authenticated<S>;
+
+    fn layer(&self, inner: S) -> Authenticated<S> {
+        Authenticated {
+            inner,
+            auth: self.auth.clone(),
+        }
+    }
+}
+
+/// The service [`AuthLayer`] makes.
+#[derive(Debug, Clone)]
+pub struct Authenticated<S> {
+    inner: S,
+    auth: Auth,
+}
+
+type BoxFuture<T, E> = Pin<Box<dyn Future<Output = Result<T, E>> + Send>>;
+
+impl<S, B> tower_service::Service<http::Request<B>> for Authenticated<S>
+where
+    S: tower_service::Service<http::Request<B>, Response = http::Response<Body>>,
+    S::Future: Send + 'static,
+{
+    type Response = http::Response<Body>;
+    type Error = S::Error;
+    type Future = BoxFuture<http::Response<Body>, S::Error>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: http::Request<B>) -> Self::Future {
+        match self.auth.check(request.uri().path(), request.headers()) {
+            Ok(()) => Box::pin(self.inner.call(request)),
+            Err(status) => {
+                let response = status.into_http::<Body>();
+                Box::pin(async move { Ok(response) })
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn hash_of(token: &str) -> String {
+        hex::encode(Sha256::digest(token.as_bytes()))
+    }
+
+    #[test]
+    fn the_table() {
+        use Required::*;
+        for (path, want) in [
+            (
+                "/cairn.v1.Coordinator/GetSnapshot",
+                Role(super::Role::Viewer),
+            ),
+            (
+                "/cairn.v1.Coordinator/ListRestores",
+                Role(super::Role::Viewer),
+            ),
+            (
+                "/cairn.v1.Coordinator/VerifySnapshot",
+                Role(super::Role::Viewer),
+            ),
+            (
+                "/cairn.v1.NodeAdmin/GetLocalSnapshot",
+                Role(super::Role::Viewer),
+            ),
+            (
+                "/cairn.v1.Coordinator/StartSnapshot",
+                Role(super::Role::Operator),
+            ),
+            (
+                "/cairn.v1.Coordinator/SetPolicy",
+                Role(super::Role::Operator),
+            ),
+            (
+                "/cairn.v1.Coordinator/DeleteSnapshot",
+                Role(super::Role::Admin),
+            ),
+            (
+                "/cairn.v1.Coordinator/RestoreSnapshot",
+                Role(super::Role::Admin),
+            ),
+            ("/cairn.v1.NodeAdmin/InjectFault", Role(super::Role::Admin)),
+            (
+                "/cairn.v1.NodeAdmin/InitiateSnapshot",
+                Role(super::Role::Admin),
+            ),
+            ("/grpc.health.v1.Health/Check", Open),
+            ("/grpc.health.v1.Health/Watch", Open),
+            (
+                "/grpc.reflection.v1.ServerReflection/ServerReflectionInfo",
+                Open,
+            ),
+            (
+                "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo",
+                Open,
+            ),
+            ("/cairn.v1.Coordinator/NodeSession", Open),
+            ("/cairn.v1.Coordinator/UploadSnapshotPart", Open),
+            ("/cairn.v1.Coordinator/FetchRestorePart", Open),
+            ("/cairn.v1.Peer/Channel", Open),
+            ("/cairn.v1.App/Session", Open),
+            // Deny by default.
+            (
+                "/cairn.v1.Coordinator/SomethingNew",
+                Role(super::Role::Admin),
+            ),
+            ("/grpc.health.v1.HealthX/Check", Role(super::Role::Admin)),
+            ("/cairn.bank.v1.Bank/Transfer", Role(super::Role::Admin)),
+            ("", Role(super::Role::Admin)),
+        ] {
+            assert_eq!(required(path), want, "{path}");
+        }
+    }
+
+    #[test]
+    fn the_file() {
+        let text = format!(
+            "# the team's tokens\n\nviewer {} grafana\n  operator {}  # ci\nadmin {} alice smith\n",
+            hash_of("v"),
+            hash_of("o"),
+            hash_of("a").to_uppercase()
+        );
+        let tokens = Tokens::parse(&text).unwrap();
+        assert_eq!(tokens.entries().len(), 3);
+        assert_eq!(tokens.find("v").unwrap().role, Role::Viewer);
+        assert_eq!(tokens.find("v").unwrap().name.as_deref(), Some("grafana"));
+        assert_eq!(tokens.find("o").unwrap().name, None);
+        assert_eq!(tokens.find("a").unwrap().role, Role::Admin);
+        assert_eq!(
+            tokens.find("a").unwrap().name.as_deref(),
+            Some("alice smith")
+        );
+        assert!(tokens.find("x").is_none());
+        assert!(Tokens::parse("").unwrap().entries().is_empty());
+
+        for (text, line, what) in [
+            ("viewer\n".to_owned(), "line 1", "expected ROLE SHA256HEX"),
+            (
+                format!("\n# x\nroot {}\n", hash_of("v")),
+                "line 3",
+                "unknown role \"root\"",
+            ),
+            ("viewer abc\n".to_owned(), "line 1", "not a SHA-256"),
+            (
+                format!("viewer {}\nadmin {}\n", hash_of("v"), hash_of("v")),
+                "line 2",
+                "already listed",
+            ),
+        ] {
+            let e = Tokens::parse(&text).unwrap_err();
+            assert!(e.starts_with(line) && e.contains(what), "{e}");
+        }
+    }
+
+    #[test]
+    fn checks() {
+        let dir = std::env::temp_dir().join(format!("cairn-auth-unit-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("tokens");
+        std::fs::write(&path, format!("viewer {}\n", hash_of("v"))).unwrap();
+        let auth = Auth::from_flag(Some(&path)).unwrap();
+        let headers = |v: &str| {
+            let mut h = http::HeaderMap::new();
+            h.insert(http::header::AUTHORIZATION, v.parse().unwrap());
+            h
+        };
+        let set = "/cairn.v1.Coordinator/SetPolicy";
+        let get = "/cairn.v1.Coordinator/GetPolicy";
+        let e = auth.check(get, &http::HeaderMap::new()).unwrap_err();
+        assert_eq!(e.code(), tonic::Code::Unauthenticated);
+        assert!(e.message().contains("a bearer token is required"));
+        let e = auth.check(get, &headers("Bearer w")).unwrap_err();
+        assert_eq!(
+            (e.code(), e.message()),
+            (tonic::Code::Unauthenticated, "unknown token")
+        );
+        assert!(auth.check(get, &headers("Bearer v")).is_ok());
+        assert!(auth.check(get, &headers("bearer  v ")).is_ok());
+        assert!(auth.check(get, &headers("Basic v")).is_err());
+        let e = auth.check(set, &headers("Bearer v")).unwrap_err();
+        assert_eq!(e.code(), tonic::Code::PermissionDenied);
+        assert_eq!(e.message(), "SetPolicy needs operator; the token is viewer");
+        assert!(
+            auth.check("/grpc.health.v1.Health/Check", &http::HeaderMap::new())
+                .is_ok()
+        );
+
+        // A bad reload keeps the tokens in force; a good one replaces them.
+        let file = auth.file.clone().unwrap();
+        std::fs::write(&path, "viewer nothex\n").unwrap();
+        file.reload(false);
+        assert!(auth.check(get, &headers("Bearer v")).is_ok());
+        std::fs::write(&path, format!("operator {}\n", hash_of("o"))).unwrap();
+        file.reload(false);
+        assert!(auth.check(get, &headers("Bearer v")).is_err());
+        assert!(auth.check(set, &headers("Bearer o")).is_ok());
+        assert!(Auth::open().check(set, &http::HeaderMap::new()).is_ok());
+
+        let e = Auth::from_flag(Some(&dir.join("missing"))).unwrap_err();
+        assert!(
+            e.starts_with("--auth-tokens ") && e.contains("missing"),
+            "{e}"
+        );
+        std::fs::write(&path, "admin\n").unwrap();
+        let e = Auth::from_flag(Some(&path)).unwrap_err();
+        assert!(e.contains("line 1"), "{e}");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn new_tokens_are_admitted_by_their_line() {
+        let (token, line) = new_token(Role::Operator, Some("ci"));
+        assert_eq!(token.len(), 64);
+        let tokens = Tokens::parse(&line).unwrap();
+        let entry = tokens.find(&token).unwrap();
+        assert_eq!(
+            (entry.role, entry.name.as_deref()),
+            (Role::Operator, Some("ci"))
+        );
+        assert_ne!(new_token(Role::Viewer, None).0, token);
+    }
+}

