@@ -40,6 +40,9 @@ struct Args {
 
 const NODES: usize = 4;
 
+/// The longest any one call of the nemesis may take.
+const CALL_LIMIT: Duration = Duration::from_secs(3);
+
 #[derive(Debug, Clone, Copy)]
 enum Fault {
     Cut,
@@ -307,11 +310,20 @@ async fn run(args: &Args) -> anyhow::Result<(Vec<String>, serde_json::Value)> {
             run.resume_paused();
         }
         if next_snapshot <= now {
-            run.start_snapshot().await;
+            // Every call is bounded: a paused daemon or a restarting coordinator must not
+            // stall the nemesis (the pause's end is this loop's job).
+            if tokio::time::timeout(CALL_LIMIT, run.start_snapshot())
+                .await
+                .is_err()
+            {
+                run.count("snapshot starts timed out");
+            }
             next_snapshot = now + Duration::from_millis(run.rng.random_range(100..300));
         }
         if next_fault <= now && now < deadline {
-            run.fault().await;
+            if tokio::time::timeout(CALL_LIMIT, run.fault()).await.is_err() {
+                run.note("a fault's call timed out (a paused or restarting peer)".into());
+            }
             next_fault = Instant::now() + Duration::from_millis(run.rng.random_range(2_000..5_000));
         }
     }
@@ -451,7 +463,18 @@ fn main() -> ExitCode {
         .enable_all()
         .build()
         .expect("a runtime");
-    match runtime.block_on(run(&args)) {
+    // Interrupted (Ctrl-C, SIGTERM), the run is dropped: every process it started is
+    // killed by its guard.
+    let result = runtime.block_on(async {
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+            .expect("a SIGTERM handler");
+        tokio::select! {
+            result = run(&args) => result,
+            _ = tokio::signal::ctrl_c() => Err(anyhow::anyhow!("interrupted")),
+            _ = term.recv() => Err(anyhow::anyhow!("terminated")),
+        }
+    });
+    match result {
         Ok((violations, summary)) => {
             if let Some(out) = &args.out {
                 let _ =
