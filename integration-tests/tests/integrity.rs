@@ -570,26 +570,7 @@ async fn a_part_from_another_epoch_fails_the_snapshot_as_mixed_epochs() {
         .await
         .unwrap();
     let mut client = cluster.client().await.unwrap();
-    let (session_tx, session_rx) = tokio::sync::mpsc::channel(8);
-    session_tx
-        .send(pb::NodeToCoordinator {
-            kind: Some(pb::node_to_coordinator::Kind::Register(pb::Register {
-                cluster: "cairn".into(),
-                node_id: "n1".into(),
-                address: "127.0.0.1:1".into(),
-                incarnation: 1,
-                ..Default::default()
-            })),
-        })
-        .await
-        .unwrap();
-    let mut commands = client
-        .node_session(tokio_stream::wrappers::ReceiverStream::new(session_rx))
-        .await
-        .unwrap()
-        .into_inner();
-    let registered = commands.message().await.unwrap().unwrap();
-    assert!(matches!(registered.kind, Some(Command::Registered(_))));
+    let (session_tx, mut commands) = fake_node(&mut client, "n1").await;
     for (epoch, mixed) in [(5u64, true), (0, false)] {
         let id = cluster
             .start_snapshot(pb::StartSnapshotRequest::default())
@@ -644,4 +625,78 @@ async fn a_part_from_another_epoch_fails_the_snapshot_as_mixed_epochs() {
         }
     }
     drop(session_tx);
+}
+
+/// A test client that registers as daemon `node` over `NodeSession`; its session's sender
+/// (keep it to keep the session) and the coordinator's commands.
+async fn fake_node(
+    client: &mut pb::coordinator_client::CoordinatorClient<tonic::transport::Channel>,
+    node: &str,
+) -> (
+    tokio::sync::mpsc::Sender<pb::NodeToCoordinator>,
+    tonic::Streaming<pb::CoordinatorToNode>,
+) {
+    let (session_tx, session_rx) = tokio::sync::mpsc::channel(8);
+    session_tx
+        .send(pb::NodeToCoordinator {
+            kind: Some(pb::node_to_coordinator::Kind::Register(pb::Register {
+                cluster: "cairn".into(),
+                node_id: node.into(),
+                address: "127.0.0.1:1".into(),
+                incarnation: 1,
+                ..Default::default()
+            })),
+        })
+        .await
+        .unwrap();
+    let mut commands = client
+        .node_session(tokio_stream::wrappers::ReceiverStream::new(session_rx))
+        .await
+        .unwrap()
+        .into_inner();
+    let registered = commands.message().await.unwrap().unwrap();
+    assert!(matches!(
+        registered.kind,
+        Some(pb::coordinator_to_node::Kind::Registered(_))
+    ));
+    (session_tx, commands)
+}
+
+/// A message over the upload limit after a valid header is refused with the limit's own
+/// RESOURCE_EXHAUSTED (the stream's status passed on), and the snapshot fails at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upload_message_over_the_limit_mid_stream_is_resource_exhausted() {
+    use pb::upload_chunk::Kind as Piece;
+    let cluster = CoordinatedCluster::start(0, Store::Embedded, &[], &[])
+        .await
+        .unwrap();
+    let mut client = cluster.client().await.unwrap();
+    let (_session, _commands) = fake_node(&mut client, "n1").await;
+    let id = cluster
+        .start_snapshot(pb::StartSnapshotRequest::default())
+        .await
+        .unwrap();
+    let upload = vec![
+        pb::UploadChunk {
+            kind: Some(Piece::Header(pb::UploadHeader {
+                snapshot_id: id,
+                node_id: "n1".into(),
+                incarnation: 1,
+                epoch: 0,
+                applied_restore_id: String::new(),
+            })),
+        },
+        pb::UploadChunk {
+            kind: Some(Piece::LocalState(Bytes::from(vec![7u8; 20 << 20]))),
+        },
+    ];
+    let refused = client
+        .upload_snapshot_part(tokio_stream::iter(upload))
+        .await
+        .unwrap_err();
+    assert_eq!(refused.code(), Code::ResourceExhausted, "{refused:?}");
+    assert!(
+        refused.message().contains("UploadSnapshotPart") && refused.message().contains("limit"),
+        "the server's limit, named: {refused:?}"
+    );
 }
