@@ -1,7 +1,8 @@
 //! What every cairn binary does the same way at start: parse its flags (a bad one exits
 //! with code 64), set up logging, bind its listeners with a message naming the flag, and
 //! turn SIGTERM/SIGINT into a cancellation; the `/metrics` endpoint of the two
-//! daemons ([`metrics`]); and their bearer tokens and roles ([`auth`]).
+//! daemons ([`metrics`]); their bearer tokens and roles ([`auth`]); and their TLS flags
+//! ([`tls`]).
 //!
 //! Behind the `cli` feature (on by default): the node and the coordinator enable it, as
 //! do this crate's binaries (`cairnctl`, `cairn-bank`); an application builds the SDK with
@@ -16,13 +17,16 @@ use tokio_util::sync::CancellationToken;
 
 pub mod auth;
 pub mod metrics;
+pub mod tls;
 
 /// The exit code of a bad configuration (sysexits' EX_USAGE).
 pub const EX_USAGE: u8 = 64;
 
 /// Parses the command line; `--help` and `--version` exit 0, a bad flag exits 64, each
 /// after printing what clap says.
+/// Also installs the process's TLS crypto provider (rustls' ring), before any TLS use.
 pub fn parse_or_exit<T: clap::Parser>() -> Result<T, ExitCode> {
+    crate::tls::install_crypto_provider();
     T::try_parse().map_err(|e| {
         let _ = e.print();
         if e.use_stderr() {

@@ -4,7 +4,7 @@ use cairn_proto::v1 as pb;
 use tonic::metadata::{AsciiMetadataValue, MetadataValue};
 use tonic::service::Interceptor;
 use tonic::service::interceptor::InterceptedService;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::Channel;
 
 use crate::error::Error;
 
@@ -60,6 +60,18 @@ impl CoordinatorClient {
     /// Connects to the coordinator at `host:port`, sending `token` as a bearer token on
     /// every call (`--auth-tokens` on the coordinator; `None`: no token).
     pub async fn connect_with_token(address: &str, token: Option<&str>) -> Result<Self, Error> {
+        Self::connect_with(address, token, None).await
+    }
+
+    /// As [`connect_with_token`](Self::connect_with_token), over TLS with `tls`: the
+    /// coordinator's certificate is checked against its CA for the host of `address`, and
+    /// its identity, if any, is presented as the client certificate (a coordinator with
+    /// `--tls-*` flags requires one).
+    pub async fn connect_with(
+        address: &str,
+        token: Option<&str>,
+        tls: Option<&crate::tls::Tls>,
+    ) -> Result<Self, Error> {
         let bearer = BearerToken::new(token).map_err(|e| match e {
             Error::Connect { reason, .. } => Error::Connect {
                 address: address.to_owned(),
@@ -67,7 +79,7 @@ impl CoordinatorClient {
             },
             other => other,
         })?;
-        let channel = Endpoint::from_shared(format!("http://{address}"))
+        let channel = crate::tls::endpoint(address, tls)
             .map_err(|e| Error::Connect {
                 address: address.to_owned(),
                 reason: crate::error::with_causes(&e),

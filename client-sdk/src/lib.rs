@@ -52,6 +52,7 @@
 //! - `cli` (feature `cli`, on by default): start-up plumbing shared by cairn's binaries
 //!   (flags, logging, signals) and the daemons' `/metrics` endpoint. Build with
 //!   `default-features = false` for an application: no clap, no tracing-subscriber.
+//! - [`tls`]: TLS from PEM files (a CA, an identity) for servers and clients.
 //! - [`error`]: [`Error`], with [`Error::is_retryable`].
 
 #![forbid(unsafe_code)]
@@ -63,6 +64,7 @@ pub mod coordinator;
 pub mod error;
 pub mod local_cluster;
 pub mod session;
+pub mod tls;
 
 pub use coordinator::CoordinatorClient;
 pub use error::Error;

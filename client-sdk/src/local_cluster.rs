@@ -252,6 +252,7 @@ impl LocalCluster {
                 Some(&node.bank),
                 Readiness::full_mesh(n),
                 timeout,
+                None,
             )
             .await
             .map_err(|e| {
@@ -307,12 +308,14 @@ impl Readiness {
 
 /// Waits until the daemon at `peer` (its NodeAdmin address) has `ready.channels` channels
 /// and, with `ready.app`, an application attached; and, if given, the bank at `bank`
-/// knows `ready.peers` peers. Fails after `timeout` saying what is missing.
+/// knows `ready.peers` peers. Fails after `timeout` saying what is missing. With `tls`,
+/// NodeAdmin is called over TLS (the bank stays plaintext).
 pub async fn wait_node_ready(
     peer: &str,
     bank: Option<&str>,
     ready: Readiness,
     timeout: Duration,
+    tls: Option<&crate::tls::Tls>,
 ) -> anyhow::Result<()> {
     use cairn_proto::bank::v1 as bank_pb;
     use cairn_proto::v1 as pb;
@@ -321,8 +324,8 @@ pub async fn wait_node_ready(
     let app = ready.app;
     loop {
         let check = async {
-            let mut admin =
-                pb::node_admin_client::NodeAdminClient::connect(format!("http://{peer}")).await?;
+            let channel = crate::tls::endpoint(peer, tls)?.connect().await?;
+            let mut admin = pb::node_admin_client::NodeAdminClient::new(channel);
             let status = admin
                 .get_node_status(pb::GetNodeStatusRequest {})
                 .await?

@@ -36,6 +36,9 @@ pub struct CoordinatorConfig {
     pub restore_timeout: Duration,
     /// Who may call what: the bearer tokens of `--auth-tokens`, or open (the default).
     pub auth: cairn_sdk::cli::auth::Auth,
+    /// `--tls-*`: the gRPC port serves mutual TLS (client certificates required, checked
+    /// against the CA). `None`: plaintext (the default).
+    pub tls: Option<cairn_sdk::tls::Tls>,
 }
 
 impl CoordinatorConfig {
@@ -55,6 +58,7 @@ impl CoordinatorConfig {
             auto_restore: false,
             restore_timeout: Duration::from_secs(60),
             auth: cairn_sdk::cli::auth::Auth::open(),
+            tls: None,
         }
     }
 }

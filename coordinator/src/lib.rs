@@ -71,6 +71,9 @@ pub enum RunError {
     /// Reflection could not be built.
     #[error("reflection: {0}")]
     Reflection(String),
+    /// The TLS configuration (`--tls-*`) was refused.
+    #[error("TLS: {0}")]
+    Tls(String),
     /// The coordinator's task ended (a panic, or a return) while the server was meant to
     /// run: nothing could be answered any more.
     #[error("the coordinator's task ended unexpectedly: {0}")]
@@ -109,7 +112,9 @@ pub async fn run(
     let mut registry = prometheus_client::registry::Registry::default();
     metrics.register(&mut registry);
     config.auth.register(&mut registry);
-    config.auth.start("the coordinator's API", stop.clone());
+    config
+        .auth
+        .start("the coordinator's API", config.tls.is_some(), stop.clone());
     if let Some(listener) = metrics_listener {
         tokio::spawn(cairn_sdk::cli::metrics::serve(
             listener,
@@ -163,7 +168,15 @@ pub async fn run(
     // A piece holds recorded messages up to 1 MiB plus the one that crossed it.
     const UPLOAD_MESSAGE: usize =
         cairn_proto::limits::data_message(cairn_proto::limits::MAX_PAYLOAD_CEILING);
-    let server = cairn_proto::limits::server(COORDINATOR_STREAMS)
+    let mut server = cairn_proto::limits::server(COORDINATOR_STREAMS);
+    if let Some(tls) = &config.tls {
+        // Mutual TLS: a client without a certificate of the CA is refused in the handshake.
+        server = tls
+            .server_config()
+            .and_then(|c| server.tls_config(c).map_err(|e| e.to_string()))
+            .map_err(RunError::Tls)?;
+    }
+    let server = server
         .initial_stream_window_size(4 << 20)
         .initial_connection_window_size(16 << 20)
         // Bearer tokens and roles (`--auth-tokens`), before a byte of a body is read.

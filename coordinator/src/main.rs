@@ -73,6 +73,8 @@ struct Args {
     #[arg(long, env = "CAIRN_AUTH_TOKENS")]
     auth_tokens: Option<PathBuf>,
     #[command(flatten)]
+    tls: cli::tls::TlsArgs,
+    #[command(flatten)]
     schedule: Schedule,
 }
 
@@ -200,6 +202,10 @@ fn main() -> ExitCode {
         Ok(auth) => auth,
         Err(e) => return cli::usage_error(e),
     };
+    let tls = match args.tls.load_daemon() {
+        Ok(tls) => tls,
+        Err(e) => return cli::usage_error(e),
+    };
     cli::init_logging(&args.log, args.log_format == "json");
     let Ok(runtime) = tokio::runtime::Runtime::new() else {
         eprintln!("error: cannot start the runtime");
@@ -226,6 +232,7 @@ fn main() -> ExitCode {
         config.auto_restore = args.auto_restore;
         config.restore_timeout = args.restore_timeout;
         config.auth = auth;
+        config.tls = tls;
         match cairn_coordinator::run(config, listener, metrics, shutdown).await {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {

@@ -2,7 +2,7 @@
 //! `cairn-node` daemons registered with it, and `cairn-bank` apps — or, for chosen nodes,
 //! no bank, so a test can attach its own application.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
@@ -53,6 +53,52 @@ pub struct CoordinatedCluster {
     /// Random transfers per second of each bank started from now on.
     pub bank_workload: f64,
     keep_logs: bool,
+    /// With TLS: the directory of `cairnctl certs init`'s files.
+    tls_dir: Option<PathBuf>,
+    /// With TLS: what this harness's clients use (the CA and the user `tester`).
+    tls: Option<cairn_sdk::tls::Tls>,
+}
+
+/// The user whose certificate the harness's clients present in a TLS cluster.
+pub const TLS_TEST_USER: &str = "tester";
+
+/// Runs `cairnctl certs init` into `dir` for the nodes `n1` to `n{nodes}` and `users`: a
+/// CA, a certificate per node (and the coordinator) and per user.
+pub fn certs_init(dir: &Path, nodes: usize, users: &[&str]) -> anyhow::Result<()> {
+    let nodes: Vec<String> = (1..=nodes).map(|i| format!("n{i}")).collect();
+    let mut command = Command::new(binary("cairnctl")?);
+    command.args([
+        "certs",
+        "init",
+        "--cluster",
+        "cairn",
+        "--nodes",
+        &nodes.join(","),
+    ]);
+    if !users.is_empty() {
+        command.args(["--users", &users.join(",")]);
+    }
+    command.arg("--dir").arg(dir);
+    let output = command.output()?;
+    anyhow::ensure!(
+        output.status.success(),
+        "cairnctl certs init: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    Ok(())
+}
+
+/// `--tls-cert`, `--tls-key`, `--tls-ca` for the certificate `name` of `dir`.
+pub fn tls_args(dir: &Path, name: &str) -> Vec<String> {
+    let path = |file: String| dir.join(file).display().to_string();
+    vec![
+        "--tls-cert".into(),
+        path(format!("{name}.pem")),
+        "--tls-key".into(),
+        path(format!("{name}-key.pem")),
+        "--tls-ca".into(),
+        path("ca.pem".into()),
+    ]
 }
 
 impl CoordinatedCluster {
@@ -75,6 +121,40 @@ impl CoordinatedCluster {
         coordinator_args: &[&str],
         extra_node_args: &[&str],
     ) -> anyhow::Result<Self> {
+        Self::start_opts(
+            n,
+            store,
+            without_bank,
+            coordinator_args,
+            extra_node_args,
+            None,
+        )
+        .await
+    }
+
+    /// As [`Self::start_with`]; with `tls_dir` (files of [`certs_init`] for `n` nodes and
+    /// the user [`TLS_TEST_USER`]), the coordinator and every daemon run with `--tls-*`
+    /// flags and this harness's clients of the coordinator and of NodeAdmin use TLS with
+    /// the user's certificate. The banks' links to their daemons stay plaintext.
+    pub async fn start_opts(
+        n: usize,
+        store: Store,
+        without_bank: &[usize],
+        coordinator_args: &[&str],
+        extra_node_args: &[&str],
+        tls_dir: Option<&Path>,
+    ) -> anyhow::Result<Self> {
+        let tls = match tls_dir {
+            None => None,
+            Some(dir) => {
+                let cert = dir.join(format!("{TLS_TEST_USER}.pem"));
+                let key = dir.join(format!("{TLS_TEST_USER}-key.pem"));
+                Some(cairn_sdk::tls::Tls::from_files(
+                    &dir.join("ca.pem"),
+                    Some((&cert, &key)),
+                )?)
+            }
+        };
         let dir = std::env::temp_dir().join(format!(
             "cairn-coord-test-{}-{}",
             std::process::id(),
@@ -95,6 +175,9 @@ impl CoordinatedCluster {
             args.extend(["--etcd".to_owned(), endpoint.clone()]);
         }
         args.extend(coordinator_args.iter().map(|a| (*a).to_owned()));
+        if let Some(tls_dir) = tls_dir {
+            args.extend(tls_args(tls_dir, "coordinator"));
+        }
         let mut cluster = Self {
             coordinator: coordinator.clone(),
             coordinator_metrics,
@@ -105,6 +188,8 @@ impl CoordinatedCluster {
             initial_balance: 1000,
             bank_workload: 200.0,
             keep_logs: false,
+            tls_dir: tls_dir.map(Path::to_owned),
+            tls,
         };
         cluster.start_coordinator()?;
         for i in 0..n {
@@ -153,6 +238,9 @@ impl CoordinatedCluster {
             metrics.clone(),
         ];
         node_args.extend(extra_node_args.iter().map(|a| (*a).to_owned()));
+        if let Some(tls_dir) = &self.tls_dir {
+            node_args.extend(tls_args(tls_dir, &id));
+        }
         let bank = bank.then(|| format!("127.0.0.1:{}", free_port()));
         self.nodes.push(CoordinatedNode {
             metrics,
@@ -219,15 +307,14 @@ impl CoordinatedCluster {
         }
     }
 
-    /// A client of the coordinator.
+    /// A client of the coordinator (over TLS in a TLS cluster).
     pub async fn client(
         &self,
     ) -> anyhow::Result<pb::coordinator_client::CoordinatorClient<Channel>> {
-        Ok(pb::coordinator_client::CoordinatorClient::connect(format!(
-            "http://{}",
-            self.coordinator
-        ))
-        .await?)
+        let channel = cairn_sdk::tls::endpoint(&self.coordinator, self.tls.as_ref())?
+            .connect()
+            .await?;
+        Ok(pb::coordinator_client::CoordinatorClient::new(channel))
     }
 
     /// Waits until `n` nodes are registered.
@@ -282,6 +369,7 @@ impl CoordinatedCluster {
             node.bank.as_deref(),
             ready,
             Duration::from_secs(30),
+            self.tls.as_ref(),
         )
         .await
         .map_err(|e| anyhow::anyhow!("node {}: {e} (logs in {})", node.id, self.dir.display()))
@@ -428,8 +516,10 @@ impl CoordinatedCluster {
         &self,
         i: usize,
     ) -> anyhow::Result<pb::node_admin_client::NodeAdminClient<Channel>> {
-        let address = format!("http://{}", self.nodes[i].peer);
-        Ok(pb::node_admin_client::NodeAdminClient::connect(address).await?)
+        let channel = cairn_sdk::tls::endpoint(&self.nodes[i].peer, self.tls.as_ref())?
+            .connect()
+            .await?;
+        Ok(pb::node_admin_client::NodeAdminClient::new(channel))
     }
 
     /// The money there is.

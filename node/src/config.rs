@@ -41,6 +41,10 @@ pub struct NodeConfig {
     /// Who may call NodeAdmin: the bearer tokens of `--auth-tokens`, or open (the default).
     /// The peer channels and the application session are not governed by tokens.
     pub auth: cairn_sdk::cli::auth::Auth,
+    /// `--tls-*`: the peer port serves mutual TLS (client certificates required, checked
+    /// against the CA) and the links to peers and to the coordinator use it. `None`:
+    /// plaintext (the default).
+    pub tls: Option<cairn_sdk::tls::Tls>,
 }
 
 impl NodeConfig {
@@ -65,6 +69,7 @@ impl NodeConfig {
             coordinator: None,
             advertise: None,
             auth: cairn_sdk::cli::auth::Auth::open(),
+            tls: None,
         }
     }
 

@@ -99,6 +99,9 @@ pub enum RunError {
     /// Reflection could not be built.
     #[error("reflection: {0}")]
     Reflection(String),
+    /// The TLS configuration (`--tls-*`) was refused.
+    #[error("TLS: {0}")]
+    Tls(String),
 }
 
 /// Runs a node daemon until `shutdown` is cancelled, then stops accepting, aborts the
@@ -130,6 +133,7 @@ pub async fn run(
         wiring: RwLock::new(Arc::new(first)),
         fault_injection: config.fault_injection,
         upload_room: Arc::new(tokio::sync::Semaphore::new(UPLOAD_ROOM)),
+        tls: config.tls.clone(),
         epoch: tokio::sync::watch::Sender::new(0),
     });
 
@@ -207,10 +211,22 @@ pub async fn run(
         shutdown: stop.clone(),
         sessions: AtomicU64::new(0),
     };
-    config.auth.start("this daemon's NodeAdmin", stop.clone());
+    config.auth.start(
+        "this daemon's NodeAdmin",
+        config.tls.is_some(),
+        stop.clone(),
+    );
     let accepting = CancellationToken::new();
     // Peer streams use large windows (CALIBRATION.md); each connection carries one channel.
-    let peer_server = limits::server(PEER_PORT_STREAMS)
+    let mut peer_server = limits::server(PEER_PORT_STREAMS);
+    if let Some(tls) = &config.tls {
+        // Mutual TLS: a client without a certificate of the CA is refused in the handshake.
+        peer_server = tls
+            .server_config()
+            .and_then(|c| peer_server.tls_config(c).map_err(|e| e.to_string()))
+            .map_err(RunError::Tls)?;
+    }
+    let peer_server = peer_server
         .initial_stream_window_size(16 << 20)
         .initial_connection_window_size(32 << 20)
         // NodeAdmin's bearer tokens and roles (`--auth-tokens`); Peer/Channel stays open.

@@ -79,6 +79,8 @@ struct Args {
     /// by tokens.
     #[arg(long, env = "CAIRN_AUTH_TOKENS")]
     auth_tokens: Option<std::path::PathBuf>,
+    #[command(flatten)]
+    tls: cli::tls::TlsArgs,
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -98,6 +100,10 @@ fn main() -> ExitCode {
     };
     config.auth = match cli::auth::Auth::from_flag(args.auth_tokens.as_deref()) {
         Ok(auth) => auth,
+        Err(e) => return cli::usage_error(e),
+    };
+    config.tls = match args.tls.load_daemon() {
+        Ok(tls) => tls,
         Err(e) => return cli::usage_error(e),
     };
     cli::init_logging(&args.log, matches!(args.log_format, LogFormat::Json));

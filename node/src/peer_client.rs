@@ -16,7 +16,7 @@ use rand::Rng;
 use tokio::sync::{mpsc, oneshot};
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::Channel;
 
 use crate::node_loop::{LoopMsg, OutFrame, Pulled};
 use crate::shared::{ChannelHandles, Shared};
@@ -111,7 +111,7 @@ impl Link {
             .get(&self.channel.to)
             .cloned()
             .ok_or_else(|| format!("no address for node {}", self.channel.to))?;
-        Endpoint::from_shared(format!("http://{address}"))
+        cairn_sdk::tls::endpoint(&address, self.shared.tls.as_ref())
             .map_err(|e| e.to_string())?
             .connect_timeout(Duration::from_secs(2))
             .tcp_nodelay(true)

@@ -120,6 +120,9 @@ pub(crate) struct Shared {
     /// The epoch: raised by every restore. Written only by the node loop; the peer service
     /// refuses streams of another epoch, and sending tasks start over when it changes.
     pub epoch: tokio::sync::watch::Sender<u64>,
+    /// `--tls-*`: the links to peers and to the coordinator use it (https, this node's
+    /// certificate presented); `None`: plaintext.
+    pub tls: Option<cairn_sdk::tls::Tls>,
 }
 
 impl Shared {

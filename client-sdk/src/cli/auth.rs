@@ -358,9 +358,11 @@ impl Auth {
         self.file.is_some()
     }
 
-    /// Starts what a running server needs: with tokens, the reload on change and SIGHUP;
-    /// without, the one warning that the API is unauthenticated. `what` names the API.
-    pub fn start(&self, what: &str, stop: CancellationToken) {
+    /// Starts what a running server needs: with tokens, the reload on change and SIGHUP.
+    /// Logs the one line that says what protects the server (`what` names its API): a
+    /// warning without TLS (`tls` false: its links are unencrypted and unauthenticated) or
+    /// without tokens.
+    pub fn start(&self, what: &str, tls: bool, stop: CancellationToken) {
         match &self.file {
             Some(file) => {
                 tracing::info!(
@@ -368,11 +370,22 @@ impl Auth {
                     "{what}: bearer tokens required (--auth-tokens {})",
                     file.path.display()
                 );
+                if !tls {
+                    tracing::warn!(
+                        "no --tls-cert/--tls-key/--tls-ca: this process's links are unencrypted \
+                         and unauthenticated, and bearer tokens travel in plaintext"
+                    );
+                }
                 file.watch(stop);
             }
+            None if tls => tracing::warn!(
+                "{what} is open to every holder of a certificate of the CA (mutual TLS on; \
+                 give --auth-tokens to require bearer tokens and roles)"
+            ),
             None => tracing::warn!(
-                "{what} is unauthenticated: anyone who can reach it may call every method \
-                 (give --auth-tokens to require bearer tokens)"
+                "no --tls-cert/--tls-key/--tls-ca and no --auth-tokens: this process's links \
+                 are unencrypted and unauthenticated, and {what} is open to anyone who can \
+                 reach it"
             ),
         }
     }

@@ -16,7 +16,7 @@ use rand::Rng;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::Channel;
 
 use crate::node_loop::{LoopMsg, NodeEvent};
 use crate::shared::Shared;
@@ -114,7 +114,7 @@ impl CoordinatorLink {
     }
 
     async fn connect(&self) -> Result<Channel, LinkError> {
-        Endpoint::from_shared(format!("http://{}", self.address))
+        cairn_sdk::tls::endpoint(&self.address, self.shared.tls.as_ref())
             .map_err(LinkError::Address)?
             .connect_timeout(Duration::from_secs(3))
             .initial_stream_window_size(16 << 20)

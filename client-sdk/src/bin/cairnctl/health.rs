@@ -55,7 +55,7 @@ pub(crate) async fn health(
         HealthCheckRequest, health_check_response::ServingStatus, health_client::HealthClient,
     };
     let ask = async {
-        let channel = tonic::transport::Endpoint::from_shared(format!("http://{address}"))?
+        let channel = cairn_sdk::tls::endpoint(address, crate::tls())?
             .connect()
             .await?;
         let answer = HealthClient::new(channel)

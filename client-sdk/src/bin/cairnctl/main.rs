@@ -6,6 +6,7 @@
 //! [`snapshot`], [`restore`], [`policy`], [`cluster`] (`cluster up`, `demo`), [`health`]
 //! (`nodes`, `status`, `health`); [`output`] prints tables and JSON.
 
+mod certs;
 mod cluster;
 mod health;
 mod output;
@@ -37,6 +38,11 @@ struct Cli {
     /// lists; `cairnctl auth token` makes one).
     #[arg(long, global = true, env = "CAIRN_TOKEN", hide_env_values = true)]
     token: Option<String>,
+    /// TLS to the coordinator: --tls-ca alone checks its certificate; with --tls-cert and
+    /// --tls-key, this client presents a certificate too (a coordinator with TLS flags
+    /// requires one). Also used by `cairnctl health`.
+    #[command(flatten)]
+    tls: cli::tls::TlsArgs,
     /// Output format.
     #[arg(long, short, global = true, env = "CAIRN_OUTPUT", value_enum, default_value_t = Output::Table)]
     output: Output,
@@ -73,6 +79,9 @@ enum Command {
         #[arg(long, default_value = "2s", value_parser = humantime::parse_duration)]
         timeout: Duration,
     },
+    /// Certificates for mutual TLS (`certs init`: a development CA and every certificate).
+    #[command(subcommand)]
+    Certs(certs::CertsCommand),
     /// Bearer tokens for a coordinator's or daemon's --auth-tokens file.
     #[command(subcommand)]
     Auth(AuthCommand),
@@ -112,12 +121,20 @@ enum AuthCommand {
 /// The `--token` every coordinator client of this run sends.
 static TOKEN: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
 
+/// The `--tls-*` of this run (none: plaintext).
+static TLS: std::sync::OnceLock<Option<cairn_sdk::tls::Tls>> = std::sync::OnceLock::new();
+
+/// The `--tls-*` of this run, if any.
+pub(crate) fn tls() -> Option<&'static cairn_sdk::tls::Tls> {
+    TLS.get().and_then(Option::as_ref)
+}
+
 /// A client of the coordinator at `address`, sending `--token` if given.
 pub(crate) async fn connect(
     address: &str,
 ) -> Result<cairn_sdk::CoordinatorClient, cairn_sdk::Error> {
     let token = TOKEN.get().and_then(|t| t.as_deref());
-    cairn_sdk::CoordinatorClient::connect_with_token(address, token).await
+    cairn_sdk::CoordinatorClient::connect_with(address, token, tls()).await
 }
 
 fn main() -> ExitCode {
@@ -125,6 +142,21 @@ fn main() -> ExitCode {
         Ok(cli) => cli,
         Err(code) => return code,
     };
+    let tls_given =
+        cli.tls.tls_cert.is_some() || cli.tls.tls_key.is_some() || cli.tls.tls_ca.is_some();
+    if tls_given && matches!(cli.command, Command::Cluster(_) | Command::Demo { .. }) {
+        // Not yet: the local cluster runs plaintext (issue 15 item 6).
+        return cli::usage_error(
+            "--tls-cert/--tls-key/--tls-ca are for the commands that call a coordinator or \
+             a server; `cluster up` and `demo` run a plaintext cluster",
+        );
+    }
+    match cli.tls.load_client() {
+        Ok(tls) => {
+            let _ = TLS.set(tls);
+        }
+        Err(e) => return cli::usage_error(e),
+    }
     cli::init_logging(
         &std::env::var("CAIRN_LOG").unwrap_or_else(|_| "warn".into()),
         false,
@@ -180,6 +212,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             }
             Ok(ExitCode::SUCCESS)
         }
+        Command::Certs(command) => certs::certs(command),
         Command::Cluster(command) => cluster::cluster(command, listen).await,
         Command::Demo {
             nodes,

