@@ -170,7 +170,16 @@ fn main() -> ExitCode {
         Err(e) => {
             // A refusal from a server reads as its reason and its gRPC code.
             match e.downcast_ref::<tonic::Status>() {
-                Some(status) => eprintln!("error: {} ({:?})", status.message(), status.code()),
+                Some(status) => {
+                    // A failed connection (no TLS, or a refused certificate) carries why.
+                    let mut why = String::new();
+                    let mut source = std::error::Error::source(status);
+                    while let Some(cause) = source {
+                        why.push_str(&format!(": {cause}"));
+                        source = cause.source();
+                    }
+                    eprintln!("error: {}{why} ({:?})", status.message(), status.code())
+                }
                 None => eprintln!("error: {e:#}"),
             }
             ExitCode::FAILURE
