@@ -11,9 +11,12 @@ use crate::tls::Tls;
 #[derive(Debug, Clone, Default, clap::Args)]
 #[command(next_help_heading = "TLS")]
 pub struct TlsArgs {
-    /// This process's certificate (PEM; leaf first). With --tls-key and --tls-ca, every
-    /// gRPC port serves mutual TLS and every link to the coordinator and to peers uses it.
-    /// `cairnctl certs init` writes a development CA and certificates.
+    /// This process's certificate (PEM; leaf first). Daemons: with --tls-key and --tls-ca,
+    /// the coordinator's port and a daemon's peer port serve mutual TLS (client
+    /// certificates required) and a daemon's links to the coordinator and to peers use it;
+    /// the application port stays plaintext. cairnctl: the client certificate to present
+    /// (with --tls-key; --tls-ca alone only checks the server's). `cairnctl certs init`
+    /// writes a development CA and certificates.
     #[arg(long, global = true, env = "CAIRN_TLS_CERT")]
     pub tls_cert: Option<PathBuf>,
     /// The private key of --tls-cert (PEM).

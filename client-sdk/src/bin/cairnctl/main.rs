@@ -151,11 +151,14 @@ fn main() -> ExitCode {
              a server; `cluster up` and `demo` run a plaintext cluster",
         );
     }
-    match cli.tls.load_client() {
-        Ok(tls) => {
-            let _ = TLS.set(tls);
+    // `certs` and `auth` call no server: their TLS flags (or variables) are not read.
+    if !matches!(cli.command, Command::Certs(_) | Command::Auth(_)) {
+        match cli.tls.load_client() {
+            Ok(tls) => {
+                let _ = TLS.set(tls);
+            }
+            Err(e) => return cli::usage_error(e),
         }
-        Err(e) => return cli::usage_error(e),
     }
     cli::init_logging(
         &std::env::var("CAIRN_LOG").unwrap_or_else(|_| "warn".into()),
