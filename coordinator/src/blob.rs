@@ -138,7 +138,7 @@ impl BlobStore {
         Ok(out)
     }
 
-    /// Reads one chunk (at most 256 KiB) and checks that its bytes hash to its name.
+    /// Reads one chunk (at most `MAX_CHUNK` bytes) and checks that its bytes hash to its name.
     pub async fn read_chunk(&self, hash: &str) -> std::io::Result<Vec<u8>> {
         if !valid_name(hash) {
             return Err(std::io::Error::new(
@@ -146,13 +146,28 @@ impl BlobStore {
                 format!("bad chunk name `{hash}`"),
             ));
         }
-        let bytes = tokio::fs::read(self.path(hash)).await.map_err(|e| {
+        let missing_or = |e: std::io::Error| {
             if e.kind() == std::io::ErrorKind::NotFound {
                 std::io::Error::new(e.kind(), format!("chunk {hash} is missing"))
             } else {
                 chunk_error(hash, "cannot read", e)
             }
-        })?;
+        };
+        // No chunk is larger than FastCDC's maximum: a larger file is not one (and is not
+        // read into memory).
+        let len = tokio::fs::metadata(self.path(hash))
+            .await
+            .map_err(missing_or)?
+            .len();
+        if len > u64::from(MAX_CHUNK) {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidData,
+                format!(
+                    "chunk {hash} is corrupt: {len} bytes, above the {MAX_CHUNK}-byte chunk size"
+                ),
+            ));
+        }
+        let bytes = tokio::fs::read(self.path(hash)).await.map_err(missing_or)?;
         let actual = hex::encode(Sha256::digest(&bytes));
         if actual != hash {
             return Err(std::io::Error::new(
@@ -380,6 +395,14 @@ mod tests {
             is_data_loss(&err) && err.to_string().contains("missing"),
             "{err}"
         );
+        // A file larger than any chunk is refused without being read whole.
+        std::fs::write(&path, vec![0u8; MAX_CHUNK as usize + 1]).unwrap();
+        let err = blobs.read_chunk(&victim).await.unwrap_err();
+        assert!(
+            is_data_loss(&err) && err.to_string().contains("above"),
+            "{err}"
+        );
+        std::fs::remove_file(&path).unwrap();
         // A name that is not a sha256 never reaches the file system.
         assert!(blobs.read_chunk("../../etc/passwd").await.is_err());
         std::fs::remove_dir_all(&dir).unwrap();
