@@ -16,6 +16,7 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
 pub mod auth;
+pub mod identity;
 pub mod metrics;
 pub mod tls;
 

@@ -180,7 +180,7 @@ pub async fn run(
         .initial_stream_window_size(4 << 20)
         .initial_connection_window_size(16 << 20)
         // Bearer tokens and roles (`--auth-tokens`), before a byte of a body is read.
-        .layer(config.auth.layer())
+        .layer(config.auth.layer(&config.cluster))
         .layer(
             cairn_proto::limits::MessageLimits::new(cairn_proto::limits::CONTROL_MESSAGE)
                 .rpc("/cairn.v1.Coordinator/UploadSnapshotPart", UPLOAD_MESSAGE),

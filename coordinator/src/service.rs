@@ -8,6 +8,7 @@ use std::time::Duration;
 use cairn_core::{NodeId, SnapshotId, StartRequest};
 use cairn_proto::convert::channel_from_pb;
 use cairn_proto::v1 as pb;
+use cairn_sdk::cli::identity::{Peer, check_node};
 use tokio::sync::{mpsc, oneshot};
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
@@ -272,7 +273,9 @@ impl pb::coordinator_server::Coordinator for CoordinatorService {
         &self,
         request: Request<pb::FetchRestorePartRequest>,
     ) -> Result<Response<Self::FetchRestorePartStream>, Status> {
+        let peer = Peer::of(&request);
         let r = request.into_inner();
+        check_node(peer.as_ref(), &r.node_id, "fetch a restore")?;
         let id = SnapshotId(r.snapshot_id);
         let record = self.record(id).await?;
         if record.status != SnapshotStatus::Completed {
@@ -399,6 +402,7 @@ impl pb::coordinator_server::Coordinator for CoordinatorService {
         request: Request<Streaming<pb::NodeToCoordinator>>,
     ) -> Result<Response<Self::NodeSessionStream>, Status> {
         use pb::node_to_coordinator::Kind;
+        let peer = Peer::of(&request);
         let mut inbound = request.into_inner();
         let Some(pb::NodeToCoordinator {
             kind: Some(Kind::Register(register)),
@@ -409,6 +413,7 @@ impl pb::coordinator_server::Coordinator for CoordinatorService {
             )
             .into());
         };
+        check_node(peer.as_ref(), &register.node_id, "register")?;
         let node = NodeId::new(register.node_id.clone());
         let session = self.sessions.fetch_add(1, Ordering::Relaxed) + 1;
         let (tx, rx) = mpsc::channel(256);
@@ -444,6 +449,7 @@ impl pb::coordinator_server::Coordinator for CoordinatorService {
         request: Request<Streaming<pb::UploadChunk>>,
     ) -> Result<Response<pb::UploadSnapshotPartResponse>, Status> {
         use pb::upload_chunk::Kind;
+        let peer = Peer::of(&request);
         let mut chunks = request.into_inner();
         let Some(pb::UploadChunk {
             kind: Some(Kind::Header(header)),
@@ -451,6 +457,7 @@ impl pb::coordinator_server::Coordinator for CoordinatorService {
         else {
             return Err(Error::InvalidArgument("an upload starts with its header".into()).into());
         };
+        check_node(peer.as_ref(), &header.node_id, "upload a part")?;
         let id = SnapshotId(header.snapshot_id);
         let node = NodeId::new(header.node_id.clone());
         self.ask(|reply| Msg::CheckUpload {

@@ -61,6 +61,8 @@ pub struct CoordinatedCluster {
 
 /// The user whose certificate the harness's clients present in a TLS cluster.
 pub const TLS_TEST_USER: &str = "tester";
+/// [`TLS_TEST_USER`] as `cairnctl certs init --users` takes it: an admin.
+pub const TLS_TEST_USER_SPEC: &str = "tester:admin";
 
 /// Runs `cairnctl certs init` into `dir` for the nodes `n1` to `n{nodes}` and `users`: a
 /// CA, a certificate per node (and the coordinator) and per user.

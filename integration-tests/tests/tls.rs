@@ -12,7 +12,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use cairn_integration_tests::coordinated::{
-    CoordinatedCluster, Store, TLS_TEST_USER, assert_completed, certs_init,
+    CoordinatedCluster, Store, TLS_TEST_USER, TLS_TEST_USER_SPEC, assert_completed, certs_init,
 };
 use cairn_integration_tests::processes::{binary, free_port};
 use cairn_proto::v1 as pb;
@@ -94,8 +94,8 @@ fn user(dir: &Path, ca: &Path) -> Tls {
 async fn a_tls_cluster_snapshots_in_every_mode_and_refuses_other_clients() {
     let certs = temp_dir("certs");
     let other = temp_dir("other-ca");
-    certs_init(&certs, 3, &[TLS_TEST_USER]).unwrap();
-    certs_init(&other, 3, &[TLS_TEST_USER]).unwrap();
+    certs_init(&certs, 3, &[TLS_TEST_USER_SPEC]).unwrap();
+    certs_init(&other, 3, &[TLS_TEST_USER_SPEC]).unwrap();
     // Keys are private to their owner.
     use std::os::unix::fs::PermissionsExt;
     for key in ["ca-key.pem", "n1-key.pem", "coordinator-key.pem"] {
@@ -106,7 +106,7 @@ async fn a_tls_cluster_snapshots_in_every_mode_and_refuses_other_clients() {
         assert_eq!(mode & 0o777, 0o600, "{key}");
     }
     // And are not overwritten without --force.
-    assert!(certs_init(&certs, 3, &[TLS_TEST_USER]).is_err());
+    assert!(certs_init(&certs, 3, &[TLS_TEST_USER_SPEC]).is_err());
 
     let cluster = CoordinatedCluster::start_opts(3, Store::Embedded, &[], &[], &[], Some(&certs))
         .await

@@ -230,7 +230,7 @@ pub async fn run(
         .initial_stream_window_size(16 << 20)
         .initial_connection_window_size(32 << 20)
         // NodeAdmin's bearer tokens and roles (`--auth-tokens`); Peer/Channel stays open.
-        .layer(config.auth.layer())
+        .layer(config.auth.layer(&config.cluster))
         .layer(
             limits::MessageLimits::new(limits::CONTROL_MESSAGE)
                 .rpc("/cairn.v1.Peer/Channel", data_limit),

@@ -8,6 +8,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 use cairn_core::ChannelId;
 use cairn_proto::v1 as pb;
+use cairn_sdk::cli::identity::{self, check_node};
 use tokio::sync::{mpsc, oneshot};
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
@@ -32,6 +33,7 @@ impl pb::peer_server::Peer for PeerService {
         &self,
         request: Request<Streaming<pb::PeerFrame>>,
     ) -> Result<Response<Self::ChannelStream>, Status> {
+        let peer = identity::Peer::of(&request);
         let mut frames = request.into_inner();
         let first = frames
             .message()
@@ -40,6 +42,13 @@ impl pb::peer_server::Peer for PeerService {
         let Some(pb::peer_frame::Kind::Handshake(handshake)) = first.kind else {
             return Err(invalid("the first frame of a channel must be a handshake").into());
         };
+        // With TLS, only node `from` may open a channel from it (the cluster of its
+        // certificate was checked by the auth layer; the handshake's below).
+        check_node(
+            peer.as_ref(),
+            &handshake.from,
+            &format!("open a channel to {}", self.shared.node_id),
+        )?;
         let (channel, handles) = self.check_handshake(&handshake)?;
         let (reply, opened) = oneshot::channel();
         self.loop_tx

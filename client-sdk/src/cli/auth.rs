@@ -27,6 +27,8 @@ use tokio_util::sync::CancellationToken;
 use tonic::Status;
 use tonic::body::Body;
 
+use super::identity::{CertIdentity, Identity, Peer, Refusals};
+
 /// What a token allows, from least to most.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Role {
@@ -73,9 +75,12 @@ impl std::str::FromStr for Role {
 /// What a gRPC method needs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Required {
-    /// Nothing: health, reflection, and the node RPCs (governed by certificate identity
-    /// once TLS arrives, issue 15 item 2; open until then).
+    /// Nothing: health, reflection, and the application's session (the loopback port).
     Open,
+    /// A node's own call: on a TLS connection, a certificate naming a node of this
+    /// cluster (the handler then checks it is the node the call claims to be, with
+    /// [`identity::check_node`](super::identity::check_node)); open on plaintext.
+    Node,
     /// A token of at least this role.
     Role(Role),
 }
@@ -101,25 +106,28 @@ const TABLE: &[(&str, Role)] = &[
     ("/cairn.v1.NodeAdmin/InjectFault", Role::Admin),
 ];
 
-/// The node RPCs: a daemon's own calls, not a person's. Open to any caller for now; they
-/// are to be bound to the node's certificate identity (issue 15 item 2).
+/// The node RPCs: a daemon's own calls, not a person's, bound to the node its certificate
+/// names.
 const NODE_RPCS: &[&str] = &[
     "/cairn.v1.Coordinator/NodeSession",
     "/cairn.v1.Coordinator/UploadSnapshotPart",
     "/cairn.v1.Coordinator/FetchRestorePart",
     "/cairn.v1.Peer/Channel",
-    "/cairn.v1.App/Session",
 ];
 
-/// What the method at `path` (`/package.Service/Method`) needs. Health and reflection are
-/// open, and so are the node RPCs; a method in no table needs `admin` (deny by default).
+/// What the method at `path` (`/package.Service/Method`) needs. Health, reflection and
+/// the application's session are open, the node RPCs need a node; a method in no table
+/// needs `admin` (deny by default).
 pub fn required(path: &str) -> Required {
     if path.starts_with("/grpc.health.v1.Health/")
         || path.starts_with("/grpc.reflection.v1.ServerReflection/")
         || path.starts_with("/grpc.reflection.v1alpha.ServerReflection/")
-        || NODE_RPCS.contains(&path)
+        || path == "/cairn.v1.App/Session"
     {
         return Required::Open;
+    }
+    if NODE_RPCS.contains(&path) {
+        return Required::Node;
     }
     TABLE
         .iter()
@@ -323,19 +331,23 @@ impl TokenFile {
     }
 }
 
-/// How a server authenticates its callers: by the tokens of a file, or not at all.
+/// How a server authenticates its callers: by the role of their certificate's identity
+/// (on TLS connections), by the tokens of a file, or not at all.
 #[derive(Debug, Clone)]
 pub struct Auth {
     file: Option<Arc<TokenFile>>,
     refused: Family<Vec<(String, String)>, Counter>,
+    identities: Refusals,
 }
 
 impl Auth {
-    /// No authentication: every call is let through.
+    /// No tokens: on plaintext connections every call is let through; on TLS ones a
+    /// certificate's role still applies.
     pub fn open() -> Self {
         Self {
             file: None,
             refused: Family::default(),
+            identities: Refusals::default(),
         }
     }
 
@@ -348,7 +360,7 @@ impl Auth {
                 file: Some(Arc::new(
                     TokenFile::load(path).map_err(|e| format!("--auth-tokens {e}"))?,
                 )),
-                refused: Family::default(),
+                ..Self::open()
             }),
         }
     }
@@ -360,15 +372,19 @@ impl Auth {
 
     /// Starts what a running server needs: with tokens, the reload on change and SIGHUP.
     /// Logs the one line that says what protects the server (`what` names its API): a
-    /// warning without TLS (`tls` false: its links are unencrypted and unauthenticated) or
-    /// without tokens.
+    /// warning without TLS (`tls` false: its links are unencrypted and unauthenticated).
     pub fn start(&self, what: &str, tls: bool, stop: CancellationToken) {
         match &self.file {
             Some(file) => {
                 tracing::info!(
                     tokens = file.tokens().entries.len(),
-                    "{what}: bearer tokens required (--auth-tokens {})",
-                    file.path.display()
+                    "{what}: bearer tokens accepted (--auth-tokens {}){}",
+                    file.path.display(),
+                    if tls {
+                        ", and client certificates with a role"
+                    } else {
+                        ""
+                    }
                 );
                 if !tls {
                     tracing::warn!(
@@ -378,9 +394,10 @@ impl Auth {
                 }
                 file.watch(stop);
             }
-            None if tls => tracing::warn!(
-                "{what} is open to every holder of a certificate of the CA (mutual TLS on; \
-                 give --auth-tokens to require bearer tokens and roles)"
+            None if tls => tracing::info!(
+                "{what}: mutual TLS; callers need a client certificate with a role \
+                 ({}CLUSTER/ROLE/NAME; give --auth-tokens to accept bearer tokens too)",
+                super::identity::SCHEME
             ),
             None => tracing::warn!(
                 "no --tls-cert/--tls-key/--tls-ca and no --auth-tokens: this process's links \
@@ -390,31 +407,62 @@ impl Auth {
         }
     }
 
-    /// Registers `cairn_auth_refused_total{code}`.
+    /// Registers `cairn_auth_refused_total{code}` and `cairn_identity_refused_total{what}`.
     pub fn register(&self, registry: &mut Registry) {
         registry.register(
             "cairn_auth_refused",
-            "Calls refused for want of a token (code=unauthenticated) or of a role \
-             (code=permission_denied)",
+            "Calls refused for want of a token or certificate role (code=unauthenticated) or \
+             of a high enough role or a node's certificate (code=permission_denied)",
             self.refused.clone(),
         );
+        self.identities.register(registry);
     }
 
-    /// The layer that enforces this.
-    pub fn layer(&self) -> AuthLayer {
-        AuthLayer { auth: self.clone() }
+    /// The layer that enforces this on a server of cluster `cluster`.
+    pub fn layer(&self, cluster: &str) -> AuthLayer {
+        AuthLayer {
+            auth: self.clone(),
+            cluster: cluster.into(),
+        }
     }
 
-    /// Checks a call to `path` with these request headers: `Ok` to let it through, or the
-    /// refusal.
-    pub fn check(&self, path: &str, headers: &http::HeaderMap) -> Result<(), Status> {
-        let Some(file) = &self.file else {
-            return Ok(());
+    /// Checks a call to `path` with these request headers, on a connection whose client
+    /// presented `cert` (DER; `None` on plaintext), on a server of `cluster`: the
+    /// [`Peer`] to put in the request's extensions (TLS connections), or the refusal.
+    pub fn check(
+        &self,
+        path: &str,
+        headers: &http::HeaderMap,
+        cert: Option<&[u8]>,
+        cluster: &str,
+    ) -> Result<Option<Peer>, Status> {
+        let peer = cert.map(|der| self.identities.peer(der, cluster));
+        let result = match required(path) {
+            Required::Open => Ok(()),
+            Required::Node => match &peer {
+                None => Ok(()),
+                Some(Peer {
+                    identity:
+                        Ok(CertIdentity {
+                            identity: Identity::Node(_),
+                            ..
+                        }),
+                    ..
+                }) => Ok(()),
+                Some(Peer { identity, .. }) => {
+                    let method = path.rsplit('/').next().unwrap_or(path);
+                    let who = match identity {
+                        Ok(identity) => format!("the certificate is {identity}"),
+                        Err(why) => why.clone(),
+                    };
+                    Err(self.identities.refuse(
+                        method,
+                        format!("{method} is for the nodes of cluster {cluster}; {who}"),
+                    ))
+                }
+            },
+            Required::Role(needed) => self.check_role(path, needed, headers, peer.as_ref()),
         };
-        let Required::Role(needed) = required(path) else {
-            return Ok(());
-        };
-        let result = check_token(&file.tokens(), path, needed, headers);
         if let Err(status) = &result {
             let code = match status.code() {
                 tonic::Code::Unauthenticated => "unauthenticated",
@@ -425,22 +473,64 @@ impl Auth {
                 .inc();
             tracing::debug!(method = path, "refused: {}", status.message());
         }
-        result
+        result.map(|()| peer)
+    }
+
+    /// A call that needs `needed`: the role of the bearer token if one is given and
+    /// tokens are on, else the role of the certificate's identity; open only on a
+    /// plaintext connection to a server without tokens.
+    fn check_role(
+        &self,
+        path: &str,
+        needed: Role,
+        headers: &http::HeaderMap,
+        peer: Option<&Peer>,
+    ) -> Result<(), Status> {
+        let person = |peer: &Peer| match &peer.identity {
+            Ok(CertIdentity {
+                identity: Identity::Person { role, name },
+                ..
+            }) => Some((*role, name.clone())),
+            _ => None,
+        };
+        let (role, what) = match (&self.file, headers.get(http::header::AUTHORIZATION)) {
+            (Some(file), Some(value)) => (token_role(&file.tokens(), value)?, "the token".into()),
+            _ => match peer.and_then(person) {
+                Some((role, name)) => (role, format!("the certificate of {name}")),
+                None if peer.is_none() && self.file.is_none() => return Ok(()),
+                None => {
+                    let token = "a bearer token is required (authorization: Bearer <token>)";
+                    let Some(peer) = peer else {
+                        return Err(Status::unauthenticated(token));
+                    };
+                    let who = match &peer.identity {
+                        Ok(identity) => format!("this one is {identity}"),
+                        Err(why) => why.clone(),
+                    };
+                    let certificate = format!(
+                        "a client certificate with a role is required ({}CLUSTER/ROLE/NAME; {who})",
+                        super::identity::SCHEME
+                    );
+                    return Err(Status::unauthenticated(if self.file.is_some() {
+                        format!("{token}, or {certificate}")
+                    } else {
+                        certificate
+                    }));
+                }
+            },
+        };
+        if role < needed {
+            let method = path.rsplit('/').next().unwrap_or(path);
+            return Err(Status::permission_denied(format!(
+                "{method} needs {needed}; {what} is {role}"
+            )));
+        }
+        Ok(())
     }
 }
 
-/// The token in `headers` against `tokens`, for a method that needs `needed`.
-fn check_token(
-    tokens: &Tokens,
-    path: &str,
-    needed: Role,
-    headers: &http::HeaderMap,
-) -> Result<(), Status> {
-    let Some(value) = headers.get(http::header::AUTHORIZATION) else {
-        return Err(Status::unauthenticated(
-            "a bearer token is required (authorization: Bearer <token>)",
-        ));
-    };
+/// The role of the bearer token in an `authorization` header value.
+fn token_role(tokens: &Tokens, value: &http::HeaderValue) -> Result<Role, Status> {
     let token = value
         .to_str()
         .ok()
@@ -452,23 +542,17 @@ fn check_token(
         .ok_or_else(|| {
             Status::unauthenticated("a bearer token is required (authorization: Bearer <token>)")
         })?;
-    let Some(entry) = tokens.find(token) else {
-        return Err(Status::unauthenticated("unknown token"));
-    };
-    if entry.role < needed {
-        let method = path.rsplit('/').next().unwrap_or(path);
-        return Err(Status::permission_denied(format!(
-            "{method} needs {needed}; the token is {}",
-            entry.role
-        )));
-    }
-    Ok(())
+    tokens
+        .find(token)
+        .map(|entry| entry.role)
+        .ok_or_else(|| Status::unauthenticated("unknown token"))
 }
 
 /// The tower layer of [`Auth`].
 #[derive(Debug, Clone)]
 pub struct AuthLayer {
     auth: Auth,
+    cluster: Arc<str>,
 }
 
 impl<S> tower_layer::Layer<S> for AuthLayer {
@@ -478,6 +562,7 @@ impl<S> tower_layer::Layer<S> for AuthLayer {
         Authenticated {
             inner,
             auth: self.auth.clone(),
+            cluster: self.cluster.clone(),
         }
     }
 }
@@ -487,9 +572,25 @@ impl<S> tower_layer::Layer<S> for AuthLayer {
 pub struct Authenticated<S> {
     inner: S,
     auth: Auth,
+    cluster: Arc<str>,
 }
 
 type BoxFuture<T, E> = Pin<Box<dyn Future<Output = Result<T, E>> + Send>>;
+
+/// The leaf certificate the client of this request presented on its TLS connection.
+fn client_certificate<B>(request: &http::Request<B>) -> Option<Vec<u8>> {
+    use tonic::transport::server::{TcpConnectInfo, TlsConnectInfo};
+    let info = request
+        .extensions()
+        .get::<TlsConnectInfo<TcpConnectInfo>>()?;
+    // A TLS connection without a client certificate cannot happen (the servers require
+    // one); it would count as a certificate naming nobody.
+    Some(
+        info.peer_certs()
+            .and_then(|certs| certs.first().map(|c| c.to_vec()))
+            .unwrap_or_default(),
+    )
+}
 
 impl<S, B> tower_service::Service<http::Request<B>> for Authenticated<S>
 where
@@ -504,9 +605,20 @@ where
         self.inner.poll_ready(cx)
     }
 
-    fn call(&mut self, request: http::Request<B>) -> Self::Future {
-        match self.auth.check(request.uri().path(), request.headers()) {
-            Ok(()) => Box::pin(self.inner.call(request)),
+    fn call(&mut self, mut request: http::Request<B>) -> Self::Future {
+        let cert = client_certificate(&request);
+        match self.auth.check(
+            request.uri().path(),
+            request.headers(),
+            cert.as_deref(),
+            &self.cluster,
+        ) {
+            Ok(peer) => {
+                if let Some(peer) = peer {
+                    request.extensions_mut().insert(peer);
+                }
+                Box::pin(self.inner.call(request))
+            }
             Err(status) => {
                 let response = status.into_http::<Body>();
                 Box::pin(async move { Ok(response) })
@@ -518,6 +630,10 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn plain(auth: &Auth, path: &str, headers: &http::HeaderMap) -> Result<(), Status> {
+        auth.check(path, headers, None, "c").map(|_| ())
+    }
 
     fn hash_of(token: &str) -> String {
         hex::encode(Sha256::digest(token.as_bytes()))
@@ -574,10 +690,10 @@ mod tests {
                 "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo",
                 Open,
             ),
-            ("/cairn.v1.Coordinator/NodeSession", Open),
-            ("/cairn.v1.Coordinator/UploadSnapshotPart", Open),
-            ("/cairn.v1.Coordinator/FetchRestorePart", Open),
-            ("/cairn.v1.Peer/Channel", Open),
+            ("/cairn.v1.Coordinator/NodeSession", Node),
+            ("/cairn.v1.Coordinator/UploadSnapshotPart", Node),
+            ("/cairn.v1.Coordinator/FetchRestorePart", Node),
+            ("/cairn.v1.Peer/Channel", Node),
             ("/cairn.v1.App/Session", Open),
             // Deny by default.
             (
@@ -646,35 +762,39 @@ mod tests {
         };
         let set = "/cairn.v1.Coordinator/SetPolicy";
         let get = "/cairn.v1.Coordinator/GetPolicy";
-        let e = auth.check(get, &http::HeaderMap::new()).unwrap_err();
+        let e = plain(&auth, get, &http::HeaderMap::new()).unwrap_err();
         assert_eq!(e.code(), tonic::Code::Unauthenticated);
-        assert!(e.message().contains("a bearer token is required"));
-        let e = auth.check(get, &headers("Bearer w")).unwrap_err();
+        assert!(e.message().contains("a bearer token"), "{e:?}");
+        let e = plain(&auth, get, &headers("Bearer w")).unwrap_err();
         assert_eq!(
             (e.code(), e.message()),
             (tonic::Code::Unauthenticated, "unknown token")
         );
-        assert!(auth.check(get, &headers("Bearer v")).is_ok());
-        assert!(auth.check(get, &headers("bearer  v ")).is_ok());
-        assert!(auth.check(get, &headers("Basic v")).is_err());
-        let e = auth.check(set, &headers("Bearer v")).unwrap_err();
+        assert!(plain(&auth, get, &headers("Bearer v")).is_ok());
+        assert!(plain(&auth, get, &headers("bearer  v ")).is_ok());
+        assert!(plain(&auth, get, &headers("Basic v")).is_err());
+        let e = plain(&auth, set, &headers("Bearer v")).unwrap_err();
         assert_eq!(e.code(), tonic::Code::PermissionDenied);
         assert_eq!(e.message(), "SetPolicy needs operator; the token is viewer");
         assert!(
-            auth.check("/grpc.health.v1.Health/Check", &http::HeaderMap::new())
-                .is_ok()
+            plain(
+                &auth,
+                "/grpc.health.v1.Health/Check",
+                &http::HeaderMap::new()
+            )
+            .is_ok()
         );
 
         // A bad reload keeps the tokens in force; a good one replaces them.
         let file = auth.file.clone().unwrap();
         std::fs::write(&path, "viewer nothex\n").unwrap();
         file.reload(false);
-        assert!(auth.check(get, &headers("Bearer v")).is_ok());
+        assert!(plain(&auth, get, &headers("Bearer v")).is_ok());
         std::fs::write(&path, format!("operator {}\n", hash_of("o"))).unwrap();
         file.reload(false);
-        assert!(auth.check(get, &headers("Bearer v")).is_err());
-        assert!(auth.check(set, &headers("Bearer o")).is_ok());
-        assert!(Auth::open().check(set, &http::HeaderMap::new()).is_ok());
+        assert!(plain(&auth, get, &headers("Bearer v")).is_err());
+        assert!(plain(&auth, set, &headers("Bearer o")).is_ok());
+        assert!(plain(&Auth::open(), set, &http::HeaderMap::new()).is_ok());
 
         let e = Auth::from_flag(Some(&dir.join("missing"))).unwrap_err();
         assert!(
@@ -698,5 +818,59 @@ mod tests {
             (Role::Operator, Some("ci"))
         );
         assert_ne!(new_token(Role::Viewer, None).0, token);
+    }
+
+    fn cert(uri: &str) -> Vec<u8> {
+        let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+        params
+            .subject_alt_names
+            .push(rcgen::SanType::URI(uri.try_into().unwrap()));
+        let key = rcgen::KeyPair::generate().unwrap();
+        params.self_signed(&key).unwrap().der().to_vec()
+    }
+
+    #[test]
+    fn certificates_carry_roles_and_node_rpcs_need_nodes() {
+        let get = "/cairn.v1.Coordinator/GetPolicy";
+        let restore = "/cairn.v1.Coordinator/RestoreSnapshot";
+        let session = "/cairn.v1.Coordinator/NodeSession";
+        let none = http::HeaderMap::new();
+        let auth = Auth::open();
+        let check = |path: &str, uri: &str| auth.check(path, &none, Some(&cert(uri)), "c");
+        // A person's certificate: its role, never a node.
+        assert!(check(get, "cairn://c/viewer/grafana").is_ok());
+        let e = check(restore, "cairn://c/operator/ci").unwrap_err();
+        assert_eq!(e.code(), tonic::Code::PermissionDenied);
+        assert_eq!(
+            e.message(),
+            "RestoreSnapshot needs admin; the certificate of ci is operator"
+        );
+        assert!(check(restore, "cairn://c/admin/alice").is_ok());
+        let e = check(session, "cairn://c/admin/alice").unwrap_err();
+        assert_eq!(e.code(), tonic::Code::PermissionDenied);
+        assert!(
+            e.message()
+                .contains("NodeSession is for the nodes of cluster c; the certificate is alice (admin) of cluster c"),
+            "{e:?}"
+        );
+        // A node's certificate: node RPCs (the handler checks which node), no role.
+        let peer = check(session, "cairn://c/node/n1").unwrap().unwrap();
+        assert!(peer.check_node("n1", "register").is_ok());
+        assert!(peer.check_node("n2", "register").is_err());
+        let e = check(get, "cairn://c/node/n1").unwrap_err();
+        assert_eq!(e.code(), tonic::Code::Unauthenticated);
+        assert!(
+            e.message().contains("this one is node n1 of cluster c"),
+            "{e:?}"
+        );
+        // Another cluster's admin is nobody here.
+        let e = check(get, "cairn://d/admin/alice").unwrap_err();
+        assert_eq!(e.code(), tonic::Code::Unauthenticated);
+        assert!(e.message().contains("not of cluster c"), "{e:?}");
+        assert!(check(session, "cairn://d/node/n1").is_err());
+        // Plaintext without tokens: open, node RPCs too; with TLS, health stays open.
+        assert!(plain(&auth, restore, &none).is_ok());
+        assert!(plain(&auth, session, &none).is_ok());
+        assert!(check("/grpc.health.v1.Health/Check", "cairn://d/x/y").is_ok());
     }
 }

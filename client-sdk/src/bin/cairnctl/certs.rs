@@ -1,9 +1,11 @@
 //! `cairnctl certs init`: a development CA and the certificates of a cluster's nodes and
 //! users, with rcgen (P-256 keys, X.509 v3).
 //!
-//! A node's identity is the SAN `DNS:<node-id>` of its certificate (beside `DNS:localhost`
-//! and `IP:127.0.0.1`, so that clients dialling loopback can check it). A user's
-//! certificate names the user as `DNS:<user>` and is for client authentication only.
+//! Every certificate names who it is in one URI SAN (`cairn_sdk::cli::identity`):
+//! `cairn://<cluster>/node/<id>` for a node (beside `DNS:<id>`, `DNS:localhost`,
+//! `IP:127.0.0.1` and the `--san` names, so that clients can check the server they dial),
+//! `cairn://<cluster>/coordinator` for the coordinator, and `cairn://<cluster>/<role>/<user>`
+//! for a person or tool (client authentication only).
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -11,6 +13,8 @@ use std::process::ExitCode;
 use std::time::{Duration, SystemTime};
 
 use anyhow::{Context, bail};
+use cairn_sdk::cli::auth::Role;
+use cairn_sdk::cli::identity;
 use rcgen::{
     BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
     KeyUsagePurpose,
@@ -19,21 +23,30 @@ use rcgen::{
 #[derive(Debug, clap::Subcommand)]
 pub(crate) enum CertsCommand {
     /// Write a development CA (ca.pem, ca-key.pem) and a certificate and key for each node
-    /// (NODE.pem, NODE-key.pem: server and client auth; SANs DNS:NODE, DNS:localhost,
-    /// IP:127.0.0.1) and each user (USER.pem, USER-key.pem: client auth; SAN DNS:USER),
-    /// and one for the coordinator like a node's (coordinator.pem,
-    /// coordinator-key.pem; SAN DNS:coordinator). Keys are P-256 and written 0600.
-    /// Existing files are kept unless --force.
+    /// (NODE.pem, NODE-key.pem: server and client auth; SANs URI:cairn://CLUSTER/node/NODE,
+    /// DNS:NODE, DNS:localhost, IP:127.0.0.1 and each --san), the coordinator
+    /// (coordinator.pem, coordinator-key.pem; URI:cairn://CLUSTER/coordinator,
+    /// DNS:coordinator and the same others) and each user (USER.pem, USER-key.pem: client
+    /// auth only; URI:cairn://CLUSTER/ROLE/USER, which gives the user that role on the
+    /// coordinator and NodeAdmin). Keys are P-256 and written 0600. Existing files are kept
+    /// unless --force.
     Init {
-        /// The cluster's name (in the CA's name).
+        /// The cluster's name (in every identity: a certificate of another cluster is
+        /// refused).
         #[arg(long, default_value = "cairn")]
         cluster: String,
         /// The node ids, comma-separated or repeated.
         #[arg(long, value_delimiter = ',', required = true)]
         nodes: Vec<String>,
-        /// People and tools, comma-separated or repeated: a client certificate each.
-        #[arg(long, value_delimiter = ',')]
+        /// People and tools as NAME:ROLE (ROLE viewer, operator or admin; NAME alone is a
+        /// viewer), comma-separated or repeated: a client certificate each.
+        #[arg(long, value_delimiter = ',', value_name = "NAME[:ROLE]")]
         users: Vec<String>,
+        /// More DNS names or IP addresses for every node's and the coordinator's
+        /// certificate (the host names clients dial, e.g. a Kubernetes Service's),
+        /// comma-separated or repeated.
+        #[arg(long, value_delimiter = ',')]
+        san: Vec<String>,
         /// Where to write the files (created if missing).
         #[arg(long)]
         dir: PathBuf,
@@ -52,30 +65,55 @@ pub(crate) fn certs(command: CertsCommand) -> anyhow::Result<ExitCode> {
         cluster,
         nodes,
         users,
+        san,
         dir,
         force,
     } = command;
-    let mut names: Vec<&str> = Vec::new();
-    for name in nodes.iter().chain(&users) {
-        if name.is_empty()
-            || name == "ca"
-            || name == "coordinator"
-            || !name
+    let valid = |name: &str| {
+        !name.is_empty()
+            && name.len() <= 128
+            && name
                 .chars()
                 .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '.' || c == '_')
-        {
+    };
+    if !valid(&cluster) {
+        bail!("--cluster `{cluster}`: letters, digits, '-', '.', '_' (1 to 128)");
+    }
+    let mut people: Vec<(&str, Role)> = Vec::new();
+    for user in &users {
+        let (name, role) = match user.split_once(':') {
+            Some((name, role)) => (
+                name,
+                role.parse::<Role>()
+                    .map_err(|e| anyhow::anyhow!("--users {user}: {e}"))?,
+            ),
+            None => (user.as_str(), Role::Viewer),
+        };
+        people.push((name, role));
+    }
+    let mut names: Vec<&str> = Vec::new();
+    for name in nodes
+        .iter()
+        .map(String::as_str)
+        .chain(people.iter().map(|(name, _)| *name))
+    {
+        if !valid(name) || name == "ca" || name == "coordinator" {
             bail!(
                 "`{name}` cannot name a certificate (letters, digits, '-', '.', '_'; not `ca` or `coordinator`)"
             );
         }
-        if names.contains(&name.as_str()) {
+        if names.contains(&name) {
             bail!("`{name}` is named twice");
         }
         names.push(name);
     }
+    for name in &san {
+        CertificateParams::new(vec![name.clone()])
+            .map_err(|e| anyhow::anyhow!("--san `{name}` is not a DNS name or IP address: {e}"))?;
+    }
     std::fs::create_dir_all(&dir).with_context(|| format!("--dir {}", dir.display()))?;
     let mut files = vec!["ca.pem".to_owned(), "ca-key.pem".to_owned()];
-    for name in std::iter::once(&"coordinator").chain(&names) {
+    for name in std::iter::once(&"coordinator").chain(names.iter()) {
         files.push(format!("{name}.pem"));
         files.push(format!("{name}-key.pem"));
     }
@@ -115,21 +153,30 @@ pub(crate) fn certs(command: CertsCommand) -> anyhow::Result<ExitCode> {
     write(&dir, "ca-key.pem", &ca_key.serialize_pem(), true)?;
     let issuer = Issuer::new(ca, ca_key);
 
-    let leaf = |name: &str, node: bool| -> anyhow::Result<()> {
-        let sans = if node {
-            vec![
-                name.to_owned(),
-                "localhost".to_owned(),
-                "127.0.0.1".to_owned(),
-            ]
+    // `who`: the path of the identity URI after the cluster; `server`: node or
+    // coordinator (server and client auth, host names), or a person (client auth only).
+    let leaf = |name: &str, who: String, server: bool| -> anyhow::Result<()> {
+        let dns = if server {
+            [name, "localhost", "127.0.0.1"]
+                .into_iter()
+                .map(str::to_owned)
+                .chain(san.iter().cloned())
+                .collect()
         } else {
-            vec![name.to_owned()]
+            Vec::new()
         };
-        let mut params = CertificateParams::new(sans)?;
+        let mut params = CertificateParams::new(dns)?;
+        let uri = format!("{}{cluster}/{who}", identity::SCHEME);
+        // The identity checks itself (a cluster or name the servers could not parse would
+        // make a useless certificate).
+        identity::CertIdentity::parse(&uri).map_err(|e| anyhow::anyhow!("{e}"))?;
+        params
+            .subject_alt_names
+            .push(rcgen::SanType::URI(uri.as_str().try_into()?));
         params.distinguished_name.push(DnType::CommonName, name);
         params.is_ca = IsCa::ExplicitNoCa;
         params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
-        params.extended_key_usages = if node {
+        params.extended_key_usages = if server {
             vec![
                 ExtendedKeyUsagePurpose::ServerAuth,
                 ExtendedKeyUsagePurpose::ClientAuth,
@@ -146,12 +193,12 @@ pub(crate) fn certs(command: CertsCommand) -> anyhow::Result<ExitCode> {
         write(&dir, &format!("{name}-key.pem"), &key.serialize_pem(), true)?;
         Ok(())
     };
-    leaf("coordinator", true)?;
+    leaf("coordinator", "coordinator".into(), true)?;
     for node in &nodes {
-        leaf(node, true)?;
+        leaf(node, format!("node/{node}"), true)?;
     }
-    for user in &users {
-        leaf(user, false)?;
+    for (user, role) in &people {
+        leaf(user, format!("{role}/{user}"), false)?;
     }
     println!(
         "wrote {} files to {} (CA: ca.pem; keys 0600)",
