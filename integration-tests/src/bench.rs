@@ -183,6 +183,8 @@ pub struct BenchCluster {
     /// One control per node, in node order.
     pub apps: Vec<Arc<AppControl>>,
     stop: CancellationToken,
+    /// The certificates' directory of a TLS cluster.
+    certs: Option<std::path::PathBuf>,
 }
 
 impl BenchCluster {
@@ -196,14 +198,56 @@ impl BenchCluster {
         node_args: &[&str],
         state_size: usize,
     ) -> anyhow::Result<Self> {
+        Self::start_tls(n, store, coordinator_args, node_args, state_size, false).await
+    }
+
+    /// As [`Self::start`]; with `tls`, every daemon's links and the bench's calls to the
+    /// coordinator use mutual TLS (certificates of `cairnctl certs init`, removed with the
+    /// cluster). The applications' sessions stay plaintext on loopback.
+    pub async fn start_tls(
+        n: usize,
+        store: &Store,
+        coordinator_args: &[&str],
+        node_args: &[&str],
+        state_size: usize,
+        tls: bool,
+    ) -> anyhow::Result<Self> {
         let cluster_name = format!("bench-{}", crate::processes::free_port());
         let mut c_args = vec!["--cluster", cluster_name.as_str(), "--max-concurrent", "8"];
         c_args.extend_from_slice(coordinator_args);
         let mut n_args = vec!["--cluster", cluster_name.as_str()];
         n_args.extend_from_slice(node_args);
         let all: Vec<usize> = (0..n).collect();
-        let cluster =
-            CoordinatedCluster::start_with(n, store.clone(), &all, &c_args, &n_args).await?;
+        let certs = if tls {
+            let dir = std::env::temp_dir().join(format!("cairn-{cluster_name}-certs"));
+            crate::coordinated::certs_init_for(
+                &dir,
+                &cluster_name,
+                n,
+                &[crate::coordinated::TLS_TEST_USER_SPEC],
+            )?;
+            Some(dir)
+        } else {
+            None
+        };
+        let cluster = CoordinatedCluster::start_opts(
+            n,
+            store.clone(),
+            &all,
+            &c_args,
+            &n_args,
+            certs.as_deref(),
+        )
+        .await;
+        let cluster = match cluster {
+            Ok(cluster) => cluster,
+            Err(e) => {
+                if let Some(dir) = &certs {
+                    let _ = std::fs::remove_dir_all(dir);
+                }
+                return Err(e);
+            }
+        };
         let stop = CancellationToken::new();
         let mut apps = Vec::new();
         for node in &cluster.nodes {
@@ -219,6 +263,7 @@ impl BenchCluster {
             cluster,
             apps,
             stop,
+            certs,
         })
     }
 
@@ -304,6 +349,9 @@ impl BenchCluster {
 impl Drop for BenchCluster {
     fn drop(&mut self) {
         self.stop.cancel();
+        if let Some(dir) = &self.certs {
+            let _ = std::fs::remove_dir_all(dir);
+        }
     }
 }
 

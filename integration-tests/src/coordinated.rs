@@ -67,13 +67,23 @@ pub const TLS_TEST_USER_SPEC: &str = "tester:admin";
 /// Runs `cairnctl certs init` into `dir` for the nodes `n1` to `n{nodes}` and `users`: a
 /// CA, a certificate per node (and the coordinator) and per user.
 pub fn certs_init(dir: &Path, nodes: usize, users: &[&str]) -> anyhow::Result<()> {
+    certs_init_for(dir, "cairn", nodes, users)
+}
+
+/// As [`certs_init`], for the cluster `cluster`.
+pub fn certs_init_for(
+    dir: &Path,
+    cluster: &str,
+    nodes: usize,
+    users: &[&str],
+) -> anyhow::Result<()> {
     let nodes: Vec<String> = (1..=nodes).map(|i| format!("n{i}")).collect();
     let mut command = Command::new(binary("cairnctl")?);
     command.args([
         "certs",
         "init",
         "--cluster",
-        "cairn",
+        cluster,
         "--nodes",
         &nodes.join(","),
     ]);
