@@ -702,10 +702,8 @@ async fn certificates_carry_roles_and_nodes_act_only_as_themselves() {
                 (None, None) => result.as_ref().err().is_none_or(|s| {
                     !is_auth_refusal(s)
                         || s.message()
-                            == format!(
-                                "the certificate is node n2 of cluster cairn; it may not fetch a \
-                                 restore as node "
-                            )
+                            == "the certificate is node n2 of cluster cairn; it may not fetch a \
+                                restore as node "
                 }),
                 // A node has no role.
                 (Some(_), None) => result.as_ref().err().is_some_and(|s| {
