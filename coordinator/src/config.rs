@@ -1,6 +1,6 @@
 //! The coordinator's configuration.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use cairn_core::schedule::Policy;
@@ -11,8 +11,8 @@ use cairn_core::{ChannelId, NodeId, Topology};
 pub struct CoordinatorConfig {
     /// The cluster's name; nodes of another cluster are refused.
     pub cluster: String,
-    /// etcd endpoints; empty for the embedded metadata store.
-    pub etcd: Vec<String>,
+    /// etcd: its endpoints (none: the embedded metadata store), TLS and user.
+    pub etcd: EtcdConfig,
     /// Where the embedded store's file and the blob directory live.
     pub data_dir: PathBuf,
     /// The blob store's directory; `None`: `<data_dir>/blobs`.
@@ -46,7 +46,7 @@ impl CoordinatorConfig {
     pub fn new(cluster: impl Into<String>, data_dir: impl Into<PathBuf>) -> Self {
         Self {
             cluster: cluster.into(),
-            etcd: Vec::new(),
+            etcd: EtcdConfig::default(),
             data_dir: data_dir.into(),
             blob_dir: None,
             default_timeout: Duration::from_secs(30),
@@ -61,6 +61,263 @@ impl CoordinatorConfig {
             tls: None,
         }
     }
+}
+
+/// How the coordinator reaches etcd: the endpoints and, optionally, TLS and a user.
+#[derive(Clone, Default)]
+pub struct EtcdConfig {
+    /// `http://host:2379` or `https://host:2379`; empty: the embedded metadata store.
+    pub endpoints: Vec<String>,
+    /// TLS to etcd (`https://` endpoints only).
+    pub tls: Option<EtcdTls>,
+    /// etcd's authentication: a user and its password.
+    pub user: Option<(String, String)>,
+}
+
+/// The PEM contents for TLS to etcd.
+#[derive(Clone)]
+pub struct EtcdTls {
+    /// The CA that etcd's server certificate must chain to.
+    pub ca: Vec<u8>,
+    /// A client certificate and its key, for an etcd started with `--client-cert-auth`.
+    pub identity: Option<(Vec<u8>, Vec<u8>)>,
+}
+
+impl EtcdConfig {
+    /// Plain endpoints, no TLS, no user.
+    pub fn endpoints(endpoints: Vec<String>) -> Self {
+        Self {
+            endpoints,
+            ..Self::default()
+        }
+    }
+
+    /// Whether no etcd is configured (the embedded store is used).
+    pub fn is_empty(&self) -> bool {
+        self.endpoints.is_empty()
+    }
+}
+
+/// Shows the endpoints and how they are reached, never the password or the keys.
+impl std::fmt::Debug for EtcdConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{:?}", self.endpoints)?;
+        match &self.tls {
+            Some(EtcdTls {
+                identity: Some(_), ..
+            }) => f.write_str(" TLS with a client certificate")?,
+            Some(_) => f.write_str(" TLS")?,
+            None => {}
+        }
+        if let Some((user, _)) = &self.user {
+            write!(f, " as user {user}")?;
+        }
+        Ok(())
+    }
+}
+
+/// The `--etcd*` flags as given (file paths not read yet).
+#[derive(Debug, Default, Clone)]
+pub struct EtcdFlags {
+    /// `--etcd`.
+    pub endpoints: Vec<String>,
+    /// `--etcd-ca`.
+    pub ca: Option<PathBuf>,
+    /// `--etcd-cert`.
+    pub cert: Option<PathBuf>,
+    /// `--etcd-key`.
+    pub key: Option<PathBuf>,
+    /// `--etcd-user`.
+    pub user: Option<String>,
+    /// `--etcd-password` (or `CAIRN_ETCD_PASSWORD`).
+    pub password: Option<String>,
+    /// `--etcd-password-file`.
+    pub password_file: Option<PathBuf>,
+}
+
+/// Reads `path` for `flag`, checking it holds a PEM block with one of `labels`
+/// (`CERTIFICATE`, `PRIVATE KEY`…). An error names the flag and the file.
+fn read_pem(flag: &str, path: &Path, what: &str, labels: &[&str]) -> Result<Vec<u8>, String> {
+    let error = |why: String| format!("{flag} {}: {why}", path.display());
+    let pem = std::fs::read(path).map_err(|e| error(e.to_string()))?;
+    let text = String::from_utf8_lossy(&pem);
+    let found = labels
+        .iter()
+        .any(|label| text.contains(&format!("-----BEGIN {label}-----")));
+    if !found {
+        return Err(error(format!("holds no PEM {what}")));
+    }
+    Ok(pem)
+}
+
+impl EtcdFlags {
+    /// Checks the flags together and reads the files they name. Every error is one line
+    /// naming the flag (and the file): a usage error (exit 64).
+    ///
+    /// The rules: the other `--etcd-*` flags need `--etcd`; `--etcd-cert` and
+    /// `--etcd-key` go together; TLS flags need `https://` endpoints and `https://`
+    /// endpoints need `--etcd-ca`; `--etcd-user` needs a password (`--etcd-password`,
+    /// `CAIRN_ETCD_PASSWORD` or `--etcd-password-file`, exactly one) and a password needs a
+    /// user.
+    pub fn load(self) -> Result<EtcdConfig, String> {
+        let given: Vec<&str> = [
+            ("--etcd-ca", self.ca.is_some()),
+            ("--etcd-cert", self.cert.is_some()),
+            ("--etcd-key", self.key.is_some()),
+            ("--etcd-user", self.user.is_some()),
+            ("--etcd-password", self.password.is_some()),
+            ("--etcd-password-file", self.password_file.is_some()),
+        ]
+        .into_iter()
+        .filter_map(|(flag, given)| given.then_some(flag))
+        .collect();
+        if self.endpoints.is_empty() {
+            if let Some(flag) = given.first() {
+                return Err(format!(
+                    "{flag} needs --etcd (the etcd endpoints); without --etcd the coordinator uses its embedded store"
+                ));
+            }
+            return Ok(EtcdConfig::default());
+        }
+        if let Some(bad) = self
+            .endpoints
+            .iter()
+            .find(|e| !e.starts_with("http://") && !e.starts_with("https://"))
+        {
+            return Err(format!(
+                "--etcd {bad}: an endpoint is http://HOST:PORT or https://HOST:PORT"
+            ));
+        }
+        let https = self.endpoints.iter().filter(|e| e.starts_with("https://"));
+        let https = https.count();
+        let wants_tls = self.ca.is_some() || self.cert.is_some() || self.key.is_some();
+        if https > 0 && https < self.endpoints.len() {
+            return Err(format!(
+                "--etcd {}: mixes http:// and https:// endpoints; use https:// for all",
+                self.endpoints.join(",")
+            ));
+        }
+        if https == 0 && wants_tls {
+            return Err(format!(
+                "{} need https:// etcd endpoints, not --etcd {}",
+                given
+                    .iter()
+                    .filter(|f| matches!(**f, "--etcd-ca" | "--etcd-cert" | "--etcd-key"))
+                    .copied()
+                    .collect::<Vec<_>>()
+                    .join(", "),
+                self.endpoints.join(",")
+            ));
+        }
+        let tls = if https > 0 {
+            let Some(ca) = &self.ca else {
+                return Err(format!(
+                    "--etcd {} is https://: --etcd-ca (the CA that signed etcd's certificate) is required",
+                    self.endpoints.join(",")
+                ));
+            };
+            let ca = read_pem("--etcd-ca", ca, "certificate", &["CERTIFICATE"])?;
+            let identity = match (&self.cert, &self.key) {
+                (None, None) => None,
+                (Some(cert), Some(key)) => Some((
+                    read_pem("--etcd-cert", cert, "certificate", &["CERTIFICATE"])?,
+                    read_pem(
+                        "--etcd-key",
+                        key,
+                        "private key",
+                        &["PRIVATE KEY", "EC PRIVATE KEY", "RSA PRIVATE KEY"],
+                    )?,
+                )),
+                (Some(_), None) => {
+                    return Err("--etcd-cert needs --etcd-key (its private key)".into());
+                }
+                (None, Some(_)) => {
+                    return Err("--etcd-key needs --etcd-cert (its certificate)".into());
+                }
+            };
+            let tls = EtcdTls { ca, identity };
+            check_tls(&tls)?;
+            Some(tls)
+        } else {
+            None
+        };
+        let password = match (self.password, &self.password_file) {
+            (Some(_), Some(_)) => {
+                return Err(
+                    "--etcd-password (or CAIRN_ETCD_PASSWORD) and --etcd-password-file: give one"
+                        .into(),
+                );
+            }
+            (Some(password), None) => Some(password),
+            (None, Some(path)) => {
+                let text = std::fs::read_to_string(path)
+                    .map_err(|e| format!("--etcd-password-file {}: {e}", path.display()))?;
+                // One trailing line break (as `echo` writes) is not part of the password.
+                let password = text
+                    .strip_suffix('\n')
+                    .map(|t| t.strip_suffix('\r').unwrap_or(t))
+                    .unwrap_or(&text);
+                if password.is_empty() {
+                    return Err(format!("--etcd-password-file {}: is empty", path.display()));
+                }
+                Some(password.to_owned())
+            }
+            (None, None) => None,
+        };
+        let user = match (self.user, password) {
+            (None, None) => None,
+            (Some(user), _) if user.is_empty() => return Err("--etcd-user is empty".into()),
+            (Some(user), Some(password)) => Some((user, password)),
+            (Some(_), None) => {
+                return Err(
+                    "--etcd-user needs a password: --etcd-password-file, CAIRN_ETCD_PASSWORD or --etcd-password".into(),
+                );
+            }
+            (None, Some(_)) => {
+                return Err("an etcd password needs --etcd-user (the user it belongs to)".into());
+            }
+        };
+        Ok(EtcdConfig {
+            endpoints: self.endpoints,
+            tls,
+            user,
+        })
+    }
+}
+
+/// Builds the TLS client configuration once so that a PEM file rustls cannot use (a
+/// damaged certificate, a key that is not the certificate's) is an error at start.
+fn check_tls(tls: &EtcdTls) -> Result<(), String> {
+    cairn_sdk::tls::install_crypto_provider();
+    let endpoint = tonic::transport::Endpoint::from_static("https://127.0.0.1");
+    let ca = tonic::transport::Certificate::from_pem(&tls.ca);
+    let config = tonic::transport::ClientTlsConfig::new().ca_certificate(ca.clone());
+    endpoint
+        .clone()
+        .tls_config(config.clone())
+        .map_err(|e| format!("--etcd-ca: {}", causes(&e)))?;
+    if let Some((cert, key)) = &tls.identity {
+        let identity = tonic::transport::Identity::from_pem(cert, key);
+        endpoint
+            .tls_config(config.identity(identity))
+            .map_err(|e| format!("--etcd-cert/--etcd-key: {}", causes(&e)))?;
+    }
+    Ok(())
+}
+
+/// An error with its causes, `a: b: c`.
+pub(crate) fn causes(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        let cause_text = cause.to_string();
+        if !text.ends_with(&cause_text) {
+            text.push_str(": ");
+            text.push_str(&cause_text);
+        }
+        source = cause.source();
+    }
+    text
 }
 
 /// Parses a topology file: one directed channel `FROM>TO` per line, or a lone node id for a
@@ -109,6 +366,210 @@ mod tests {
         assert_eq!(t.nodes().len(), 4);
         assert_eq!(t.channels().len(), 3);
         assert!(t.channels().contains(&ChannelId::new("n2", "n3")));
+    }
+
+    /// A file in a fresh temporary directory holding `text`.
+    fn temp_file(name: &str, text: &str) -> PathBuf {
+        let dir =
+            std::env::temp_dir().join(format!("cairn-etcd-flags-{}-{name}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join(name);
+        std::fs::write(&path, text).unwrap();
+        path
+    }
+
+    fn flags(endpoint: &str) -> EtcdFlags {
+        EtcdFlags {
+            endpoints: vec![endpoint.to_owned()],
+            ..EtcdFlags::default()
+        }
+    }
+
+    #[test]
+    fn etcd_flags_without_etcd_are_refused() {
+        assert!(EtcdFlags::default().load().unwrap().is_empty());
+        let e = EtcdFlags {
+            user: Some("cairn".into()),
+            ..EtcdFlags::default()
+        }
+        .load()
+        .unwrap_err();
+        assert!(e.starts_with("--etcd-user needs --etcd"), "{e}");
+        let e = EtcdFlags {
+            ca: Some("ca.pem".into()),
+            ..EtcdFlags::default()
+        }
+        .load()
+        .unwrap_err();
+        assert!(e.starts_with("--etcd-ca needs --etcd"), "{e}");
+    }
+
+    #[test]
+    fn plain_etcd_stays_plain() {
+        let etcd = flags("http://127.0.0.1:2379").load().unwrap();
+        assert_eq!(etcd.endpoints, ["http://127.0.0.1:2379"]);
+        assert!(etcd.tls.is_none() && etcd.user.is_none());
+        let e = flags("127.0.0.1:2379").load().unwrap_err();
+        assert!(e.contains("http://HOST:PORT or https://HOST:PORT"), "{e}");
+    }
+
+    #[test]
+    fn tls_needs_https_and_https_needs_the_ca() {
+        let e = EtcdFlags {
+            ca: Some("ca.pem".into()),
+            ..flags("http://127.0.0.1:2379")
+        }
+        .load()
+        .unwrap_err();
+        assert_eq!(
+            e,
+            "--etcd-ca need https:// etcd endpoints, not --etcd http://127.0.0.1:2379"
+        );
+        let e = flags("https://127.0.0.1:2379").load().unwrap_err();
+        assert!(
+            e.contains("--etcd-ca (the CA that signed etcd's certificate) is required"),
+            "{e}"
+        );
+        let e = EtcdFlags {
+            endpoints: vec!["https://a:2379".into(), "http://b:2379".into()],
+            ..EtcdFlags::default()
+        }
+        .load()
+        .unwrap_err();
+        assert!(e.contains("mixes http:// and https://"), "{e}");
+    }
+
+    #[test]
+    fn cert_and_key_go_together() {
+        let ca = temp_file("pair-ca.pem", "-----BEGIN CERTIFICATE-----\n");
+        let e = EtcdFlags {
+            ca: Some(ca.clone()),
+            cert: Some("c.pem".into()),
+            ..flags("https://127.0.0.1:2379")
+        }
+        .load()
+        .unwrap_err();
+        assert_eq!(e, "--etcd-cert needs --etcd-key (its private key)");
+        let e = EtcdFlags {
+            ca: Some(ca),
+            key: Some("k.pem".into()),
+            ..flags("https://127.0.0.1:2379")
+        }
+        .load()
+        .unwrap_err();
+        assert_eq!(e, "--etcd-key needs --etcd-cert (its certificate)");
+    }
+
+    #[test]
+    fn missing_garbage_and_damaged_pem_files_name_the_flag_and_the_file() {
+        let missing = std::env::temp_dir().join("cairn-no-such-dir/ca.pem");
+        let e = EtcdFlags {
+            ca: Some(missing.clone()),
+            ..flags("https://127.0.0.1:2379")
+        }
+        .load()
+        .unwrap_err();
+        assert!(
+            e.starts_with(&format!("--etcd-ca {}: ", missing.display())),
+            "{e}"
+        );
+        assert!(!e.contains('\n'), "{e}");
+
+        let garbage = temp_file("garbage.pem", "hello");
+        let e = EtcdFlags {
+            ca: Some(garbage.clone()),
+            ..flags("https://127.0.0.1:2379")
+        }
+        .load()
+        .unwrap_err();
+        assert_eq!(
+            e,
+            format!("--etcd-ca {}: holds no PEM certificate", garbage.display())
+        );
+
+        // The markers around text that is not base64: rustls cannot read it.
+        let damaged = temp_file(
+            "damaged.pem",
+            "-----BEGIN CERTIFICATE-----\n!!! not base64 !!!\n-----END CERTIFICATE-----\n",
+        );
+        let e = EtcdFlags {
+            ca: Some(damaged),
+            ..flags("https://127.0.0.1:2379")
+        }
+        .load()
+        .unwrap_err();
+        assert!(e.starts_with("--etcd-ca: "), "{e}");
+        assert!(!e.contains('\n'), "{e}");
+
+        let key = temp_file("garbage-key.pem", "-----BEGIN CERTIFICATE-----\n");
+        let e = EtcdFlags {
+            ca: Some(key.clone()),
+            cert: Some(key.clone()),
+            key: Some(key.clone()),
+            ..flags("https://127.0.0.1:2379")
+        }
+        .load()
+        .unwrap_err();
+        assert_eq!(
+            e,
+            format!("--etcd-key {}: holds no PEM private key", key.display())
+        );
+    }
+
+    #[test]
+    fn a_user_needs_exactly_one_password() {
+        let e = EtcdFlags {
+            user: Some("cairn".into()),
+            ..flags("http://127.0.0.1:2379")
+        }
+        .load()
+        .unwrap_err();
+        assert!(e.starts_with("--etcd-user needs a password"), "{e}");
+        let e = EtcdFlags {
+            password: Some("secret".into()),
+            ..flags("http://127.0.0.1:2379")
+        }
+        .load()
+        .unwrap_err();
+        assert!(e.contains("needs --etcd-user"), "{e}");
+        let file = temp_file("password", "from-file\n");
+        let e = EtcdFlags {
+            user: Some("cairn".into()),
+            password: Some("secret".into()),
+            password_file: Some(file.clone()),
+            ..flags("http://127.0.0.1:2379")
+        }
+        .load()
+        .unwrap_err();
+        assert!(e.contains("give one"), "{e}");
+
+        let etcd = EtcdFlags {
+            user: Some("cairn".into()),
+            password_file: Some(file),
+            ..flags("http://127.0.0.1:2379")
+        }
+        .load()
+        .unwrap();
+        assert_eq!(etcd.user, Some(("cairn".into(), "from-file".into())));
+        // Debug (the start-up log line) never shows the password.
+        let shown = format!("{etcd:?}");
+        assert!(
+            shown.contains("as user cairn") && !shown.contains("from-file"),
+            "{shown}"
+        );
+
+        let empty = temp_file("empty-password", "\n");
+        let e = EtcdFlags {
+            user: Some("cairn".into()),
+            password_file: Some(empty.clone()),
+            ..flags("http://127.0.0.1:2379")
+        }
+        .load()
+        .unwrap_err();
+        assert_eq!(
+            e,
+            format!("--etcd-password-file {}: is empty", empty.display())
+        );
     }
 
     #[test]

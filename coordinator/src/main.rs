@@ -6,6 +6,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use cairn_coordinator::CoordinatorConfig;
+use cairn_coordinator::config::EtcdFlags;
 use cairn_core::SnapshotMode;
 use cairn_core::schedule::{MAX_CONCURRENT, MAX_TIMEOUT, Policy, PolicyField};
 use cairn_sdk::cli;
@@ -25,7 +26,8 @@ struct Args {
     /// The cluster's name.
     #[arg(long, env = "CAIRN_CLUSTER", default_value = "cairn")]
     cluster: String,
-    /// etcd endpoints (http://host:2379), comma-separated. None: the embedded store.
+    /// etcd endpoints (http://host:2379, or https://host:2379 with --etcd-ca),
+    /// comma-separated. None: the embedded store.
     #[arg(long, env = "CAIRN_ETCD", value_delimiter = ',')]
     etcd: Vec<String>,
     /// Directory for the blob store (and the embedded metadata store).
@@ -75,7 +77,41 @@ struct Args {
     #[command(flatten)]
     tls: cli::tls::TlsArgs,
     #[command(flatten)]
+    etcd_access: EtcdAccess,
+    #[command(flatten)]
     schedule: Schedule,
+}
+
+/// The help heading of [`EtcdAccess`]'s flags.
+const ETCD_HEADING: &str = "etcd TLS and authentication";
+
+/// TLS and authentication to etcd (all need --etcd).
+#[derive(Debug, clap::Args)]
+struct EtcdAccess {
+    /// PEM file of the CA that signed etcd's server certificate (etcd's --trusted-ca-file
+    /// CA, usually). Required with https:// endpoints, refused with http:// ones.
+    #[arg(long, help_heading = ETCD_HEADING, env = "CAIRN_ETCD_CA")]
+    etcd_ca: Option<PathBuf>,
+    /// PEM file of the client certificate shown to etcd, for an etcd started with
+    /// --client-cert-auth (it must be signed by etcd's --trusted-ca-file CA). With etcd
+    /// auth enabled and no --etcd-user, etcd takes the user from its CN. Needs --etcd-key.
+    #[arg(long, help_heading = ETCD_HEADING, env = "CAIRN_ETCD_CERT")]
+    etcd_cert: Option<PathBuf>,
+    /// PEM file of the private key of --etcd-cert.
+    #[arg(long, help_heading = ETCD_HEADING, env = "CAIRN_ETCD_KEY")]
+    etcd_key: Option<PathBuf>,
+    /// etcd user to authenticate as (etcd auth enabled); needs a password from
+    /// --etcd-password-file, CAIRN_ETCD_PASSWORD or --etcd-password.
+    #[arg(long, help_heading = ETCD_HEADING, env = "CAIRN_ETCD_USER")]
+    etcd_user: Option<String>,
+    /// Password of --etcd-user. Prefer CAIRN_ETCD_PASSWORD or --etcd-password-file: a
+    /// value on the command line shows in `ps`.
+    #[arg(long, help_heading = ETCD_HEADING, env = "CAIRN_ETCD_PASSWORD", hide_env_values = true)]
+    etcd_password: Option<String>,
+    /// File holding the password of --etcd-user (one trailing newline is ignored), e.g. a
+    /// mounted Secret.
+    #[arg(long, help_heading = ETCD_HEADING, env = "CAIRN_ETCD_PASSWORD_FILE")]
+    etcd_password_file: Option<PathBuf>,
 }
 
 /// The snapshot schedule. A policy changed at run time (SetPolicy, `cairnctl policy set`)
@@ -202,6 +238,20 @@ fn main() -> ExitCode {
         Ok(auth) => auth,
         Err(e) => return cli::usage_error(e),
     };
+    let a = args.etcd_access;
+    let etcd = EtcdFlags {
+        endpoints: args.etcd,
+        ca: a.etcd_ca,
+        cert: a.etcd_cert,
+        key: a.etcd_key,
+        user: a.etcd_user,
+        password: a.etcd_password,
+        password_file: a.etcd_password_file,
+    };
+    let etcd = match etcd.load() {
+        Ok(etcd) => etcd,
+        Err(e) => return cli::usage_error(e),
+    };
     let tls = match args.tls.load_daemon() {
         Ok(tls) => tls,
         Err(e) => return cli::usage_error(e),
@@ -222,7 +272,7 @@ fn main() -> ExitCode {
         };
         let shutdown = cli::shutdown_on_signal();
         let mut config = CoordinatorConfig::new(args.cluster, args.data_dir);
-        config.etcd = args.etcd;
+        config.etcd = etcd;
         config.blob_dir = args.blob_dir;
         config.default_timeout = args.snapshot_timeout;
         config.max_concurrent = args.max_concurrent;

@@ -11,12 +11,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use etcd_client::{
-    Client, Compare, CompareOp, ConnectOptions, DeleteOptions, GetOptions, PutOptions, Txn, TxnOp,
+    Certificate, Client, Compare, CompareOp, ConnectOptions, DeleteOptions, GetOptions, Identity,
+    PutOptions, TlsOptions, Txn, TxnOp,
 };
 use tokio::sync::Mutex;
 use tokio_util::sync::CancellationToken;
 
 use super::{Kv, StoreError};
+use crate::config::{EtcdConfig, causes};
 
 /// Seconds a member key outlives a coordinator that stopped renewing it.
 const LEASE_TTL: i64 = 10;
@@ -42,31 +44,59 @@ fn unavailable(e: etcd_client::Error) -> StoreError {
 }
 
 impl EtcdKv {
-    /// Connects to `endpoints` and keeps a lease alive until `shutdown`.
+    /// Connects to `etcd` (its endpoints, TLS and user) and keeps a lease alive until
+    /// `shutdown`. A refused connection (a bad password, a certificate etcd or the
+    /// coordinator does not accept) is an error naming etcd and what was refused.
     pub async fn connect(
-        endpoints: &[String],
+        etcd: &EtcdConfig,
         shutdown: CancellationToken,
     ) -> Result<Self, StoreError> {
-        let options = ConnectOptions::new()
+        let mut options = ConnectOptions::new()
             .with_connect_timeout(Duration::from_secs(3))
             .with_timeout(Duration::from_secs(5))
             .with_keep_alive(Duration::from_secs(5), Duration::from_secs(3));
-        let client = Client::connect(endpoints, Some(options))
+        if let Some(tls) = &etcd.tls {
+            cairn_sdk::tls::install_crypto_provider();
+            let mut config = TlsOptions::new().ca_certificate(Certificate::from_pem(&tls.ca));
+            if let Some((cert, key)) = &tls.identity {
+                config = config.identity(Identity::from_pem(cert, key));
+            }
+            options = options.with_tls(config);
+        }
+        if let Some((user, password)) = &etcd.user {
+            if etcd.tls.is_none() {
+                tracing::warn!(
+                    user,
+                    "the etcd password is sent over plaintext http://; use https:// endpoints and --etcd-ca"
+                );
+            }
+            // etcd's tokens expire (and are lost when etcd restarts): authenticate again.
+            options = options
+                .with_user(user.clone(), password.clone())
+                .with_auto_token_refresh(true);
+        }
+        let client = Client::connect(&etcd.endpoints, Some(options))
             .await
-            .map_err(unavailable)?;
+            .map_err(|e| refused(etcd, &e))?;
         let store = Self {
             client,
             ephemeral: Arc::default(),
         };
-        // Prove the connection now, so a wrong endpoint is reported at start; and hold a
-        // lease before the first member is put.
-        store.get("/cairn/").await?;
+        // Prove the connection now, so a wrong endpoint, a refused certificate or a user
+        // without access is reported at start; and hold a lease before the first member
+        // is put.
+        store
+            .client
+            .clone()
+            .get("/cairn/", None)
+            .await
+            .map_err(|e| refused(etcd, &e))?;
         let lease = store
             .client
             .clone()
             .lease_grant(LEASE_TTL, None)
             .await
-            .map_err(unavailable)?
+            .map_err(|e| refused(etcd, &e))?
             .id();
         store.ephemeral.lock().await.lease = Some(lease);
         tokio::spawn(keep_lease(
@@ -79,6 +109,49 @@ impl EtcdKv {
     }
 }
 
+/// A start-up failure to reach or use etcd, saying what was refused when etcd or the TLS
+/// handshake refused something (the whole chain of causes: tonic's transport errors say
+/// little on their own).
+fn refused(etcd: &EtcdConfig, error: &etcd_client::Error) -> StoreError {
+    let text = causes(error);
+    let lower = text.to_lowercase();
+    let endpoints = etcd.endpoints.join(",");
+    let why = if lower.contains("authentication failed") {
+        format!(
+            "etcd refused the authentication of user {}: wrong user or password (--etcd-user, --etcd-password)",
+            etcd.user.as_ref().map_or("?", |(u, _)| u.as_str())
+        )
+    } else if lower.contains("user name is empty") || lower.contains("user name not found") {
+        "etcd requires authentication: give --etcd-user and its password, or a client certificate whose CN is an etcd user".to_owned()
+    } else if lower.contains("permission denied") {
+        "etcd refused access (permission denied): the etcd user lacks read/write on the coordinator's keys".to_owned()
+    } else if lower.contains("invalid peer certificate") {
+        "the coordinator refused etcd's server certificate (not signed by --etcd-ca, or not for this host)".to_owned()
+    } else if let Some(tls) = etcd.tls.as_ref().filter(|_| {
+        // etcd's TLS alert, or, as often with TLS 1.3 (the client's side of the handshake
+        // is done before etcd checks its certificate), only the connection it closed.
+        [
+            "certificaterequired",
+            "badcertificate",
+            "unknownca",
+            "connection closed",
+            "broken pipe",
+            "tls handshake eof",
+            "connection reset",
+        ]
+        .iter()
+        .any(|w| lower.contains(w))
+    }) {
+        if tls.identity.is_none() {
+            "etcd refused the TLS connection: it requires a client certificate (an etcd with --client-cert-auth) and none was given (--etcd-cert, --etcd-key)".to_owned()
+        } else {
+            "etcd refused the coordinator's client certificate (--etcd-cert: not signed by etcd's --trusted-ca-file CA, expired, or not for client authentication)".to_owned()
+        }
+    } else {
+        return StoreError(format!("etcd unavailable at {endpoints}: {text}"));
+    };
+    StoreError(format!("etcd at {endpoints}: {why} ({text})"))
+}
 /// Why a lease's keep-alive ended.
 #[derive(Debug)]
 enum LeaseLost {
