@@ -82,13 +82,22 @@ awk '/^test result:/ { for (i = 1; i <= NF; i++) { if ($i ~ /^passed;?$/) p += $
      END { printf "\ntests: %d passed, %d failed\n", p, f }' "$log"
 
 say "Kubernetes manifests: kubectl kustomize, kubernetes-validate, flags against the binaries"
-for overlay in base external-etcd; do
-  kubectl kustomize "deploy/k8s/$overlay" > "$log.k8s.yaml"
+# The dev-certs overlay needs the files deploy/make-certs.sh writes (as README says): built
+# from a copy of deploy/k8s, so the tree's own deploy/k8s/dev-certs/certs is left alone.
+k8s=$(mktemp -d)
+trap 'rm -rf "$log" "$k8s"' EXIT
+cp -r deploy/k8s "$k8s/"
+CAIRNCTL=target/debug/cairnctl deploy/make-certs.sh "$k8s/k8s/dev-certs/certs" --san cairn-coordinator \
+  --nodes cairn-node-0,cairn-node-1,cairn-node-2 --users admin:admin >/dev/null
+for overlay in base external-etcd dev-certs; do
+  dir="deploy/k8s/$overlay"
+  [ "$overlay" = dev-certs ] && dir="$k8s/k8s/$overlay"
+  kubectl kustomize "$dir" > "$log.k8s.yaml"
   kubernetes-validate --strict --quiet "$log.k8s.yaml"
   echo "deploy/k8s/$overlay: built and valid"
 done
 rm -f "$log.k8s.yaml"
-python3 deploy/test/check-config.py target/debug
+python3 deploy/test/check-config.py target/debug "$k8s/k8s/dev-certs"
 
 say "docker-compose cluster (deploy/test/compose-test.sh)"
 deploy/test/compose-test.sh target/debug

@@ -10,7 +10,10 @@ runs a cairn binary is checked against that binary's `--help`:
   - every probe and healthcheck asks a port it listens on;
   - every Service port targets a port some selected container exposes;
   - a daemon's drain (CAIRN_GRACE_PERIOD) fits in its pod's termination grace period;
-  - the coordinator takes a scheduled snapshot every 30 s unless told otherwise.
+  - the coordinator takes a scheduled snapshot every 30 s unless told otherwise;
+  - every coordinator and node daemon runs mutual TLS and bearer tokens (CAIRN_TLS_CERT,
+    CAIRN_TLS_KEY, CAIRN_TLS_CA, CAIRN_AUTH_TOKENS), each file on a read-only mount of a
+    Kubernetes Secret or a compose bind mount; a daemon's application port is on loopback.
 And the deployments' exposure:
   - every Kubernetes container runs non-root (as the Dockerfile's user, for the cairn image)
     with a read-only root filesystem, no privilege escalation, every capability dropped and
@@ -21,8 +24,15 @@ And the deployments' exposure:
     otherwise), and every compose service has a read-only root filesystem, no capabilities
     and no-new-privileges.
 
-    deploy/test/check-config.py BIN_DIR
+And, given DEV_CERTS (a copy of deploy/k8s/dev-certs whose certs/ deploy/make-certs.sh
+wrote), that overlay: checked as above, and every Secret a pod mounts is one it makes, with
+the keys mounted, and each certificate names the identity its pod needs (the coordinator
+URI:cairn://cairn/coordinator and DNS:cairn-coordinator, the Service the daemons dial; node
+Secret cairn-node-<i>-tls URI:cairn://cairn/node/cairn-node-<i> and DNS:cairn-node-<i>).
+
+    deploy/test/check-config.py BIN_DIR [DEV_CERTS]
 """
+import base64
 import os
 import re
 import subprocess
@@ -31,6 +41,7 @@ import sys
 import yaml
 
 BIN = sys.argv[1] if len(sys.argv) > 1 else "target/debug"
+DEV_CERTS = sys.argv[2] if len(sys.argv) > 2 else None
 BINARIES = {"cairn-coordinator", "cairn-node", "cairn-bank", "cairnctl"}
 errors = []
 help_cache = {}
@@ -94,6 +105,34 @@ def check_schedule(where, command, env):
         value = default.group(1)
     if value != "30s":
         errors.append(f"{where}: CAIRN_SCHEDULE_INTERVAL is {value!r}; the deployments snapshot every 30s by default")
+
+
+SECURE = ("CAIRN_TLS_CERT", "CAIRN_TLS_KEY", "CAIRN_TLS_CA", "CAIRN_AUTH_TOKENS")
+
+
+def check_secure(where, command, env, mounts):
+    """A daemon runs mutual TLS and tokens from read-only mounts; its app port is loopback.
+
+    `mounts`: (target, read-only, what) of the container's mounts, `what` naming the source
+    when it is acceptable (a Secret, a bind mount) or None."""
+    if not command or command[0] not in ("cairn-coordinator", "cairn-node"):
+        return
+    for key in SECURE:
+        path = str(env.get(key, ""))
+        if not path:
+            errors.append(f"{where}: {key} is not set (the deployments run mutual TLS and bearer tokens)")
+            continue
+        mount = max((m for m in mounts if path == m[0] or path.startswith(m[0].rstrip("/") + "/")),
+                    key=lambda m: len(m[0]), default=None)
+        if mount is None:
+            errors.append(f"{where}: {key} {path} is on no mounted volume")
+        elif not mount[1]:
+            errors.append(f"{where}: {key} {path} is on a mount that is not read-only ({mount[0]})")
+        elif mount[2] is None:
+            errors.append(f"{where}: {key} {path} is on {mount[0]}, which is not a Secret or a bind mount")
+    app = str(env.get("CAIRN_APP_LISTEN", ""))
+    if command[0] == "cairn-node" and not app.startswith("127.0.0.1:"):
+        errors.append(f"{where}: CAIRN_APP_LISTEN {app!r} is not on loopback (the application port is plaintext)")
 
 
 def image_uid():
@@ -181,13 +220,26 @@ def check_kubernetes(name, text):
             exposed = {p["containerPort"] for p in c.get("ports", [])}
             container_ports.setdefault(label, set()).update(exposed)
             probed = set()
-            for probe in ("readinessProbe", "livenessProbe"):
+            for probe in ("readinessProbe", "livenessProbe", "startupProbe"):
                 if "grpc" in c.get(probe, {}):
                     probed.add(c[probe]["grpc"]["port"])
+                exec_command = (c.get(probe, {}).get("exec") or {}).get("command", [])
+                if exec_command[:2] == ["cairnctl", "health"]:
+                    probed.add(int(exec_command[2].rsplit(":", 1)[1]))
+                elif exec_command:
+                    errors.append(f"{where}: {probe} runs {exec_command}, not `cairnctl health HOST:PORT`")
             command = c.get("command", []) + c.get("args", [])
             check_security_context(where, pod, c, uid if c.get("image", "").split(":")[0] == "cairn" else None)
             check_container(where, command, env, exposed, probed)
             check_schedule(where, command, env)
+            volumes = {v["name"]: v for v in pod.get("volumes", [])}
+            mounts = []
+            for m in c.get("volumeMounts", []):
+                v = volumes.get(m["name"], {})
+                sources = [s for s in (v.get("projected") or {}).get("sources", [])] if "projected" in v else []
+                secret = "secret" in v or (sources and all("secret" in s for s in sources))
+                mounts.append((m["mountPath"], m.get("readOnly") is True, "Secret" if secret else None))
+            check_secure(where, command, env, mounts)
             if command and command[0] in BINARIES:
                 grace = pod.get("terminationGracePeriodSeconds", 30)
                 drain = env.get("CAIRN_GRACE_PERIOD")
@@ -202,6 +254,48 @@ def check_kubernetes(name, text):
             target = p.get("targetPort", p["port"])
             if target not in container_ports.get(label, set()):
                 errors.append(f"k8s {name} Service/{doc['metadata']['name']}: port {target} is not a container port of {label}")
+
+
+def sans(pem):
+    """The subjectAltName of a PEM certificate, as openssl prints it."""
+    out = subprocess.run(["openssl", "x509", "-noout", "-ext", "subjectAltName"], input=pem,
+                         capture_output=True, text=True, check=True).stdout
+    return {s.strip() for s in " ".join(out.splitlines()[1:]).split(",") if s.strip()}
+
+
+def check_secrets(name, text):
+    """Every Secret a pod mounts exists, with the keys it mounts and the right identity."""
+    docs = [d for d in yaml.safe_load_all(text) if d]
+    secrets = {d["metadata"]["name"]: d.get("data", {}) for d in docs if d["kind"] == "Secret"}
+    for doc in docs:
+        if doc["kind"] not in ("Deployment", "StatefulSet"):
+            continue
+        for v in doc["spec"]["template"]["spec"].get("volumes", []):
+            refs = []
+            if "secret" in v:
+                refs.append((v["secret"]["secretName"], [i["key"] for i in v["secret"].get("items", [])]))
+            for source in (v.get("projected") or {}).get("sources", []):
+                if "secret" in source:
+                    refs.append((source["secret"]["name"], [i["key"] for i in source["secret"].get("items", [])]))
+            for secret, keys in refs:
+                where = f"k8s {name} {doc['kind']}/{doc['metadata']['name']} volume {v['name']}"
+                if secret not in secrets:
+                    errors.append(f"{where}: mounts Secret {secret}, which the overlay does not make")
+                    continue
+                for key in keys or secrets[secret]:
+                    if key not in secrets[secret]:
+                        errors.append(f"{where}: mounts key {key} of Secret {secret}, which lacks it")
+    expected = {"cairn-coordinator-tls": {"URI:cairn://cairn/coordinator", "DNS:cairn-coordinator"}}
+    for secret in secrets:
+        node = re.fullmatch(r"(cairn-node-\d+)-tls", secret)
+        if node:
+            expected[secret] = {f"URI:cairn://cairn/node/{node[1]}", f"DNS:{node[1]}"}
+    for secret, wanted in expected.items():
+        if "tls.crt" not in secrets.get(secret, {}):
+            continue
+        names = sans(base64.b64decode(secrets[secret]["tls.crt"]).decode())
+        if wanted - names:
+            errors.append(f"k8s {name} Secret/{secret}: the certificate lacks {sorted(wanted - names)} (it has {sorted(names)})")
 
 
 BIND = "${CAIRN_BIND:-127.0.0.1}:"
@@ -242,6 +336,14 @@ def check_compose(text):
             probed.add(int(test[3].rsplit(":", 1)[1]))
         listening_of[name] = check_container(f"compose service {name}", command, env, set(), probed)
         check_schedule(f"compose service {name}", command, env)
+        mounts = []
+        for v in s.get("volumes", []):
+            if isinstance(v, dict):
+                mounts.append((v["target"], v.get("read_only") is True, "bind" if v.get("type") == "bind" else None))
+            else:
+                parts = str(v).split(":")
+                mounts.append((parts[1], parts[2:3] == ["ro"], None))
+        check_secure(f"compose service {name}", command, env, mounts)
     for name, s in services.items():
         published = {int(p["target"]) if isinstance(p, dict) else int(str(p).rsplit(":", 1)[1].split("/")[0])
                      for p in s.get("ports", [])}
@@ -262,6 +364,10 @@ for overlay in ("base", "external-etcd"):
     check_kubernetes(overlay, text)
     if overlay == "external-etcd" and "value: http://cairn-etcd:2379" in text:
         errors.append("k8s external-etcd: the coordinator still points at the bundled etcd")
+if DEV_CERTS:
+    text = subprocess.run(["kubectl", "kustomize", DEV_CERTS], capture_output=True, text=True, check=True).stdout
+    check_kubernetes("dev-certs", text)
+    check_secrets("dev-certs", text)
 # Resolved with the defaults: no CAIRN_BIND or port variable from the caller's environment.
 defaults = {k: v for k, v in os.environ.items() if not (k == "CAIRN_BIND" or re.fullmatch(r"CAIRN_[A-Z0-9]+_PORT", k))}
 compose = subprocess.run(["docker-compose", "-f", "deploy/docker-compose.yml", "-f", "deploy/docker-compose.faults.yml", "config"],
@@ -272,4 +378,5 @@ check_compose_exposure(open("deploy/docker-compose.yml").read(), compose)
 if errors:
     print("deployment check FAILED:", *errors, sep="\n  ")
     sys.exit(1)
-print(f"deployment check: passed ({len(help_cache)} binaries' flags against the Kubernetes manifests and the compose file)")
+print(f"deployment check: passed ({len(help_cache)} binaries' flags against the Kubernetes manifests"
+      f"{' (with the dev-certs Secrets)' if DEV_CERTS else ''} and the compose file)")

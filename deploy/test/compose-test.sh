@@ -1,8 +1,14 @@
 #!/usr/bin/env bash
 # The docker-compose test: builds test images with no registry (FROM scratch plus the
 # host-built binaries and the shared libraries ldd lists; etcd from the host's Debian
-# package), brings deploy/docker-compose.yml up under a unique project name on free host
-# ports, and then, from the host, only with grpcurl and etcdctl:
+# package), writes certificates and a token with deploy/make-certs.sh (as README says),
+# checks that compose refuses to start without them, brings deploy/docker-compose.yml up
+# with them (mutual TLS and bearer tokens) under a unique project name on free host ports,
+# and then, from the host, only with grpcurl (TLS, a client certificate and the token) and
+# etcdctl:
+#   plaintext clients, clients without a certificate, a person's certificate without a
+#   token for an operator's call, an unknown token and a node's certificate are refused on
+#   the coordinator's port, and the first two on a daemon's peer port too;
 #   transfers and a snapshot that completes, verifies and accounts for all the money;
 #   the snapshot readable in etcd; a node container stopped in the middle of a snapshot
 #   (held there by fault injection) and the failure naming it; the node started again and
@@ -26,6 +32,8 @@ work=$(mktemp -d)
 image="cairn-test-$project:local"
 etcd_image="cairn-test-etcd-$project:local"
 compose=(docker-compose -p "$project" -f deploy/docker-compose.yml -f deploy/docker-compose.faults.yml)
+# The same without certificates (CAIRN_CERTS set to a directory that does not exist).
+nocerts=(env CAIRN_CERTS="$work/no-certs" docker-compose -p "${project}nocerts" -f deploy/docker-compose.yml)
 
 cleanup() {
   status=$?
@@ -34,9 +42,10 @@ cleanup() {
     "${compose[@]}" logs --no-color --tail 40 >&2 2>/dev/null || true
   fi
   "${compose[@]}" down --volumes --remove-orphans --timeout 5 >/dev/null 2>&1 || true
+  "${nocerts[@]}" down --volumes --remove-orphans --timeout 5 >/dev/null 2>&1 || true
   docker rmi -f "$image" "$etcd_image" >/dev/null 2>&1 || true
   rm -rf "$work"
-  left=$(docker ps -aq --filter "label=com.docker.compose.project=$project")
+  left=$(docker ps -aq --filter "label=com.docker.compose.project=$project"; docker ps -aq --filter "label=com.docker.compose.project=${project}nocerts")
   if [ -n "$left" ]; then echo "error: containers left behind: $left" >&2; status=1; fi
   exit "$status"
 }
@@ -65,6 +74,13 @@ rootfs "$work/etcd/rootfs" "$(command -v etcd)" "$(command -v etcdctl)"
 printf 'FROM scratch\nCOPY rootfs/ /\nENV PATH=/usr/local/bin\n' > "$work/etcd/Dockerfile"
 docker build -q -t "$etcd_image" "$work/etcd" >/dev/null
 
+# --- certificates and a token, as README says -------------------------------------------
+certs=$work/certs
+CAIRNCTL="$bin/cairnctl" deploy/make-certs.sh "$certs" --nodes n1,n2,n3 --users admin:admin,monitor:viewer >/dev/null ||
+  fail "deploy/make-certs.sh"
+token=$(cat "$certs/admin.token")
+export CAIRN_CERTS="$certs"
+
 # --- up, on free host ports -----------------------------------------------------------
 read -r p1 p2 p3 p4 p5 p6 p7 p8 < <(python3 - <<'PY'
 import random, socket
@@ -83,10 +99,20 @@ export CAIRN_COORDINATOR_PORT=$p1 CAIRN_ETCD_PORT=$p2
 export CAIRN_NODE1_PORT=$p3 CAIRN_NODE2_PORT=$p4 CAIRN_NODE3_PORT=$p5
 export CAIRN_BANK1_PORT=$p6 CAIRN_BANK2_PORT=$p7 CAIRN_BANK3_PORT=$p8
 coordinator=127.0.0.1:$p1
+# Without them compose refuses to create a cairn container (never a plaintext cluster).
+# Only created (--no-start), and only the coordinator (--no-deps): nothing runs.
+out=$("${nocerts[@]}" up --no-build --no-start --no-deps coordinator 2>&1) && fail "compose created the coordinator without certificates"
+missing=$(grep -o "bind source path does not exist: $work/no-certs/[^ \"]*" <<<"$out" | head -n 1) ||
+  fail "compose without certificates did not name the missing file: $out"
+say "without certificates compose refuses: $missing"
 say "up: project $project, coordinator $coordinator, etcd 127.0.0.1:$p2"
 "${compose[@]}" up -d --no-build >/dev/null 2>&1 || { "${compose[@]}" up -d --no-build; fail "compose up"; }
 
-gc() { grpcurl -plaintext -max-time 5 "$@"; }
+# Every call to a cairn port: TLS against the CA, the admin's certificate and the admin
+# token. The banks' port is plaintext (the application's own API).
+gc() { grpcurl -max-time 5 -cacert "$certs/ca.pem" -cert "$certs/admin.pem" -key "$certs/admin-key.pem" \
+  -H "authorization: Bearer $token" "$@"; }
+gb() { grpcurl -plaintext -max-time 5 "$@"; }
 json() { python3 -c "import json,sys; d=json.load(sys.stdin); print($1)"; }
 wait_for() { # SECONDS WHAT COMMAND...: retries COMMAND every 0.5 s
   local until=$((SECONDS + $1)) what=$2; shift 2
@@ -100,7 +126,7 @@ ready() { # every node connected and every bank knowing its two peers
   n=$(gc "$coordinator" cairn.v1.Coordinator/ListNodes | json "sum(1 for n in d.get('nodes',[]) if n.get('connected'))") &&
   [ "$n" = 3 ] || return 1
   for port in $p6 $p7 $p8; do
-    n=$(gc "127.0.0.1:$port" cairn.bank.v1.Bank/GetBalance | json "len(d.get('peers',[]))") && [ "$n" = 2 ] || return 1
+    n=$(gb "127.0.0.1:$port" cairn.bank.v1.Bank/GetBalance | json "len(d.get('peers',[]))") && [ "$n" = 2 ] || return 1
   done
 }
 wait_for 120 "the cluster ready (3 nodes connected, banks attached)" ready
@@ -109,7 +135,40 @@ say "ready"
 # (Output captured first: with pipefail, grep -q closing the pipe early would fail grpcurl.)
 services=$(gc "$coordinator" list) || fail "grpcurl list"
 grep -qx cairn.v1.Coordinator <<<"$services" || fail "reflection does not list cairn.v1.Coordinator: $services"
-gc -d '{"to":"n2","amount":5}' "127.0.0.1:$p6" cairn.bank.v1.Bank/Transfer >/dev/null || fail "transfer n1 -> n2"
+gb -d '{"to":"n2","amount":5}' "127.0.0.1:$p6" cairn.bank.v1.Bank/Transfer >/dev/null || fail "transfer n1 -> n2"
+
+# --- who is refused ---------------------------------------------------------------------
+refused() { # WHAT PATTERN GRPCURL-ARGS...: the call must fail with output matching PATTERN
+  local what=$1 pattern=$2 out; shift 2
+  out=$(grpcurl -max-time 5 "$@" 2>&1) && fail "$what: accepted: $out"
+  grep -Eq "$pattern" <<<"$out" || fail "$what: refused, but not as expected ($pattern): $out"
+  say "refused: $what ($(grep -Eo "$pattern" <<<"$out" | head -n 1))"
+}
+# A client the TLS handshake refuses: grpcurl cannot connect, and the server logs why.
+logged() { "${compose[@]}" logs --no-color "$1" 2>/dev/null | grep -qF "$2"; }
+handshake_refused() { # WHAT SERVICE ADDRESS REASON GRPCURL-ARGS...
+  local what=$1 service=$2 address=$3 reason=$4 out; shift 4
+  out=$(grpcurl -max-time 2 "$@" "$address" list 2>&1) && fail "$what: accepted: $out"
+  grep -q "Failed to dial target host" <<<"$out" || fail "$what: not refused in the handshake: $out"
+  wait_for 10 "$service logging that it refused $what ($reason)" logged "$service" "$reason"
+  say "refused: $what ($service: $reason)"
+}
+for target in "coordinator $coordinator" "node1 127.0.0.1:$p3"; do
+  service=${target% *} address=${target##* }
+  handshake_refused "plaintext to $service" "$service" "$address" "the client spoke plaintext" -plaintext
+  handshake_refused "no client certificate to $service" "$service" "$address" "the client presented no certificate" \
+    -cacert "$certs/ca.pem"
+done
+monitor=(-cacert "$certs/ca.pem" -cert "$certs/monitor.pem" -key "$certs/monitor-key.pem")
+gc -d '{}' "$coordinator" cairn.v1.Coordinator/ListNodes >/dev/null || fail "ListNodes with the admin's certificate and token"
+grpcurl -max-time 5 "${monitor[@]}" "$coordinator" cairn.v1.Coordinator/ListNodes >/dev/null ||
+  fail "ListNodes with the viewer's certificate (no token)"
+refused "StartSnapshot with a viewer's certificate and no token" "StartSnapshot needs operator; the certificate of monitor is viewer" \
+  "${monitor[@]}" -d '{}' "$coordinator" cairn.v1.Coordinator/StartSnapshot
+refused "an unknown token" "unknown token" "${monitor[@]}" -H "authorization: Bearer 0${token:1}x" -d '{}' \
+  "$coordinator" cairn.v1.Coordinator/StartSnapshot
+refused "a node's certificate calling StartSnapshot" "a client certificate with a role is required [^)]*this one is node n1" -cacert "$certs/ca.pem" \
+  -cert "$certs/n1.pem" -key "$certs/n1-key.pem" -d '{}' "$coordinator" cairn.v1.Coordinator/StartSnapshot
 
 snapshot_status() { gc -d "{\"snapshot_id\":$1}" "$coordinator" cairn.v1.Coordinator/GetSnapshot | json "d['status']"; }
 wait_final() { # ID: waits until the snapshot leaves IN_PROGRESS; prints its status

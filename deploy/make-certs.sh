@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# Everything a cairn cluster needs for mutual TLS and bearer tokens, in one command: a
+# development CA and every certificate (`cairnctl certs init`), and an admin token.
+#
+#   deploy/make-certs.sh DIR --nodes ID,ID,... [--users NAME:ROLE,...] [--san HOST,...]
+#                            [--cluster NAME] [--force]
+#
+#   docker-compose:  deploy/make-certs.sh deploy/certs --nodes n1,n2,n3 --users admin:admin
+#   Kubernetes:      deploy/make-certs.sh deploy/k8s/dev-certs/certs --san cairn-coordinator \
+#                      --nodes cairn-node-0,cairn-node-1,cairn-node-2 --users admin:admin
+#
+# The flags after DIR go to `cairnctl certs init --dir DIR` (see its --help). Then it
+# writes DIR/tokens, the --auth-tokens file admitting one new token with role admin (the
+# file holds its SHA-256 only), and DIR/admin.token, the token itself (0600): use it as
+# `grpcurl -H "authorization: Bearer $(cat DIR/admin.token)"` or CAIRN_TOKEN. Existing
+# files are kept (an error) unless --force.
+#
+# Permissions: DIR is made 0700, so on this host only you reach its files; within it the
+# coordinator's and the nodes' keys are made 0644, because the containers run as another
+# uid (10001 in the image of deploy/Dockerfile) and compose mounts each file by itself, so
+# a container sees the file's own mode, not DIR's. The CA's key (ca-key.pem: never mounted
+# anywhere) and the users' keys stay 0600.
+#
+# cairnctl is $CAIRNCTL, or the one on PATH (cargo build --bins: target/debug/cairnctl).
+set -euo pipefail
+usage() { sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//' >&2; exit 64; }
+[ $# -ge 1 ] && [ "${1#-}" = "$1" ] || usage
+dir=$1; shift
+cairnctl=${CAIRNCTL:-cairnctl}
+command -v "$cairnctl" >/dev/null ||
+  { echo "error: $cairnctl not found: cargo build --bins, then put target/debug on PATH or set CAIRNCTL" >&2; exit 1; }
+
+# The node ids, and whether --force was given (the same flags cairnctl reads).
+nodes=() force=false
+args=("$@")
+for ((i = 0; i < ${#args[@]}; i++)); do
+  case ${args[i]} in
+    --nodes) IFS=, read -r -a more <<<"${args[i + 1]:-}"; nodes+=("${more[@]}") ;;
+    --nodes=*) IFS=, read -r -a more <<<"${args[i]#--nodes=}"; nodes+=("${more[@]}") ;;
+    --force) force=true ;;
+  esac
+done
+if [ "$force" = false ]; then
+  for f in tokens admin.token; do
+    [ ! -e "$dir/$f" ] || { echo "error: $dir/$f exists; give --force to overwrite" >&2; exit 1; }
+  done
+fi
+
+"$cairnctl" certs init --dir "$dir" "$@"
+chmod 700 "$dir"
+for key in coordinator "${nodes[@]}"; do chmod 644 "$dir/$key-key.pem"; done
+
+out=$("$cairnctl" auth token --role admin --name admin)
+token=$(sed -n 's/^token: //p' <<<"$out")
+line=$(tail -n 1 <<<"$out")
+[[ -n $token && $line == "admin "* ]] || { echo "error: cannot read cairnctl auth token's output: $out" >&2; exit 1; }
+(umask 077 && printf '%s\n' "$token" > "$dir/admin.token")
+printf '# ROLE SHA256HEX NAME (cairnctl auth token --role ROLE adds a token: append its line)\n%s\n' "$line" > "$dir/tokens"
+chmod 644 "$dir/tokens"
+echo "wrote $dir/tokens (one admin token) and $dir/admin.token (the token: keep it secret)"
