@@ -46,8 +46,13 @@ impl Error {
 }
 
 /// An error with its causes, `a: b: c` — tonic's transport errors say little on their own.
-pub(crate) fn with_causes(error: &dyn std::error::Error) -> String {
-    let mut text = error.to_string();
+/// A TLS failure starts with what it means in words ([`crate::tls::explain`]: the server's
+/// certificate has expired, the server refused this client's certificate, ...).
+pub(crate) fn with_causes(error: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = match crate::tls::explain(error) {
+        Some(words) => format!("{words}: {error}"),
+        None => error.to_string(),
+    };
     let mut source = error.source();
     while let Some(cause) = source {
         text.push_str(": ");

@@ -1,19 +1,29 @@
 //! TLS for cairn's gRPC links: the CA and the identity (certificate and key) read from PEM
-//! files, turned into tonic's server and client configurations. The flags that name the
-//! files (`--tls-cert`, `--tls-key`, `--tls-ca`) are in `cli::tls`; this part has no clap
-//! so that an application's [`CoordinatorClient`](crate::CoordinatorClient) can use TLS too.
+//! files, turned into a rustls server configuration and tonic's client configurations.
+//! The flags that name the files (`--tls-cert`, `--tls-key`, `--tls-ca`) and a daemon's
+//! accept loop are in `cli::tls`; this part has no clap so that an application's
+//! [`CoordinatorClient`](crate::CoordinatorClient) can use TLS too.
 //!
 //! With TLS a server requires a client certificate signed by the CA (mutual TLS: rustls'
 //! `WebPkiClientVerifier` without `allow_unauthenticated`), and a client checks the
 //! server's certificate against the CA for the host it dials (`127.0.0.1` needs an IP SAN,
-//! `node-0.cairn` a DNS SAN; `cairnctl certs init` writes both kinds).
+//! `node-0.cairn` a DNS SAN; `cairnctl certs init` writes both kinds), or for the node id
+//! when a daemon dials a peer ([`endpoint_for`]).
+//!
+//! A [`Tls`] is shared by its clones and reloadable ([`Tls::reload`]): the files are read
+//! again by path (a Kubernetes Secret's `..data` symlink swap is seen), and a new pair that
+//! parses, matches and (for a daemon) is valid now and signed by the CA goes in force for
+//! new handshakes and new connections; connections that are up keep their session.
 
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
+use rustls::client::danger::ServerCertVerifier;
 use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{CertificateDer, PrivateKeyDer};
-use tonic::transport::{Certificate, ClientTlsConfig, Endpoint, Identity, ServerTlsConfig};
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
+use rustls::{CertificateError, RootCertStore};
+use tonic::transport::{Certificate, ClientTlsConfig, Endpoint, Identity};
 
 /// How long a server waits for a TLS handshake before dropping the connection.
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
@@ -31,105 +41,363 @@ pub struct TlsError {
 }
 
 /// The CA that peers' certificates must chain to, and optionally this process's own
-/// certificate and key.
-#[derive(Clone, Debug)]
+/// certificate and key: what the files held when last loaded. Clones share it, and see
+/// a [`reload`](Self::reload).
+#[derive(Clone)]
 pub struct Tls {
-    ca: Certificate,
-    identity: Option<Identity>,
+    inner: Arc<Inner>,
 }
 
-/// Reads `path` and checks it holds at least one PEM certificate.
-fn read_certs(flag: &'static str, path: &Path) -> Result<Vec<u8>, TlsError> {
+struct Inner {
+    ca: PathBuf,
+    identity: Option<(PathBuf, PathBuf)>,
+    /// A daemon's: its own certificate must be valid now and signed by the CA, at start
+    /// and at every reload.
+    check_own: bool,
+    current: RwLock<Arc<Loaded>>,
+    /// What the files held at the last look (loaded or refused), so a change is acted on
+    /// (and a refusal logged) once; `None` after a read failed.
+    seen: Mutex<Option<Files>>,
+}
+
+impl std::fmt::Debug for Tls {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Tls")
+            .field("ca", &self.inner.ca)
+            .field("identity", &self.inner.identity)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The files' bytes.
+#[derive(Clone, PartialEq, Eq)]
+struct Files {
+    ca: Vec<u8>,
+    identity: Option<(Vec<u8>, Vec<u8>)>,
+}
+
+/// What the files hold, parsed.
+struct Loaded {
+    ca: Certificate,
+    identity: Option<Identity>,
+    /// The server configuration of the identity (client certificates required).
+    server: Option<Arc<rustls::ServerConfig>>,
+    /// The leaf certificate of the identity.
+    leaf: Option<CertificateDer<'static>>,
+}
+
+/// What [`Tls::reload`] did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Reload {
+    /// The files are as they were.
+    Unchanged,
+    /// New files are in force.
+    Reloaded,
+    /// The new files were refused (the error was logged); the old ones stay in force.
+    Refused(String),
+}
+
+fn provider() -> Arc<rustls::crypto::CryptoProvider> {
+    Arc::new(rustls::crypto::ring::default_provider())
+}
+
+/// Parses the PEM certificates of `pem` (from `flag`'s `path`).
+fn parse_certs(
+    flag: &'static str,
+    path: &Path,
+    pem: &[u8],
+) -> Result<Vec<CertificateDer<'static>>, TlsError> {
     let error = |reason: String| TlsError {
         flag,
         path: path.to_owned(),
         reason,
     };
-    let pem = std::fs::read(path).map_err(|e| error(e.to_string()))?;
-    let certs = CertificateDer::pem_slice_iter(&pem)
+    let certs = CertificateDer::pem_slice_iter(pem)
         .collect::<Result<Vec<_>, _>>()
         .map_err(|e| error(format!("not a PEM certificate file: {e}")))?;
     if certs.is_empty() {
         return Err(error("holds no PEM certificate".into()));
     }
-    Ok(pem)
+    Ok(certs)
 }
 
-/// Reads `path` and checks it holds a PEM private key.
-fn read_key(flag: &'static str, path: &Path) -> Result<Vec<u8>, TlsError> {
-    let error = |reason: String| TlsError {
+fn read(flag: &'static str, path: &Path) -> Result<Vec<u8>, TlsError> {
+    std::fs::read(path).map_err(|e| TlsError {
         flag,
         path: path.to_owned(),
-        reason,
+        reason: e.to_string(),
+    })
+}
+
+impl Inner {
+    fn read_files(&self) -> Result<Files, TlsError> {
+        let ca = read("--tls-ca", &self.ca)?;
+        let identity = match &self.identity {
+            None => None,
+            Some((cert, key)) => Some((read("--tls-cert", cert)?, read("--tls-key", key)?)),
+        };
+        Ok(Files { ca, identity })
+    }
+
+    /// Parses and checks `files`; every error names the flag and the file at fault.
+    fn load(&self, files: &Files) -> Result<Loaded, TlsError> {
+        let ca_certs = parse_certs("--tls-ca", &self.ca, &files.ca)?;
+        let mut roots = RootCertStore::empty();
+        let (added, _) = roots.add_parsable_certificates(ca_certs);
+        if added == 0 {
+            return Err(TlsError {
+                flag: "--tls-ca",
+                path: self.ca.clone(),
+                reason: "holds no usable CA certificate".into(),
+            });
+        }
+        let roots = Arc::new(roots);
+        let ca = Certificate::from_pem(&files.ca);
+        let (Some((cert_path, key_path)), Some((cert_pem, key_pem))) =
+            (&self.identity, &files.identity)
+        else {
+            return Ok(Loaded {
+                ca,
+                identity: None,
+                server: None,
+                leaf: None,
+            });
+        };
+        let chain = parse_certs("--tls-cert", cert_path, cert_pem)?;
+        let key = PrivateKeyDer::from_pem_slice(key_pem).map_err(|e| TlsError {
+            flag: "--tls-key",
+            path: key_path.clone(),
+            reason: format!("holds no PEM private key: {e}"),
+        })?;
+        let cert_error = |reason: String| TlsError {
+            flag: "--tls-cert",
+            path: cert_path.clone(),
+            reason,
+        };
+        if self.check_own {
+            check_own(&chain, roots.clone()).map_err(|reason| TlsError {
+                reason: format!("{reason} (--tls-ca {})", self.ca.display()),
+                ..cert_error(String::new())
+            })?;
+        }
+        let verifier =
+            rustls::server::WebPkiClientVerifier::builder_with_provider(roots, provider())
+                .build()
+                .map_err(|e| TlsError {
+                    flag: "--tls-ca",
+                    path: self.ca.clone(),
+                    reason: e.to_string(),
+                })?;
+        let mut server = rustls::ServerConfig::builder_with_provider(provider())
+            .with_safe_default_protocol_versions()
+            .map_err(|e| cert_error(e.to_string()))?
+            .with_client_cert_verifier(verifier)
+            // Checks that the key is the certificate's.
+            .with_single_cert(chain.clone(), key)
+            .map_err(|e| TlsError {
+                flag: "--tls-cert/--tls-key",
+                path: cert_path.clone(),
+                reason: e.to_string(),
+            })?;
+        server.alpn_protocols = vec![b"h2".to_vec()];
+        Ok(Loaded {
+            ca,
+            identity: Some(Identity::from_pem(cert_pem, key_pem)),
+            server: Some(Arc::new(server)),
+            leaf: chain.into_iter().next(),
+        })
+    }
+}
+
+/// This process's own certificate (`chain`, leaf first) is valid now and chains to
+/// `roots`; the error says which it is not, with the dates.
+fn check_own(chain: &[CertificateDer<'static>], roots: Arc<RootCertStore>) -> Result<(), String> {
+    use rustls::Error::InvalidCertificate;
+    let now = UnixTime::now();
+    let verify = |server: bool| -> Result<(), rustls::Error> {
+        if server {
+            let verifier = rustls::client::WebPkiServerVerifier::builder_with_provider(
+                roots.clone(),
+                provider(),
+            )
+            .build()
+            .map_err(|e| rustls::Error::General(e.to_string()))?;
+            // Any name: the chain and the dates are checked before the name.
+            let name = ServerName::try_from("cairn.invalid").expect("a valid name");
+            verifier
+                .verify_server_cert(&chain[0], &chain[1..], &name, &[], now)
+                .map(|_| ())
+        } else {
+            let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
+                roots.clone(),
+                provider(),
+            )
+            .build()
+            .map_err(|e| rustls::Error::General(e.to_string()))?;
+            verifier
+                .verify_client_cert(&chain[0], &chain[1..], now)
+                .map(|_| ())
+        }
     };
-    let pem = std::fs::read(path).map_err(|e| error(e.to_string()))?;
-    PrivateKeyDer::from_pem_slice(&pem)
-        .map_err(|e| error(format!("holds no PEM private key: {e}")))?;
-    Ok(pem)
+    let purpose = |e: &rustls::Error| {
+        matches!(
+            e,
+            InvalidCertificate(
+                CertificateError::InvalidPurpose | CertificateError::InvalidPurposeContext { .. }
+            )
+        )
+    };
+    let result = match verify(true) {
+        Err(InvalidCertificate(
+            CertificateError::NotValidForName | CertificateError::NotValidForNameContext { .. },
+        )) => Ok(()),
+        // A certificate for client authentication only.
+        Err(e) if purpose(&e) => verify(false),
+        other => other,
+    };
+    match result {
+        Ok(()) => Ok(()),
+        // A certificate for neither use: its chain and dates were checked.
+        Err(e) if purpose(&e) => Ok(()),
+        Err(InvalidCertificate(e)) => Err(format!("the certificate {}", certificate_problem(&e).1)),
+        Err(e) => Err(e.to_string()),
+    }
 }
 
 impl Tls {
-    /// Reads the CA file and, when given, the identity's certificate and key. Each file
-    /// is checked to hold what it should; an error names the flag and the file.
-    pub fn from_files(ca: &Path, identity: Option<(&Path, &Path)>) -> Result<Self, TlsError> {
+    fn new(ca: &Path, identity: Option<(&Path, &Path)>, check_own: bool) -> Result<Self, TlsError> {
         install_crypto_provider();
-        let ca = Certificate::from_pem(read_certs("--tls-ca", ca)?);
-        let cert_path = identity.map(|(cert, _)| cert.to_owned());
-        let identity = match identity {
-            None => None,
-            Some((cert, key)) => Some(Identity::from_pem(
-                read_certs("--tls-cert", cert)?,
-                read_key("--tls-key", key)?,
-            )),
+        let inner = Inner {
+            ca: ca.to_owned(),
+            identity: identity.map(|(c, k)| (c.to_owned(), k.to_owned())),
+            check_own,
+            current: RwLock::new(Arc::new(Loaded {
+                ca: Certificate::from_pem(""),
+                identity: None,
+                server: None,
+                leaf: None,
+            })),
+            seen: Mutex::new(None),
         };
-        let tls = Self { ca, identity };
-        if let Some(cert) = cert_path {
-            // Builds rustls' configuration once, so that a key that does not match its
-            // certificate is a start-up error rather than a failed handshake later.
-            let _ = tls.server_config().map_err(|reason| TlsError {
-                flag: "--tls-cert/--tls-key",
-                path: cert,
-                reason,
-            })?;
-        }
-        Ok(tls)
+        let files = inner.read_files()?;
+        let loaded = inner.load(&files)?;
+        *inner.current.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(loaded);
+        *inner.seen.lock().unwrap_or_else(|e| e.into_inner()) = Some(files);
+        Ok(Self {
+            inner: Arc::new(inner),
+        })
+    }
+
+    /// Reads the CA file and, when given, the identity's certificate and key. Each file
+    /// is checked to hold what it should, and the key to be the certificate's; an error
+    /// names the flag and the file.
+    pub fn from_files(ca: &Path, identity: Option<(&Path, &Path)>) -> Result<Self, TlsError> {
+        Self::new(ca, identity, false)
+    }
+
+    /// As [`from_files`](Self::from_files) for a daemon's own identity, which must also be
+    /// valid now (neither expired nor not yet valid) and signed by the CA, here and at
+    /// every [`reload`](Self::reload). The error names the flag, the file and the dates.
+    pub fn for_daemon(ca: &Path, cert: &Path, key: &Path) -> Result<Self, TlsError> {
+        Self::new(ca, Some((cert, key)), true)
+    }
+
+    fn current(&self) -> Arc<Loaded> {
+        self.inner
+            .current
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
     }
 
     /// Whether this process has its own certificate (to serve, or to present as a client).
     pub fn has_identity(&self) -> bool {
-        self.identity.is_some()
+        self.inner.identity.is_some()
     }
 
-    /// A server's configuration: this identity, and client certificates required and
-    /// verified against the CA. An error if there is no identity or rustls refuses it.
-    pub fn server_config(&self) -> Result<ServerTlsConfig, String> {
-        let identity = self
-            .identity
-            .clone()
-            .ok_or("a TLS server needs a certificate and key")?;
-        let config = ServerTlsConfig::new()
-            .identity(identity)
-            .client_ca_root(self.ca.clone())
-            // Required, not optional: a client without a certificate is refused.
-            .client_auth_optional(false)
-            .timeout(HANDSHAKE_TIMEOUT);
-        // tonic parses the PEM and builds rustls' configuration here.
-        tonic::transport::Server::builder()
-            .tls_config(config.clone())
-            .map_err(|e| crate::error::with_causes(&e))?;
-        Ok(config)
+    /// The files: the CA's, and the certificate's and key's if any.
+    pub fn paths(&self) -> (&Path, Option<(&Path, &Path)>) {
+        (
+            &self.inner.ca,
+            self.inner
+                .identity
+                .as_ref()
+                .map(|(c, k)| (c.as_path(), k.as_path())),
+        )
     }
 
-    /// A client's configuration to dial `address` (HOST:PORT): the CA, this identity if
-    /// any, and the server name checked in the server's certificate: HOST.
+    /// The server configuration in force now: this identity, ALPN `h2`, client
+    /// certificates required and verified against the CA. `None` without an identity.
+    pub fn server_config(&self) -> Option<Arc<rustls::ServerConfig>> {
+        self.current().server.clone()
+    }
+
+    /// The leaf certificate in force now (DER), if this process has an identity.
+    pub fn certificate(&self) -> Option<CertificateDer<'static>> {
+        self.current().leaf.clone()
+    }
+
+    /// A client's configuration to dial `address` (HOST:PORT): the CA, this identity (as
+    /// in force now) if any, and the server name checked in the server's certificate: HOST.
     pub fn client_config(&self, address: &str) -> ClientTlsConfig {
+        self.client_config_for(host_of(address))
+    }
+
+    /// A client's configuration that checks that the server's certificate names
+    /// `server_name` (a node id, a host name or an IP address).
+    pub fn client_config_for(&self, server_name: &str) -> ClientTlsConfig {
+        let loaded = self.current();
         let mut config = ClientTlsConfig::new()
-            .ca_certificate(self.ca.clone())
-            .domain_name(host_of(address));
-        if let Some(identity) = &self.identity {
+            .ca_certificate(loaded.ca.clone())
+            .domain_name(server_name);
+        if let Some(identity) = &loaded.identity {
             config = config.identity(identity.clone());
         }
         config
+    }
+
+    /// Reads the files again; when they changed (or `force`), parses and checks them and,
+    /// if they are good, puts them in force for new handshakes and connections. Files that
+    /// cannot be read or are bad keep the old ones in force, and are logged at error level
+    /// once per change, naming the flag and the file.
+    pub fn reload(&self, force: bool) -> Reload {
+        let inner = &self.inner;
+        let files = match inner.read_files() {
+            Ok(files) => files,
+            Err(e) => {
+                let mut seen = inner.seen.lock().unwrap_or_else(|e| e.into_inner());
+                if seen.is_some() || force {
+                    tracing::error!("{e}; keeping the TLS certificate in force");
+                }
+                *seen = None;
+                return Reload::Refused(e.to_string());
+            }
+        };
+        {
+            let mut seen = inner.seen.lock().unwrap_or_else(|e| e.into_inner());
+            if !force && seen.as_ref() == Some(&files) {
+                return Reload::Unchanged;
+            }
+            *seen = Some(files.clone());
+        }
+        match inner.load(&files) {
+            Ok(loaded) => {
+                *inner.current.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(loaded);
+                match &inner.identity {
+                    Some((cert, _)) => tracing::info!(
+                        "--tls-cert {}: reloaded; new connections use it, connections that \
+                         are up keep theirs",
+                        cert.display()
+                    ),
+                    None => tracing::info!("--tls-ca {}: reloaded", inner.ca.display()),
+                }
+                Reload::Reloaded
+            }
+            Err(e) => {
+                tracing::error!("{e}; keeping the TLS certificate in force");
+                Reload::Refused(e.to_string())
+            }
+        }
     }
 }
 
@@ -142,20 +410,200 @@ pub fn host_of(address: &str) -> &str {
     host.trim_start_matches('[').trim_end_matches(']')
 }
 
-/// An endpoint for `address` (HOST:PORT): `https://` with `tls`, `http://` without.
+/// An endpoint for `address` (HOST:PORT): `https://` with `tls`, `http://` without. With
+/// TLS the server's certificate must name HOST, and this process presents its identity
+/// as in force now (a reconnect after a reload presents the new certificate).
 pub fn endpoint(address: &str, tls: Option<&Tls>) -> Result<Endpoint, tonic::transport::Error> {
+    endpoint_for(address, host_of(address), tls)
+}
+
+/// As [`endpoint`], but the server's certificate must name `server_name` rather than the
+/// host of `address`: a daemon dialing node X checks that the certificate is X's
+/// (`DNS:<node-id>`), wherever X's address points.
+pub fn endpoint_for(
+    address: &str,
+    server_name: &str,
+    tls: Option<&Tls>,
+) -> Result<Endpoint, tonic::transport::Error> {
     match tls {
         None => Endpoint::from_shared(format!("http://{address}")),
         Some(tls) => Endpoint::from_shared(format!("https://{address}"))?
-            .tls_config(tls.client_config(address)),
+            .tls_config(tls.client_config_for(server_name)),
     }
 }
 
 /// Installs rustls' ring crypto provider as the process default, once (a second call, or
-/// one after another provider was installed, does nothing). tonic's TLS server builds its
+/// one after another provider was installed, does nothing). tonic's TLS client builds its
 /// configuration from the process default.
 pub fn install_crypto_provider() {
     let _ = rustls::crypto::ring::default_provider().install_default();
+}
+
+/// `secs` since the Unix epoch as `YYYY-MM-DDTHH:MM:SSZ`.
+pub fn format_time(secs: u64) -> String {
+    let days = (secs / 86_400) as i64;
+    let rest = secs % 86_400;
+    // Howard Hinnant's civil_from_days.
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}Z",
+        rest / 3600,
+        rest / 60 % 60,
+        rest % 60
+    )
+}
+
+/// A certificate's problem: a short label (a metric's `reason`) and words that follow
+/// "the … certificate" ("has expired (not after 2025-01-01T00:00:00Z)").
+pub fn certificate_problem(error: &CertificateError) -> (&'static str, String) {
+    use CertificateError::*;
+    match error {
+        Expired => ("expired", "has expired".into()),
+        ExpiredContext { time, not_after } => (
+            "expired",
+            format!(
+                "has expired (not after {}; it is now {})",
+                format_time(not_after.as_secs()),
+                format_time(time.as_secs())
+            ),
+        ),
+        NotValidYet => ("not_yet_valid", "is not yet valid".into()),
+        NotValidYetContext { time, not_before } => (
+            "not_yet_valid",
+            format!(
+                "is not yet valid (not before {}; it is now {})",
+                format_time(not_before.as_secs()),
+                format_time(time.as_secs())
+            ),
+        ),
+        UnknownIssuer => (
+            "unknown_issuer",
+            "is not signed by this cluster's CA (unknown issuer)".into(),
+        ),
+        // The issuer named is a CA of the store (same name) but its key did not sign it:
+        // another CA of the same name (`cairnctl certs init` for another cluster), or a
+        // tampered certificate.
+        BadSignature => (
+            "unknown_issuer",
+            "is not signed by this cluster's CA (bad signature: another CA of the same name \
+             signed it)"
+                .into(),
+        ),
+        NotValidForName => ("wrong_name", "does not name the server dialed".into()),
+        NotValidForNameContext {
+            expected,
+            presented,
+        } => (
+            "wrong_name",
+            format!(
+                "does not name {} (it names {})",
+                expected.to_str(),
+                presented.join(", ")
+            ),
+        ),
+        InvalidPurpose | InvalidPurposeContext { .. } => (
+            "wrong_purpose",
+            "is not for this use (its extended key usage)".into(),
+        ),
+        Revoked => ("revoked", "is revoked".into()),
+        other => ("bad_certificate", format!("is refused: {other}")),
+    }
+}
+
+/// The rustls error in `error` or its causes, if any (tokio-rustls wraps it in an
+/// `io::Error`, whose `source` skips it).
+fn find_rustls_error<'a>(
+    error: &'a (dyn std::error::Error + 'static),
+) -> Option<&'a rustls::Error> {
+    let mut next = Some(error);
+    while let Some(e) = next {
+        if let Some(r) = e.downcast_ref::<rustls::Error>() {
+            return Some(r);
+        }
+        if let Some(r) = e
+            .downcast_ref::<std::io::Error>()
+            .and_then(|io| io.get_ref())
+            .and_then(|inner| inner.downcast_ref::<rustls::Error>())
+        {
+            return Some(r);
+        }
+        next = e.source();
+    }
+    None
+}
+
+/// Why a TLS connection failed, in words, from a client's point of view: the server's
+/// certificate was refused (expired, not yet valid, of another CA, not naming the server
+/// dialed), or the server refused this client's (as its alert says). `None` if `error`
+/// and its causes hold no TLS error.
+pub fn explain(error: &(dyn std::error::Error + 'static)) -> Option<String> {
+    use rustls::AlertDescription as A;
+    if let Some(e) = find_rustls_error(error) {
+        return Some(match e {
+            rustls::Error::InvalidCertificate(c) => {
+                format!("the server's certificate {}", certificate_problem(c).1)
+            }
+            rustls::Error::AlertReceived(alert) => refused_by_server(*alert),
+            rustls::Error::InvalidMessage(_) => {
+                "the server did not answer in TLS (a plaintext server?)".into()
+            }
+            other => format!("TLS: {other}"),
+        });
+    }
+    // Some layers keep only the text of the cause.
+    let mut text = error.to_string();
+    let mut next = error.source();
+    while let Some(e) = next {
+        text.push_str(": ");
+        text.push_str(&e.to_string());
+        next = e.source();
+    }
+    for (alert, name) in [
+        (A::CertificateExpired, "CertificateExpired"),
+        (A::UnknownCA, "UnknownCA"),
+        (A::CertificateRequired, "CertificateRequired"),
+        (A::BadCertificate, "BadCertificate"),
+        (A::UnsupportedCertificate, "UnsupportedCertificate"),
+        (A::DecryptError, "DecryptError"),
+    ] {
+        if text.contains(&format!("received fatal alert: {name}")) {
+            return Some(refused_by_server(alert));
+        }
+    }
+    None
+}
+
+fn refused_by_server(alert: rustls::AlertDescription) -> String {
+    use rustls::AlertDescription as A;
+    match alert {
+        A::CertificateExpired => {
+            "the server refused this client's certificate: it has expired or is not yet valid"
+                .into()
+        }
+        A::UnknownCA => "the server refused this client's certificate: it is not signed by the \
+                         server's CA (unknown issuer)"
+            .into(),
+        A::CertificateRequired => {
+            "the server requires a client certificate (--tls-cert and --tls-key)".into()
+        }
+        A::UnsupportedCertificate => {
+            "the server refused this client's certificate: it is not for client \
+             authentication (its extended key usage)"
+                .into()
+        }
+        A::DecryptError => "the server refused this client's certificate: it is not signed \
+                            by the server's CA (bad signature)"
+            .into(),
+        other => format!("the server refused the TLS handshake ({other:?})"),
+    }
 }
 
 #[cfg(test)]
@@ -168,6 +616,13 @@ mod tests {
         assert_eq!(host_of("node-0.cairn:7100"), "node-0.cairn");
         assert_eq!(host_of("[::1]:7000"), "::1");
         assert_eq!(host_of("localhost"), "localhost");
+    }
+
+    #[test]
+    fn times() {
+        assert_eq!(format_time(0), "1970-01-01T00:00:00Z");
+        assert_eq!(format_time(951_782_400), "2000-02-29T00:00:00Z");
+        assert_eq!(format_time(1_735_689_599), "2024-12-31T23:59:59Z");
     }
 
     #[test]

@@ -112,6 +112,11 @@ pub async fn run(
     let mut registry = prometheus_client::registry::Registry::default();
     metrics.register(&mut registry);
     config.auth.register(&mut registry);
+    let tls_metrics = cairn_sdk::cli::tls::TlsMetrics::default();
+    tls_metrics.register(&mut registry);
+    if let Some(tls) = &config.tls {
+        cairn_sdk::cli::tls::watch(tls, &tls_metrics, stop.clone());
+    }
     config
         .auth
         .start("the coordinator's API", config.tls.is_some(), stop.clone());
@@ -168,15 +173,7 @@ pub async fn run(
     // A piece holds recorded messages up to 1 MiB plus the one that crossed it.
     const UPLOAD_MESSAGE: usize =
         cairn_proto::limits::data_message(cairn_proto::limits::MAX_PAYLOAD_CEILING);
-    let mut server = cairn_proto::limits::server(COORDINATOR_STREAMS);
-    if let Some(tls) = &config.tls {
-        // Mutual TLS: a client without a certificate of the CA is refused in the handshake.
-        server = tls
-            .server_config()
-            .and_then(|c| server.tls_config(c).map_err(|e| e.to_string()))
-            .map_err(RunError::Tls)?;
-    }
-    let server = server
+    let server = cairn_proto::limits::server(COORDINATOR_STREAMS)
         .initial_stream_window_size(4 << 20)
         .initial_connection_window_size(16 << 20)
         // Bearer tokens and roles (`--auth-tokens`), before a byte of a body is read.
@@ -197,11 +194,36 @@ pub async fn run(
         .add_service(
             pb::coordinator_server::CoordinatorServer::new(service)
                 .max_decoding_message_size(UPLOAD_MESSAGE),
-        )
-        .serve_with_incoming_shutdown(
-            tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true)),
-            stop_server.clone().cancelled_owned(),
         );
+    // With TLS, the handshakes run in cairn_sdk's accept loop (mutual TLS: a client without
+    // a certificate of the CA is refused there), with the certificate in force.
+    let (tls, stop_serving) = (config.tls.clone(), stop_server.clone());
+    let server = async move {
+        match tls {
+            Some(tls) => {
+                server
+                    .serve_with_incoming_shutdown(
+                        cairn_sdk::cli::tls::incoming(
+                            listener,
+                            tls,
+                            tls_metrics,
+                            stop_serving.clone(),
+                        ),
+                        stop_serving.cancelled_owned(),
+                    )
+                    .await
+            }
+            None => {
+                server
+                    .serve_with_incoming_shutdown(
+                        tonic::transport::server::TcpIncoming::from(listener)
+                            .with_nodelay(Some(true)),
+                        stop_serving.cancelled_owned(),
+                    )
+                    .await
+            }
+        }
+    };
     let result = serve_beside_task(
         server,
         &mut state_task,

@@ -122,6 +122,8 @@ pub async fn run(
     let mut registry = prometheus_client::registry::Registry::default();
     metrics.register(&mut registry);
     config.auth.register(&mut registry);
+    let tls_metrics = cairn_sdk::cli::tls::TlsMetrics::default();
+    tls_metrics.register(&mut registry);
     let first = wiring::wiring(&me, topology, config.peers.clone(), buffer, None);
     let shared = Arc::new(Shared {
         metrics,
@@ -211,6 +213,11 @@ pub async fn run(
         shutdown: stop.clone(),
         sessions: AtomicU64::new(0),
     };
+    if let Some(tls) = &config.tls {
+        // New certificates go in force for new handshakes and for this daemon's new
+        // connections to peers and the coordinator; channels that are up stay up.
+        cairn_sdk::cli::tls::watch(tls, &tls_metrics, stop.clone());
+    }
     config.auth.start(
         "this daemon's NodeAdmin",
         config.tls.is_some(),
@@ -218,15 +225,7 @@ pub async fn run(
     );
     let accepting = CancellationToken::new();
     // Peer streams use large windows (CALIBRATION.md); each connection carries one channel.
-    let mut peer_server = limits::server(PEER_PORT_STREAMS);
-    if let Some(tls) = &config.tls {
-        // Mutual TLS: a client without a certificate of the CA is refused in the handshake.
-        peer_server = tls
-            .server_config()
-            .and_then(|c| peer_server.tls_config(c).map_err(|e| e.to_string()))
-            .map_err(RunError::Tls)?;
-    }
-    let peer_server = peer_server
+    let peer_server = limits::server(PEER_PORT_STREAMS)
         .initial_stream_window_size(16 << 20)
         .initial_connection_window_size(32 << 20)
         // NodeAdmin's bearer tokens and roles (`--auth-tokens`); Peer/Channel stays open.
@@ -241,11 +240,39 @@ pub async fn run(
         .add_service(
             pb::peer_server::PeerServer::new(peer_service).max_decoding_message_size(data_limit),
         )
-        .add_service(pb::node_admin_server::NodeAdminServer::new(admin_service))
-        .serve_with_incoming_shutdown(
-            tonic::transport::server::TcpIncoming::from(listeners.peer).with_nodelay(Some(true)),
-            stop.clone().cancelled_owned(),
-        );
+        .add_service(pb::node_admin_server::NodeAdminServer::new(admin_service));
+    // With TLS, the handshakes run in cairn_sdk's accept loop (mutual TLS: a client without
+    // a certificate of the CA is refused there), with the certificate in force.
+    let peer_server = {
+        let (tls, stop) = (config.tls.clone(), stop.clone());
+        let peer_listener = listeners.peer;
+        async move {
+            match tls {
+                Some(tls) => {
+                    peer_server
+                        .serve_with_incoming_shutdown(
+                            cairn_sdk::cli::tls::incoming(
+                                peer_listener,
+                                tls,
+                                tls_metrics,
+                                stop.clone(),
+                            ),
+                            stop.cancelled_owned(),
+                        )
+                        .await
+                }
+                None => {
+                    peer_server
+                        .serve_with_incoming_shutdown(
+                            tonic::transport::server::TcpIncoming::from(peer_listener)
+                                .with_nodelay(Some(true)),
+                            stop.cancelled_owned(),
+                        )
+                        .await
+                }
+            }
+        }
+    };
     // The application is beside the daemon: small windows keep what waits in HTTP/2
     // buffers small, so backpressure reaches a fast application quickly.
     let app_server = limits::server(APP_PORT_STREAMS)

@@ -34,6 +34,8 @@ pub(crate) struct NodeMetrics {
     pub recorded_messages: Counter,
     /// Times an outgoing channel reconnected.
     pub reconnects: Counter,
+    /// Sessions with the coordinator that registered (the first, and each reconnect).
+    pub coordinator_sessions: Counter,
     /// Messages waiting for the application.
     pub app_queue_depth: Gauge,
 }
@@ -65,6 +67,11 @@ impl NodeMetrics {
             "cairn_node_channel_reconnects",
             "Reconnects of outgoing channels",
             self.reconnects.clone(),
+        );
+        registry.register(
+            "cairn_node_coordinator_sessions",
+            "Sessions with the coordinator that registered (the first and each reconnect)",
+            self.coordinator_sessions.clone(),
         );
         registry.register(
             "cairn_node_app_queue_depth",

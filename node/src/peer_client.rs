@@ -111,7 +111,9 @@ impl Link {
             .get(&self.channel.to)
             .cloned()
             .ok_or_else(|| format!("no address for node {}", self.channel.to))?;
-        cairn_sdk::tls::endpoint(&address, self.shared.tls.as_ref())
+        // The peer's certificate must name the node dialed (SAN DNS:<node-id>), wherever its
+        // address points: another node's certificate is refused.
+        cairn_sdk::tls::endpoint_for(&address, self.channel.to.as_str(), self.shared.tls.as_ref())
             .map_err(|e| e.to_string())?
             .connect_timeout(Duration::from_secs(2))
             .tcp_nodelay(true)

@@ -162,6 +162,7 @@ impl CoordinatorLink {
                     epoch = m.epoch,
                     "registered with the coordinator"
                 );
+                self.shared.metrics.coordinator_sessions.inc();
                 // The coordinator names the epoch this node is to be in: the cluster's for a
                 // new daemon, its own while it still has a restore to apply.
                 if m.epoch != *self.shared.epoch.borrow() {

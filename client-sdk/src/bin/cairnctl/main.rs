@@ -181,7 +181,15 @@ fn main() -> ExitCode {
                         why.push_str(&format!(": {cause}"));
                         source = cause.source();
                     }
-                    eprintln!("error: {}{why} ({:?})", status.message(), status.code())
+                    // A TLS failure first says what it means (an expired certificate, ...).
+                    match cairn_sdk::tls::explain(status) {
+                        Some(tls) => eprintln!(
+                            "error: {tls}: {}{why} ({:?})",
+                            status.message(),
+                            status.code()
+                        ),
+                        None => eprintln!("error: {}{why} ({:?})", status.message(), status.code()),
+                    }
                 }
                 None => eprintln!("error: {e:#}"),
             }
