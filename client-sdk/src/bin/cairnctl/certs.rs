@@ -69,6 +69,45 @@ pub(crate) fn certs(command: CertsCommand) -> anyhow::Result<ExitCode> {
         dir,
         force,
     } = command;
+    let people = users
+        .iter()
+        .map(|user| parse_user(user))
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    let files = init(&cluster, &nodes, &people, &san, &dir, force)?;
+    println!(
+        "wrote {} files to {} (CA: ca.pem; keys 0600)",
+        files.len(),
+        dir.display()
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `NAME:ROLE` (or `NAME`, a viewer) of `--users`.
+fn parse_user(user: &str) -> anyhow::Result<(String, Role)> {
+    Ok(match user.split_once(':') {
+        Some((name, role)) => (
+            name.to_owned(),
+            role.parse::<Role>()
+                .map_err(|e| anyhow::anyhow!("--users {user}: {e}"))?,
+        ),
+        None => (user.to_owned(), Role::Viewer),
+    })
+}
+
+/// Writes to `dir` a development CA of `cluster` (`ca.pem`, `ca-key.pem`) and a
+/// certificate and key for the coordinator, each of `nodes` and each of `people` (a name
+/// and its role), as `certs init` documents; `san`: more host names for the servers'
+/// certificates. Refuses to overwrite a file unless `force`. Returns the files' names.
+/// `certs init` and the local cluster (`cluster up`, `demo`) both make their
+/// certificates here.
+pub(crate) fn init(
+    cluster: &str,
+    nodes: &[String],
+    people: &[(String, Role)],
+    san: &[String],
+    dir: &Path,
+    force: bool,
+) -> anyhow::Result<Vec<String>> {
     let valid = |name: &str| {
         !name.is_empty()
             && name.len() <= 128
@@ -76,26 +115,14 @@ pub(crate) fn certs(command: CertsCommand) -> anyhow::Result<ExitCode> {
                 .chars()
                 .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '.' || c == '_')
     };
-    if !valid(&cluster) {
+    if !valid(cluster) {
         bail!("--cluster `{cluster}`: letters, digits, '-', '.', '_' (1 to 128)");
-    }
-    let mut people: Vec<(&str, Role)> = Vec::new();
-    for user in &users {
-        let (name, role) = match user.split_once(':') {
-            Some((name, role)) => (
-                name,
-                role.parse::<Role>()
-                    .map_err(|e| anyhow::anyhow!("--users {user}: {e}"))?,
-            ),
-            None => (user.as_str(), Role::Viewer),
-        };
-        people.push((name, role));
     }
     let mut names: Vec<&str> = Vec::new();
     for name in nodes
         .iter()
         .map(String::as_str)
-        .chain(people.iter().map(|(name, _)| *name))
+        .chain(people.iter().map(|(name, _)| name.as_str()))
     {
         if !valid(name) || name == "ca" || name == "coordinator" {
             bail!(
@@ -107,11 +134,11 @@ pub(crate) fn certs(command: CertsCommand) -> anyhow::Result<ExitCode> {
         }
         names.push(name);
     }
-    for name in &san {
+    for name in san {
         CertificateParams::new(vec![name.clone()])
             .map_err(|e| anyhow::anyhow!("--san `{name}` is not a DNS name or IP address: {e}"))?;
     }
-    std::fs::create_dir_all(&dir).with_context(|| format!("--dir {}", dir.display()))?;
+    std::fs::create_dir_all(dir).with_context(|| format!("--dir {}", dir.display()))?;
     let mut files = vec!["ca.pem".to_owned(), "ca-key.pem".to_owned()];
     for name in std::iter::once(&"coordinator").chain(names.iter()) {
         files.push(format!("{name}.pem"));
@@ -149,8 +176,8 @@ pub(crate) fn certs(command: CertsCommand) -> anyhow::Result<ExitCode> {
     ca.not_before = not_before;
     ca.not_after = days(CA_DAYS);
     let ca_cert = ca.self_signed(&ca_key)?;
-    write(&dir, "ca.pem", &ca_cert.pem(), false)?;
-    write(&dir, "ca-key.pem", &ca_key.serialize_pem(), true)?;
+    write(dir, "ca.pem", &ca_cert.pem(), false)?;
+    write(dir, "ca-key.pem", &ca_key.serialize_pem(), true)?;
     let issuer = Issuer::new(ca, ca_key);
 
     // `who`: the path of the identity URI after the cluster; `server`: node or
@@ -189,28 +216,23 @@ pub(crate) fn certs(command: CertsCommand) -> anyhow::Result<ExitCode> {
         params.not_after = days(LEAF_DAYS);
         let key = KeyPair::generate()?;
         let cert = params.signed_by(&key, &issuer)?;
-        write(&dir, &format!("{name}.pem"), &cert.pem(), false)?;
-        write(&dir, &format!("{name}-key.pem"), &key.serialize_pem(), true)?;
+        write(dir, &format!("{name}.pem"), &cert.pem(), false)?;
+        write(dir, &format!("{name}-key.pem"), &key.serialize_pem(), true)?;
         Ok(())
     };
     leaf("coordinator", "coordinator".into(), true)?;
-    for node in &nodes {
+    for node in nodes {
         leaf(node, format!("node/{node}"), true)?;
     }
-    for (user, role) in &people {
+    for (user, role) in people {
         leaf(user, format!("{role}/{user}"), false)?;
     }
-    println!(
-        "wrote {} files to {} (CA: ca.pem; keys 0600)",
-        files.len(),
-        dir.display()
-    );
-    Ok(ExitCode::SUCCESS)
+    Ok(files)
 }
 
 /// Writes `text` to `dir/name`, 0600 when `secret` (set at creation: the key is never
 /// readable by others, even for a moment).
-fn write(dir: &Path, name: &str, text: &str, secret: bool) -> anyhow::Result<()> {
+pub(crate) fn write(dir: &Path, name: &str, text: &str, secret: bool) -> anyhow::Result<()> {
     use std::os::unix::fs::OpenOptionsExt;
     let path = dir.join(name);
     let mut options = std::fs::OpenOptions::new();

@@ -1,14 +1,20 @@
 //! `cairnctl cluster up` and `cairnctl demo`: a local cluster on loopback, and the whole
 //! story told on one.
+//!
+//! Both are secure unless `--insecure`: they write a CA and every certificate into
+//! `<dir>/tls` (`certs::init`, as `certs init` does, anew at each start), a tokens file
+//! admitting one admin token, start every process with `--tls-*` and `--auth-tokens`,
+//! and print what a user needs to call the cluster (`access`).
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use cairn_proto::v1 as pb;
 use cairn_sdk::CoordinatorClient;
 use cairn_sdk::bank::{BankState, TransferPayload};
-use cairn_sdk::local_cluster::{ClusterSpec, LocalCluster};
+use cairn_sdk::cli::auth::Role;
+use cairn_sdk::local_cluster::{ClusterSpec, LocalCluster, Security};
 use clap::Subcommand;
 
 use crate::output::{snapshot_row, table};
@@ -34,6 +40,12 @@ pub(crate) enum ClusterCommand {
         /// Random transfers per second per bank.
         #[arg(long, env = "CAIRN_WORKLOAD", default_value_t = 0.0)]
         workload: f64,
+        /// Run plaintext and without tokens: anyone who can reach a port may call
+        /// everything, restores and deletes included. Without it the cluster runs mutual
+        /// TLS and bearer tokens, with a CA, certificates and an admin token written anew
+        /// to DIR/tls at each start, and prints what cairnctl and grpcurl need.
+        #[arg(long)]
+        insecure: bool,
     },
 }
 
@@ -49,7 +61,8 @@ pub(crate) async fn cluster(
             dir,
             addresses,
             workload,
-        } => cluster_up(nodes, etcd, coordinator, dir, addresses, workload).await,
+            insecure,
+        } => cluster_up(nodes, etcd, coordinator, dir, addresses, workload, insecure).await,
     }
 }
 
@@ -61,6 +74,98 @@ fn bin_dir() -> anyhow::Result<PathBuf> {
         .to_owned())
 }
 
+/// The name of the person's certificate a secure local cluster writes (role admin).
+const ADMIN: &str = "admin";
+
+/// Writes `dir/tls`: a CA, the coordinator's and every node's certificate, an admin's
+/// (`admin.pem`, role admin), a tokens file admitting one admin token and that token
+/// (`admin.token`, 0600). Everything is written anew: a cluster started again gets a new
+/// CA and token. `coordinator`: the address it was asked to listen on, whose host (if not
+/// loopback or every interface) its certificate names too.
+fn secure_files(
+    dir: &Path,
+    nodes: usize,
+    coordinator: Option<&str>,
+) -> anyhow::Result<(Security, String)> {
+    let tls = std::path::absolute(dir.join("tls"))?;
+    let ids: Vec<String> = (1..=nodes).map(|i| format!("n{i}")).collect();
+    let mut san = Vec::new();
+    if let Some(address) = coordinator
+        && let Some(host) = std::net::ToSocketAddrs::to_socket_addrs(address)
+            .ok()
+            .and_then(|mut a| a.next())
+            .map(|a| a.ip())
+        && !host.is_loopback()
+        && !host.is_unspecified()
+    {
+        san.push(host.to_string());
+    }
+    crate::certs::init(
+        "cairn",
+        &ids,
+        &[(ADMIN.to_owned(), Role::Admin)],
+        &san,
+        &tls,
+        true,
+    )?;
+    let (token, line) = cairn_sdk::cli::auth::new_token(Role::Admin, Some(ADMIN));
+    crate::certs::write(
+        &tls,
+        "tokens",
+        &format!("# the local cluster's tokens: ROLE SHA256HEX NAME\n{line}\n"),
+        true,
+    )?;
+    crate::certs::write(&tls, "admin.token", &format!("{token}\n"), true)?;
+    let security = Security {
+        ca: tls.join("ca.pem"),
+        cert: tls.join(format!("{ADMIN}.pem")),
+        key: tls.join(format!("{ADMIN}-key.pem")),
+        auth_tokens: tls.join("tokens"),
+        token_file: tls.join("admin.token"),
+        certs_dir: tls,
+    };
+    Ok((security, token))
+}
+
+/// A word for a shell: as it is, or single-quoted.
+fn shell_word(text: &str) -> String {
+    if !text.is_empty()
+        && text
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "/._-:=@,+".contains(c))
+    {
+        text.to_owned()
+    } else {
+        format!("'{}'", text.replace('\'', r"'\''"))
+    }
+}
+
+/// What a user needs to call the secure cluster at `coordinator`, ready to paste, under
+/// `heading`: the files, the token, cairnctl's variables and a grpcurl line.
+fn access(heading: &str, coordinator: &str, security: &Security, token: &str) -> String {
+    let path = |p: &Path| shell_word(&p.display().to_string());
+    let (ca, cert, key) = (
+        path(&security.ca),
+        path(&security.cert),
+        path(&security.key),
+    );
+    format!(
+        "{heading}\n  \
+         coordinator   {coordinator}\n  \
+         CA            {ca}\n  \
+         certificate   {cert} (key {key}; role admin)\n  \
+         admin token   {token} (also in {}, 0600)\n\
+         cairnctl:\n  \
+         export CAIRN_COORDINATOR={coordinator} CAIRN_TLS_CA={ca} CAIRN_TLS_CERT={cert} CAIRN_TLS_KEY={key} CAIRN_TOKEN={token}\n\
+         grpcurl:\n  \
+         grpcurl -cacert {ca} -cert {cert} -key {key} -H \"authorization: Bearer {token}\" {coordinator} cairn.v1.Coordinator/ListSnapshots",
+        path(&security.token_file),
+    )
+}
+
+/// The one line `--insecure` prints.
+const INSECURE: &str = "warning: --insecure: the cluster runs plaintext without tokens; anyone who can reach its ports can call everything, restores and deletes included";
+
 async fn cluster_up(
     nodes: usize,
     etcd: Vec<String>,
@@ -68,8 +173,16 @@ async fn cluster_up(
     dir: PathBuf,
     addresses: PathBuf,
     workload: f64,
+    insecure: bool,
 ) -> anyhow::Result<ExitCode> {
     anyhow::ensure!(nodes >= 1, "--nodes must be at least 1");
+    let (security, token) = if insecure {
+        eprintln!("{INSECURE}");
+        (None, None)
+    } else {
+        let (security, token) = secure_files(&dir, nodes, coordinator.as_deref())?;
+        (Some(security), Some(token))
+    };
     let spec = ClusterSpec {
         nodes,
         etcd,
@@ -78,6 +191,7 @@ async fn cluster_up(
         workload,
         initial_balance: 1000,
         bin_dir: bin_dir()?,
+        security,
     };
     let mut cluster = LocalCluster::start(&spec).await?;
     if let Err(e) = cluster.wait_ready(Duration::from_secs(30)).await {
@@ -92,6 +206,17 @@ async fn cluster_up(
         addresses.display(),
         spec.data_dir.join("logs").display()
     );
+    if let (Some(security), Some(token)) = (&spec.security, &token) {
+        eprintln!(
+            "{}",
+            access(
+                "mutual TLS and bearer tokens are on (--insecure turns them off); to call the cluster:",
+                &cluster.addresses.coordinator,
+                security,
+                token
+            )
+        );
+    }
     let mut ticker = tokio::time::interval(Duration::from_millis(500));
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     let code = loop {
@@ -134,12 +259,20 @@ pub(crate) async fn demo(
     workload: f64,
     coordinator: Option<String>,
     dir: Option<PathBuf>,
+    insecure: bool,
 ) -> anyhow::Result<ExitCode> {
     anyhow::ensure!(nodes >= 2, "the demo needs at least 2 nodes");
     let temporary = dir.is_none();
     let data_dir = dir
         .unwrap_or_else(|| std::env::temp_dir().join(format!("cairn-demo-{}", std::process::id())));
     let initial_balance = 1000;
+    let (security, token) = if insecure {
+        println!("{INSECURE}");
+        (None, None)
+    } else {
+        let (security, token) = secure_files(&data_dir, nodes, coordinator.as_deref())?;
+        (Some(security), Some(token))
+    };
     let spec = ClusterSpec {
         nodes,
         etcd: Vec::new(),
@@ -148,12 +281,18 @@ pub(crate) async fn demo(
         workload,
         initial_balance,
         bin_dir: bin_dir()?,
+        security,
     };
     println!(
-        "starting a local cluster: 1 coordinator (embedded store), {nodes} node daemons, {nodes} banks at {workload} transfers/s each"
+        "starting a local cluster: 1 coordinator (embedded store), {nodes} node daemons, {nodes} banks at {workload} transfers/s each{}",
+        if insecure {
+            ""
+        } else {
+            "; mutual TLS and bearer tokens on (--insecure turns them off)"
+        }
     );
     let cluster = LocalCluster::start(&spec).await?;
-    let result = demo_story(&cluster, initial_balance * nodes as u64).await;
+    let result = demo_story(&cluster, initial_balance * nodes as u64, token.as_deref()).await;
     cluster.stop(Duration::from_secs(5)).await;
     if temporary && result.is_ok() {
         let _ = std::fs::remove_dir_all(&data_dir);
@@ -163,11 +302,16 @@ pub(crate) async fn demo(
     result
 }
 
-async fn demo_story(cluster: &LocalCluster, total: u64) -> anyhow::Result<ExitCode> {
+/// `token`: the admin token of a secure cluster (whose TLS is the cluster's).
+async fn demo_story(
+    cluster: &LocalCluster,
+    total: u64,
+    token: Option<&str>,
+) -> anyhow::Result<ExitCode> {
     let address = &cluster.addresses.coordinator;
     let deadline = Instant::now() + Duration::from_secs(30);
     let mut client = loop {
-        match CoordinatorClient::connect(address).await {
+        match CoordinatorClient::connect_with(address, token, cluster.client_tls()).await {
             Ok(c) => break c,
             Err(e) if Instant::now() < deadline => {
                 tracing::debug!("coordinator not up yet: {e}");
@@ -177,6 +321,17 @@ async fn demo_story(cluster: &LocalCluster, total: u64) -> anyhow::Result<ExitCo
         }
     };
     cluster.wait_ready(Duration::from_secs(30)).await?;
+    if let (Some(security), Some(token)) = (&cluster.addresses.security, token) {
+        println!(
+            "{}",
+            access(
+                "to call the cluster while the demo runs (--dir keeps the files):",
+                address,
+                security,
+                token
+            )
+        );
+    }
     // Let the workload run for a moment so that messages are in flight.
     tokio::time::sleep(Duration::from_secs(1)).await;
     let mut rows = Vec::new();

@@ -90,7 +90,8 @@ enum Command {
     Cluster(cluster::ClusterCommand),
     /// The whole story: a local cluster on the embedded store, a bank workload, one snapshot
     /// in each mode while transfers run, and a table of results. Exits 0 only if every
-    /// snapshot verified and the money adds up.
+    /// snapshot verified and the money adds up. The cluster runs mutual TLS and bearer
+    /// tokens (its CA, certificates and admin token in DIR/tls) unless --insecure.
     Demo {
         /// Nodes in the cluster.
         #[arg(long, env = "CAIRN_NODES", default_value_t = 3)]
@@ -101,6 +102,13 @@ enum Command {
         /// Directory for the cluster's data and logs (default: a temporary one, removed after).
         #[arg(long, env = "CAIRN_DIR")]
         dir: Option<PathBuf>,
+        /// Run the cluster plaintext and without tokens (one warning line). Without it, the
+        /// coordinator's port and each daemon's peer port serve mutual TLS (the application
+        /// ports and the banks stay plaintext on loopback), the coordinator and NodeAdmin
+        /// want a role, and cairnctl calls them with an admin certificate and token it made
+        /// for the run.
+        #[arg(long)]
+        insecure: bool,
     },
 }
 
@@ -142,17 +150,28 @@ fn main() -> ExitCode {
         Ok(cli) => cli,
         Err(code) => return code,
     };
-    let tls_given =
-        cli.tls.tls_cert.is_some() || cli.tls.tls_key.is_some() || cli.tls.tls_ca.is_some();
-    if tls_given && matches!(cli.command, Command::Cluster(_) | Command::Demo { .. }) {
-        // Not yet: the local cluster runs plaintext (issue 15 item 6).
+    let local = matches!(cli.command, Command::Cluster(_) | Command::Demo { .. });
+    // A flag given on the command line, not a variable (the `export CAIRN_TLS_…` that
+    // `cluster up` prints stays harmless for the next `cluster up`).
+    let flag = |value: &Option<PathBuf>, variable: &str| {
+        value
+            .as_ref()
+            .is_some_and(|v| std::env::var_os(variable).as_deref() != Some(v.as_os_str()))
+    };
+    if local
+        && (flag(&cli.tls.tls_cert, "CAIRN_TLS_CERT")
+            || flag(&cli.tls.tls_key, "CAIRN_TLS_KEY")
+            || flag(&cli.tls.tls_ca, "CAIRN_TLS_CA"))
+    {
         return cli::usage_error(
             "--tls-cert/--tls-key/--tls-ca are for the commands that call a coordinator or \
-             a server; `cluster up` and `demo` run a plaintext cluster",
+             a server; `cluster up` and `demo` make their own CA and certificates in their \
+             directory (or run plaintext with --insecure)",
         );
     }
-    // `certs` and `auth` call no server: their TLS flags (or variables) are not read.
-    if !matches!(cli.command, Command::Certs(_) | Command::Auth(_)) {
+    // `certs` and `auth` call no server, and the local cluster uses its own certificates:
+    // their TLS flags (or variables) are not read.
+    if !local && !matches!(cli.command, Command::Certs(_) | Command::Auth(_)) {
         match cli.tls.load_client() {
             Ok(tls) => {
                 let _ = TLS.set(tls);
@@ -190,12 +209,30 @@ fn main() -> ExitCode {
                         ),
                         None => eprintln!("error: {}{why} ({:?})", status.message(), status.code()),
                     }
+                    if let Some(hint) = plaintext_hint(&why) {
+                        eprintln!("{hint}");
+                    }
                 }
                 None => eprintln!("error: {e:#}"),
             }
             ExitCode::FAILURE
         }
     }
+}
+
+/// A hint when a plaintext connection failed after it was made (`why`: the transport
+/// error's causes): a server with TLS closes plaintext connections without a word, as a
+/// secure local cluster does.
+fn plaintext_hint(why: &str) -> Option<&'static str> {
+    let connection_lost = why.contains("transport error")
+        && !why.contains("tcp connect error")
+        && !why.contains("Connection refused");
+    (tls().is_none() && connection_lost).then_some(
+        "hint: no --tls-ca was given and the server closed the connection: it probably serves \
+         TLS (as `cairnctl cluster up` and `demo` start it unless --insecure); give --tls-ca, \
+         --tls-cert, --tls-key and --token, or the CAIRN_TLS_* and CAIRN_TOKEN lines `cluster \
+         up` printed",
+    )
 }
 
 /// The coordinator the commands that talk to one use.
@@ -238,6 +275,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             nodes,
             workload,
             dir,
-        } => cluster::demo(nodes, workload, listen, dir).await,
+            insecure,
+        } => cluster::demo(nodes, workload, listen, dir, insecure).await,
     }
 }
