@@ -112,6 +112,10 @@ pub struct BankConfig {
     pub max_amount: u64,
     /// How long to keep trying to reach the daemon at start.
     pub connect_timeout: Duration,
+    /// Mutual TLS (the node's certificate): for the session with the daemon, and on the
+    /// bank's own port (clients present a certificate of the CA). Serving TLS needs the
+    /// SDK's `cli` feature.
+    pub tls: Option<crate::tls::Tls>,
 }
 
 struct Bank {
@@ -222,7 +226,9 @@ async fn connect(config: &BankConfig) -> Result<AppSession, Error> {
     let deadline = tokio::time::Instant::now() + config.connect_timeout;
     let mut delay = Duration::from_millis(50);
     loop {
-        match AppSession::connect(&config.node_address, "cairn-bank").await {
+        match AppSession::connect_with(&config.node_address, "cairn-bank", config.tls.as_ref())
+            .await
+        {
             Ok(session) => return Ok(session),
             Err(e) if e.is_retryable() && tokio::time::Instant::now() + delay < deadline => {
                 tracing::debug!("daemon not ready ({e}); retrying");
@@ -262,12 +268,25 @@ pub async fn run(
         .add_service(health_service)
         .add_service(reflection::v1(reflection::BANK)?)
         .add_service(reflection::v1alpha(reflection::BANK)?)
-        .add_service(pb::bank_server::BankServer::new(BankService(bank.clone())))
-        .serve_with_incoming_shutdown(
+        .add_service(pb::bank_server::BankServer::new(BankService(bank.clone())));
+    let server = match config.tls.clone() {
+        None => tokio::spawn(server.serve_with_incoming_shutdown(
             tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true)),
             shutdown.clone().cancelled_owned(),
-        );
-    let server = tokio::spawn(server);
+        )),
+        #[cfg(feature = "cli")]
+        Some(tls) => tokio::spawn(server.serve_with_incoming_shutdown(
+            crate::cli::tls::incoming(
+                listener,
+                tls,
+                crate::cli::tls::TlsMetrics::default(),
+                shutdown.clone(),
+            ),
+            shutdown.clone().cancelled_owned(),
+        )),
+        #[cfg(not(feature = "cli"))]
+        Some(_) => anyhow::bail!("serving the bank over TLS needs cairn-sdk's `cli` feature"),
+    };
     tokio::spawn(workload(bank.clone(), config.clone(), shutdown.clone()));
 
     let result = loop {

@@ -2,9 +2,9 @@
 //! loopback — as `cairnctl cluster up` and `cairnctl demo` start it. Every process is
 //! killed when the cluster is dropped.
 //!
-//! With [`ClusterSpec::security`] the coordinator's port and each daemon's peer port serve
-//! mutual TLS and the coordinator and NodeAdmin want a certificate with a role or a
-//! bearer token; the application ports and the banks stay plaintext on loopback.
+//! With [`ClusterSpec::security`] every port serves mutual TLS (the banks present their
+//! nodes' certificates) and the coordinator and NodeAdmin want a certificate with a role
+//! or a bearer token.
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -217,7 +217,8 @@ impl LocalCluster {
             children: Vec::new(),
         };
         // `--tls-*` and `--auth-tokens` of the process whose certificate is `name`.
-        let secure = |command: &mut Command, name: &str| {
+        // A bank takes its node's certificate and no tokens file.
+        let tls = |command: &mut Command, name: &str| {
             if let Some(security) = &spec.security {
                 command
                     .arg("--tls-cert")
@@ -225,9 +226,13 @@ impl LocalCluster {
                     .arg("--tls-key")
                     .arg(security.certs_dir.join(format!("{name}-key.pem")))
                     .arg("--tls-ca")
-                    .arg(&security.ca)
-                    .arg("--auth-tokens")
-                    .arg(&security.auth_tokens);
+                    .arg(&security.ca);
+            }
+        };
+        let secure = |command: &mut Command, name: &str| {
+            tls(command, name);
+            if let Some(security) = &spec.security {
+                command.arg("--auth-tokens").arg(&security.auth_tokens);
             }
         };
         let mut command = Command::new(spec.bin_dir.join("cairn-coordinator"));
@@ -264,6 +269,7 @@ impl LocalCluster {
             command.args(["--node", &node.app, "--listen", &node.bank]);
             command.args(["--initial-balance", &spec.initial_balance.to_string()]);
             command.args(["--workload", &spec.workload.to_string()]);
+            tls(&mut command, &node.id);
             cluster.spawn(&format!("{}.bank", node.id), command, &logs)?;
         }
         Ok(cluster)
@@ -373,7 +379,7 @@ impl Readiness {
 /// Waits until the daemon at `peer` (its NodeAdmin address) has `ready.channels` channels
 /// and, with `ready.app`, an application attached; and, if given, the bank at `bank`
 /// knows `ready.peers` peers. Fails after `timeout` saying what is missing. With `tls`,
-/// NodeAdmin is called over TLS (the bank stays plaintext).
+/// NodeAdmin and the bank are called over TLS.
 pub async fn wait_node_ready(
     peer: &str,
     bank: Option<&str>,
@@ -406,8 +412,8 @@ pub async fn wait_node_ready(
                 status.node_id
             );
             if let Some(bank) = bank {
-                let mut client =
-                    bank_pb::bank_client::BankClient::connect(format!("http://{bank}")).await?;
+                let channel = crate::tls::endpoint(bank, tls)?.connect().await?;
+                let mut client = bank_pb::bank_client::BankClient::new(channel);
                 let balance = client
                     .get_balance(bank_pb::GetBalanceRequest {})
                     .await?

@@ -8,7 +8,6 @@ use cairn_proto::v1 as pb;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::Streaming;
-use tonic::transport::Endpoint;
 
 use crate::error::Error;
 
@@ -178,11 +177,23 @@ pub struct AppSession {
 impl AppSession {
     /// Connects to the daemon's application port (`host:port`) and attaches.
     pub async fn connect(address: &str, application: &str) -> Result<Self, Error> {
+        Self::connect_with(address, application, None).await
+    }
+
+    /// As [`AppSession::connect`], over mutual TLS with `tls` when the daemon serves its
+    /// application port with TLS (it does when it has `--tls-*` flags): the application
+    /// presents its node's certificate (`cairn://CLUSTER/node/ID`; the daemon refuses any
+    /// other), and checks the daemon's against the CA for the host it dials.
+    pub async fn connect_with(
+        address: &str,
+        application: &str,
+        tls: Option<&crate::tls::Tls>,
+    ) -> Result<Self, Error> {
         let connect_error = |reason: String| Error::Connect {
             address: address.to_owned(),
             reason,
         };
-        let channel = Endpoint::from_shared(format!("http://{address}"))
+        let channel = crate::tls::endpoint(address, tls)
             .map_err(|e| connect_error(crate::error::with_causes(&e)))?
             .tcp_nodelay(true)
             // Small windows: what waits in HTTP/2 buffers stays small, so the daemon's

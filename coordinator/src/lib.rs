@@ -125,6 +125,7 @@ pub async fn run(
             listener,
             Arc::new(registry),
             stop.clone(),
+            config.tls.clone().map(|tls| (tls, tls_metrics.clone())),
         ));
     }
     let (health, health_service) = tonic_health::server::health_reporter();

@@ -12,7 +12,8 @@ runs a cairn binary is checked against that binary's `--help`:
   - a daemon's drain (CAIRN_GRACE_PERIOD) fits in its pod's termination grace period;
   - the coordinator takes a scheduled snapshot every 30 s unless told otherwise;
   - every coordinator and node daemon runs mutual TLS and bearer tokens (CAIRN_TLS_CERT,
-    CAIRN_TLS_KEY, CAIRN_TLS_CA, CAIRN_AUTH_TOKENS), each file on a read-only mount of a
+    CAIRN_TLS_KEY, CAIRN_TLS_CA, CAIRN_AUTH_TOKENS), and every bank mutual TLS with its
+    node's certificate (the first three), each file on a read-only mount of a
     Kubernetes Secret or a compose bind mount; a daemon's application port is on loopback.
 And the deployments' exposure:
   - every Kubernetes container runs non-root (as the Dockerfile's user, for the cairn image)
@@ -115,9 +116,11 @@ def check_secure(where, command, env, mounts):
 
     `mounts`: (target, read-only, what) of the container's mounts, `what` naming the source
     when it is acceptable (a Secret, a bind mount) or None."""
-    if not command or command[0] not in ("cairn-coordinator", "cairn-node"):
+    if not command or command[0] not in ("cairn-coordinator", "cairn-node", "cairn-bank"):
         return
-    for key in SECURE:
+    # A bank is part of its node: mutual TLS with the node's certificate, no tokens file.
+    keys = SECURE[:3] if command[0] == "cairn-bank" else SECURE
+    for key in keys:
         path = str(env.get(key, ""))
         if not path:
             errors.append(f"{where}: {key} is not set (the deployments run mutual TLS and bearer tokens)")
@@ -132,7 +135,7 @@ def check_secure(where, command, env, mounts):
             errors.append(f"{where}: {key} {path} is on {mount[0]}, which is not a Secret or a bind mount")
     app = str(env.get("CAIRN_APP_LISTEN", ""))
     if command[0] == "cairn-node" and not app.startswith("127.0.0.1:"):
-        errors.append(f"{where}: CAIRN_APP_LISTEN {app!r} is not on loopback (the application port is plaintext)")
+        errors.append(f"{where}: CAIRN_APP_LISTEN {app!r} is not on loopback (only the application beside the daemon uses it)")
 
 
 def image_uid():

@@ -109,10 +109,10 @@ say "up: project $project, coordinator $coordinator, etcd 127.0.0.1:$p2"
 "${compose[@]}" up -d --no-build >/dev/null 2>&1 || { "${compose[@]}" up -d --no-build; fail "compose up"; }
 
 # Every call to a cairn port: TLS against the CA, the admin's certificate and the admin
-# token. The banks' port is plaintext (the application's own API).
+# token. The banks' port: mutual TLS (any certificate of the CA), no token.
 gc() { grpcurl -max-time 5 -cacert "$certs/ca.pem" -cert "$certs/admin.pem" -key "$certs/admin-key.pem" \
   -H "authorization: Bearer $token" "$@"; }
-gb() { grpcurl -plaintext -max-time 5 "$@"; }
+gb() { grpcurl -max-time 5 -cacert "$certs/ca.pem" -cert "$certs/admin.pem" -key "$certs/admin-key.pem" "$@"; }
 json() { python3 -c "import json,sys; d=json.load(sys.stdin); print($1)"; }
 wait_for() { # SECONDS WHAT COMMAND...: retries COMMAND every 0.5 s
   local until=$((SECONDS + $1)) what=$2; shift 2
@@ -153,7 +153,7 @@ handshake_refused() { # WHAT SERVICE ADDRESS REASON GRPCURL-ARGS...
   wait_for 10 "$service logging that it refused $what ($reason)" logged "$service" "$reason"
   say "refused: $what ($service: $reason)"
 }
-for target in "coordinator $coordinator" "node1 127.0.0.1:$p3"; do
+for target in "coordinator $coordinator" "node1 127.0.0.1:$p3" "bank1 127.0.0.1:$p6"; do
   service=${target% *} address=${target##* }
   handshake_refused "plaintext to $service" "$service" "$address" "the client spoke plaintext" -plaintext
   handshake_refused "no client certificate to $service" "$service" "$address" "the client presented no certificate" \

@@ -203,7 +203,7 @@ impl BenchCluster {
 
     /// As [`Self::start`]; with `tls`, every daemon's links and the bench's calls to the
     /// coordinator use mutual TLS (certificates of `cairnctl certs init`, removed with the
-    /// cluster). The applications' sessions stay plaintext on loopback.
+    /// cluster); each application presents its node's certificate.
     pub async fn start_tls(
         n: usize,
         store: &Store,
@@ -251,7 +251,19 @@ impl BenchCluster {
         let stop = CancellationToken::new();
         let mut apps = Vec::new();
         for node in &cluster.nodes {
-            let session = AppSession::connect(&node.app, "cairn-bench").await?;
+            // With TLS the application presents its node's certificate.
+            let node_tls = match &certs {
+                None => None,
+                Some(dir) => Some(cairn_sdk::tls::Tls::from_files(
+                    &dir.join("ca.pem"),
+                    Some((
+                        &dir.join(format!("{}.pem", node.id)),
+                        &dir.join(format!("{}-key.pem", node.id)),
+                    )),
+                )?),
+            };
+            let session =
+                AppSession::connect_with(&node.app, "cairn-bench", node_tls.as_ref()).await?;
             let ctl = AppControl::new(state_size);
             spawn_app(session, ctl.clone(), stop.clone());
             apps.push(ctl);

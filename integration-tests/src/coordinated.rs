@@ -147,7 +147,7 @@ impl CoordinatedCluster {
     /// As [`Self::start_with`]; with `tls_dir` (files of [`certs_init`] for `n` nodes and
     /// the user [`TLS_TEST_USER`]), the coordinator and every daemon run with `--tls-*`
     /// flags and this harness's clients of the coordinator and of NodeAdmin use TLS with
-    /// the user's certificate. The banks' links to their daemons stay plaintext.
+    /// the user's certificate; each bank holds its node's certificate.
     pub async fn start_opts(
         n: usize,
         store: Store,
@@ -304,6 +304,10 @@ impl CoordinatedCluster {
                 &self.bank_workload.to_string(),
             ]);
             command.args(["--initial-balance", &self.initial_balance.to_string()]);
+            // The bank is part of its node: it holds the node's certificate.
+            if let Some(tls_dir) = &self.tls_dir {
+                command.args(tls_args(tls_dir, &self.nodes[i].id));
+            }
             self.nodes[i].bank_process = Some(ChildGuard::spawn("cairn-bank", command, &log)?);
         }
         Ok(())
@@ -495,6 +499,16 @@ impl CoordinatedCluster {
         anyhow::bail!("no snapshot completed in {attempts} attempts after {node} came back")
     }
 
+    /// The `/metrics` text at `address`, over TLS with the harness's user certificate in a
+    /// TLS cluster.
+    pub async fn scrape(&self, address: &str) -> anyhow::Result<String> {
+        scrape_with(
+            address,
+            self.tls_dir.as_deref().map(|dir| (dir, TLS_TEST_USER)),
+        )
+        .await
+    }
+
     /// A client of node `i`'s bank.
     pub async fn bank(
         &self,
@@ -504,10 +518,10 @@ impl CoordinatedCluster {
             .bank
             .as_ref()
             .ok_or_else(|| anyhow::anyhow!("node {} has no bank", self.nodes[i].id))?;
-        Ok(
-            cairn_proto::bank::v1::bank_client::BankClient::connect(format!("http://{address}"))
-                .await?,
-        )
+        let channel = cairn_sdk::tls::endpoint(address, self.tls.as_ref())?
+            .connect()
+            .await?;
+        Ok(cairn_proto::bank::v1::bank_client::BankClient::new(channel))
     }
 
     /// Sets every bank's rate of random transfers (0 pauses them).
@@ -616,14 +630,52 @@ pub fn channel_fault(
 
 /// The Prometheus text served at `http://{address}/metrics`.
 pub async fn scrape(address: &str) -> anyhow::Result<String> {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut stream = tokio::net::TcpStream::connect(address).await?;
-    let request = format!("GET /metrics HTTP/1.1\r\nHost: {address}\r\nConnection: close\r\n\r\n");
-    stream.write_all(request.as_bytes()).await?;
-    let mut response = String::new();
-    stream.read_to_string(&mut response).await?;
-    anyhow::ensure!(response.starts_with("HTTP/1.1 200"), "{response}");
-    Ok(response)
+    scrape_with(address, None).await
+}
+
+/// As [`scrape`]; with `tls` (a directory of [`certs_init`] and the name of a certificate
+/// in it), over mutual TLS as the endpoints of a TLS daemon serve it.
+pub async fn scrape_with(address: &str, tls: Option<(&Path, &str)>) -> anyhow::Result<String> {
+    use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+    async fn get(
+        mut stream: impl AsyncRead + AsyncWrite + Unpin,
+        address: &str,
+    ) -> anyhow::Result<String> {
+        let request =
+            format!("GET /metrics HTTP/1.1\r\nHost: {address}\r\nConnection: close\r\n\r\n");
+        stream.write_all(request.as_bytes()).await?;
+        let mut response = Vec::new();
+        // A TLS server may close without close_notify once it has answered.
+        let read = stream.read_to_end(&mut response).await;
+        let response = String::from_utf8_lossy(&response).into_owned();
+        if response.is_empty() {
+            read?;
+        }
+        anyhow::ensure!(response.starts_with("HTTP/1.1 200"), "{response}");
+        Ok(response)
+    }
+    let stream = tokio::net::TcpStream::connect(address).await?;
+    let Some((dir, name)) = tls else {
+        return get(stream, address).await;
+    };
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+    cairn_sdk::tls::install_crypto_provider();
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in CertificateDer::pem_file_iter(dir.join("ca.pem"))? {
+        roots.add(cert?)?;
+    }
+    let chain = CertificateDer::pem_file_iter(dir.join(format!("{name}.pem")))?
+        .collect::<Result<Vec<_>, _>>()?;
+    let key = PrivateKeyDer::from_pem_file(dir.join(format!("{name}-key.pem")))?;
+    let config = rustls::ClientConfig::builder()
+        .with_root_certificates(roots)
+        .with_client_auth_cert(chain, key)?;
+    let host = cairn_sdk::tls::host_of(address).to_owned();
+    let stream = tokio_rustls::TlsConnector::from(std::sync::Arc::new(config))
+        .connect(ServerName::try_from(host)?, stream)
+        .await?;
+    get(stream, address).await
 }
 
 /// Asserts that a snapshot of banks completed, verified, and accounts for `total`.

@@ -12,7 +12,7 @@ use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
-use cairn_integration_tests::coordinated::{certs_init, scrape, tls_args};
+use cairn_integration_tests::coordinated::{certs_init, scrape, scrape_with, tls_args};
 use cairn_integration_tests::processes::{ChildGuard, binary, eventually, free_port};
 use cairn_proto::v1 as pb;
 use tonic::transport::Channel;
@@ -770,7 +770,12 @@ async fn certificates_carry_roles_and_nodes_act_only_as_themselves() {
     let again = as_node(&n2_coordinator, &n2_peer, "register", "n1").await;
     assert_eq!(again.code(), Code::PermissionDenied);
     for address in [&coordinator_metrics, &node_metrics] {
-        let metrics = scrape(address).await.unwrap();
+        // Over mutual TLS like the daemons' gRPC ports.
+        assert!(
+            scrape(address).await.is_err(),
+            "plaintext /metrics at {address}"
+        );
+        let metrics = scrape_with(address, Some((&certs, "vera"))).await.unwrap();
         assert!(
             metrics.contains("cairn_identity_refused_total{what=\""),
             "{metrics}"

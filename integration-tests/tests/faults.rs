@@ -29,6 +29,7 @@ async fn start_banks(
             workload_rate: 300.0,
             max_amount: 10,
             connect_timeout: Duration::from_secs(10),
+            tls: None,
         };
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         addresses.insert(id.clone(), listener.local_addr().unwrap().to_string());

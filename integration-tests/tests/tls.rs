@@ -3,9 +3,9 @@
 //! from `cairnctl certs init`, a coordinator and three daemons with `--tls-*`, snapshots in
 //! every mode with banks running; plaintext clients, clients without a certificate and
 //! clients with a certificate of another CA refused on both kinds of port; bad PEM flags
-//! refused at start with exit 64; cairnctl and grpcurl with the TLS flags. The banks'
-//! sessions with their daemons (the application port, loopback) stay plaintext: TLS there
-//! is not built yet.
+//! refused at start with exit 64; cairnctl and grpcurl with the TLS flags. The other ports
+//! of a TLS daemon: the application port (only the node's own certificate may attach), the
+//! bank's port and the /metrics endpoints refuse plaintext and other CAs.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -13,6 +13,7 @@ use std::time::Duration;
 
 use cairn_integration_tests::coordinated::{
     CoordinatedCluster, Store, TLS_TEST_USER, TLS_TEST_USER_SPEC, assert_completed, certs_init,
+    scrape, scrape_with,
 };
 use cairn_integration_tests::processes::{binary, free_port};
 use cairn_proto::v1 as pb;
@@ -184,6 +185,92 @@ async fn a_tls_cluster_snapshots_in_every_mode_and_refuses_other_clients() {
         "a client of another CA to the coordinator",
         list_nodes(&cluster.coordinator, Some(&distrusting)).await,
     );
+
+    // The other ports of a TLS daemon: the application port, its bank's port and the
+    // /metrics endpoints serve mutual TLS too.
+    let node = &cluster.nodes[0];
+    let node_tls = |name: &str| {
+        Tls::from_files(
+            &ca,
+            Some((
+                &certs.join(format!("{name}.pem")),
+                &certs.join(format!("{name}-key.pem")),
+            )),
+        )
+        .unwrap()
+    };
+    let attach = |tls: Option<Tls>| {
+        let app = node.app.clone();
+        async move {
+            tokio::time::timeout(
+                Duration::from_secs(10),
+                cairn_sdk::AppSession::connect_with(&app, "intruder", tls.as_ref()),
+            )
+            .await
+            .map_err(|_| anyhow::anyhow!("no answer within 10 s"))?
+            .map(drop)
+            .map_err(anyhow::Error::from)
+        }
+    };
+    for (what, tls) in [
+        ("plaintext", None),
+        ("no certificate", Some(no_cert.clone())),
+        ("another CA's certificate", Some(foreign.clone())),
+    ] {
+        let error = attach(tls).await.expect_err(what);
+        let text = format!("{error:#}");
+        assert!(!text.contains("no answer within"), "{what}: {text}");
+    }
+    // A certificate of the CA that is not this node's: a person's, another node's.
+    for (name, who) in [
+        (TLS_TEST_USER, "tester (admin) of cluster cairn"),
+        ("n2", "node n2 of cluster cairn"),
+    ] {
+        let error = attach(Some(node_tls(name))).await.unwrap_err();
+        let text = format!("{error:#}");
+        assert!(
+            text.contains(&format!(
+                "the certificate is {who}; it may not attach an application as node n1"
+            )),
+            "{name} on n1's application port: {text}"
+        );
+    }
+    let bank = node.bank.clone().expect("n1 has a bank");
+    let bank_call = |tls: Option<Tls>| {
+        let bank = bank.clone();
+        async move {
+            let call = async {
+                let channel = endpoint(&bank, tls.as_ref())?.connect().await?;
+                cairn_proto::bank::v1::bank_client::BankClient::new(channel)
+                    .get_balance(cairn_proto::bank::v1::GetBalanceRequest {})
+                    .await?;
+                anyhow::Ok(())
+            };
+            tokio::time::timeout(Duration::from_secs(10), call)
+                .await
+                .map_err(|_| anyhow::anyhow!("no answer within 10 s"))?
+        }
+    };
+    bank_call(Some(tester.clone())).await.unwrap();
+    assert_refused("plaintext to a bank", bank_call(None).await);
+    assert_refused(
+        "another CA's certificate to a bank",
+        bank_call(Some(foreign.clone())).await,
+    );
+    for metrics in [&cluster.coordinator_metrics, &node.metrics] {
+        assert!(
+            scrape(metrics).await.is_err(),
+            "plaintext /metrics at {metrics} was served"
+        );
+        assert!(
+            scrape_with(metrics, Some((&other, TLS_TEST_USER)))
+                .await
+                .is_err(),
+            "/metrics at {metrics} served a client of another CA"
+        );
+        let text = cluster.scrape(metrics).await.unwrap();
+        assert!(text.contains("cairn_tls_handshake_refused_total"), "{text}");
+    }
 
     // cairnctl: with the CA and a certificate it is served; without, refused.
     let cairnctl = |tls: bool| {

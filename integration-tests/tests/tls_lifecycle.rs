@@ -14,7 +14,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use cairn_integration_tests::coordinated::{
     CoordinatedCluster, Store, TLS_TEST_USER, TLS_TEST_USER_SPEC, assert_completed, certs_init,
-    scrape, tls_args,
+    tls_args,
 };
 use cairn_integration_tests::processes::{binary, eventually, free_port};
 use cairn_proto::v1 as pb;
@@ -158,8 +158,13 @@ fn metric(text: &str, name: &str, label: Option<&str>) -> f64 {
         .sum()
 }
 
-async fn metric_at(address: &str, name: &str, label: Option<&str>) -> f64 {
-    metric(&scrape(address).await.unwrap(), name, label)
+async fn metric_at(
+    cluster: &CoordinatedCluster,
+    address: &str,
+    name: &str,
+    label: Option<&str>,
+) -> f64 {
+    metric(&cluster.scrape(address).await.unwrap(), name, label)
 }
 
 /// The certificate a new TLS connection to `address` is served, as a client presenting
@@ -233,7 +238,7 @@ async fn rotating_certificates_under_load_keeps_channels_up_and_serves_the_new_o
     // Every channel and every coordinator session is up: their counters now.
     let mut before = Vec::new();
     for node in &cluster.nodes {
-        let text = scrape(&node.metrics).await.unwrap();
+        let text = cluster.scrape(&node.metrics).await.unwrap();
         let sessions = metric(&text, "cairn_node_coordinator_sessions_total", None);
         assert!(sessions >= 1.0, "{}: {sessions}", node.id);
         before.push((
@@ -251,7 +256,7 @@ async fn rotating_certificates_under_load_keeps_channels_up_and_serves_the_new_o
     }
     for (name, address, metrics) in &daemons {
         assert_eq!(
-            metric_at(metrics, "cairn_tls_reloads_total", None).await,
+            metric_at(&cluster, metrics, "cairn_tls_reloads_total", None).await,
             0.0
         );
         let served = served_certificate(address, &certs).await;
@@ -281,7 +286,7 @@ async fn rotating_certificates_under_load_keeps_channels_up_and_serves_the_new_o
             &format!("{name} reloads its certificate"),
             Duration::from_secs(30),
             || async {
-                let reloads = metric_at(metrics, "cairn_tls_reloads_total", None).await;
+                let reloads = metric_at(&cluster, metrics, "cairn_tls_reloads_total", None).await;
                 anyhow::ensure!(reloads >= 1.0, "{reloads} reloads");
                 Ok(())
             },
@@ -307,7 +312,7 @@ async fn rotating_certificates_under_load_keeps_channels_up_and_serves_the_new_o
 
     // No channel and no coordinator session reconnected: they stayed up.
     for (node, (reconnects, sessions)) in cluster.nodes.iter().zip(&before) {
-        let text = scrape(&node.metrics).await.unwrap();
+        let text = cluster.scrape(&node.metrics).await.unwrap();
         assert_eq!(
             metric(&text, "cairn_node_channel_reconnects_total", None),
             *reconnects,
@@ -344,7 +349,7 @@ async fn rotating_certificates_under_load_keeps_channels_up_and_serves_the_new_o
 
     // A bad file (garbage) keeps the certificate in force, and the daemon keeps serving.
     let (name, address, metrics) = &daemons[1];
-    let reloads = metric_at(metrics, "cairn_tls_reloads_total", None).await;
+    let reloads = metric_at(&cluster, metrics, "cairn_tls_reloads_total", None).await;
     replace(
         &certs.join(format!("{name}.pem")),
         "not a certificate\n",
@@ -366,7 +371,7 @@ async fn rotating_certificates_under_load_keeps_channels_up_and_serves_the_new_o
     .unwrap();
     assert_eq!(&served_certificate(address, &certs).await, &new[1]);
     assert_eq!(
-        metric_at(metrics, "cairn_tls_reloads_total", None).await,
+        metric_at(&cluster, metrics, "cairn_tls_reloads_total", None).await,
         reloads
     );
 
@@ -496,7 +501,13 @@ async fn expired_early_and_foreign_certificates_are_refused_saying_which() {
                 "{log} {reason}: {error}"
             );
             let label = format!("reason=\"{reason}\"");
-            let count = metric_at(metrics, "cairn_tls_handshake_refused_total", Some(&label)).await;
+            let count = metric_at(
+                &cluster,
+                metrics,
+                "cairn_tls_handshake_refused_total",
+                Some(&label),
+            )
+            .await;
             assert!(count >= 1.0, "{log}: {reason} counted {count}");
             let text = log_of(&cluster, log);
             assert!(
@@ -518,6 +529,7 @@ async fn expired_early_and_foreign_certificates_are_refused_saying_which() {
             Duration::from_secs(10),
             || async {
                 let n = metric_at(
+                    &cluster,
                     metrics,
                     "cairn_tls_handshake_refused_total",
                     Some("reason=\"plaintext\""),

@@ -8,6 +8,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use bytes::Bytes;
 use cairn_core::{ChannelId, SnapshotId};
 use cairn_proto::v1 as pb;
+use cairn_sdk::cli::identity::{Peer, check_node};
 use tokio::sync::{mpsc, oneshot};
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
@@ -33,6 +34,14 @@ impl pb::app_server::App for AppService {
         &self,
         request: Request<Streaming<pb::AppToNode>>,
     ) -> Result<Response<Self::SessionStream>, Status> {
+        // With TLS, the application presents its node's certificate: it is part of the
+        // node, and sends and receives as it.
+        let peer = Peer::of(&request);
+        check_node(
+            peer.as_ref(),
+            self.shared.node_id.as_str(),
+            "attach an application",
+        )?;
         let mut inbound = request.into_inner();
         let first = inbound
             .message()

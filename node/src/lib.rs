@@ -244,7 +244,7 @@ pub async fn run(
     // With TLS, the handshakes run in cairn_sdk's accept loop (mutual TLS: a client without
     // a certificate of the CA is refused there), with the certificate in force.
     let peer_server = {
-        let (tls, stop) = (config.tls.clone(), stop.clone());
+        let (tls, tls_metrics, stop) = (config.tls.clone(), tls_metrics.clone(), stop.clone());
         let peer_listener = listeners.peer;
         async move {
             match tls {
@@ -278,6 +278,9 @@ pub async fn run(
     let app_server = limits::server(APP_PORT_STREAMS)
         .initial_stream_window_size(APP_STREAM_WINDOW)
         .initial_connection_window_size(APP_STREAM_WINDOW * 4)
+        // App/Session is open to the layer; with TLS it records the certificate's identity
+        // for the session's check that the application holds this node's.
+        .layer(config.auth.layer(&config.cluster))
         .layer(
             limits::MessageLimits::new(limits::CONTROL_MESSAGE)
                 .rpc("/cairn.v1.App/Session", data_limit),
@@ -287,11 +290,40 @@ pub async fn run(
         .add_service(reflection::v1alpha(reflection::APP_PORT).map_err(reflection_error)?)
         .add_service(
             pb::app_server::AppServer::new(app_service).max_decoding_message_size(data_limit),
-        )
-        .serve_with_incoming_shutdown(
-            tonic::transport::server::TcpIncoming::from(listeners.app).with_nodelay(Some(true)),
-            accepting.clone().cancelled_owned(),
         );
+    // With TLS the application port is mutual TLS too (the application presents its
+    // node's certificate).
+    let app_server = {
+        let (tls, tls_metrics, accepting) =
+            (config.tls.clone(), tls_metrics.clone(), accepting.clone());
+        let app_listener = listeners.app;
+        async move {
+            match tls {
+                Some(tls) => {
+                    app_server
+                        .serve_with_incoming_shutdown(
+                            cairn_sdk::cli::tls::incoming(
+                                app_listener,
+                                tls,
+                                tls_metrics,
+                                accepting.clone(),
+                            ),
+                            accepting.cancelled_owned(),
+                        )
+                        .await
+                }
+                None => {
+                    app_server
+                        .serve_with_incoming_shutdown(
+                            tonic::transport::server::TcpIncoming::from(app_listener)
+                                .with_nodelay(Some(true)),
+                            accepting.cancelled_owned(),
+                        )
+                        .await
+                }
+            }
+        }
+    };
     let peer_server = tokio::spawn(peer_server);
     let app_server = tokio::spawn(app_server);
     if let Some(listener) = listeners.metrics {
@@ -299,6 +331,7 @@ pub async fn run(
             listener,
             Arc::new(registry),
             stop.clone(),
+            config.tls.clone().map(|tls| (tls, tls_metrics.clone())),
         ));
     }
 

@@ -37,6 +37,8 @@ struct Args {
     /// Log filter (tracing EnvFilter syntax).
     #[arg(long, env = "CAIRN_LOG", default_value = "info")]
     log: String,
+    #[command(flatten)]
+    tls: cli::tls::TlsArgs,
 }
 
 fn main() -> ExitCode {
@@ -50,6 +52,18 @@ fn main() -> ExitCode {
         );
     }
     cli::init_logging(&args.log, false);
+    // The bank is part of its node: it holds the node's certificate, which the daemon's
+    // application port (TLS when the daemon has --tls-*) requires.
+    let tls = match args.tls.load_daemon() {
+        Ok(tls) => tls,
+        Err(e) => return cli::usage_error(&e),
+    };
+    if tls.is_none() {
+        tracing::warn!(
+            "no --tls-cert/--tls-key/--tls-ca: the session with the daemon and the Bank port \
+             are unencrypted and unauthenticated"
+        );
+    }
     let Ok(runtime) = tokio::runtime::Runtime::new() else {
         eprintln!("error: cannot start the runtime");
         return ExitCode::FAILURE;
@@ -66,6 +80,7 @@ fn main() -> ExitCode {
             workload_rate: args.workload,
             max_amount: args.max_amount,
             connect_timeout: args.connect_timeout,
+            tls,
         };
         match bank::run(config, listener, shutdown).await {
             Ok(()) => ExitCode::SUCCESS,

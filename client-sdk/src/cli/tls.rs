@@ -31,9 +31,10 @@ use crate::tls::{HANDSHAKE_TIMEOUT, Reload, Tls, certificate_problem};
 #[command(next_help_heading = "TLS")]
 pub struct TlsArgs {
     /// This process's certificate (PEM; leaf first). Daemons: with --tls-key and --tls-ca,
-    /// the coordinator's port and a daemon's peer port serve mutual TLS (client
-    /// certificates required) and a daemon's links to the coordinator and to peers use it;
-    /// the application port stays plaintext. cairnctl: the client certificate to present
+    /// every port serves mutual TLS (client certificates required: the coordinator's, a
+    /// daemon's peer port, its application port — where the application must present this
+    /// node's certificate — and /metrics) and a daemon's links to the coordinator and to
+    /// peers use it. cairn-bank: its node's certificate. cairnctl: the client certificate to present
     /// (with --tls-key; --tls-ca alone only checks the server's). `cairnctl certs init`
     /// writes a development CA and certificates. Daemons re-read the three files when they
     /// change (checked every second) and on SIGHUP: a good new pair serves new connections,

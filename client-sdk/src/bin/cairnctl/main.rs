@@ -103,8 +103,9 @@ enum Command {
         #[arg(long, env = "CAIRN_DIR")]
         dir: Option<PathBuf>,
         /// Run the cluster plaintext and without tokens (one warning line). Without it, the
-        /// coordinator's port and each daemon's peer port serve mutual TLS (the application
-        /// ports and the banks stay plaintext on loopback), the coordinator and NodeAdmin
+        /// coordinator's port, each daemon's peer and application ports, the banks and
+        /// /metrics serve mutual TLS (each bank presents its node's certificate), the
+        /// coordinator and NodeAdmin
         /// want a role, and cairnctl calls them with an admin certificate and token it made
         /// for the run.
         #[arg(long)]
