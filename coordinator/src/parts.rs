@@ -26,6 +26,24 @@ pub(crate) struct StoredPart {
     pub part: NodePart,
 }
 
+/// `Ok` when `channel` starts or ends at `node`: a node records messages only of its own
+/// channels (in flight to it, or, unaligned, queued at it). Otherwise INVALID_ARGUMENT:
+/// a node may not plant messages on other nodes' channels, which a restore would replay as
+/// theirs.
+pub(crate) fn touches(node: &NodeId, channel: &ChannelId, what: &str) -> Result<(), Error> {
+    if channel.from == *node || channel.to == *node {
+        Ok(())
+    } else {
+        Err(not_its_own(node, channel, what))
+    }
+}
+
+fn not_its_own(node: &NodeId, channel: &ChannelId, what: &str) -> Error {
+    Error::InvalidArgument(format!(
+        "node {node}'s part holds {what} channel {channel}, which is not one of {node}'s"
+    ))
+}
+
 /// Reads an upload after its header: pieces of the state, then the recorded messages, then
 /// the cut. Bytes go to the blob store as they come. A blob store that fails is
 /// [`Error::Storage`] naming the node (the snapshot fails); bad input is INVALID_ARGUMENT.
@@ -54,6 +72,7 @@ pub(crate) async fn store_upload(
             Some(Kind::LocalState(bytes)) => local_state.write(&bytes).await.map_err(storage)?,
             Some(Kind::ChannelState(state)) => {
                 let channel = channel_from_pb(state.channel.as_ref()).map_err(invalid)?;
+                touches(&node, &channel, "recorded messages of")?;
                 recorded
                     .entry(channel)
                     .or_default()
@@ -88,6 +107,17 @@ pub(crate) async fn store_upload(
         .map(<(ChannelId, OutgoingCut)>::try_from)
         .collect::<Result<_, _>>()
         .map_err(invalid)?;
+    // A node's cut names its own channels only: into it (incoming), out of it (outgoing).
+    for channel in incoming.keys() {
+        if channel.to != node {
+            return Err(not_its_own(&node, channel, "an incoming cut of"));
+        }
+    }
+    for channel in outgoing.keys() {
+        if channel.from != node {
+            return Err(not_its_own(&node, channel, "an outgoing cut of"));
+        }
+    }
     let local_state = local_state.finish().await.map_err(storage)?;
     let channel_states = channel_states.finish().await.map_err(storage)?;
     let record = PartRecord {
@@ -230,4 +260,23 @@ pub(crate) async fn verify(
         }
     }
     Ok((chunks, bytes))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_part_holds_only_its_nodes_channels() {
+        let n2 = NodeId::new("n2");
+        assert!(touches(&n2, &ChannelId::new("n1", "n2"), "x").is_ok());
+        assert!(touches(&n2, &ChannelId::new("n2", "n3"), "x").is_ok());
+        let e = touches(&n2, &ChannelId::new("n1", "n3"), "recorded messages of").unwrap_err();
+        assert!(matches!(e, Error::InvalidArgument(_)), "{e:?}");
+        assert!(
+            e.to_string()
+                .contains("node n2's part holds recorded messages of channel n1->n3"),
+            "{e}"
+        );
+    }
 }

@@ -303,7 +303,10 @@ impl pb::coordinator_server::Coordinator for CoordinatorService {
                 let channel = channel_from_pb(state.channel.as_ref()).map_err(|e| {
                     Error::DataLoss(format!("node {}'s channel states: {e}", part.node))
                 })?;
-                if channel.to.as_str() == r.node_id || channel.from.as_str() == r.node_id {
+                // Only the messages a part's own node recorded on its own channels (older
+                // parts were stored before uploads were checked for that).
+                let own = parts::touches(&NodeId::new(part.node.clone()), &channel, "").is_ok();
+                if own && (channel.to.as_str() == r.node_id || channel.from.as_str() == r.node_id) {
                     for m in state.messages {
                         recorded.push((channel.clone(), m.index, m.payload));
                     }
