@@ -48,7 +48,7 @@ impl Error {
 /// An error with its causes, `a: b: c` — tonic's transport errors say little on their own.
 /// A TLS failure starts with what it means in words ([`crate::tls::explain`]: the server's
 /// certificate has expired, the server refused this client's certificate, ...).
-pub(crate) fn with_causes(error: &(dyn std::error::Error + 'static)) -> String {
+pub fn with_causes(error: &(dyn std::error::Error + 'static)) -> String {
     let mut text = match crate::tls::explain(error) {
         Some(words) => format!("{words}: {error}"),
         None => error.to_string(),

@@ -412,3 +412,48 @@ fn bad_tls_flags_exit_64_naming_the_flag() {
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A daemon checks who it dials, not where: a server holding a node's certificate (which
+/// names loopback too) cannot answer as the coordinator.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_certificate_cannot_answer_as_the_coordinator() {
+    use cairn_integration_tests::coordinated::tls_args;
+    use cairn_integration_tests::processes::{ChildGuard, eventually};
+    let dir = temp_dir("impostor");
+    certs_init(&dir, 2, &[]).unwrap();
+    let coordinator = format!("127.0.0.1:{}", free_port());
+    let mut command = Command::new(binary("cairn-coordinator").unwrap());
+    command
+        .args(["--listen", &coordinator])
+        .arg("--data-dir")
+        .arg(dir.join("data"))
+        .args(tls_args(&dir, "n2"));
+    let _impostor =
+        ChildGuard::spawn("cairn-coordinator", command, &dir.join("impostor.log")).unwrap();
+    let mut command = Command::new(binary("cairn-node").unwrap());
+    command
+        .args(["--node-id", "n1"])
+        .args(["--peer-listen", &format!("127.0.0.1:{}", free_port())])
+        .args(["--app-listen", &format!("127.0.0.1:{}", free_port())])
+        .args(["--coordinator", &coordinator, "--grace-period", "1s"])
+        .args(tls_args(&dir, "n1"));
+    let _node = ChildGuard::spawn("cairn-node", command, &dir.join("n1.log")).unwrap();
+    eventually(
+        "n1 refusing the impostor's certificate",
+        Duration::from_secs(30),
+        || async {
+            let log = std::fs::read_to_string(dir.join("n1.log"))?;
+            anyhow::ensure!(
+                log.contains("does not name coordinator"),
+                "n1's log so far:\n{log}"
+            );
+            Ok(())
+        },
+    )
+    .await
+    .unwrap();
+    // It never registered.
+    let log = std::fs::read_to_string(dir.join("impostor.log")).unwrap();
+    assert!(!log.contains("registered"), "{log}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

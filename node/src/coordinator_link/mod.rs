@@ -36,7 +36,7 @@ pub(crate) enum LinkError {
     #[error("{0}")]
     Address(tonic::transport::Error),
     /// The coordinator could not be reached.
-    #[error("cannot connect: {0}")]
+    #[error("cannot connect: {}", cairn_sdk::error::with_causes(.0))]
     Connect(tonic::transport::Error),
     /// The coordinator refused the session (a node id held by a connected daemon, a node
     /// not in its topology, ...): its message.
@@ -114,7 +114,10 @@ impl CoordinatorLink {
     }
 
     async fn connect(&self) -> Result<Channel, LinkError> {
-        cairn_sdk::tls::endpoint(&self.address, self.shared.tls.as_ref())
+        // The coordinator's certificate must name DNS:coordinator (as a peer's names its
+        // node id), whatever address it is dialled at: a node's certificate, which also
+        // names loopback, cannot answer as the coordinator.
+        cairn_sdk::tls::endpoint_for(&self.address, "coordinator", self.shared.tls.as_ref())
             .map_err(LinkError::Address)?
             .connect_timeout(Duration::from_secs(3))
             .initial_stream_window_size(16 << 20)

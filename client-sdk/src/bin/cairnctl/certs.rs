@@ -24,12 +24,13 @@ use rcgen::{
 pub(crate) enum CertsCommand {
     /// Write a development CA (ca.pem, ca-key.pem) and a certificate and key for each node
     /// (NODE.pem, NODE-key.pem: server and client auth; SANs URI:cairn://CLUSTER/node/NODE,
-    /// DNS:NODE, DNS:localhost, IP:127.0.0.1 and each --san), the coordinator
-    /// (coordinator.pem, coordinator-key.pem; URI:cairn://CLUSTER/coordinator,
-    /// DNS:coordinator and the same others) and each user (USER.pem, USER-key.pem: client
-    /// auth only; URI:cairn://CLUSTER/ROLE/USER, which gives the user that role on the
-    /// coordinator and NodeAdmin). Keys are P-256 and written 0600. Existing files are kept
-    /// unless --force.
+    /// DNS:NODE, DNS:localhost, IP:127.0.0.1), the coordinator (coordinator.pem,
+    /// coordinator-key.pem; URI:cairn://CLUSTER/coordinator, DNS:coordinator, DNS:localhost,
+    /// IP:127.0.0.1 and each --san), each user (USER.pem, USER-key.pem: client auth only;
+    /// URI:cairn://CLUSTER/ROLE/USER, which gives the user that role on the coordinator and
+    /// NodeAdmin) and each --server (SERVER.pem: DNS:SERVER, DNS:localhost, IP:127.0.0.1, no
+    /// cairn identity). Keys are P-256 and written 0600. Existing files are kept unless
+    /// --force.
     Init {
         /// The cluster's name (in every identity: a certificate of another cluster is
         /// refused).
@@ -42,11 +43,17 @@ pub(crate) enum CertsCommand {
         /// viewer), comma-separated or repeated: a client certificate each.
         #[arg(long, value_delimiter = ',', value_name = "NAME[:ROLE]")]
         users: Vec<String>,
-        /// More DNS names or IP addresses for every node's and the coordinator's
-        /// certificate (the host names clients dial, e.g. a Kubernetes Service's),
-        /// comma-separated or repeated.
+        /// More DNS names or IP addresses for the coordinator's certificate (the host names
+        /// clients dial, e.g. a Kubernetes Service's), comma-separated or repeated. Nodes need
+        /// none: daemons check a peer's certificate for DNS:<node-id> whatever address they
+        /// dial, and the coordinator's for DNS:coordinator.
         #[arg(long, value_delimiter = ',')]
         san: Vec<String>,
+        /// Other servers of the deployment that are not cairn processes (e.g. `etcd`), a
+        /// server and client certificate each, with no cairn identity (it can act as no node
+        /// and has no role), comma-separated or repeated.
+        #[arg(long, value_delimiter = ',')]
+        servers: Vec<String>,
         /// Where to write the files (created if missing).
         #[arg(long)]
         dir: PathBuf,
@@ -66,6 +73,7 @@ pub(crate) fn certs(command: CertsCommand) -> anyhow::Result<ExitCode> {
         nodes,
         users,
         san,
+        servers,
         dir,
         force,
     } = command;
@@ -73,7 +81,7 @@ pub(crate) fn certs(command: CertsCommand) -> anyhow::Result<ExitCode> {
         .iter()
         .map(|user| parse_user(user))
         .collect::<anyhow::Result<Vec<_>>>()?;
-    let files = init(&cluster, &nodes, &people, &san, &dir, force)?;
+    let files = init(&cluster, &nodes, &people, &san, &servers, &dir, force)?;
     println!(
         "wrote {} files to {} (CA: ca.pem; keys 0600)",
         files.len(),
@@ -96,8 +104,8 @@ fn parse_user(user: &str) -> anyhow::Result<(String, Role)> {
 
 /// Writes to `dir` a development CA of `cluster` (`ca.pem`, `ca-key.pem`) and a
 /// certificate and key for the coordinator, each of `nodes` and each of `people` (a name
-/// and its role), as `certs init` documents; `san`: more host names for the servers'
-/// certificates. Refuses to overwrite a file unless `force`. Returns the files' names.
+/// and its role) and each of `servers` (no cairn identity), as `certs init` documents;
+/// `san`: more host names for the coordinator's certificate. Refuses to overwrite a file unless `force`. Returns the files' names.
 /// `certs init` and the local cluster (`cluster up`, `demo`) both make their
 /// certificates here.
 pub(crate) fn init(
@@ -105,6 +113,7 @@ pub(crate) fn init(
     nodes: &[String],
     people: &[(String, Role)],
     san: &[String],
+    servers: &[String],
     dir: &Path,
     force: bool,
 ) -> anyhow::Result<Vec<String>> {
@@ -123,6 +132,7 @@ pub(crate) fn init(
         .iter()
         .map(String::as_str)
         .chain(people.iter().map(|(name, _)| name.as_str()))
+        .chain(servers.iter().map(String::as_str))
     {
         if !valid(name) || name == "ca" || name == "coordinator" {
             bail!(
@@ -180,26 +190,29 @@ pub(crate) fn init(
     write(dir, "ca-key.pem", &ca_key.serialize_pem(), true)?;
     let issuer = Issuer::new(ca, ca_key);
 
-    // `who`: the path of the identity URI after the cluster; `server`: node or
-    // coordinator (server and client auth, host names), or a person (client auth only).
-    let leaf = |name: &str, who: String, server: bool| -> anyhow::Result<()> {
+    // `who`: the path of the identity URI after the cluster (none: no cairn identity);
+    // `server`: a server (server and client auth, host names: its own, loopback's and
+    // `extra`), or a person (client auth only).
+    let leaf = |name: &str, who: Option<String>, server: bool, extra: &[String]| {
         let dns = if server {
             [name, "localhost", "127.0.0.1"]
                 .into_iter()
                 .map(str::to_owned)
-                .chain(san.iter().cloned())
+                .chain(extra.iter().cloned())
                 .collect()
         } else {
             Vec::new()
         };
         let mut params = CertificateParams::new(dns)?;
-        let uri = format!("{}{cluster}/{who}", identity::SCHEME);
-        // The identity checks itself (a cluster or name the servers could not parse would
-        // make a useless certificate).
-        identity::CertIdentity::parse(&uri).map_err(|e| anyhow::anyhow!("{e}"))?;
-        params
-            .subject_alt_names
-            .push(rcgen::SanType::URI(uri.as_str().try_into()?));
+        if let Some(who) = who {
+            let uri = format!("{}{cluster}/{who}", identity::SCHEME);
+            // The identity checks itself (a cluster or name the servers could not parse
+            // would make a useless certificate).
+            identity::CertIdentity::parse(&uri).map_err(|e| anyhow::anyhow!("{e}"))?;
+            params
+                .subject_alt_names
+                .push(rcgen::SanType::URI(uri.as_str().try_into()?));
+        }
         params.distinguished_name.push(DnType::CommonName, name);
         params.is_ca = IsCa::ExplicitNoCa;
         params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
@@ -218,14 +231,17 @@ pub(crate) fn init(
         let cert = params.signed_by(&key, &issuer)?;
         write(dir, &format!("{name}.pem"), &cert.pem(), false)?;
         write(dir, &format!("{name}-key.pem"), &key.serialize_pem(), true)?;
-        Ok(())
+        anyhow::Ok(())
     };
-    leaf("coordinator", "coordinator".into(), true)?;
+    leaf("coordinator", Some("coordinator".into()), true, san)?;
     for node in nodes {
-        leaf(node, format!("node/{node}"), true)?;
+        leaf(node, Some(format!("node/{node}")), true, &[])?;
     }
     for (user, role) in people {
-        leaf(user, format!("{role}/{user}"), false)?;
+        leaf(user, Some(format!("{role}/{user}")), false, &[])?;
+    }
+    for server in servers {
+        leaf(server, None, true, &[])?;
     }
     Ok(files)
 }

@@ -105,6 +105,7 @@ fn secure_files(
         &ids,
         &[(ADMIN.to_owned(), Role::Admin)],
         &san,
+        &[],
         &tls,
         true,
     )?;
