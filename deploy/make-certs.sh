@@ -3,11 +3,16 @@
 # development CA and every certificate (`cairnctl certs init`), and an admin token.
 #
 #   deploy/make-certs.sh DIR --nodes ID,ID,... [--users NAME:ROLE,...] [--san HOST,...]
-#                            [--cluster NAME] [--force]
+#                            [--servers NAME,...] [--cluster NAME] [--force]
 #
-#   docker-compose:  deploy/make-certs.sh deploy/certs --nodes n1,n2,n3 --users admin:admin
+#   docker-compose:  deploy/make-certs.sh deploy/certs --nodes n1,n2,n3 --users admin:admin --servers etcd
 #   Kubernetes:      deploy/make-certs.sh deploy/k8s/dev-certs/certs --san cairn-coordinator \
-#                      --nodes cairn-node-0,cairn-node-1,cairn-node-2 --users admin:admin
+#                      --nodes cairn-node-0,cairn-node-1,cairn-node-2 --users admin:admin --servers cairn-etcd
+#
+# --servers NAME writes NAME.pem and NAME-key.pem for a server that is not a cairn process:
+# etcd, which serves mutual TLS with it (DNS:NAME, DNS:localhost, IP:127.0.0.1, no cairn
+# identity). NAME is the host name its clients dial: `etcd` in compose, the Service
+# `cairn-etcd` in Kubernetes.
 #
 # The flags after DIR go to `cairnctl certs init --dir DIR` (see its --help). Then it
 # writes DIR/tokens, the --auth-tokens file admitting one new token with role admin (the
@@ -16,9 +21,10 @@
 # files are kept (an error) unless --force.
 #
 # Permissions: DIR is made 0700, so on this host only you reach its files; within it the
-# coordinator's and the nodes' keys are made 0644, because the containers run as another
-# uid (10001 in the image of deploy/Dockerfile) and compose mounts each file by itself, so
-# a container sees the file's own mode, not DIR's. The CA's key (ca-key.pem: never mounted
+# coordinator's, the nodes' and the servers' (etcd's) keys are made 0644, because the
+# containers run as another uid (10001 in the image of deploy/Dockerfile; etcd's root has
+# no capabilities, so no CAP_DAC_OVERRIDE) and compose mounts each file by itself, so a
+# container sees the file's own mode, not DIR's. The CA's key (ca-key.pem: never mounted
 # anywhere) and the users' keys stay 0600.
 #
 # cairnctl is $CAIRNCTL, or the one on PATH (cargo build --bins: target/debug/cairnctl).
@@ -30,13 +36,15 @@ cairnctl=${CAIRNCTL:-cairnctl}
 command -v "$cairnctl" >/dev/null ||
   { echo "error: $cairnctl not found: cargo build --bins, then put target/debug on PATH or set CAIRNCTL" >&2; exit 1; }
 
-# The node ids, and whether --force was given (the same flags cairnctl reads).
-nodes=() force=false
+# The node ids, the servers' names, and whether --force was given (the flags cairnctl reads).
+nodes=() servers=() force=false
 args=("$@")
 for ((i = 0; i < ${#args[@]}; i++)); do
   case ${args[i]} in
     --nodes) IFS=, read -r -a more <<<"${args[i + 1]:-}"; nodes+=("${more[@]}") ;;
     --nodes=*) IFS=, read -r -a more <<<"${args[i]#--nodes=}"; nodes+=("${more[@]}") ;;
+    --servers) IFS=, read -r -a more <<<"${args[i + 1]:-}"; servers+=("${more[@]}") ;;
+    --servers=*) IFS=, read -r -a more <<<"${args[i]#--servers=}"; servers+=("${more[@]}") ;;
     --force) force=true ;;
   esac
 done
@@ -48,7 +56,7 @@ fi
 
 "$cairnctl" certs init --dir "$dir" "$@"
 chmod 700 "$dir"
-for key in coordinator "${nodes[@]}"; do chmod 644 "$dir/$key-key.pem"; done
+for key in coordinator "${nodes[@]}" "${servers[@]}"; do chmod 644 "$dir/$key-key.pem"; done
 
 out=$("$cairnctl" auth token --role admin --name admin)
 token=$(sed -n 's/^token: //p' <<<"$out")

@@ -22,6 +22,8 @@ install_prerequisites() {
   local apt_packages=()
   command -v etcd >/dev/null || apt_packages+=(etcd-server)
   command -v etcdctl >/dev/null || apt_packages+=(etcd-client)
+  # deploy/test/check-config.py reads the dev-certs certificates' names with openssl.
+  command -v openssl >/dev/null || apt_packages+=(openssl)
   if [ "${#apt_packages[@]}" -gt 0 ]; then
     say "installing ${apt_packages[*]}"
     as_root apt-get update -qq
@@ -88,7 +90,7 @@ k8s=$(mktemp -d)
 trap 'rm -rf "$log" "$k8s"' EXIT
 cp -r deploy/k8s "$k8s/"
 CAIRNCTL=target/debug/cairnctl deploy/make-certs.sh "$k8s/k8s/dev-certs/certs" --san cairn-coordinator \
-  --nodes cairn-node-0,cairn-node-1,cairn-node-2 --users admin:admin >/dev/null
+  --nodes cairn-node-0,cairn-node-1,cairn-node-2 --users admin:admin --servers cairn-etcd >/dev/null
 for overlay in base external-etcd dev-certs; do
   dir="deploy/k8s/$overlay"
   [ "$overlay" = dev-certs ] && dir="$k8s/k8s/$overlay"

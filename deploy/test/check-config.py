@@ -14,7 +14,12 @@ runs a cairn binary is checked against that binary's `--help`:
   - every coordinator and node daemon runs mutual TLS and bearer tokens (CAIRN_TLS_CERT,
     CAIRN_TLS_KEY, CAIRN_TLS_CA, CAIRN_AUTH_TOKENS), and every bank mutual TLS with its
     node's certificate (the first three), each file on a read-only mount of a
-    Kubernetes Secret or a compose bind mount; a daemon's application port is on loopback.
+    Kubernetes Secret or a compose bind mount; a daemon's application port is on loopback;
+  - the coordinator reaches etcd over mutual TLS: CAIRN_ETCD is https:// only, with
+    CAIRN_ETCD_CA, CAIRN_ETCD_CERT and CAIRN_ETCD_KEY on read-only mounts as above;
+  - etcd (compose, and the bundled one in Kubernetes) serves mutual TLS only: https://
+    client URLs, --client-cert-auth, --cert-file/--key-file/--trusted-ca-file on read-only
+    mounts, and its probes and healthcheck are etcdctl over TLS with a certificate.
 And the deployments' exposure:
   - every Kubernetes container runs non-root (as the Dockerfile's user, for the cairn image)
     with a read-only root filesystem, no privilege escalation, every capability dropped and
@@ -22,14 +27,17 @@ And the deployments' exposure:
   - every workload has a NetworkPolicy that selects it, whose ingress rules each name a
     source and ports, and admit exactly the ports its containers expose;
   - every compose port is published on ${CAIRN_BIND:-127.0.0.1} (loopback unless told
-    otherwise), and every compose service has a read-only root filesystem, no capabilities
+    otherwise) except etcd's, on 127.0.0.1 whatever CAIRN_BIND says; etcd is on compose
+    networks that only the coordinator shares (no daemon or bank); every compose service has a read-only root filesystem, no capabilities
     and no-new-privileges.
 
 And, given DEV_CERTS (a copy of deploy/k8s/dev-certs whose certs/ deploy/make-certs.sh
 wrote), that overlay: checked as above, and every Secret a pod mounts is one it makes, with
 the keys mounted, and each certificate names the identity its pod needs (the coordinator
 URI:cairn://cairn/coordinator and DNS:cairn-coordinator, the Service the daemons dial; node
-Secret cairn-node-<i>-tls URI:cairn://cairn/node/cairn-node-<i> and DNS:cairn-node-<i>).
+Secret cairn-node-<i>-tls URI:cairn://cairn/node/cairn-node-<i> and DNS:cairn-node-<i>;
+etcd's Secret cairn-etcd-tls DNS:cairn-etcd, the host the coordinator dials, and
+IP:127.0.0.1, its probes', and no cairn identity).
 
     deploy/test/check-config.py BIN_DIR [DEV_CERTS]
 """
@@ -111,6 +119,74 @@ def check_schedule(where, command, env):
 SECURE = ("CAIRN_TLS_CERT", "CAIRN_TLS_KEY", "CAIRN_TLS_CA", "CAIRN_AUTH_TOKENS")
 
 
+ETCD_TLS = ("CAIRN_ETCD_CA", "CAIRN_ETCD_CERT", "CAIRN_ETCD_KEY")
+
+
+def check_mounted(where, what, path, mounts):
+    """`path` is on a read-only mount of a Secret or a bind mount."""
+    mount = max((m for m in mounts if path == m[0] or path.startswith(m[0].rstrip("/") + "/")),
+                key=lambda m: len(m[0]), default=None)
+    if mount is None:
+        errors.append(f"{where}: {what} {path} is on no mounted volume")
+    elif not mount[1]:
+        errors.append(f"{where}: {what} {path} is on a mount that is not read-only ({mount[0]})")
+    elif mount[2] is None:
+        errors.append(f"{where}: {what} {path} is on {mount[0]}, which is not a Secret or a bind mount")
+
+
+def flag_values(command):
+    """--flag=value and --flag value of a command line, as a dict (a bare --flag: True)."""
+    values = {}
+    args = list(command[1:])
+    for i, arg in enumerate(args):
+        if not arg.startswith("--"):
+            continue
+        if "=" in arg:
+            flag, value = arg.split("=", 1)
+        elif i + 1 < len(args) and not args[i + 1].startswith("--"):
+            flag, value = arg, args[i + 1]
+        else:
+            flag, value = arg, True
+        values[flag] = value
+    return values
+
+
+def check_etcd(where, command, mounts, probes):
+    """etcd serves mutual TLS only, from read-only mounts; its probes speak TLS too.
+
+    `probes`: the etcdctl command lines of its probes or healthcheck (another kind of
+    probe is an error: none can present a client certificate)."""
+    if not command or command[0] != "etcd":
+        return
+    flags = flag_values(command)
+    if flags.get("--client-cert-auth") not in (True, "true"):
+        errors.append(f"{where}: etcd runs without --client-cert-auth (any client could read and rewrite cairn's metadata)")
+    for flag in ("--listen-client-urls", "--advertise-client-urls"):
+        for url in str(flags.get(flag, "")).split(","):
+            if not url.startswith("https://"):
+                errors.append(f"{where}: etcd {flag} {url!r} is not https://")
+    for flag in ("--cert-file", "--key-file", "--trusted-ca-file"):
+        path = flags.get(flag)
+        if not isinstance(path, str):
+            errors.append(f"{where}: etcd runs without {flag}")
+        else:
+            check_mounted(where, f"etcd {flag}", path, mounts)
+    if not probes:
+        errors.append(f"{where}: etcd has no probe or healthcheck")
+    for probe in probes:
+        if probe is None:
+            errors.append(f"{where}: an etcd probe that is not etcdctl (nothing else can present a client certificate)")
+            continue
+        pf = flag_values(probe)
+        if not str(pf.get("--endpoints", "")).startswith("https://"):
+            errors.append(f"{where}: the etcdctl probe {probe} does not dial https://")
+        for flag in ("--cacert", "--cert", "--key"):
+            if not isinstance(pf.get(flag), str):
+                errors.append(f"{where}: the etcdctl probe {probe} has no {flag}")
+            else:
+                check_mounted(where, f"probe {flag}", pf[flag], mounts)
+
+
 def check_secure(where, command, env, mounts):
     """A daemon runs mutual TLS and tokens from read-only mounts; its app port is loopback.
 
@@ -125,14 +201,20 @@ def check_secure(where, command, env, mounts):
         if not path:
             errors.append(f"{where}: {key} is not set (the deployments run mutual TLS and bearer tokens)")
             continue
-        mount = max((m for m in mounts if path == m[0] or path.startswith(m[0].rstrip("/") + "/")),
-                    key=lambda m: len(m[0]), default=None)
-        if mount is None:
-            errors.append(f"{where}: {key} {path} is on no mounted volume")
-        elif not mount[1]:
-            errors.append(f"{where}: {key} {path} is on a mount that is not read-only ({mount[0]})")
-        elif mount[2] is None:
-            errors.append(f"{where}: {key} {path} is on {mount[0]}, which is not a Secret or a bind mount")
+        check_mounted(where, key, path, mounts)
+    if command[0] == "cairn-coordinator":
+        endpoints = [e.strip() for e in str(env.get("CAIRN_ETCD", "")).split(",") if e.strip()]
+        if not endpoints:
+            errors.append(f"{where}: CAIRN_ETCD is not set (the deployments keep the metadata in etcd)")
+        for endpoint in endpoints:
+            if not endpoint.startswith("https://"):
+                errors.append(f"{where}: CAIRN_ETCD endpoint {endpoint!r} is not https:// (etcd runs mutual TLS)")
+        for key in ETCD_TLS:
+            path = str(env.get(key, ""))
+            if not path:
+                errors.append(f"{where}: {key} is not set (the coordinator reaches etcd over mutual TLS)")
+            else:
+                check_mounted(where, key, path, mounts)
     app = str(env.get("CAIRN_APP_LISTEN", ""))
     if command[0] == "cairn-node" and not app.startswith("127.0.0.1:"):
         errors.append(f"{where}: CAIRN_APP_LISTEN {app!r} is not on loopback (only the application beside the daemon uses it)")
@@ -222,16 +304,21 @@ def check_kubernetes(name, text):
             env = {e["name"]: e.get("value", "") for e in c.get("env", [])}
             exposed = {p["containerPort"] for p in c.get("ports", [])}
             container_ports.setdefault(label, set()).update(exposed)
+            command = c.get("command", []) + c.get("args", [])
             probed = set()
+            etcd_probes = []  # etcd's: etcdctl command lines (None: another kind of probe)
             for probe in ("readinessProbe", "livenessProbe", "startupProbe"):
-                if "grpc" in c.get(probe, {}):
+                if probe not in c:
+                    continue
+                if "grpc" in c[probe]:
                     probed.add(c[probe]["grpc"]["port"])
-                exec_command = (c.get(probe, {}).get("exec") or {}).get("command", [])
-                if exec_command[:2] == ["cairnctl", "health"]:
+                exec_command = (c[probe].get("exec") or {}).get("command", [])
+                if command[:1] == ["etcd"]:
+                    etcd_probes.append(exec_command if exec_command[:1] == ["etcdctl"] else None)
+                elif exec_command[:2] == ["cairnctl", "health"]:
                     probed.add(int(exec_command[2].rsplit(":", 1)[1]))
                 elif exec_command:
                     errors.append(f"{where}: {probe} runs {exec_command}, not `cairnctl health HOST:PORT`")
-            command = c.get("command", []) + c.get("args", [])
             check_security_context(where, pod, c, uid if c.get("image", "").split(":")[0] == "cairn" else None)
             check_container(where, command, env, exposed, probed)
             check_schedule(where, command, env)
@@ -243,6 +330,7 @@ def check_kubernetes(name, text):
                 secret = "secret" in v or (sources and all("secret" in s for s in sources))
                 mounts.append((m["mountPath"], m.get("readOnly") is True, "Secret" if secret else None))
             check_secure(where, command, env, mounts)
+            check_etcd(where, command, mounts, etcd_probes)
             if command and command[0] in BINARIES:
                 grace = pod.get("terminationGracePeriodSeconds", 30)
                 drain = env.get("CAIRN_GRACE_PERIOD")
@@ -288,7 +376,10 @@ def check_secrets(name, text):
                 for key in keys or secrets[secret]:
                     if key not in secrets[secret]:
                         errors.append(f"{where}: mounts key {key} of Secret {secret}, which lacks it")
-    expected = {"cairn-coordinator-tls": {"URI:cairn://cairn/coordinator", "DNS:cairn-coordinator"}}
+    expected = {"cairn-coordinator-tls": {"URI:cairn://cairn/coordinator", "DNS:cairn-coordinator"},
+                "cairn-etcd-tls": {"DNS:cairn-etcd", "IP Address:127.0.0.1"}}
+    if "cairn-etcd-tls" not in secrets:
+        errors.append(f"k8s {name}: no Secret cairn-etcd-tls (etcd's certificate: make-certs.sh --servers cairn-etcd)")
     for secret in secrets:
         node = re.fullmatch(r"(cairn-node-\d+)-tls", secret)
         if node:
@@ -299,17 +390,48 @@ def check_secrets(name, text):
         names = sans(base64.b64decode(secrets[secret]["tls.crt"]).decode())
         if wanted - names:
             errors.append(f"k8s {name} Secret/{secret}: the certificate lacks {sorted(wanted - names)} (it has {sorted(names)})")
+        if secret == "cairn-etcd-tls" and any(n.startswith("URI:cairn://") for n in names):
+            errors.append(f"k8s {name} Secret/{secret}: etcd's certificate carries a cairn identity ({sorted(names)})")
 
 
 BIND = "${CAIRN_BIND:-127.0.0.1}:"
 
 
-def check_compose_exposure(raw, text):
-    """Published on loopback unless CAIRN_BIND says otherwise; hardened containers."""
+def networks_of(services, name):
+    """The compose networks a service is on (a network_mode service:X shares X's)."""
+    s = services[name]
+    mode = str(s.get("network_mode", ""))
+    if mode.startswith("service:"):
+        return networks_of(services, mode.split(":", 1)[1])
+    return set(s.get("networks") or ["default"])
+
+
+def check_compose_exposure(raw, text, everywhere):
+    """Published on loopback unless CAIRN_BIND says otherwise (etcd: always loopback);
+    etcd on networks of its own; hardened containers. `everywhere`: the config resolved
+    with CAIRN_BIND=0.0.0.0."""
     for name, s in (yaml.safe_load(raw)["services"] or {}).items():
         for p in s.get("ports", []):
-            if not isinstance(p, str) or not p.startswith(BIND):
-                errors.append(f"compose service {name}: port {p!r} is not published on {BIND[:-1]}")
+            bind = "127.0.0.1:" if name == "etcd" else BIND
+            if not isinstance(p, str) or not p.startswith(bind):
+                errors.append(f"compose service {name}: port {p!r} is not published on {bind[:-1]}")
+    for name, s in yaml.safe_load(everywhere)["services"].items():
+        if (s.get("command") or [""])[0] != "etcd":
+            continue
+        for p in s.get("ports", []):
+            host = p.get("host_ip") if isinstance(p, dict) else str(p).rsplit(":", 2)[0] if str(p).count(":") == 2 else None
+            if host != "127.0.0.1":
+                errors.append(f"compose service {name}: with CAIRN_BIND=0.0.0.0 etcd is published on {host or 'every interface'}, not 127.0.0.1")
+    services = yaml.safe_load(text)["services"]
+    for name, s in services.items():
+        if (s.get("command") or [""])[0] != "etcd":
+            continue
+        mine = networks_of(services, name)
+        for other in services:
+            if other == name or not mine & networks_of(services, other):
+                continue
+            if (services[other].get("command") or [""])[0] != "cairn-coordinator":
+                errors.append(f"compose service {other}: shares etcd's network(s) {sorted(mine & networks_of(services, other))}; only the coordinator may")
     for name, s in yaml.safe_load(text)["services"].items():
         for p in s.get("ports", []):
             host = p.get("host_ip") if isinstance(p, dict) else str(p).rsplit(":", 2)[0] if str(p).count(":") == 2 else None
@@ -347,6 +469,9 @@ def check_compose(text):
                 parts = str(v).split(":")
                 mounts.append((parts[1], parts[2:3] == ["ro"], None))
         check_secure(f"compose service {name}", command, env, mounts)
+        if command[:1] == ["etcd"]:
+            probe = test[1:] if test[:1] == ["CMD"] and test[1:2] == ["etcdctl"] else None
+            check_etcd(f"compose service {name}", command, mounts, [probe] if test else [])
     for name, s in services.items():
         published = {int(p["target"]) if isinstance(p, dict) else int(str(p).rsplit(":", 1)[1].split("/")[0])
                      for p in s.get("ports", [])}
@@ -365,7 +490,7 @@ def check_compose(text):
 for overlay in ("base", "external-etcd"):
     text = subprocess.run(["kubectl", "kustomize", f"deploy/k8s/{overlay}"], capture_output=True, text=True, check=True).stdout
     check_kubernetes(overlay, text)
-    if overlay == "external-etcd" and "value: http://cairn-etcd:2379" in text:
+    if overlay == "external-etcd" and "cairn-etcd:2379" in text:
         errors.append("k8s external-etcd: the coordinator still points at the bundled etcd")
 if DEV_CERTS:
     text = subprocess.run(["kubectl", "kustomize", DEV_CERTS], capture_output=True, text=True, check=True).stdout
@@ -375,8 +500,10 @@ if DEV_CERTS:
 defaults = {k: v for k, v in os.environ.items() if not (k == "CAIRN_BIND" or re.fullmatch(r"CAIRN_[A-Z0-9]+_PORT", k))}
 compose = subprocess.run(["docker-compose", "-f", "deploy/docker-compose.yml", "-f", "deploy/docker-compose.faults.yml", "config"],
                          capture_output=True, text=True, check=True, env=defaults).stdout
+everywhere = subprocess.run(["docker-compose", "-f", "deploy/docker-compose.yml", "config"],
+                            capture_output=True, text=True, check=True, env={**defaults, "CAIRN_BIND": "0.0.0.0"}).stdout
 check_compose(compose)
-check_compose_exposure(open("deploy/docker-compose.yml").read(), compose)
+check_compose_exposure(open("deploy/docker-compose.yml").read(), compose, everywhere)
 
 if errors:
     print("deployment check FAILED:", *errors, sep="\n  ")

@@ -10,7 +10,8 @@
 #   token for an operator's call, an unknown token and a node's certificate are refused on
 #   the coordinator's port, and the first two on a daemon's peer port too;
 #   transfers and a snapshot that completes, verifies and accounts for all the money;
-#   the snapshot readable in etcd; a node container stopped in the middle of a snapshot
+#   the snapshot readable in etcd over mutual TLS (etcdctl with a certificate of the CA),
+#   and etcd refusing plaintext and certificate-less etcdctl; a node container stopped in the middle of a snapshot
 #   (held there by fault injection) and the failure naming it; the node started again and
 #   the next snapshot completing.
 # Everything it started — containers, network, volumes, images — is removed at the end,
@@ -76,7 +77,7 @@ docker build -q -t "$etcd_image" "$work/etcd" >/dev/null
 
 # --- certificates and a token, as README says -------------------------------------------
 certs=$work/certs
-CAIRNCTL="$bin/cairnctl" deploy/make-certs.sh "$certs" --nodes n1,n2,n3 --users admin:admin,monitor:viewer >/dev/null ||
+CAIRNCTL="$bin/cairnctl" deploy/make-certs.sh "$certs" --nodes n1,n2,n3 --users admin:admin,monitor:viewer --servers etcd >/dev/null ||
   fail "deploy/make-certs.sh"
 token=$(cat "$certs/admin.token")
 export CAIRN_CERTS="$certs"
@@ -131,6 +132,15 @@ ready() { # every node connected and every bank knowing its two peers
 }
 wait_for 120 "the cluster ready (3 nodes connected, banks attached)" ready
 say "ready"
+# etcd shares the network `meta` with the coordinator alone (the banks share their
+# nodes' network namespaces, so they are wherever the nodes are).
+container() { docker ps -q --filter "label=com.docker.compose.project=$project" --filter "label=com.docker.compose.service=$1"; }
+networks() { docker inspect -f '{{range $k, $v := .NetworkSettings.Networks}}{{$k}} {{end}}' "$(container "$1")"; }
+members=$(docker network inspect -f '{{range .Containers}}{{.Name}} {{end}}' "${project}_meta") || fail "no network ${project}_meta"
+[ "$(tr ' ' '\n' <<<"$members" | sed -E 's/^'"$project"'[_-]//; s/[_-][0-9]+$//' | sort | xargs)" = "coordinator etcd" ] ||
+  fail "${project}_meta holds $members, not only etcd and the coordinator"
+[ "$(networks etcd)" = "${project}_meta " ] || fail "etcd is on the networks $(networks etcd), not only ${project}_meta"
+say "etcd's network ${project}_meta holds etcd and the coordinator only"
 
 # (Output captured first: with pipefail, grep -q closing the pipe early would fail grpcurl.)
 services=$(gc "$coordinator" list) || fail "grpcurl list"
@@ -201,12 +211,24 @@ for n in d["nodes"]:
 print(total)')
 [ "$money" = 3000 ] || fail "snapshot $id holds $money, not 3000"
 say "snapshot $id completed, verified, and holds all 3000"
-etcdctl --endpoints "127.0.0.1:$p2" get --prefix /cairn/ > "$work/etcd.txt" || fail "etcdctl get"
+# etcd serves mutual TLS only: etcdctl with a certificate of the CA (the admin's).
+ectl() { etcdctl --endpoints "https://127.0.0.1:$p2" --cacert "$certs/ca.pem" --cert "$certs/admin.pem" \
+  --key "$certs/admin-key.pem" --dial-timeout 3s --command-timeout 5s "$@"; }
+ectl get --prefix /cairn/ > "$work/etcd.txt" || fail "etcdctl get over TLS"
 key=$(printf '/cairn/cairn/snapshots/%020d' "$id")
 grep -qx "$key" "$work/etcd.txt" || fail "$key is not in etcd"
-etcd_status=$(etcdctl --endpoints "127.0.0.1:$p2" get --print-value-only "$key" | json "d['status']")
+etcd_status=$(ectl get --print-value-only "$key" | json "d['status']")
 [ "$etcd_status" = COMPLETED ] || fail "etcd shows $key $etcd_status, not COMPLETED"
-say "etcdctl shows $key COMPLETED"
+say "etcdctl (mutual TLS) shows $key COMPLETED"
+etcd_refused() { # WHAT REASON ETCDCTL-ARGS...: the read fails, and etcd logs REASON
+  local what=$1 reason=$2 out; shift 2
+  out=$(etcdctl --dial-timeout 1s --command-timeout 1s "$@" get "$key" 2>&1) && fail "etcd accepted $what: $out"
+  wait_for 10 "etcd logging that it rejected $what ($reason)" logged etcd "$reason"
+  say "refused: $what (etcd: $reason)"
+}
+etcd_refused "plaintext etcdctl" "first record does not look like a TLS handshake" --endpoints "http://127.0.0.1:$p2"
+etcd_refused "etcdctl without a client certificate" "client didn't provide a certificate" \
+  --endpoints "https://127.0.0.1:$p2" --cacert "$certs/ca.pem"
 
 # --- a node stopped in the middle of a snapshot ---------------------------------------
 gc -d '{"channel":{"from":"n1","to":"n2"},"hold":{}}' "127.0.0.1:$p4" cairn.v1.NodeAdmin/InjectFault >/dev/null || fail "hold n1->n2"
