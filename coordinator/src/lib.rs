@@ -71,9 +71,6 @@ pub enum RunError {
     /// Reflection could not be built.
     #[error("reflection: {0}")]
     Reflection(String),
-    /// The TLS configuration (`--tls-*`) was refused.
-    #[error("TLS: {0}")]
-    Tls(String),
     /// The coordinator's task ended (a panic, or a return) while the server was meant to
     /// run: nothing could be answered any more.
     #[error("the coordinator's task ended unexpectedly: {0}")]

@@ -99,9 +99,6 @@ pub enum RunError {
     /// Reflection could not be built.
     #[error("reflection: {0}")]
     Reflection(String),
-    /// The TLS configuration (`--tls-*`) was refused.
-    #[error("TLS: {0}")]
-    Tls(String),
 }
 
 /// Runs a node daemon until `shutdown` is cancelled, then stops accepting, aborts the
