@@ -14,6 +14,7 @@
 //! here.
 
 use std::collections::HashSet;
+use std::hash::{Hash, Hasher};
 use std::sync::{Arc, Mutex};
 
 use prometheus_client::metrics::counter::Counter;
@@ -162,7 +163,23 @@ impl Peer {
     /// A node RPC's check that the caller is node `claimed`: `Ok` when its certificate
     /// names that node of this cluster; otherwise PERMISSION_DENIED naming the identity
     /// and `what` it tried (`"register"`, `"upload a part"`), counted and logged once.
+    ///
+    /// A claimed id that cannot be a node id (longer than 128 bytes, or with a character
+    /// other than ASCII letters, digits, '-', '.' and '_', as `cairnctl certs init`
+    /// allows) is refused without being echoed whole: the message shows its first 64
+    /// characters, escaped, and its length. (An empty one is refused as any other id no
+    /// certificate names.)
     pub fn check_node(&self, claimed: &str, what: &str) -> Result<(), Status> {
+        if !may_name_a_node(claimed) {
+            return Err(self.refusals.refuse(
+                what,
+                format!(
+                    "the claimed node id {} is not a node id (1 to {MAX_NAME} ASCII letters, \
+                     digits, '-', '.' or '_'); it may not {what} as it",
+                    shown(claimed)
+                ),
+            ));
+        }
         match &self.identity {
             Ok(CertIdentity {
                 identity: Identity::Node(id),
@@ -177,6 +194,26 @@ impl Peer {
                 .refuse(what, format!("{why}; it may not {what} as node {claimed}"))),
         }
     }
+}
+
+/// Whether a claimed node id is one `cairnctl certs init` allows, or empty: at most
+/// [`MAX_NAME`] bytes of ASCII letters, digits, '-', '.' and '_'.
+fn may_name_a_node(id: &str) -> bool {
+    id.len() <= MAX_NAME
+        && id
+            .bytes()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, b'-' | b'.' | b'_'))
+}
+
+/// The characters of a claimed id a message may show.
+const SHOWN: usize = 64;
+
+/// A claimed id for a message: at most its first [`SHOWN`] characters, escaped, and its
+/// length in bytes.
+fn shown(id: &str) -> String {
+    let head: String = id.chars().take(SHOWN).collect();
+    let more = if head.len() < id.len() { "…" } else { "" };
+    format!("{head:?}{more} ({} bytes)", id.len())
 }
 
 impl Peer {
@@ -196,11 +233,12 @@ pub fn check_node(peer: Option<&Peer>, claimed: &str, what: &str) -> Result<(), 
 /// How many identity refusals a server remembers having logged (then it logs again).
 const LOGGED_CAP: usize = 1024;
 
-/// The counter of identity refusals and the refusals already logged.
+/// The counter of identity refusals and the refusals already logged (a hash of each
+/// message: bounded memory whatever the messages hold).
 #[derive(Debug, Clone, Default)]
 pub struct Refusals {
     counter: Family<Vec<(String, String)>, Counter>,
-    logged: Arc<Mutex<HashSet<String>>>,
+    logged: Arc<Mutex<HashSet<u64>>>,
 }
 
 impl Refusals {
@@ -220,12 +258,17 @@ impl Refusals {
         self.counter
             .get_or_create(&vec![("what".to_owned(), what.to_owned())])
             .inc();
+        let key = {
+            let mut hasher = std::collections::hash_map::DefaultHasher::new();
+            message.hash(&mut hasher);
+            hasher.finish()
+        };
         let first = {
             let mut logged = self.logged.lock().unwrap_or_else(|e| e.into_inner());
             if logged.len() >= LOGGED_CAP {
                 logged.clear();
             }
-            logged.insert(message.clone())
+            logged.insert(key)
         };
         if first {
             tracing::warn!("refused: {message}");
@@ -339,5 +382,45 @@ mod tests {
         let two = refusals.peer(&cert(&["cairn://c/node/n1", "cairn://c/node/n2"]), "c");
         assert!(two.check_node("n1", "register").is_err());
         assert!(refusals.peer(b"garbage", "c").identity.is_err());
+    }
+
+    #[test]
+    fn a_claimed_id_that_cannot_be_a_node_id_is_refused_without_echoing_it() {
+        let refusals = Refusals::default();
+        let n1 = refusals.peer(&cert(&["dns:n1", "cairn://c/node/n1"]), "c");
+        assert!(may_name_a_node("n1") && may_name_a_node("node-0.cairn_a"));
+        assert!(may_name_a_node(&"a".repeat(128)));
+        // Empty: refused as an id the certificate does not name.
+        let e = n1.check_node("", "register").unwrap_err();
+        assert!(e.message().ends_with("may not register as node "), "{e:?}");
+        for bad in ["n 1", "n1\n", "n/1", "nœud"] {
+            assert!(!may_name_a_node(bad), "{bad:?}");
+            let e = n1.check_node(bad, "register").unwrap_err();
+            assert_eq!(e.code(), tonic::Code::PermissionDenied);
+            assert!(e.message().contains("is not a node id"), "{e:?}");
+        }
+        let e = n1.check_node("n1\n", "register").unwrap_err();
+        assert!(e.message().contains(r#""n1\n" (3 bytes)"#), "{e:?}");
+        // A huge claimed id: its head, escaped, and its length; never the whole.
+        let huge = format!("{}\u{1b}[31m{}", "x".repeat(10), "y".repeat(4 << 20));
+        let e = n1.check_node(&huge, "register").unwrap_err();
+        let message = e.message();
+        assert!(message.len() < 400, "{} bytes", message.len());
+        assert!(
+            message.contains(&format!("({} bytes)", huge.len())),
+            "{message}"
+        );
+        assert!(message.contains(r"\u{1b}[31m"), "escaped: {message}");
+        assert!(!message.contains('\u{1b}'), "{message}");
+        assert!(message.contains('…'), "{message}");
+        // Too long, even of good characters.
+        let e = n1.check_node(&"n".repeat(129), "register").unwrap_err();
+        assert!(e.message().contains("(129 bytes)"), "{e:?}");
+        assert!(!e.message().contains(&"n".repeat(65)), "{e:?}");
+        // The logged set holds hashes: bounded whatever was claimed.
+        for i in 0..3 * LOGGED_CAP {
+            let _ = n1.check_node(&format!("{i}{}", "z".repeat(200)), "register");
+        }
+        assert!(refusals.logged.lock().unwrap().len() <= LOGGED_CAP);
     }
 }
