@@ -18,7 +18,9 @@ pub struct CoordinatorClient {
 /// A channel that adds `authorization: Bearer <token>` to every call, when it has a token.
 pub type TokenChannel = InterceptedService<Channel, BearerToken>;
 
-/// Adds `authorization: Bearer <token>` to every request (nothing without a token).
+/// Adds `authorization: Bearer <token>` to every request (nothing without a token). The
+/// value is marked sensitive: its `Debug` (and so any log of the request's metadata)
+/// shows `Sensitive`, never the token.
 #[derive(Clone, Debug, Default)]
 pub struct BearerToken(Option<AsciiMetadataValue>);
 
@@ -28,7 +30,10 @@ impl BearerToken {
         match token {
             None => Ok(Self(None)),
             Some(token) => MetadataValue::try_from(format!("Bearer {}", token.trim()))
-                .map(|v| Self(Some(v)))
+                .map(|mut v: AsciiMetadataValue| {
+                    v.set_sensitive(true);
+                    Self(Some(v))
+                })
                 .map_err(|_| Error::Connect {
                     address: String::new(),
                     reason: "the token holds characters a header cannot carry".into(),
@@ -124,5 +129,23 @@ impl CoordinatorClient {
     /// The generated client, for every other call.
     pub fn raw(&mut self) -> &mut pb::coordinator_client::CoordinatorClient<TokenChannel> {
         &mut self.inner
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_token_never_shows_in_debug() {
+        let mut bearer = BearerToken::new(Some(" s3cr3t-token\n")).unwrap();
+        assert!(!format!("{bearer:?}").contains("s3cr3t"), "{bearer:?}");
+        let request = bearer.call(tonic::Request::new(())).unwrap();
+        let value = request.metadata().get("authorization").unwrap();
+        assert!(value.is_sensitive());
+        assert_eq!(value.to_str().unwrap(), "Bearer s3cr3t-token");
+        assert!(!format!("{request:?}").contains("s3cr3t"), "{request:?}");
+        assert!(!format!("{:?}", request.metadata().clone().into_headers()).contains("s3cr3t"));
+        assert!(BearerToken::new(Some("bad\ntoken")).is_err());
     }
 }

@@ -35,9 +35,22 @@ struct Cli {
     #[arg(long, global = true, env = "CAIRN_COORDINATOR")]
     coordinator: Option<String>,
     /// A bearer token sent on every call to the coordinator (one its --auth-tokens file
-    /// lists; `cairnctl auth token` makes one).
-    #[arg(long, global = true, env = "CAIRN_TOKEN", hide_env_values = true)]
+    /// lists; `cairnctl auth token` makes one). A flag shows in `ps` and the shell's
+    /// history: prefer --token-file. Without TLS (--tls-ca) the token travels in clear text,
+    /// and cairnctl warns when the coordinator is not on loopback.
+    #[arg(
+        long,
+        global = true,
+        env = "CAIRN_TOKEN",
+        hide_env_values = true,
+        conflicts_with = "token_file"
+    )]
     token: Option<String>,
+    /// A file holding the bearer token to send (one token; surrounding whitespace and a
+    /// final newline are ignored), so that the token never appears on a command line or in
+    /// `ps`. Conflicts with --token.
+    #[arg(long, global = true, env = "CAIRN_TOKEN_FILE", value_name = "FILE")]
+    token_file: Option<PathBuf>,
     /// TLS to the coordinator: --tls-ca alone checks its certificate; with --tls-cert and
     /// --tls-key, this client presents a certificate too (a coordinator with TLS flags
     /// requires one). Also used by `cairnctl health`.
@@ -138,16 +151,60 @@ pub(crate) fn tls() -> Option<&'static cairn_sdk::tls::Tls> {
     TLS.get().and_then(Option::as_ref)
 }
 
-/// A client of the coordinator at `address`, sending `--token` if given.
+/// A client of the coordinator at `address`, sending `--token` if given (with one warning
+/// line if it goes in clear text beyond this machine).
 pub(crate) async fn connect(
     address: &str,
 ) -> Result<cairn_sdk::CoordinatorClient, cairn_sdk::Error> {
     let token = TOKEN.get().and_then(|t| t.as_deref());
+    if token.is_some() && tls().is_none() && !is_loopback(address) {
+        static WARNED: std::sync::Once = std::sync::Once::new();
+        WARNED.call_once(|| {
+            eprintln!(
+                "warning: no TLS (--tls-ca): the bearer token travels in clear text to \
+                 {address}, where anyone on the path can read and reuse it"
+            );
+        });
+    }
     cairn_sdk::CoordinatorClient::connect_with(address, token, tls()).await
 }
 
+/// Whether `address` (HOST:PORT) is on this machine: a loopback (or unspecified) IP, or
+/// `localhost`.
+fn is_loopback(address: &str) -> bool {
+    let host = cairn_sdk::tls::host_of(address);
+    match host.parse::<std::net::IpAddr>() {
+        // 0.0.0.0 and :: dial this machine.
+        Ok(ip) => ip.is_loopback() || ip.is_unspecified(),
+        Err(_) => {
+            let host = host.trim_end_matches('.').to_ascii_lowercase();
+            host == "localhost" || host.ends_with(".localhost")
+        }
+    }
+}
+
+/// The token of `--token-file`: the file's one word.
+fn read_token_file(path: &std::path::Path) -> Result<String, String> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| format!("--token-file {}: {e}", path.display()))?;
+    let token = text.trim();
+    if token.is_empty() {
+        return Err(format!(
+            "--token-file {}: the file holds no token",
+            path.display()
+        ));
+    }
+    if token.split_whitespace().nth(1).is_some() {
+        return Err(format!(
+            "--token-file {}: the file must hold one token (it holds several words)",
+            path.display()
+        ));
+    }
+    Ok(token.to_owned())
+}
+
 fn main() -> ExitCode {
-    let cli: Cli = match cli::parse_or_exit() {
+    let mut cli: Cli = match cli::parse_or_exit() {
         Ok(cli) => cli,
         Err(code) => return code,
     };
@@ -178,6 +235,12 @@ fn main() -> ExitCode {
                 let _ = TLS.set(tls);
             }
             Err(e) => return cli::usage_error(e),
+        }
+        if let Some(path) = &cli.token_file {
+            match read_token_file(path) {
+                Ok(token) => cli.token = Some(token),
+                Err(e) => return cli::usage_error(e),
+            }
         }
     }
     cli::init_logging(
@@ -278,5 +341,59 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             dir,
             insecure,
         } => cluster::demo(nodes, workload, listen, dir, insecure).await,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn loopback_addresses() {
+        for address in [
+            "127.0.0.1:7000",
+            "[::1]:7000",
+            "localhost:7000",
+            "LOCALHOST",
+            "a.localhost:1",
+            "0.0.0.0:7000",
+        ] {
+            assert!(is_loopback(address), "{address}");
+        }
+        for address in ["10.0.0.5:7000", "coordinator:7000", "[2001:db8::1]:7000"] {
+            assert!(!is_loopback(address), "{address}");
+        }
+    }
+
+    #[test]
+    fn a_token_file_holds_one_token() {
+        let dir = std::env::temp_dir().join(format!("cairnctl-token-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("token");
+        std::fs::write(&file, "  5f0ce1\n").unwrap();
+        assert_eq!(read_token_file(&file).unwrap(), "5f0ce1");
+        std::fs::write(&file, "\n \n").unwrap();
+        assert!(
+            read_token_file(&file)
+                .unwrap_err()
+                .contains("holds no token")
+        );
+        std::fs::write(&file, "a b\n").unwrap();
+        assert!(read_token_file(&file).unwrap_err().contains("one token"));
+        assert!(
+            read_token_file(&dir.join("missing"))
+                .unwrap_err()
+                .contains("--token-file")
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn token_and_token_file_conflict() {
+        let e = Cli::try_parse_from(["cairnctl", "--token", "t", "--token-file", "f", "nodes"])
+            .unwrap_err();
+        assert_eq!(e.kind(), clap::error::ErrorKind::ArgumentConflict);
+        let cli = Cli::try_parse_from(["cairnctl", "--token-file", "f", "nodes"]).unwrap();
+        assert_eq!(cli.token_file.as_deref(), Some(std::path::Path::new("f")));
     }
 }
