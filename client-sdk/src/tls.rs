@@ -26,7 +26,7 @@ use rustls::{CertificateError, RootCertStore};
 use tonic::transport::{Certificate, ClientTlsConfig, Endpoint, Identity};
 
 /// How long a server waits for a TLS handshake before dropping the connection.
-pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Why PEM files could not be used; the text names the flag and the file.
 #[derive(Debug, Clone, thiserror::Error)]

@@ -5,7 +5,9 @@
 //! coordinator's port and a peer port with the reason in the server's metric and log; a
 //! client that dials node X refuses another node's certificate; cairnctl says a server's
 //! certificate has expired; a daemon whose own certificate is expired, not yet valid or
-//! of another CA does not start (exit 64, one line naming the flag, the file and why).
+//! of another CA does not start (exit 64, one line naming the flag, the file and why);
+//! idle connections that never start a handshake cannot use up a TLS port (at most 16 in
+//! flight from one address and 256 on the port; the rest closed at once as `busy`).
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -610,6 +612,156 @@ async fn expired_early_and_foreign_certificates_are_refused_saying_which() {
     drop(cluster);
     let _ = std::fs::remove_dir_all(&certs);
     let _ = std::fs::remove_dir_all(&other);
+}
+
+/// Opens `each` TCP connections to `address` from every address of `sources` (loopback
+/// addresses: all of 127.0.0.0/8 is this machine's) that never send a byte.
+async fn idle_connections(
+    address: &str,
+    sources: &[std::net::IpAddr],
+    each: usize,
+) -> Vec<tokio::net::TcpStream> {
+    let target: std::net::SocketAddr = address.parse().unwrap();
+    let mut held = Vec::new();
+    for source in sources {
+        for _ in 0..each {
+            let socket = tokio::net::TcpSocket::new_v4().unwrap();
+            socket.bind(std::net::SocketAddr::new(*source, 0)).unwrap();
+            held.push(socket.connect(target).await.unwrap());
+        }
+    }
+    held
+}
+
+/// Waits until `metrics` shows no TLS handshake in flight.
+async fn no_handshake_in_flight(cluster: &CoordinatedCluster, metrics: &str) {
+    eventually(
+        "no handshake in flight",
+        Duration::from_secs(20),
+        || async {
+            let n = metric_at(cluster, metrics, "cairn_tls_handshakes_in_flight", None).await;
+            anyhow::ensure!(n == 0.0, "{n} in flight");
+            Ok(())
+        },
+    )
+    .await
+    .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_connections_cannot_exhaust_a_tls_port() {
+    use tokio::io::AsyncReadExt;
+    let certs = temp_dir("idle");
+    certs_init(&certs, 1, &[TLS_TEST_USER_SPEC]).unwrap();
+    let cluster = CoordinatedCluster::start_opts(1, Store::Embedded, &[0], &[], &[], Some(&certs))
+        .await
+        .unwrap();
+    let good = Tls::from_files(
+        &certs.join("ca.pem"),
+        Some((
+            &certs.join(format!("{TLS_TEST_USER}.pem")),
+            &certs.join(format!("{TLS_TEST_USER}-key.pem")),
+        )),
+    )
+    .unwrap();
+    let address = &cluster.coordinator;
+    let metrics = &cluster.coordinator_metrics;
+    let busy = Some("reason=\"busy\"");
+    let refused = "cairn_tls_handshake_refused_total";
+    let in_flight = "cairn_tls_handshakes_in_flight";
+    let sessions = "cairn_node_coordinator_sessions_total";
+    let node_sessions = metric_at(&cluster, &cluster.nodes[0].metrics, sessions, None).await;
+    assert_eq!(metric_at(&cluster, metrics, refused, busy).await, 0.0);
+
+    // 300 connections from one address that never start a handshake: 16 wait for theirs
+    // (at most 5 s), the others are closed at once.
+    let attacker: std::net::IpAddr = "127.0.0.2".parse().unwrap();
+    let held = idle_connections(address, &[attacker], 300).await;
+    let mut one_more = idle_connections(address, &[attacker], 1).await.remove(0);
+    let mut byte = [0u8; 1];
+    let closed = tokio::time::timeout(Duration::from_secs(3), one_more.read(&mut byte))
+        .await
+        .expect("a connection beyond the bound is closed at once");
+    assert!(matches!(closed, Ok(0) | Err(_)), "{closed:?}");
+    eventually(
+        "the busy refusals counted",
+        Duration::from_secs(20),
+        || async {
+            let n = metric_at(&cluster, metrics, refused, busy).await;
+            anyhow::ensure!(n >= 285.0, "{n} counted");
+            Ok(())
+        },
+    )
+    .await
+    .unwrap();
+    let n = metric_at(&cluster, metrics, in_flight, None).await;
+    assert!(n <= 16.0, "{n} handshakes in flight");
+
+    // A client from elsewhere is served at once meanwhile.
+    let started = std::time::Instant::now();
+    call(address, true, &good, None).await.unwrap();
+    assert!(
+        started.elapsed() < Duration::from_secs(3),
+        "served in {:?}",
+        started.elapsed()
+    );
+    let log = log_of(&cluster, "coordinator");
+    assert_eq!(
+        log.matches("refused a TLS connection from 127.0.0.2: 16 TLS handshakes from this address")
+            .count(),
+        1,
+        "logged once:\n{log}"
+    );
+    drop(held);
+    drop(one_more);
+    no_handshake_in_flight(&cluster, metrics).await;
+
+    // From many addresses (16 each, within the bound per address), 272 connections fill
+    // the port's 256 places: the other 16 are closed at once.
+    let before = metric_at(&cluster, metrics, refused, busy).await;
+    let sources: Vec<std::net::IpAddr> = (10..27)
+        .map(|i| std::net::Ipv4Addr::new(127, 0, 0, i).into())
+        .collect();
+    let held = idle_connections(address, &sources, 16).await;
+    eventually(
+        "the port's bound reached",
+        Duration::from_secs(20),
+        || async {
+            let n = metric_at(&cluster, metrics, refused, busy).await;
+            anyhow::ensure!(n >= before + 16.0, "{} more counted", n - before);
+            Ok(())
+        },
+    )
+    .await
+    .unwrap();
+    let n = metric_at(&cluster, metrics, in_flight, None).await;
+    assert!(n <= 256.0, "{n} handshakes in flight");
+    drop(held);
+    no_handshake_in_flight(&cluster, metrics).await;
+
+    // Everything as before: served, the node still registered on the session it had.
+    call(address, true, &good, None).await.unwrap();
+    let nodes = cluster
+        .client()
+        .await
+        .unwrap()
+        .list_nodes(pb::ListNodesRequest {})
+        .await
+        .unwrap()
+        .into_inner()
+        .nodes;
+    assert!(
+        nodes.iter().any(|n| n.node_id == "n1" && n.connected),
+        "{nodes:?}"
+    );
+    assert_eq!(
+        metric_at(&cluster, &cluster.nodes[0].metrics, sessions, None).await,
+        node_sessions,
+        "the node's coordinator session stayed up"
+    );
+
+    drop(cluster);
+    let _ = std::fs::remove_dir_all(&certs);
 }
 
 #[test]
