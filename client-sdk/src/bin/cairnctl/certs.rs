@@ -45,7 +45,7 @@ pub(crate) enum CertsCommand {
         users: Vec<String>,
         /// More DNS names or IP addresses for the coordinator's certificate (the host names
         /// clients dial, e.g. a Kubernetes Service's), comma-separated or repeated. Nodes need
-        /// none: daemons check a peer's certificate for DNS:<node-id> whatever address they
+        /// none: daemons check a peer's certificate for DNS:NODE-ID whatever address they
         /// dial, and the coordinator's for DNS:coordinator.
         #[arg(long, value_delimiter = ',')]
         san: Vec<String>,
