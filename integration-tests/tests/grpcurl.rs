@@ -8,7 +8,7 @@ use std::time::Duration;
 use cairn_integration_tests::etcd::Etcd;
 use cairn_integration_tests::processes::{ChildGuard, binary, eventually};
 
-/// grpcurl with `flags` (`-plaintext` for a bank; the CA, a certificate and the token for
+/// grpcurl with `flags` (the CA and a certificate for a bank; those and the token for
 /// the coordinator and the daemons).
 fn grpcurl(flags: &[String], args: &[&str]) -> anyhow::Result<String> {
     let out = Command::new("grpcurl")
@@ -72,7 +72,8 @@ async fn grpcurl_drives_a_cluster_up_on_etcd_and_etcdctl_reads_the_snapshot() {
         "-H".into(),
         format!("authorization: Bearer {}", token.trim()),
     ];
-    let plaintext = vec!["-plaintext".to_owned()];
+    // A bank serves mutual TLS too (any certificate of the CA; it takes no token).
+    let bank_tls: Vec<String> = tls[..6].to_vec();
     eventually(
         "three nodes registered",
         Duration::from_secs(30),
@@ -85,7 +86,7 @@ async fn grpcurl_drives_a_cluster_up_on_etcd_and_etcdctl_reads_the_snapshot() {
     .await
     .unwrap();
     eventually("bank answers", Duration::from_secs(30), || async {
-        grpcurl(&plaintext, &[&bank, "cairn.bank.v1.Bank/GetBalance"]).map(|_| ())
+        grpcurl(&bank_tls, &[&bank, "cairn.bank.v1.Bank/GetBalance"]).map(|_| ())
     })
     .await
     .unwrap();
@@ -105,7 +106,7 @@ async fn grpcurl_drives_a_cluster_up_on_etcd_and_etcdctl_reads_the_snapshot() {
     assert!(services.contains("cairn.v1.Coordinator"), "{services}");
     assert!(services.contains("grpc.health.v1.Health"), "{services}");
     let transfer = grpcurl(
-        &plaintext,
+        &bank_tls,
         &[
             "-d",
             r#"{"to":"n2","amount":5}"#,
