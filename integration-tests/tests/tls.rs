@@ -1,7 +1,6 @@
-//! Mutual TLS on the coordinator's port and the daemons' peer/NodeAdmin ports (issue 15
-//! item 1, those ports; item 4's `cairnctl certs init`), on real processes: certificates
-//! from `cairnctl certs init`, a coordinator and three daemons with `--tls-*`, snapshots in
-//! every mode with banks running; plaintext clients, clients without a certificate and
+//! Mutual TLS on every port (issue 15 item 1; item 4's `cairnctl certs init`), on real
+//! processes: certificates from `cairnctl certs init`, a coordinator and three daemons with
+//! `--tls-*`, snapshots in every mode with banks running and a restore; plaintext clients, clients without a certificate and
 //! clients with a certificate of another CA refused on both kinds of port; bad PEM flags
 //! refused at start with exit 64; cairnctl and grpcurl with the TLS flags. The other ports
 //! of a TLS daemon: the application port (only the node's own certificate may attach), the
@@ -129,6 +128,19 @@ async fn a_tls_cluster_snapshots_in_every_mode_and_refuses_other_clients() {
             .await
             .unwrap_or_else(|e| panic!("{mode:?}: {e}"));
         assert_completed(&snapshot, cluster.total());
+    }
+
+    // And a restore, over TLS end to end: each daemon fetches its part with its own node
+    // certificate, each bank applies it over the TLS application port.
+    {
+        use cairn_integration_tests::restore::{assert_restored, restore, snapshot, wait_restore};
+        cluster.set_workload(0.0).await.unwrap();
+        let taken = snapshot(&cluster, pb::SnapshotMode::Unaligned).await;
+        let id = taken.plan.as_ref().unwrap().snapshot_id;
+        let op = restore(&cluster, id).await.unwrap();
+        let op = wait_restore(&cluster, &op.restore_id).await;
+        assert!(op.done, "{:?}", op.failure);
+        assert_restored(&cluster, &taken).await;
     }
 
     let ca = certs.join("ca.pem");
