@@ -263,7 +263,13 @@ pub async fn run(
     health
         .set_serving::<pb::bank_server::BankServer<BankService>>()
         .await;
-    let server = limits::server(BANK_STREAMS)
+    let server = limits::server(BANK_STREAMS);
+    // On TLS connections, the roles of cairn's table: GetBalance for a viewer's
+    // certificate, Transfer and SetWorkload for an operator's (a node's certificate has no
+    // role); plaintext connections are let through (no TLS, no identity).
+    #[cfg(feature = "cli")]
+    let server = server.layer(crate::cli::auth::Auth::open().layer(session.cluster()));
+    let server = server
         .layer(limits::MessageLimits::new(limits::CONTROL_MESSAGE))
         .add_service(health_service)
         .add_service(reflection::v1(reflection::BANK)?)

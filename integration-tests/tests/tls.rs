@@ -94,7 +94,7 @@ fn user(dir: &Path, ca: &Path) -> Tls {
 async fn a_tls_cluster_snapshots_in_every_mode_and_refuses_other_clients() {
     let certs = temp_dir("certs");
     let other = temp_dir("other-ca");
-    certs_init(&certs, 3, &[TLS_TEST_USER_SPEC]).unwrap();
+    certs_init(&certs, 3, &[TLS_TEST_USER_SPEC, "watcher:viewer"]).unwrap();
     certs_init(&other, 3, &[TLS_TEST_USER_SPEC]).unwrap();
     // Keys are private to their owner.
     use std::os::unix::fs::PermissionsExt;
@@ -264,6 +264,35 @@ async fn a_tls_cluster_snapshots_in_every_mode_and_refuses_other_clients() {
         }
     };
     bank_call(Some(tester.clone())).await.unwrap();
+    // The bank's API has roles too: a viewer reads, an operator moves money, a node's
+    // certificate (no role) does neither.
+    let transfer = |tls: Tls| {
+        let bank = bank.clone();
+        async move {
+            let channel = endpoint(&bank, Some(&tls))
+                .unwrap()
+                .connect()
+                .await
+                .unwrap();
+            cairn_proto::bank::v1::bank_client::BankClient::new(channel)
+                .transfer(cairn_proto::bank::v1::TransferRequest {
+                    to: "n2".into(),
+                    amount: 1,
+                })
+                .await
+                .map(drop)
+        }
+    };
+    bank_call(Some(node_tls("watcher"))).await.unwrap();
+    let e = transfer(node_tls("watcher")).await.unwrap_err();
+    assert_eq!(e.code(), tonic::Code::PermissionDenied, "{e:?}");
+    assert_eq!(
+        e.message(),
+        "Transfer needs operator; the certificate of watcher is viewer"
+    );
+    let e = transfer(node_tls("n2")).await.unwrap_err();
+    assert_eq!(e.code(), tonic::Code::Unauthenticated, "{e:?}");
+    transfer(tester.clone()).await.unwrap();
     assert_refused("plaintext to a bank", bank_call(None).await);
     assert_refused(
         "another CA's certificate to a bank",

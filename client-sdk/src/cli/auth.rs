@@ -104,6 +104,10 @@ const TABLE: &[(&str, Role)] = &[
     ("/cairn.v1.Coordinator/RestoreSnapshot", Role::Admin),
     ("/cairn.v1.NodeAdmin/InitiateSnapshot", Role::Admin),
     ("/cairn.v1.NodeAdmin/InjectFault", Role::Admin),
+    // The example application's API, on a bank's TLS port.
+    ("/cairn.bank.v1.Bank/GetBalance", Role::Viewer),
+    ("/cairn.bank.v1.Bank/Transfer", Role::Operator),
+    ("/cairn.bank.v1.Bank/SetWorkload", Role::Operator),
 ];
 
 /// The node RPCs: a daemon's own calls, not a person's, bound to the node its certificate
@@ -701,7 +705,8 @@ mod tests {
                 Role(super::Role::Admin),
             ),
             ("/grpc.health.v1.HealthX/Check", Role(super::Role::Admin)),
-            ("/cairn.bank.v1.Bank/Transfer", Role(super::Role::Admin)),
+            ("/cairn.bank.v1.Bank/Transfer", Role(super::Role::Operator)),
+            ("/cairn.bank.v1.Bank/Steal", Role(super::Role::Admin)),
             ("", Role(super::Role::Admin)),
         ] {
             assert_eq!(required(path), want, "{path}");
