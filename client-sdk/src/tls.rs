@@ -14,6 +14,14 @@
 //! again by path (a Kubernetes Secret's `..data` symlink swap is seen), and a new pair that
 //! parses, matches and (for a daemon) is valid now and signed by the CA goes in force for
 //! new handshakes and new connections; connections that are up keep their session.
+//!
+//! A daemon may also be given certificate revocation lists ([`Tls::for_daemon_with_crl`],
+//! `--tls-crl`): its servers then refuse a client certificate that a CRL of the CA revokes
+//! (rustls' `WebPkiClientVerifier::with_crls`). The CRL file is reloaded with the others.
+//! Certificates of issuers no CRL speaks for are let through, and a CRL past its next
+//! update still revokes what it lists (its expiry is not enforced: an out-of-date CRL does
+//! not lock every client out). Clients do not check servers' certificates against a CRL:
+//! tonic's `ClientTlsConfig` takes none.
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, RwLock};
@@ -21,7 +29,9 @@ use std::time::Duration;
 
 use rustls::client::danger::ServerCertVerifier;
 use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
+use rustls::pki_types::{
+    CertificateDer, CertificateRevocationListDer, PrivateKeyDer, ServerName, UnixTime,
+};
 use rustls::{CertificateError, RootCertStore};
 use tonic::transport::{Certificate, ClientTlsConfig, Endpoint, Identity};
 
@@ -51,6 +61,8 @@ pub struct Tls {
 struct Inner {
     ca: PathBuf,
     identity: Option<(PathBuf, PathBuf)>,
+    /// The CRL file (`--tls-crl`), a daemon's only.
+    crl: Option<PathBuf>,
     /// A daemon's: its own certificate must be valid now and signed by the CA, at start
     /// and at every reload.
     check_own: bool,
@@ -65,6 +77,7 @@ impl std::fmt::Debug for Tls {
         f.debug_struct("Tls")
             .field("ca", &self.inner.ca)
             .field("identity", &self.inner.identity)
+            .field("crl", &self.inner.crl)
             .finish_non_exhaustive()
     }
 }
@@ -74,6 +87,7 @@ impl std::fmt::Debug for Tls {
 struct Files {
     ca: Vec<u8>,
     identity: Option<(Vec<u8>, Vec<u8>)>,
+    crl: Option<Vec<u8>>,
 }
 
 /// What the files hold, parsed.
@@ -121,6 +135,28 @@ fn parse_certs(
     Ok(certs)
 }
 
+/// Parses the PEM CRLs of `pem` (from `--tls-crl`'s `path`): one or more
+/// `X509 CRL` blocks.
+fn parse_crls(
+    path: &Path,
+    pem: &[u8],
+) -> Result<Vec<CertificateRevocationListDer<'static>>, TlsError> {
+    let error = |reason: String| TlsError {
+        flag: "--tls-crl",
+        path: path.to_owned(),
+        reason,
+    };
+    let crls = CertificateRevocationListDer::pem_slice_iter(pem)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| error(format!("not a PEM CRL file: {e}")))?;
+    if crls.is_empty() {
+        return Err(error(
+            "holds no PEM certificate revocation list (-----BEGIN X509 CRL-----)".into(),
+        ));
+    }
+    Ok(crls)
+}
+
 fn read(flag: &'static str, path: &Path) -> Result<Vec<u8>, TlsError> {
     std::fs::read(path).map_err(|e| TlsError {
         flag,
@@ -136,7 +172,11 @@ impl Inner {
             None => None,
             Some((cert, key)) => Some((read("--tls-cert", cert)?, read("--tls-key", key)?)),
         };
-        Ok(Files { ca, identity })
+        let crl = match &self.crl {
+            None => None,
+            Some(crl) => Some(read("--tls-crl", crl)?),
+        };
+        Ok(Files { ca, identity, crl })
     }
 
     /// Parses and checks `files`; every error names the flag and the file at fault.
@@ -152,6 +192,10 @@ impl Inner {
             });
         }
         let roots = Arc::new(roots);
+        let crls = match (&self.crl, &files.crl) {
+            (Some(path), Some(pem)) => parse_crls(path, pem)?,
+            _ => Vec::new(),
+        };
         let ca = Certificate::from_pem(&files.ca);
         let (Some((cert_path, key_path)), Some((cert_pem, key_pem))) =
             (&self.identity, &files.identity)
@@ -180,13 +224,51 @@ impl Inner {
                 ..cert_error(String::new())
             })?;
         }
+        if let Some(crl_path) = &self.crl {
+            let crl_error = |reason: String| TlsError {
+                flag: "--tls-crl",
+                path: crl_path.clone(),
+                reason,
+            };
+            // The CRLs' signatures are checked when a certificate of their issuer is: this
+            // process's own (a CRL of the CA's name signed by another key would refuse
+            // every client).
+            match verify_own(&chain, roots.clone(), &crls) {
+                Ok(()) => {}
+                Err(rustls::Error::InvalidCertificate(CertificateError::Revoked)) => {
+                    return Err(crl_error(format!(
+                        "it revokes this process's own certificate (--tls-cert {}); give this \
+                         process a new certificate first",
+                        cert_path.display()
+                    )));
+                }
+                Err(rustls::Error::InvalidCertRevocationList(e)) => {
+                    return Err(crl_error(format!(
+                        "a CRL that names the CA of --tls-ca {} as its issuer cannot be used \
+                         ({e:?}: not signed by that CA's key, or the CA may not sign CRLs)",
+                        self.ca.display()
+                    )));
+                }
+                Err(e) => return Err(crl_error(e.to_string())),
+            }
+        }
         let verifier =
             rustls::server::WebPkiClientVerifier::builder_with_provider(roots, provider())
+                .with_crls(crls)
+                // A certificate of an issuer no CRL speaks for is let through.
+                .allow_unknown_revocation_status()
                 .build()
-                .map_err(|e| TlsError {
-                    flag: "--tls-ca",
-                    path: self.ca.clone(),
-                    reason: e.to_string(),
+                .map_err(|e| match &self.crl {
+                    Some(crl) => TlsError {
+                        flag: "--tls-crl",
+                        path: crl.clone(),
+                        reason: e.to_string(),
+                    },
+                    None => TlsError {
+                        flag: "--tls-ca",
+                        path: self.ca.clone(),
+                        reason: e.to_string(),
+                    },
                 })?;
         let mut server = rustls::ServerConfig::builder_with_provider(provider())
             .with_safe_default_protocol_versions()
@@ -212,6 +294,23 @@ impl Inner {
 /// This process's own certificate (`chain`, leaf first) is valid now and chains to
 /// `roots`; the error says which it is not, with the dates.
 fn check_own(chain: &[CertificateDer<'static>], roots: Arc<RootCertStore>) -> Result<(), String> {
+    match verify_own(chain, roots, &[]) {
+        Ok(()) => Ok(()),
+        Err(rustls::Error::InvalidCertificate(e)) => {
+            Err(format!("the certificate {}", certificate_problem(&e).1))
+        }
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+/// Verifies this process's own certificate (`chain`, leaf first) against `roots` and
+/// `crls` (a certificate of an issuer no CRL speaks for passes), as a server's and, if it
+/// is for client authentication only, as a client's; a name or purpose is not checked.
+fn verify_own(
+    chain: &[CertificateDer<'static>],
+    roots: Arc<RootCertStore>,
+    crls: &[CertificateRevocationListDer<'static>],
+) -> Result<(), rustls::Error> {
     use rustls::Error::InvalidCertificate;
     let now = UnixTime::now();
     let verify = |server: bool| -> Result<(), rustls::Error> {
@@ -220,6 +319,8 @@ fn check_own(chain: &[CertificateDer<'static>], roots: Arc<RootCertStore>) -> Re
                 roots.clone(),
                 provider(),
             )
+            .with_crls(crls.to_vec())
+            .allow_unknown_revocation_status()
             .build()
             .map_err(|e| rustls::Error::General(e.to_string()))?;
             // Any name: the chain and the dates are checked before the name.
@@ -232,6 +333,8 @@ fn check_own(chain: &[CertificateDer<'static>], roots: Arc<RootCertStore>) -> Re
                 roots.clone(),
                 provider(),
             )
+            .with_crls(crls.to_vec())
+            .allow_unknown_revocation_status()
             .build()
             .map_err(|e| rustls::Error::General(e.to_string()))?;
             verifier
@@ -256,20 +359,24 @@ fn check_own(chain: &[CertificateDer<'static>], roots: Arc<RootCertStore>) -> Re
         other => other,
     };
     match result {
-        Ok(()) => Ok(()),
         // A certificate for neither use: its chain and dates were checked.
         Err(e) if purpose(&e) => Ok(()),
-        Err(InvalidCertificate(e)) => Err(format!("the certificate {}", certificate_problem(&e).1)),
-        Err(e) => Err(e.to_string()),
+        other => other,
     }
 }
 
 impl Tls {
-    fn new(ca: &Path, identity: Option<(&Path, &Path)>, check_own: bool) -> Result<Self, TlsError> {
+    fn new(
+        ca: &Path,
+        identity: Option<(&Path, &Path)>,
+        crl: Option<&Path>,
+        check_own: bool,
+    ) -> Result<Self, TlsError> {
         install_crypto_provider();
         let inner = Inner {
             ca: ca.to_owned(),
             identity: identity.map(|(c, k)| (c.to_owned(), k.to_owned())),
+            crl: crl.map(Path::to_owned),
             check_own,
             current: RwLock::new(Arc::new(Loaded {
                 ca: Certificate::from_pem(""),
@@ -292,14 +399,34 @@ impl Tls {
     /// is checked to hold what it should, and the key to be the certificate's; an error
     /// names the flag and the file.
     pub fn from_files(ca: &Path, identity: Option<(&Path, &Path)>) -> Result<Self, TlsError> {
-        Self::new(ca, identity, false)
+        Self::new(ca, identity, None, false)
     }
 
     /// As [`from_files`](Self::from_files) for a daemon's own identity, which must also be
     /// valid now (neither expired nor not yet valid) and signed by the CA, here and at
     /// every [`reload`](Self::reload). The error names the flag, the file and the dates.
     pub fn for_daemon(ca: &Path, cert: &Path, key: &Path) -> Result<Self, TlsError> {
-        Self::new(ca, Some((cert, key)), true)
+        Self::new(ca, Some((cert, key)), None, true)
+    }
+
+    /// As [`for_daemon`](Self::for_daemon), with the certificate revocation lists of `crl`
+    /// (PEM, one or more `X509 CRL` blocks; `--tls-crl`) if given: the server refuses a
+    /// client certificate that a CRL revokes. The file is read again with the others at
+    /// every [`reload`](Self::reload). A CRL that names the CA as its issuer must be
+    /// signed by the CA's key, and none may revoke this process's own certificate; an
+    /// error names `--tls-crl` and the file.
+    pub fn for_daemon_with_crl(
+        ca: &Path,
+        cert: &Path,
+        key: &Path,
+        crl: Option<&Path>,
+    ) -> Result<Self, TlsError> {
+        Self::new(ca, Some((cert, key)), crl, true)
+    }
+
+    /// The CRL file, if any.
+    pub fn crl_path(&self) -> Option<&Path> {
+        self.inner.crl.as_deref()
     }
 
     fn current(&self) -> Arc<Loaded> {
@@ -327,7 +454,8 @@ impl Tls {
     }
 
     /// The server configuration in force now: this identity, ALPN `h2`, client
-    /// certificates required and verified against the CA. `None` without an identity.
+    /// certificates required and verified against the CA (and the CRLs, if any). `None`
+    /// without an identity.
     pub fn server_config(&self) -> Option<Arc<rustls::ServerConfig>> {
         self.current().server.clone()
     }
@@ -385,9 +513,13 @@ impl Tls {
                 *inner.current.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(loaded);
                 match &inner.identity {
                     Some((cert, _)) => tracing::info!(
-                        "--tls-cert {}: reloaded; new connections use it, connections that \
+                        "--tls-cert {}: reloaded{}; new connections use it, connections that \
                          are up keep theirs",
-                        cert.display()
+                        cert.display(),
+                        match &inner.crl {
+                            Some(crl) => format!(" (and --tls-crl {})", crl.display()),
+                            None => String::new(),
+                        }
                     ),
                     None => tracing::info!("--tls-ca {}: reloaded", inner.ca.display()),
                 }
@@ -513,7 +645,10 @@ pub fn certificate_problem(error: &CertificateError) -> (&'static str, String) {
             "wrong_purpose",
             "is not for this use (its extended key usage)".into(),
         ),
-        Revoked => ("revoked", "is revoked".into()),
+        Revoked => (
+            "revoked",
+            "has been revoked (a CRL of the CA lists it)".into(),
+        ),
         other => ("bad_certificate", format!("is refused: {other}")),
     }
 }
@@ -573,6 +708,7 @@ pub fn explain(error: &(dyn std::error::Error + 'static)) -> Option<String> {
         (A::BadCertificate, "BadCertificate"),
         (A::UnsupportedCertificate, "UnsupportedCertificate"),
         (A::DecryptError, "DecryptError"),
+        (A::CertificateRevoked, "CertificateRevoked"),
     ] {
         if text.contains(&format!("received fatal alert: {name}")) {
             return Some(refused_by_server(alert));
@@ -602,6 +738,11 @@ fn refused_by_server(alert: rustls::AlertDescription) -> String {
         A::DecryptError => "the server refused this client's certificate: it is not signed \
                             by the server's CA (bad signature)"
             .into(),
+        A::CertificateRevoked => {
+            "the server refused this client's certificate: it has been revoked (a CRL of the \
+             CA lists it)"
+                .into()
+        }
         other => format!("the server refused the TLS handshake ({other:?})"),
     }
 }

@@ -1,5 +1,5 @@
-//! The TLS flags every daemon takes (`--tls-cert`, `--tls-key`, `--tls-ca` and their
-//! `CAIRN_TLS_*` variables), read into a [`Tls`] at start (the warning
+//! The TLS flags every daemon takes (`--tls-cert`, `--tls-key`, `--tls-ca`, the optional
+//! `--tls-crl`, and their `CAIRN_TLS_*` variables), read into a [`Tls`] at start (the warning
 //! a daemon logs without them is [`Auth::start`](super::auth::Auth::start)'s). The configurations themselves are
 //! built in [`crate::tls`].
 //!
@@ -32,7 +32,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::tls::{HANDSHAKE_TIMEOUT, Reload, Tls, certificate_problem};
 
-/// `--tls-cert`, `--tls-key`, `--tls-ca`: all three or none.
+/// `--tls-cert`, `--tls-key`, `--tls-ca`: all three or none; `--tls-crl` with them.
 #[derive(Debug, Clone, Default, clap::Args)]
 #[command(next_help_heading = "TLS")]
 pub struct TlsArgs {
@@ -54,17 +54,32 @@ pub struct TlsArgs {
     /// The CA (PEM) that peers', the coordinator's and clients' certificates must chain to.
     #[arg(long, global = true, env = "CAIRN_TLS_CA")]
     pub tls_ca: Option<PathBuf>,
+    /// Certificate revocation lists (PEM, one or more X509 CRL blocks, e.g. of `openssl ca
+    /// -gencrl`) of the --tls-ca CA. Daemons (with the three other flags): their ports
+    /// refuse a client certificate a CRL revokes (reason `revoked`); the file is re-read with
+    /// the others (a bad new one is logged and the old kept), so a revocation applies to new
+    /// connections within a second; connections that are up stay up. A CRL past its next
+    /// update still applies; certificates of issuers no CRL speaks for are let through.
+    /// Clients do not check servers' certificates against it (cairnctl ignores it).
+    #[arg(long, global = true, env = "CAIRN_TLS_CRL")]
+    pub tls_crl: Option<PathBuf>,
 }
 
 impl TlsArgs {
-    /// A daemon's TLS: `None` without any flag; all three read and checked with all
-    /// three; otherwise an error naming the missing flag (or the flag and file at fault).
+    /// A daemon's TLS: `None` without any flag; all three (and --tls-crl if given) read
+    /// and checked with all three; otherwise an error naming the missing flag (or the flag
+    /// and file at fault).
     pub fn load_daemon(&self) -> Result<Option<Tls>, String> {
         match (&self.tls_cert, &self.tls_key, &self.tls_ca) {
+            (None, None, None) if self.tls_crl.is_some() => {
+                Err("--tls-crl needs --tls-cert, --tls-key and --tls-ca".into())
+            }
             (None, None, None) => Ok(None),
-            (Some(cert), Some(key), Some(ca)) => Tls::for_daemon(ca, cert, key)
-                .map(Some)
-                .map_err(|e| e.to_string()),
+            (Some(cert), Some(key), Some(ca)) => {
+                Tls::for_daemon_with_crl(ca, cert, key, self.tls_crl.as_deref())
+                    .map(Some)
+                    .map_err(|e| e.to_string())
+            }
             _ => Err(format!(
                 "TLS needs --tls-cert, --tls-key and --tls-ca together; {} missing",
                 self.missing().join(", ")
@@ -73,7 +88,8 @@ impl TlsArgs {
     }
 
     /// A client's TLS (cairnctl): `None` without any flag; with --tls-ca, the CA and, if
-    /// given, the identity of --tls-cert and --tls-key (both or neither).
+    /// given, the identity of --tls-cert and --tls-key (both or neither). --tls-crl is not
+    /// read: a client does not check the server's certificate against CRLs.
     pub fn load_client(&self) -> Result<Option<Tls>, String> {
         match (&self.tls_cert, &self.tls_key, &self.tls_ca) {
             (None, None, None) => Ok(None),
@@ -133,7 +149,7 @@ impl TlsMetrics {
         registry.register(
             "cairn_tls_handshake_refused",
             "TLS handshakes refused, by reason (expired, not_yet_valid, unknown_issuer, \
-             no_certificate, plaintext, timeout, busy, ...)",
+             revoked, no_certificate, plaintext, timeout, busy, ...)",
             self.refused.clone(),
         );
         registry.register(
@@ -143,7 +159,7 @@ impl TlsMetrics {
         );
         registry.register(
             "cairn_tls_reloads",
-            "Times new --tls-cert/--tls-key/--tls-ca files went in force",
+            "Times new --tls-cert/--tls-key/--tls-ca/--tls-crl files went in force",
             self.reloads.clone(),
         );
     }
@@ -193,7 +209,7 @@ pub fn watch(tls: &Tls, metrics: &TlsMetrics, stop: CancellationToken) {
                     if got.is_none() {
                         return;
                     }
-                    tracing::info!("SIGHUP: reloading --tls-cert, --tls-key and --tls-ca");
+                    tracing::info!("SIGHUP: reloading the --tls-* files");
                     reload(true);
                 }
             }
@@ -226,6 +242,12 @@ impl Refusal {
                 let (reason, words) = certificate_problem(e);
                 Self::new(reason, format!("the client's certificate {words}"))
             }
+            Some(rustls::Error::InvalidCertRevocationList(e)) => Self::new(
+                "bad_crl",
+                format!(
+                    "a --tls-crl CRL could not be used to check the client's certificate: {e:?}"
+                ),
+            ),
             Some(rustls::Error::NoCertificatesPresented) => {
                 Self::new("no_certificate", "the client presented no certificate")
             }
@@ -684,5 +706,11 @@ mod tests {
         };
         let e = args.load_daemon().unwrap_err();
         assert!(e.contains("--tls-key, --tls-ca missing"), "{e}");
+        let args = TlsArgs {
+            tls_crl: Some("crl.pem".into()),
+            ..Default::default()
+        };
+        let e = args.load_daemon().unwrap_err();
+        assert_eq!(e, "--tls-crl needs --tls-cert, --tls-key and --tls-ca");
     }
 }
