@@ -74,6 +74,10 @@ fn main() -> ExitCode {
             Err(code) => return code,
         };
         let shutdown = cli::shutdown_on_signal();
+        // The certificate, key, CA and CRL are re-read when they change, as the daemons do.
+        if let Some(tls) = &tls {
+            cli::tls::watch(tls, &cli::tls::TlsMetrics::default(), shutdown.clone());
+        }
         let config = BankConfig {
             node_address: args.node,
             initial_balance: args.initial_balance,
