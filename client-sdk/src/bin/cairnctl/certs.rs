@@ -33,7 +33,7 @@ pub(crate) enum CertsCommand {
     /// IP:127.0.0.1 and each --san), each user (USER.pem, USER-key.pem: client auth only;
     /// URI:cairn://CLUSTER/ROLE/USER, which gives the user that role on the coordinator and
     /// NodeAdmin) and each --server (SERVER.pem: DNS:SERVER, DNS:localhost, IP:127.0.0.1, no
-    /// cairn identity). Keys are P-256 and written 0600. Existing files are kept unless
+    /// cairn identity). Keys are P-256 and written 0600. Existing files are an error unless
     /// --force.
     Init {
         /// The cluster's name (in every identity: a certificate of another cluster is
