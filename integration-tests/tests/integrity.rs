@@ -480,6 +480,7 @@ async fn lost_metadata_never_reuses_a_snapshot_id_and_the_store_is_locked() {
     let said = std::fs::read_to_string(&log).unwrap();
     assert!(exited.is_ok(), "{said}");
     assert!(said.contains("in use by another coordinator"), "{said}");
+    assert!(said.contains("need etcd (--etcd)"), "{said}");
 
     for file in ["metadata.json", "metadata.log", "metadata.lock"] {
         std::fs::remove_file(cluster.data_dir().join(file)).unwrap();

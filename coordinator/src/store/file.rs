@@ -93,7 +93,8 @@ fn lock_store(path: &Path) -> Result<std::fs::File, StoreError> {
             let holder = std::fs::read_to_string(path).unwrap_or_default();
             return Err(StoreError(format!(
                 "the embedded store is in use by another coordinator (pid {}; lock {}): \
-                 the embedded store serves one coordinator at a time",
+                 the embedded store serves one coordinator at a time; several coordinators \
+                 need etcd (--etcd)",
                 holder.trim(),
                 path.display()
             )));
