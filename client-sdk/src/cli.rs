@@ -100,3 +100,46 @@ pub fn shutdown_on_signal() -> CancellationToken {
     });
     token
 }
+
+/// Calls `reload(false)` every second and `reload(true)` on each SIGHUP, until `stop`: how
+/// the daemons re-read the files they were given (`what` names them in the log, e.g.
+/// `--auth-tokens`). `reload` compares what it reads with what is in force itself.
+pub fn watch_files(
+    what: &'static str,
+    reload: impl Fn(bool) + Clone + Send + Sync + 'static,
+    stop: CancellationToken,
+) {
+    let poll = reload.clone();
+    let poll_stop = stop.clone();
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(std::time::Duration::from_secs(1));
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        // The first tick is immediate: the files were just read.
+        tick.tick().await;
+        loop {
+            tokio::select! {
+                _ = poll_stop.cancelled() => return,
+                _ = tick.tick() => poll(false),
+            }
+        }
+    });
+    tokio::spawn(async move {
+        use tokio::signal::unix::{SignalKind, signal};
+        let Ok(mut hup) = signal(SignalKind::hangup()) else {
+            tracing::warn!("cannot install a SIGHUP handler; {what} is still polled");
+            return;
+        };
+        loop {
+            tokio::select! {
+                _ = stop.cancelled() => return,
+                got = hup.recv() => {
+                    if got.is_none() {
+                        return;
+                    }
+                    tracing::info!("SIGHUP: reloading {what}");
+                    reload(true);
+                }
+            }
+        }
+    });
+}

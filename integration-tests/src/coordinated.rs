@@ -509,6 +509,25 @@ impl CoordinatedCluster {
         .await
     }
 
+    /// Everything the process `name` (`coordinator` or a node id) has logged so far, over
+    /// its restarts.
+    pub fn log_of(&self, name: &str) -> String {
+        let prefix = match name {
+            "coordinator" => "coordinator-".to_owned(),
+            node => format!("{node}-node-"),
+        };
+        let mut text = String::new();
+        if let Ok(entries) = std::fs::read_dir(self.logs()) {
+            for path in entries.flatten().map(|e| e.path()) {
+                let file = path.file_name().unwrap_or_default().to_string_lossy();
+                if file.starts_with(&prefix) {
+                    text.push_str(&std::fs::read_to_string(&path).unwrap_or_default());
+                }
+            }
+        }
+        text
+    }
+
     /// A client of node `i`'s bank.
     pub async fn bank(
         &self,

@@ -27,3 +27,4 @@ pub mod processes;
 pub mod proxy;
 pub mod restore;
 pub mod sim;
+pub mod tls_support;

@@ -17,20 +17,11 @@ use std::time::{Duration, Instant};
 use cairn_integration_tests::coordinated::{CoordinatedCluster, Store, assert_completed};
 use cairn_integration_tests::etcd::{Etcd, EtcdTlsFiles};
 use cairn_integration_tests::processes::{binary, free_port};
+use cairn_integration_tests::tls_support;
 use cairn_proto::v1 as pb;
 
 const ROOT: &str = "root:root-secret";
 const CAIRN_PASSWORD: &str = "cairn-secret";
-
-fn temp_dir(what: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!(
-        "cairn-etcd-tls-{what}-{}-{}",
-        std::process::id(),
-        free_port()
-    ));
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
-}
 
 /// `cairnctl certs init` into `dir`: a CA, the node certificate `etcd` (server and
 /// client), the user certificates `cairn` and `stranger`.
@@ -64,7 +55,7 @@ struct Fixture {
 
 impl Fixture {
     async fn start() -> Self {
-        let base = temp_dir("fixture");
+        let base = tls_support::temp_dir("etcd-tls", "fixture");
         let (certs, other) = (base.join("certs"), base.join("other"));
         certs_init(&certs);
         certs_init(&other);
@@ -125,7 +116,7 @@ impl Fixture {
 /// Runs a coordinator with `--etcd <endpoint>` and `args` until it exits (killed by pid
 /// after 30 s, failing the test): its exit code, its stderr and how long it ran.
 async fn run_to_exit(endpoint: &str, args: &[String]) -> (Option<i32>, String, Duration) {
-    let data = temp_dir("data");
+    let data = tls_support::temp_dir("etcd-tls", "data");
     let mut command = tokio::process::Command::new(binary("cairn-coordinator").unwrap());
     command
         .args(["--listen", &format!("127.0.0.1:{}", free_port())])
@@ -298,7 +289,7 @@ async fn wrong_credentials_are_a_clear_start_up_error() {
     .await;
 
     // Flag misuse is a usage error (64) before anything is dialled.
-    let garbage = temp_dir("garbage").join("ca.pem");
+    let garbage = tls_support::temp_dir("etcd-tls", "garbage").join("ca.pem");
     std::fs::write(&garbage, "not a certificate").unwrap();
     let (code, stderr, _) = run_to_exit(
         &fixture.etcd.endpoint,

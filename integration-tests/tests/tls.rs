@@ -6,7 +6,7 @@
 //! of a TLS daemon: the application port (only the node's own certificate may attach), the
 //! bank's port and the /metrics endpoints refuse plaintext and other CAs.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
@@ -15,18 +15,9 @@ use cairn_integration_tests::coordinated::{
     scrape, scrape_with,
 };
 use cairn_integration_tests::processes::{binary, free_port};
+use cairn_integration_tests::tls_support;
 use cairn_proto::v1 as pb;
 use cairn_sdk::tls::{Tls, endpoint};
-
-fn temp_dir(what: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!(
-        "cairn-tls-{what}-{}-{}",
-        std::process::id(),
-        free_port()
-    ));
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
-}
 
 /// Calls ListNodes on the coordinator at `address` with `tls` (`None`: plaintext): `Ok` if
 /// it was served.
@@ -92,8 +83,8 @@ fn user(dir: &Path, ca: &Path) -> Tls {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tls_cluster_snapshots_in_every_mode_and_refuses_other_clients() {
-    let certs = temp_dir("certs");
-    let other = temp_dir("other-ca");
+    let certs = tls_support::temp_dir("tls", "certs");
+    let other = tls_support::temp_dir("tls", "other-ca");
     certs_init(&certs, 3, &[TLS_TEST_USER_SPEC, "watcher:viewer"]).unwrap();
     certs_init(&other, 3, &[TLS_TEST_USER_SPEC]).unwrap();
     // Keys are private to their owner.
@@ -369,7 +360,7 @@ async fn a_tls_cluster_snapshots_in_every_mode_and_refuses_other_clients() {
 
 #[test]
 fn bad_tls_flags_exit_64_naming_the_flag() {
-    let dir = temp_dir("bad");
+    let dir = tls_support::temp_dir("tls", "bad");
     let mut init = Command::new(binary("cairnctl").unwrap());
     init.args(["certs", "init", "--nodes", "n1", "--dir"])
         .arg(&dir);
@@ -460,7 +451,7 @@ fn bad_tls_flags_exit_64_naming_the_flag() {
 async fn a_node_certificate_cannot_answer_as_the_coordinator() {
     use cairn_integration_tests::coordinated::tls_args;
     use cairn_integration_tests::processes::{ChildGuard, eventually};
-    let dir = temp_dir("impostor");
+    let dir = tls_support::temp_dir("tls", "impostor");
     certs_init(&dir, 2, &[]).unwrap();
     let coordinator = format!("127.0.0.1:{}", free_port());
     let mut command = Command::new(binary("cairn-coordinator").unwrap());

@@ -9,7 +9,7 @@
 //! idle connections that never start a handshake cannot use up a TLS port (at most 16 in
 //! flight from one address and 256 on the port; the rest closed at once as `busy`).
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -19,48 +19,15 @@ use cairn_integration_tests::coordinated::{
     tls_args,
 };
 use cairn_integration_tests::processes::{binary, eventually, free_port};
+use cairn_integration_tests::tls_support;
 use cairn_proto::v1 as pb;
 use cairn_sdk::tls::{Tls, endpoint, endpoint_for};
 use rcgen::{CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair, SanType};
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
 
-fn temp_dir(what: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!(
-        "cairn-tls-life-{what}-{}-{}",
-        std::process::id(),
-        free_port()
-    ));
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
-}
-
 fn der_of(pem: &[u8]) -> CertificateDer<'static> {
     CertificateDer::from_pem_slice(pem).unwrap()
-}
-
-/// The CA of `dir` (`ca.pem`, `ca-key.pem` of `cairnctl certs init`) as an issuer: a
-/// leaf it signs names the CA's subject and verifies with the CA's key.
-fn ca_issuer(dir: &Path) -> Issuer<'static, KeyPair> {
-    let ca_pem = std::fs::read(dir.join("ca.pem")).unwrap();
-    let der = der_of(&ca_pem);
-    let (_, ca) = x509_parser::parse_x509_certificate(&der).unwrap();
-    let cn = ca
-        .subject()
-        .iter_common_name()
-        .next()
-        .and_then(|cn| cn.as_str().ok())
-        .unwrap()
-        .to_owned();
-    let mut params = CertificateParams::default();
-    params.distinguished_name.push(DnType::CommonName, cn);
-    params.is_ca = IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
-    params.key_usages = vec![
-        rcgen::KeyUsagePurpose::KeyCertSign,
-        rcgen::KeyUsagePurpose::CrlSign,
-    ];
-    let key = KeyPair::from_pem(&std::fs::read_to_string(dir.join("ca-key.pem")).unwrap()).unwrap();
-    Issuer::new(params, key)
 }
 
 /// A new certificate and key like `template`'s (its common name, SANs and extended key
@@ -146,27 +113,13 @@ fn replace(path: &Path, text: &str, secret: bool) {
     std::fs::rename(&tmp, path).unwrap();
 }
 
-/// The sum of the samples of `name` (any labels; `label` if given must be among them)
-/// in Prometheus text.
-fn metric(text: &str, name: &str, label: Option<&str>) -> f64 {
-    text.lines()
-        .filter(|l| !l.starts_with('#'))
-        .filter(|l| {
-            l.strip_prefix(name)
-                .is_some_and(|rest| rest.starts_with(' ') || rest.starts_with('{'))
-        })
-        .filter(|l| label.is_none_or(|label| l.contains(label)))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
-}
-
 async fn metric_at(
     cluster: &CoordinatedCluster,
     address: &str,
     name: &str,
     label: Option<&str>,
 ) -> f64 {
-    metric(&cluster.scrape(address).await.unwrap(), name, label)
+    tls_support::metric(&cluster.scrape(address).await.unwrap(), name, label)
 }
 
 /// The certificate a new TLS connection to `address` is served, as a client presenting
@@ -199,23 +152,6 @@ async fn served_certificate(address: &str, dir: &Path) -> CertificateDer<'static
     session.peer_certificates().unwrap()[0].clone()
 }
 
-/// The log of the daemon `name` ("coordinator" or a node id) of `cluster`.
-fn log_of(cluster: &CoordinatedCluster, name: &str) -> String {
-    let prefix = match name {
-        "coordinator" => "coordinator-".to_owned(),
-        node => format!("{node}-node-"),
-    };
-    let mut text = String::new();
-    for entry in std::fs::read_dir(cluster.logs()).unwrap() {
-        let path = entry.unwrap().path();
-        let file = path.file_name().unwrap().to_string_lossy().into_owned();
-        if file.starts_with(&prefix) {
-            text.push_str(&std::fs::read_to_string(&path).unwrap_or_default());
-        }
-    }
-    text
-}
-
 fn request(mode: pb::SnapshotMode) -> pb::StartSnapshotRequest {
     pb::StartSnapshotRequest {
         mode: mode as i32,
@@ -226,7 +162,7 @@ fn request(mode: pb::SnapshotMode) -> pb::StartSnapshotRequest {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rotating_certificates_under_load_keeps_channels_up_and_serves_the_new_ones() {
-    let certs = temp_dir("rotate");
+    let certs = tls_support::temp_dir("tls-life", "rotate");
     certs_init(&certs, 3, &[TLS_TEST_USER_SPEC]).unwrap();
     let cluster = CoordinatedCluster::start_opts(3, Store::Embedded, &[], &[], &[], Some(&certs))
         .await
@@ -241,10 +177,10 @@ async fn rotating_certificates_under_load_keeps_channels_up_and_serves_the_new_o
     let mut before = Vec::new();
     for node in &cluster.nodes {
         let text = cluster.scrape(&node.metrics).await.unwrap();
-        let sessions = metric(&text, "cairn_node_coordinator_sessions_total", None);
+        let sessions = tls_support::metric(&text, "cairn_node_coordinator_sessions_total", None);
         assert!(sessions >= 1.0, "{}: {sessions}", node.id);
         before.push((
-            metric(&text, "cairn_node_channel_reconnects_total", None),
+            tls_support::metric(&text, "cairn_node_channel_reconnects_total", None),
             sessions,
         ));
     }
@@ -271,7 +207,7 @@ async fn rotating_certificates_under_load_keeps_channels_up_and_serves_the_new_o
         .start_snapshot(request(pb::SnapshotMode::Unaligned))
         .await
         .unwrap();
-    let issuer = ca_issuer(&certs);
+    let issuer = tls_support::ca_issuer(&certs).unwrap();
     let mut new = Vec::new();
     for (name, _, _) in &daemons {
         let cert_path = certs.join(format!("{name}.pem"));
@@ -316,13 +252,13 @@ async fn rotating_certificates_under_load_keeps_channels_up_and_serves_the_new_o
     for (node, (reconnects, sessions)) in cluster.nodes.iter().zip(&before) {
         let text = cluster.scrape(&node.metrics).await.unwrap();
         assert_eq!(
-            metric(&text, "cairn_node_channel_reconnects_total", None),
+            tls_support::metric(&text, "cairn_node_channel_reconnects_total", None),
             *reconnects,
             "{}: channels reconnected",
             node.id
         );
         assert_eq!(
-            metric(&text, "cairn_node_coordinator_sessions_total", None),
+            tls_support::metric(&text, "cairn_node_coordinator_sessions_total", None),
             *sessions,
             "{}: the coordinator session reconnected",
             node.id
@@ -361,7 +297,7 @@ async fn rotating_certificates_under_load_keeps_channels_up_and_serves_the_new_o
         &format!("{name} logs the bad file"),
         Duration::from_secs(30),
         || async {
-            let log = log_of(&cluster, name);
+            let log = cluster.log_of(name);
             anyhow::ensure!(
                 log.contains("keeping the TLS certificate in force") && log.contains("--tls-cert"),
                 "not logged yet"
@@ -424,15 +360,15 @@ fn describe<E: std::error::Error + 'static>(error: E) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn expired_early_and_foreign_certificates_are_refused_saying_which() {
-    let certs = temp_dir("refuse");
-    let other = temp_dir("refuse-other");
+    let certs = tls_support::temp_dir("tls-life", "refuse");
+    let other = tls_support::temp_dir("tls-life", "refuse-other");
     certs_init(&certs, 1, &[TLS_TEST_USER_SPEC]).unwrap();
     certs_init(&other, 1, &[TLS_TEST_USER_SPEC]).unwrap();
     let cluster = CoordinatedCluster::start_opts(1, Store::Embedded, &[], &[], &[], Some(&certs))
         .await
         .unwrap();
     let ca = certs.join("ca.pem");
-    let issuer = ca_issuer(&certs);
+    let issuer = tls_support::ca_issuer(&certs).unwrap();
     let user = certs.join(format!("{TLS_TEST_USER}.pem"));
     let client = |name: &str, (cert, key): (String, String)| {
         let dir = certs.join(name);
@@ -511,7 +447,7 @@ async fn expired_early_and_foreign_certificates_are_refused_saying_which() {
             )
             .await;
             assert!(count >= 1.0, "{log}: {reason} counted {count}");
-            let text = log_of(&cluster, log);
+            let text = cluster.log_of(log);
             assert!(
                 text.contains(server_says),
                 "{log}: {reason} not logged:\n{text}"
@@ -547,7 +483,7 @@ async fn expired_early_and_foreign_certificates_are_refused_saying_which() {
         let _ = call(address, *coordinator, &expired, None)
             .await
             .unwrap_err();
-        let text = log_of(&cluster, log);
+        let text = cluster.log_of(log);
         assert_eq!(
             text.matches("the client's certificate has expired").count(),
             1,
@@ -651,7 +587,7 @@ async fn no_handshake_in_flight(cluster: &CoordinatedCluster, metrics: &str) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn idle_connections_cannot_exhaust_a_tls_port() {
     use tokio::io::AsyncReadExt;
-    let certs = temp_dir("idle");
+    let certs = tls_support::temp_dir("tls-life", "idle");
     certs_init(&certs, 1, &[TLS_TEST_USER_SPEC]).unwrap();
     let cluster = CoordinatedCluster::start_opts(1, Store::Embedded, &[0], &[], &[], Some(&certs))
         .await
@@ -705,7 +641,7 @@ async fn idle_connections_cannot_exhaust_a_tls_port() {
         "served in {:?}",
         started.elapsed()
     );
-    let log = log_of(&cluster, "coordinator");
+    let log = cluster.log_of("coordinator");
     assert_eq!(
         log.matches("refused a TLS connection from 127.0.0.2: 16 TLS handshakes from this address")
             .count(),
@@ -766,11 +702,11 @@ async fn idle_connections_cannot_exhaust_a_tls_port() {
 
 #[test]
 fn a_daemon_with_an_expired_early_or_foreign_certificate_exits_64_saying_which() {
-    let dir = temp_dir("own");
-    let other = temp_dir("own-other");
+    let dir = tls_support::temp_dir("tls-life", "own");
+    let other = tls_support::temp_dir("tls-life", "own-other");
     certs_init(&dir, 1, &[]).unwrap();
     certs_init(&other, 1, &[]).unwrap();
-    let issuer = ca_issuer(&dir);
+    let issuer = tls_support::ca_issuer(&dir).unwrap();
     for (name, (from, to)) in [
         ("expired", (-2 * 86_400, -86_400)),
         ("early", (86_400, 2 * 86_400)),

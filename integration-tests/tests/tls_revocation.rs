@@ -8,7 +8,7 @@
 //! revokes the daemon's own certificate are start-up errors naming `--tls-crl` and the
 //! file (exit 64), and a bad new CRL at a reload is refused and the old kept.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -16,46 +16,15 @@ use cairn_integration_tests::coordinated::{
     CoordinatedCluster, Store, TLS_TEST_USER_SPEC, certs_init, tls_args,
 };
 use cairn_integration_tests::processes::{binary, eventually, free_port};
+use cairn_integration_tests::tls_support;
 use cairn_proto::v1 as pb;
 use cairn_sdk::tls::{Tls, endpoint};
 use rcgen::{
-    CertificateParams, CertificateRevocationListParams, DnType, IsCa, Issuer, KeyIdMethod, KeyPair,
-    RevocationReason, RevokedCertParams, SerialNumber,
+    CertificateRevocationListParams, Issuer, KeyIdMethod, KeyPair, RevocationReason,
+    RevokedCertParams, SerialNumber,
 };
 use rustls::pki_types::CertificateDer;
 use rustls::pki_types::pem::PemObject;
-
-fn temp_dir(what: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!(
-        "cairn-tls-crl-{what}-{}-{}",
-        std::process::id(),
-        free_port()
-    ));
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
-}
-
-/// The CA of `dir` (`ca.pem`, `ca-key.pem` of `cairnctl certs init`) as an issuer.
-fn ca_issuer(dir: &Path) -> Issuer<'static, KeyPair> {
-    let der = CertificateDer::from_pem_file(dir.join("ca.pem")).unwrap();
-    let (_, ca) = x509_parser::parse_x509_certificate(&der).unwrap();
-    let cn = ca
-        .subject()
-        .iter_common_name()
-        .next()
-        .and_then(|cn| cn.as_str().ok())
-        .unwrap()
-        .to_owned();
-    let mut params = CertificateParams::default();
-    params.distinguished_name.push(DnType::CommonName, cn);
-    params.is_ca = IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
-    params.key_usages = vec![
-        rcgen::KeyUsagePurpose::KeyCertSign,
-        rcgen::KeyUsagePurpose::CrlSign,
-    ];
-    let key = KeyPair::from_pem(&std::fs::read_to_string(dir.join("ca-key.pem")).unwrap()).unwrap();
-    Issuer::new(params, key)
-}
 
 /// A PEM CRL signed by `issuer` revoking the certificates `names` of `dir` (`NAME.pem`),
 /// numbered `number`, next update in a day.
@@ -97,19 +66,6 @@ fn replace(path: &Path, text: &str) {
     let tmp = path.with_extension("new");
     std::fs::write(&tmp, text).unwrap();
     std::fs::rename(&tmp, path).unwrap();
-}
-
-/// The sum of the samples of `name` whose labels hold `label`, in Prometheus text.
-fn metric(text: &str, name: &str, label: Option<&str>) -> f64 {
-    text.lines()
-        .filter(|l| !l.starts_with('#'))
-        .filter(|l| {
-            l.strip_prefix(name)
-                .is_some_and(|rest| rest.starts_with(' ') || rest.starts_with('{'))
-        })
-        .filter(|l| label.is_none_or(|label| l.contains(label)))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
 }
 
 /// The TLS of the user `name` of `dir`.
@@ -161,33 +117,16 @@ async fn call_on(channel: tonic::transport::Channel, coordinator: bool) -> Resul
     Ok(())
 }
 
-/// The log of the coordinator (`"coordinator"`) or of a node's daemon (its id).
-fn log_of(cluster: &CoordinatedCluster, name: &str) -> String {
-    let prefix = match name {
-        "coordinator" => "coordinator-".to_owned(),
-        node => format!("{node}-node-"),
-    };
-    let mut text = String::new();
-    for entry in std::fs::read_dir(cluster.logs()).unwrap() {
-        let path = entry.unwrap().path();
-        let file = path.file_name().unwrap().to_string_lossy().into_owned();
-        if file.starts_with(&prefix) {
-            text.push_str(&std::fs::read_to_string(&path).unwrap_or_default());
-        }
-    }
-    text
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn revoked_client_certificates_are_refused_and_a_new_crl_applies_without_restart() {
-    let certs = temp_dir("revoke");
+    let certs = tls_support::temp_dir("tls-crl", "revoke");
     certs_init(
         &certs,
         1,
         &[TLS_TEST_USER_SPEC, "carol:viewer", "dave:viewer"],
     )
     .unwrap();
-    let issuer = ca_issuer(&certs);
+    let issuer = tls_support::ca_issuer(&certs).unwrap();
     let crl_file = certs.join("crl.pem");
     replace(&crl_file, &crl(&issuer, &certs, &["carol"], 1));
     let crl_arg = crl_file.display().to_string();
@@ -213,7 +152,7 @@ async fn revoked_client_certificates_are_refused_and_a_new_crl_applies_without_r
         ),
     ];
     let revoked = |text: &str| {
-        metric(
+        tls_support::metric(
             text,
             "cairn_tls_handshake_refused_total",
             Some("reason=\"revoked\""),
@@ -231,7 +170,7 @@ async fn revoked_client_certificates_are_refused_and_a_new_crl_applies_without_r
         );
         let count = revoked(&cluster.scrape(metrics).await.unwrap());
         assert!(count >= 1.0, "{log}: revoked counted {count}");
-        let text = log_of(&cluster, log);
+        let text = cluster.log_of(log);
         assert!(
             text.contains("the client's certificate has been revoked"),
             "{log}: not logged:\n{text}"
@@ -255,7 +194,7 @@ async fn revoked_client_certificates_are_refused_and_a_new_crl_applies_without_r
     for ((address, coordinator, metrics, log), dave_channel) in ports.iter().zip(&daves) {
         eventually("the new CRL reloaded", Duration::from_secs(15), || async {
             let text = cluster.scrape(metrics).await?;
-            let n = metric(&text, "cairn_tls_reloads_total", None);
+            let n = tls_support::metric(&text, "cairn_tls_reloads_total", None);
             anyhow::ensure!(n >= 1.0, "{log}: reloads {n}");
             Ok(())
         })
@@ -286,7 +225,9 @@ async fn revoked_client_certificates_are_refused_and_a_new_crl_applies_without_r
             .await
             .unwrap_or_else(|e| panic!("{log}: dave's open connection was cut: {e}"));
         assert!(
-            log_of(&cluster, log).contains(&format!("(and --tls-crl {crl_arg})")),
+            cluster
+                .log_of(log)
+                .contains(&format!("(and --tls-crl {crl_arg})")),
             "{log}: the reload is logged"
         );
     }
@@ -298,7 +239,7 @@ async fn revoked_client_certificates_are_refused_and_a_new_crl_applies_without_r
         "-----BEGIN X509 CRL-----\nnot base64\n-----END X509 CRL-----\n",
     );
     eventually("the bad CRL logged", Duration::from_secs(15), || async {
-        let text = log_of(&cluster, "coordinator");
+        let text = cluster.log_of("coordinator");
         anyhow::ensure!(
             text.contains(&format!("--tls-crl {crl_arg}: ")),
             "not yet logged"
@@ -315,7 +256,7 @@ async fn revoked_client_certificates_are_refused_and_a_new_crl_applies_without_r
     );
     let text = cluster.scrape(metrics).await.unwrap();
     assert_eq!(
-        metric(&text, "cairn_tls_reloads_total", None),
+        tls_support::metric(&text, "cairn_tls_reloads_total", None),
         1.0,
         "{text}"
     );
@@ -327,16 +268,16 @@ async fn revoked_client_certificates_are_refused_and_a_new_crl_applies_without_r
 
 #[test]
 fn a_garbage_foreign_or_self_revoking_crl_at_start_exits_64_naming_the_flag() {
-    let dir = temp_dir("start");
-    let other = temp_dir("start-other");
+    let dir = tls_support::temp_dir("tls-crl", "start");
+    let other = tls_support::temp_dir("tls-crl", "start-other");
     certs_init(&dir, 1, &[]).unwrap();
     // Another CA of the same name (`certs init` of another cluster called cairn).
     certs_init(&other, 1, &[]).unwrap();
-    let issuer = ca_issuer(&dir);
+    let issuer = tls_support::ca_issuer(&dir).unwrap();
     replace(&dir.join("garbage.pem"), "not a CRL\n");
     replace(
         &dir.join("foreign.pem"),
-        &crl(&ca_issuer(&other), &other, &["n1"], 1),
+        &crl(&tls_support::ca_issuer(&other).unwrap(), &other, &["n1"], 1),
     );
     replace(
         &dir.join("coordinator-revoked.pem"),

@@ -17,7 +17,6 @@ use std::path::{Path, PathBuf};
 use std::pin::Pin;
 use std::sync::{Arc, RwLock};
 use std::task::{Context, Poll};
-use std::time::Duration;
 
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -301,37 +300,7 @@ impl TokenFile {
     /// Reloads the file when it changes (checked every second) and on SIGHUP, until `stop`.
     pub fn watch(self: &Arc<Self>, stop: CancellationToken) {
         let file = self.clone();
-        let poll_stop = stop.clone();
-        tokio::spawn(async move {
-            let mut tick = tokio::time::interval(Duration::from_secs(1));
-            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            loop {
-                tokio::select! {
-                    _ = poll_stop.cancelled() => return,
-                    _ = tick.tick() => file.reload(false),
-                }
-            }
-        });
-        let file = self.clone();
-        tokio::spawn(async move {
-            use tokio::signal::unix::{SignalKind, signal};
-            let Ok(mut hup) = signal(SignalKind::hangup()) else {
-                tracing::warn!("cannot install a SIGHUP handler; the tokens file is still polled");
-                return;
-            };
-            loop {
-                tokio::select! {
-                    _ = stop.cancelled() => return,
-                    got = hup.recv() => {
-                        if got.is_none() {
-                            return;
-                        }
-                        tracing::info!("SIGHUP: reloading --auth-tokens");
-                        file.reload(true);
-                    }
-                }
-            }
-        });
+        super::watch_files("--auth-tokens", move |force| file.reload(force), stop);
     }
 }
 

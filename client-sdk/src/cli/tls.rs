@@ -183,38 +183,7 @@ pub fn watch(tls: &Tls, metrics: &TlsMetrics, stop: CancellationToken) {
             }
         }
     };
-    let poll = reload.clone();
-    let poll_stop = stop.clone();
-    tokio::spawn(async move {
-        let mut tick = tokio::time::interval(Duration::from_secs(1));
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        tick.tick().await;
-        loop {
-            tokio::select! {
-                _ = poll_stop.cancelled() => return,
-                _ = tick.tick() => poll(false),
-            }
-        }
-    });
-    tokio::spawn(async move {
-        use tokio::signal::unix::{SignalKind, signal};
-        let Ok(mut hup) = signal(SignalKind::hangup()) else {
-            tracing::warn!("cannot install a SIGHUP handler; the TLS files are still polled");
-            return;
-        };
-        loop {
-            tokio::select! {
-                _ = stop.cancelled() => return,
-                got = hup.recv() => {
-                    if got.is_none() {
-                        return;
-                    }
-                    tracing::info!("SIGHUP: reloading the --tls-* files");
-                    reload(true);
-                }
-            }
-        }
-    });
+    super::watch_files("the --tls-* files", reload, stop);
 }
 
 /// Why a handshake failed: a metric label, and words.
