@@ -163,6 +163,7 @@ mod tests {
             }),
             FailureReason::NoApplication("a".into()),
             FailureReason::CoordinatorRestarted,
+            FailureReason::CoordinatorFailover("term 7 ended; term 9 took over".into()),
             FailureReason::Restore,
             FailureReason::Shutdown("b".into()),
             FailureReason::Storage("node a: cannot store its part: no space".into()),

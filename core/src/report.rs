@@ -74,6 +74,9 @@ pub enum FailureReason {
     NoApplication(NodeId),
     /// The coordinator restarted while the snapshot was in flight.
     CoordinatorRestarted,
+    /// The coordinator that led the snapshot lost its leadership; the next leader failed
+    /// it when it took over (what happened, for people).
+    CoordinatorFailover(String),
     /// A restore fenced the cluster with a new epoch.
     Restore,
     /// A process shut down while the snapshot was in flight.
@@ -107,6 +110,7 @@ impl fmt::Display for FailureReason {
             Self::Inconsistent(violation) => write!(f, "inconsistent cut: {violation}"),
             Self::NoApplication(node) => write!(f, "node {node} has no application attached"),
             Self::CoordinatorRestarted => f.write_str("coordinator restarted"),
+            Self::CoordinatorFailover(what) => write!(f, "coordinator failover: {what}"),
             Self::Restore => f.write_str("a restore started a new epoch"),
             Self::Shutdown(node) => write!(f, "node {node} shut down"),
             Self::MembershipChanged(what) => write!(f, "membership changed: {what}"),

@@ -94,6 +94,7 @@ const TABLE: &[(&str, Role)] = &[
     ("/cairn.v1.Coordinator/GetRestore", Role::Viewer),
     ("/cairn.v1.Coordinator/ListRestores", Role::Viewer),
     ("/cairn.v1.Coordinator/VerifySnapshot", Role::Viewer),
+    ("/cairn.v1.Coordinator/GetLeadership", Role::Viewer),
     ("/cairn.v1.NodeAdmin/GetNodeStatus", Role::Viewer),
     ("/cairn.v1.NodeAdmin/GetLocalSnapshot", Role::Viewer),
     ("/cairn.v1.Coordinator/StartSnapshot", Role::Operator),
@@ -626,6 +627,10 @@ mod tests {
             ),
             (
                 "/cairn.v1.Coordinator/VerifySnapshot",
+                Role(super::Role::Viewer),
+            ),
+            (
+                "/cairn.v1.Coordinator/GetLeadership",
                 Role(super::Role::Viewer),
             ),
             (

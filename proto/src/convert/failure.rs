@@ -23,6 +23,7 @@ const MIXED_EPOCHS: &str = "parts recorded in different epochs: ";
 const STORAGE: &str = "storage failed: ";
 const ABORTED: &str = "aborted: ";
 const MEMBERSHIP_CHANGED: &str = "membership changed: ";
+const COORDINATOR_FAILOVER: &str = "coordinator failover: ";
 
 impl From<&FailureReason> for pb::FailureReason {
     fn from(reason: &FailureReason) -> Self {
@@ -33,6 +34,7 @@ impl From<&FailureReason> for pb::FailureReason {
             FailureReason::Inconsistent(_) => (Kind::Inconsistent, vec![], None),
             FailureReason::NoApplication(n) => (Kind::NoApplication, vec![n.clone()], None),
             FailureReason::CoordinatorRestarted => (Kind::CoordinatorRestarted, vec![], None),
+            FailureReason::CoordinatorFailover(_) => (Kind::CoordinatorFailover, vec![], None),
             FailureReason::Restore => (Kind::Restore, vec![], None),
             FailureReason::Shutdown(n) => (Kind::Shutdown, vec![n.clone()], None),
             FailureReason::Storage(_) => (Kind::Storage, vec![], None),
@@ -85,6 +87,7 @@ impl TryFrom<&pb::FailureReason> for FailureReason {
             Kind::Inconsistent => Self::Inconsistent(Violation::Described(text(INCONSISTENT))),
             Kind::NoApplication => Self::NoApplication(node()?),
             Kind::CoordinatorRestarted => Self::CoordinatorRestarted,
+            Kind::CoordinatorFailover => Self::CoordinatorFailover(text(COORDINATOR_FAILOVER)),
             Kind::Restore => Self::Restore,
             Kind::Shutdown => Self::Shutdown(node()?),
             Kind::Storage => Self::Storage(text(STORAGE)),
@@ -113,6 +116,7 @@ pub fn kind_word(kind: Kind) -> &'static str {
         Kind::Storage => "STORAGE",
         Kind::MembershipChanged => "MEMBERSHIP_CHANGED",
         Kind::MixedEpochs => "MIXED_EPOCHS",
+        Kind::CoordinatorFailover => "COORDINATOR_FAILOVER",
     }
 }
 
@@ -126,7 +130,7 @@ pub fn kind_from_word(word: &str) -> Kind {
 }
 
 /// Every kind, for [`kind_from_word`].
-const ALL: [Kind; 12] = [
+const ALL: [Kind; 13] = [
     Kind::Unspecified,
     Kind::Timeout,
     Kind::NodeLost,
@@ -139,6 +143,7 @@ const ALL: [Kind; 12] = [
     Kind::Storage,
     Kind::MembershipChanged,
     Kind::MixedEpochs,
+    Kind::CoordinatorFailover,
 ];
 
 #[cfg(test)]
@@ -163,6 +168,7 @@ pub(crate) mod tests {
             }),
             FailureReason::NoApplication("a".into()),
             FailureReason::CoordinatorRestarted,
+            FailureReason::CoordinatorFailover("term 7 ended; term 9 took over".into()),
             FailureReason::Restore,
             FailureReason::Shutdown("b".into()),
             FailureReason::Storage("upload of a's part failed: no space".into()),
