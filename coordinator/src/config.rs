@@ -39,9 +39,30 @@ pub struct CoordinatorConfig {
     /// `--tls-*`: the gRPC port serves mutual TLS (client certificates required, checked
     /// against the CA). `None`: plaintext (the default).
     pub tls: Option<cairn_sdk::tls::Tls>,
+    /// The address (`HOST:PORT`) other replicas, daemons and clients reach this replica at:
+    /// the value of its election key, named to them in `cairn-leader`. `None`: the listen
+    /// address, or `<hostname>:<port>` when listening on every interface.
+    pub advertise: Option<String>,
+    /// With etcd: the TTL of the lease a replica campaigns and leads with (kept alive every
+    /// TTL/3). A leader that cannot renew it stops acting after TTL − margin; a follower
+    /// takes over about TTL after a leader dies.
+    pub leader_lease_ttl: Duration,
 }
 
 impl CoordinatorConfig {
+    /// The address this replica advertises (`advertise`, else the listen address `local`,
+    /// with the host name for an unspecified IP).
+    pub fn advertise_address(&self, local: Option<std::net::SocketAddr>) -> String {
+        if let Some(a) = &self.advertise {
+            return a.clone();
+        }
+        match local {
+            Some(addr) if !addr.ip().is_unspecified() => addr.to_string(),
+            Some(addr) => format!("{}:{}", host_name(), addr.port()),
+            None => host_name(),
+        }
+    }
+
     /// Defaults for everything but the cluster and the data directory.
     pub fn new(cluster: impl Into<String>, data_dir: impl Into<PathBuf>) -> Self {
         Self {
@@ -59,6 +80,8 @@ impl CoordinatorConfig {
             restore_timeout: Duration::from_secs(60),
             auth: cairn_sdk::cli::auth::Auth::open(),
             tls: None,
+            advertise: None,
+            leader_lease_ttl: Duration::from_secs(5),
         }
     }
 }
@@ -354,6 +377,39 @@ pub fn parse_topology(text: &str) -> Result<Topology, String> {
         return Err("no nodes: the file names no channel and no node".into());
     }
     Topology::from_channels(nodes, channels).map_err(|e| e.to_string())
+}
+
+/// The lease TTLs a replica accepts (etcd's own minimum is about 2 s with its default
+/// timing).
+pub const LEADER_LEASE_TTL: std::ops::RangeInclusive<Duration> =
+    Duration::from_secs(2)..=Duration::from_secs(300);
+
+/// An advertised address is `HOST:PORT`: printable, without spaces or commas, at most 255
+/// bytes (it travels in the `cairn-leader` header).
+pub fn check_advertise(address: &str) -> Result<(), String> {
+    if address.is_empty() || address.len() > 255 {
+        return Err("must be HOST:PORT of 1 to 255 bytes".into());
+    }
+    if !address.bytes().all(|b| b.is_ascii_graphic() && b != b',') {
+        return Err("must be printable ASCII without spaces or commas".into());
+    }
+    match address.rsplit_once(':') {
+        Some((host, port)) if !host.is_empty() && port.parse::<u16>().is_ok_and(|p| p > 0) => {
+            Ok(())
+        }
+        _ => Err("must be HOST:PORT".into()),
+    }
+}
+
+/// This machine's host name (`HOSTNAME`, else /etc/hostname, else `localhost`).
+fn host_name() -> String {
+    std::env::var("HOSTNAME")
+        .ok()
+        .filter(|h| !h.trim().is_empty())
+        .or_else(|| std::fs::read_to_string("/etc/hostname").ok())
+        .map(|h| h.trim().to_owned())
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "localhost".into())
 }
 
 #[cfg(test)]

@@ -18,12 +18,14 @@
 
 pub mod blob;
 pub mod config;
+mod election;
 pub mod error;
 mod limits;
 mod metrics;
 mod parts;
 pub mod policy;
 mod records_conv;
+mod replica;
 mod roster;
 mod service;
 mod state;
@@ -46,7 +48,16 @@ pub use config::CoordinatorConfig;
 pub use error::Error;
 
 use blob::BlobStore;
-use store::{AnyKv, EtcdKv, FileKv, Keys};
+use election::{Elector, Leadership};
+use replica::{HintLayer, Leading, Replica};
+use store::{AnyKv, EtcdKv, FileKv, Keys, Metadata};
+
+/// The health service name that is SERVING only on the leader (for a load balancer or a
+/// Kubernetes readiness probe that routes writes to it).
+pub const LEADER_HEALTH: &str = "cairn.v1.Leader";
+
+/// How often a replica reads who leads from etcd.
+const WATCH_LEADER_EVERY: Duration = Duration::from_millis(500);
 
 /// Why the coordinator could not run.
 #[derive(Debug, thiserror::Error)]
@@ -62,7 +73,7 @@ pub enum RunError {
         /// Why.
         error: std::io::Error,
     },
-    /// Recovery after a restart failed.
+    /// Recovery after a restart (or on winning a term) failed.
     #[error("recovery: {0}")]
     Recover(#[from] Error),
     /// The server failed.
@@ -79,6 +90,11 @@ pub enum RunError {
 
 /// Runs the coordinator on `listener` until `shutdown`; serves Prometheus metrics on
 /// `metrics_listener` if given.
+///
+/// With the embedded store this coordinator is the only one: it recovers, then leads (term
+/// 0) until `shutdown`. With etcd it is one replica of several: it serves at once (reads,
+/// and redirects to the leader) and campaigns; each term it wins runs a fresh task over
+/// the fenced store until the term ends, and then it campaigns again.
 pub async fn run(
     config: CoordinatorConfig,
     listener: TcpListener,
@@ -87,13 +103,25 @@ pub async fn run(
 ) -> Result<(), RunError> {
     let keys = Keys::new(&config.cluster);
     let stop = CancellationToken::new();
-    let kv = Arc::new(if config.etcd.is_empty() {
+    let local = listener.local_addr().ok();
+    let advertise = config.advertise_address(local);
+    let (kv, etcd) = if config.etcd.is_empty() {
         let path = config.data_dir.join("metadata.json");
         tracing::info!(path = %path.display(), "embedded metadata store");
-        AnyKv::File(Box::new(FileKv::open(&path, &keys.members()).await?))
+        let kv = AnyKv::File(Box::new(FileKv::open(&path, &keys.members()).await?));
+        (Arc::new(kv), None)
     } else {
         tracing::info!(endpoints = ?config.etcd, "etcd metadata store");
-        AnyKv::Etcd(Box::new(EtcdKv::connect(&config.etcd, stop.clone()).await?))
+        let etcd = EtcdKv::connect(&config.etcd).await?;
+        (Arc::new(AnyKv::Etcd(Box::new(etcd.clone()))), Some(etcd))
+    };
+    let elector = etcd.as_ref().map(|etcd| {
+        Elector::new(
+            etcd.election_client(),
+            keys.leader(),
+            advertise.clone(),
+            config.leader_lease_ttl,
+        )
     });
     let blob_dir = config
         .blob_dir
@@ -126,40 +154,54 @@ pub async fn run(
         ));
     }
     let (health, health_service) = tonic_health::server::health_reporter();
-    let (tx, rx) = mpsc::channel(1024);
-    let mut state = state::State::new(
+    health
+        .set_service_status(LEADER_HEALTH, ServingStatus::NotServing)
+        .await;
+    let replica = Arc::new(Replica::new(advertise.clone()));
+    let terms = Terms {
+        config: config.clone(),
+        keys: keys.clone(),
+        kv: kv.clone(),
+        etcd,
+        elector: elector.clone(),
+        blobs: blobs.clone(),
         metrics,
-        state::Settings {
-            cluster: config.cluster.clone(),
-            retention: config.retention,
-            topology: config.topology.clone(),
-            policy: config.policy.clone(),
-            auto_restore: config.auto_restore,
-            restore_timeout: config.restore_timeout,
-        },
-        store::Metadata::new(kv.clone(), keys.clone()),
-        blobs.clone(),
-        config.max_concurrent,
-        tx.clone(),
-        health.clone(),
-    );
-    state.recover().await?;
-    tokio::spawn(watch_store_files(kv.clone(), health.clone(), stop.clone()));
-    let mut state_task = Some(tokio::spawn(state.run(rx, shutdown.clone())));
+        health: health.clone(),
+        replica: replica.clone(),
+    };
+    // The embedded store's coordinator recovers before it serves (a store it cannot read
+    // is an error at start); a replica on etcd recovers when it wins a term.
+    let first = match &terms.elector {
+        None => Some(terms.start_term(Leadership::forever(), None).await?),
+        Some(_) => None,
+    };
+    if terms.elector.is_none() {
+        tokio::spawn(watch_store_files(kv.clone(), health.clone(), stop.clone()));
+    }
+    if let Some(elector) = &elector {
+        tokio::spawn(watch_leader(
+            elector.clone(),
+            replica.clone(),
+            terms.metrics.clone(),
+            stop.clone(),
+        ));
+    }
+    let mut state_task = Some(tokio::spawn(terms.lead(first, shutdown.clone())));
 
     let service = service::CoordinatorService {
-        tx: tx.clone(),
+        replica: replica.clone(),
         meta: store::Metadata::new(kv, keys),
         blobs,
         default_timeout: config.default_timeout,
         sessions: AtomicU64::new(0),
+        elector,
+        flags_policy: config.policy.clone(),
+        max_in_flight: config.max_concurrent.max(1),
     };
-    drop(tx);
     health
         .set_serving::<pb::coordinator_server::CoordinatorServer<service::CoordinatorService>>()
         .await;
-    let addr = listener.local_addr().ok();
-    tracing::info!(?addr, cluster = %config.cluster, "coordinator serving");
+    tracing::info!(addr = ?local, %advertise, cluster = %config.cluster, "coordinator serving");
     // The server stops on `shutdown`, or when the coordinator's task ends by itself.
     let stop_server = shutdown.child_token();
     // Windows of a few MiB: parts stream in pieces of up to about a MiB (h2's default 64 KiB
@@ -174,6 +216,8 @@ pub async fn run(
     let server = cairn_proto::limits::server(COORDINATOR_STREAMS)
         .initial_stream_window_size(4 << 20)
         .initial_connection_window_size(16 << 20)
+        // A follower names the leader on every answer (`cairn-leader`).
+        .layer(HintLayer(replica))
         // Bearer tokens and roles (`--auth-tokens`), before a byte of a body is read.
         .layer(config.auth.layer(&config.cluster))
         .layer(
@@ -237,6 +281,183 @@ pub async fn run(
     }
     tracing::info!("coordinator stopped");
     result
+}
+
+/// What every term needs.
+struct Terms {
+    config: CoordinatorConfig,
+    keys: Keys,
+    /// The store, unfenced (the embedded store's coordinator writes through it).
+    kv: Arc<AnyKv>,
+    /// etcd, when the store is etcd: each term writes through its own fenced view.
+    etcd: Option<EtcdKv>,
+    elector: Option<Elector>,
+    blobs: BlobStore,
+    metrics: metrics::CoordinatorMetrics,
+    health: HealthReporter,
+    replica: Arc<Replica>,
+}
+
+/// A term won and recovered, ready to run.
+struct Term {
+    state: state::State,
+    rx: mpsc::Receiver<state::Msg>,
+    tx: mpsc::Sender<state::Msg>,
+    meta: Metadata,
+    leadership: Arc<Leadership>,
+    /// The election key (none with the embedded store).
+    key: Option<etcd_client::LeaderKey>,
+}
+
+impl Terms {
+    /// A fresh task for a term: over the store fenced by the term's key, recovered from
+    /// what the previous leader left.
+    async fn start_term(
+        &self,
+        leadership: Arc<Leadership>,
+        key: Option<etcd_client::LeaderKey>,
+    ) -> Result<Term, RunError> {
+        let kv = match (&self.etcd, &key) {
+            (Some(etcd), Some(key)) => {
+                Arc::new(AnyKv::Etcd(Box::new(etcd.fenced(leadership.clone(), key))))
+            }
+            _ => self.kv.clone(),
+        };
+        let meta = Metadata::new(kv, self.keys.clone());
+        let (tx, rx) = mpsc::channel(1024);
+        let config = &self.config;
+        let mut state = state::State::new(
+            self.metrics.clone(),
+            state::Settings {
+                cluster: config.cluster.clone(),
+                retention: config.retention,
+                topology: config.topology.clone(),
+                policy: config.policy.clone(),
+                auto_restore: config.auto_restore,
+                restore_timeout: config.restore_timeout,
+                leadership: leadership.clone(),
+            },
+            meta.clone(),
+            self.blobs.clone(),
+            config.max_concurrent,
+            tx.clone(),
+            self.health.clone(),
+        );
+        state.recover().await?;
+        Ok(Term {
+            state,
+            rx,
+            tx,
+            meta,
+            leadership,
+            key,
+        })
+    }
+
+    /// Leads every term this replica wins until `shutdown`: `first` (the embedded
+    /// store's one term), or one won by campaigning, then campaigns again.
+    async fn lead(self, mut first: Option<Term>, shutdown: CancellationToken) {
+        loop {
+            let term = match first.take() {
+                Some(term) => term,
+                None => match self.elect(&shutdown).await {
+                    Some(term) => term,
+                    None => return,
+                },
+            };
+            let number = term.leadership.term();
+            self.replica.set_leading(Some(Leading {
+                tx: term.tx.clone(),
+                meta: term.meta.clone(),
+            }));
+            self.health
+                .set_service_status(LEADER_HEALTH, ServingStatus::Serving)
+                .await;
+            self.metrics.is_leader.set(1);
+            self.metrics
+                .term
+                .set(i64::try_from(number).unwrap_or(i64::MAX));
+            if self.elector.is_some() {
+                tracing::info!(term = number, "leading: this replica won the election");
+            }
+            drop(term.tx);
+            term.state.run(term.rx, shutdown.clone()).await;
+            self.replica.set_leading(None);
+            self.health
+                .set_service_status(LEADER_HEALTH, ServingStatus::NotServing)
+                .await;
+            self.metrics.is_leader.set(0);
+            let (Some(elector), Some(key)) = (&self.elector, term.key) else {
+                return;
+            };
+            let why = term.leadership.why();
+            elector.step_down(&term.leadership, key).await;
+            if shutdown.is_cancelled() {
+                tracing::info!(term = number, "resigned: shutting down");
+                return;
+            }
+            tracing::warn!(
+                term = number,
+                "term ended ({why}); in-flight work failed, sessions closed; campaigning again as a follower"
+            );
+        }
+    }
+
+    /// Campaigns until this replica wins and recovers a term; `None` on `shutdown`.
+    async fn elect(&self, shutdown: &CancellationToken) -> Option<Term> {
+        let elector = self.elector.as_ref()?;
+        loop {
+            match elector.campaign(shutdown).await {
+                Ok(None) => return None,
+                Ok(Some((leadership, key))) => {
+                    match self.start_term(leadership.clone(), Some(key.clone())).await {
+                        Ok(term) => return Some(term),
+                        Err(e) => {
+                            tracing::error!(
+                                term = leadership.term(),
+                                "taking over failed: {e}; stepping down"
+                            );
+                            elector.step_down(&leadership, key).await;
+                        }
+                    }
+                }
+                Err(e) => tracing::warn!("campaign: {e}; trying again"),
+            }
+            tokio::select! {
+                () = shutdown.cancelled() => return None,
+                () = tokio::time::sleep(Duration::from_millis(500)) => {}
+            }
+        }
+    }
+}
+
+/// Reads who leads from etcd every [`WATCH_LEADER_EVERY`]: a follower names the leader in
+/// its answers, and the metrics count changes.
+async fn watch_leader(
+    elector: Elector,
+    replica: Arc<Replica>,
+    metrics: metrics::CoordinatorMetrics,
+    stop: CancellationToken,
+) {
+    loop {
+        if let Ok(replicas) = elector.replicas().await {
+            let leader = replicas.leader().map(|(a, t)| (a.to_owned(), t));
+            if replica.set_known(replicas) {
+                metrics.leader_changes.inc();
+                match leader {
+                    Some((address, term)) => {
+                        metrics.term.set(i64::try_from(term).unwrap_or(i64::MAX));
+                        tracing::info!(leader = %address, term, "the leader is {address} (term {term})");
+                    }
+                    None => tracing::warn!("no coordinator leads (an election is under way)"),
+                }
+            }
+        }
+        tokio::select! {
+            () = stop.cancelled() => return,
+            () = tokio::time::sleep(WATCH_LEADER_EVERY) => {}
+        }
+    }
 }
 
 /// Runs `server` while the coordinator's task (`task`) runs. Should the task end while the

@@ -30,6 +30,18 @@ struct Args {
     /// comma-separated. None: the embedded store.
     #[arg(long, env = "CAIRN_ETCD", value_delimiter = ',')]
     etcd: Vec<String>,
+    /// With --etcd: the address (HOST:PORT) daemons, clients and the other replicas reach
+    /// this replica at. It is the value of this replica's election key, and followers name
+    /// the leader by it (`cairn-leader`). Default: --listen, or <hostname>:<port> when
+    /// --listen is on every interface (0.0.0.0).
+    #[arg(long, env = "CAIRN_ADVERTISE")]
+    advertise: Option<String>,
+    /// With --etcd: the TTL of the etcd lease each replica campaigns and leads with (2s to
+    /// 5m; kept alive every TTL/3). Several replicas against one etcd elect one leader; a
+    /// follower takes over about one TTL after the leader dies, and a leader that cannot
+    /// renew its lease stops acting by itself after TTL − TTL/5.
+    #[arg(long, env = "CAIRN_LEADER_LEASE_TTL", default_value = "5s", value_parser = humantime::parse_duration)]
+    leader_lease_ttl: Duration,
     /// Directory for the blob store (and the embedded metadata store).
     #[arg(long, env = "CAIRN_DATA_DIR", default_value = "cairn-data")]
     data_dir: PathBuf,
@@ -199,6 +211,19 @@ fn main() -> ExitCode {
             return cli::usage_error(format!("{flag}: {why}"));
         }
     }
+    if !cairn_coordinator::config::LEADER_LEASE_TTL.contains(&args.leader_lease_ttl)
+        || args.leader_lease_ttl.subsec_nanos() != 0
+    {
+        return cli::usage_error(format!(
+            "--leader-lease-ttl {} must be whole seconds from 2s to 5m",
+            humantime::format_duration(args.leader_lease_ttl)
+        ));
+    }
+    if let Some(a) = &args.advertise
+        && let Err(why) = cairn_coordinator::config::check_advertise(a)
+    {
+        return cli::usage_error(format!("--advertise {a}: {why}"));
+    }
     let s = &args.schedule;
     let policy = Policy {
         interval: s.schedule_interval,
@@ -283,6 +308,8 @@ fn main() -> ExitCode {
         config.restore_timeout = args.restore_timeout;
         config.auth = auth;
         config.tls = tls;
+        config.advertise = args.advertise;
+        config.leader_lease_ttl = args.leader_lease_ttl;
         match cairn_coordinator::run(config, listener, metrics, shutdown).await {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {

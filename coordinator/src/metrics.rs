@@ -30,6 +30,12 @@ pub(crate) struct CoordinatorMetrics {
     pub schedule_failing: Gauge,
     pub snapshot_stale: Gauge,
     pub newest_completed_age: Gauge<f64, AtomicU64>,
+    /// 1 while this replica leads a term.
+    pub is_leader: Gauge,
+    /// The leader's term as this replica knows it (its own while it leads).
+    pub term: Gauge,
+    /// Changes of leader (address or term) this replica has seen.
+    pub leader_changes: Counter,
 }
 
 impl Default for CoordinatorMetrics {
@@ -48,6 +54,9 @@ impl Default for CoordinatorMetrics {
             schedule_failing: Gauge::default(),
             snapshot_stale: Gauge::default(),
             newest_completed_age: Gauge::default(),
+            is_leader: Gauge::default(),
+            term: Gauge::default(),
+            leader_changes: Counter::default(),
         }
     }
 }
@@ -109,6 +118,21 @@ impl CoordinatorMetrics {
             "cairn_snapshot_stale",
             "1 while no snapshot completed within the freshness threshold",
             self.snapshot_stale.clone(),
+        );
+        registry.register(
+            "cairn_coordinator_is_leader",
+            "1 while this coordinator replica leads a term",
+            self.is_leader.clone(),
+        );
+        registry.register(
+            "cairn_coordinator_term",
+            "The leader's term as this replica knows it (0: the embedded store, or none known)",
+            self.term.clone(),
+        );
+        registry.register(
+            "cairn_leader_changes",
+            "Changes of the leading coordinator (address or term) this replica has seen",
+            self.leader_changes.clone(),
         );
         registry.register(
             "cairn_newest_completed_snapshot_age_seconds",

@@ -2,6 +2,7 @@
 //! a session and upload their parts.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
@@ -14,33 +15,48 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
 use crate::blob::BlobStore;
+use crate::election::Elector;
 use crate::error::Error;
 use crate::limits;
 use crate::parts;
-use crate::records_conv::{snapshot_pb, status_from_pb};
+use crate::policy;
+use crate::records_conv::{progress_pb, snapshot_pb, status_from_pb};
+use crate::replica::Replica;
 use crate::state::{Msg, mode_of, restore_epoch, restore_pb};
-use crate::store::{Metadata, PartRecord, RestoreRecord, SnapshotRecord, SnapshotStatus};
+use crate::store::{
+    MemberRecord, Metadata, PartRecord, RestoreRecord, SnapshotRecord, SnapshotStatus,
+};
 
-/// The `Coordinator` service.
+/// The `Coordinator` service. The leader answers everything; a follower answers reads
+/// from the metadata store and refuses the rest with UNAVAILABLE naming the leader.
 pub(crate) struct CoordinatorService {
-    pub tx: mpsc::Sender<Msg>,
+    /// Leader or follower, now.
+    pub replica: Arc<Replica>,
+    /// The metadata, for reads (every replica reads; only a term's fenced view writes).
     pub meta: Metadata,
     pub blobs: BlobStore,
     pub default_timeout: Duration,
     pub sessions: AtomicU64,
+    /// The election (`None`: the embedded store, one replica).
+    pub elector: Option<Elector>,
+    /// The policy of the flags and the tracker's bound (a follower's `GetPolicy`).
+    pub flags_policy: cairn_core::schedule::Policy,
+    pub max_in_flight: usize,
 }
 
+/// How often a follower's `WatchSnapshot` reads the record it follows.
+const FOLLOW_EVERY: Duration = Duration::from_millis(250);
+
 impl CoordinatorService {
+    /// Asks the task of the term this replica leads; UNAVAILABLE naming the leader on a
+    /// follower.
     async fn ask<T>(&self, make: impl FnOnce(oneshot::Sender<T>) -> Msg) -> Result<T, Status> {
-        let (reply, answer) = oneshot::channel();
-        self.tx
-            .send(make(reply))
-            .await
-            .map_err(|_| Error::ShuttingDown)?;
-        Ok(answer.await.map_err(|_| Error::ShuttingDown)?)
+        let leading = self.replica.leading()?;
+        ask_task(&leading.tx, make, &self.replica).await
     }
 
-    /// A snapshot's record: stored, or with its live progress while it is in flight.
+    /// A snapshot's record: stored, or with its live progress while it is in flight (on
+    /// the leader; a follower has the stored record).
     async fn record(&self, id: SnapshotId) -> Result<SnapshotRecord, Error> {
         let stored = self
             .meta
@@ -50,15 +66,17 @@ impl CoordinatorService {
         if stored.status != SnapshotStatus::InProgress {
             return Ok(stored);
         }
+        let Ok(leading) = self.replica.leading() else {
+            return Ok(stored);
+        };
         let (reply, answer) = oneshot::channel();
-        self.tx
-            .send(Msg::Live { id, reply })
-            .await
-            .map_err(|_| Error::ShuttingDown)?;
-        match answer.await.map_err(|_| Error::ShuttingDown)? {
-            Some(live) => Ok(live),
-            // Ended meanwhile: read it again.
-            None => self
+        if leading.tx.send(Msg::Live { id, reply }).await.is_err() {
+            return Ok(stored);
+        }
+        match answer.await {
+            Ok(Some(live)) => Ok(live),
+            // Ended meanwhile (or the term did): read it again.
+            _ => self
                 .meta
                 .snapshot(id)
                 .await?
@@ -69,6 +87,97 @@ impl CoordinatorService {
     async fn parts(&self, id: SnapshotId) -> Result<Vec<PartRecord>, Error> {
         self.meta.parts(id).await
     }
+
+    /// A follower's `ListNodes`: the roster and the members as the leader stored them.
+    async fn stored_nodes(&self) -> Result<pb::ListNodesResponse, Error> {
+        let members: BTreeMap<String, MemberRecord> = self
+            .meta
+            .members()
+            .await?
+            .into_iter()
+            .map(|m| (m.node.clone(), m))
+            .collect();
+        let nodes = self
+            .meta
+            .roster()
+            .await?
+            .into_iter()
+            .map(|r| {
+                let live = members.get(&r.node);
+                pb::NodeInfo {
+                    incarnation: live.map_or(r.incarnation, |m| m.incarnation),
+                    connected: live.is_some(),
+                    last_seen_ms: live.map_or(0, |m| m.registered_at_ms),
+                    application_attached: false,
+                    node_id: r.node,
+                    address: r.address,
+                }
+            })
+            .collect();
+        Ok(pb::ListNodesResponse {
+            nodes,
+            channels: Vec::new(),
+        })
+    }
+
+    /// A follower's `WatchSnapshot`: the stored record, read again every
+    /// [`FOLLOW_EVERY`], each change sent, until it ends or the watcher goes.
+    async fn follow(&self, id: SnapshotId) -> Result<WatchStream, Error> {
+        let first = self
+            .meta
+            .snapshot(id)
+            .await?
+            .ok_or(Error::SnapshotNotFound(id))?;
+        let (tx, rx) = mpsc::channel(64);
+        let meta = self.meta.clone();
+        tokio::spawn(async move {
+            let mut last = progress_pb(&first);
+            let mut ended = first.status != SnapshotStatus::InProgress;
+            if tx.send(Ok(last.clone())).await.is_err() {
+                return;
+            }
+            while !ended {
+                tokio::select! {
+                    () = tx.closed() => return,
+                    () = tokio::time::sleep(FOLLOW_EVERY) => {}
+                }
+                let record = match meta.snapshot(id).await {
+                    Ok(Some(record)) => record,
+                    Ok(None) => {
+                        let _ = tx.send(Err(Error::SnapshotNotFound(id).into())).await;
+                        return;
+                    }
+                    // etcd unreachable for a moment: keep following.
+                    Err(_) => continue,
+                };
+                ended = record.status != SnapshotStatus::InProgress;
+                let now = progress_pb(&record);
+                if now != last {
+                    if tx.send(Ok(now.clone())).await.is_err() {
+                        return;
+                    }
+                    last = now;
+                }
+            }
+        });
+        Ok(ReceiverStream::new(rx))
+    }
+}
+
+type WatchStream = ReceiverStream<Result<pb::SnapshotProgress, Status>>;
+
+/// Sends a request to a term's task and waits for its answer; a task that is gone (the
+/// term ended meanwhile) is UNAVAILABLE naming the leader if known.
+async fn ask_task<T>(
+    tx: &mpsc::Sender<Msg>,
+    make: impl FnOnce(oneshot::Sender<T>) -> Msg,
+    replica: &Replica,
+) -> Result<T, Status> {
+    let (reply, answer) = oneshot::channel();
+    tx.send(make(reply))
+        .await
+        .map_err(|_| replica.not_leader())?;
+    answer.await.map_err(|_| replica.not_leader())
 }
 
 #[tonic::async_trait]
@@ -176,6 +285,9 @@ impl pb::coordinator_server::Coordinator for CoordinatorService {
         request: Request<pb::WatchSnapshotRequest>,
     ) -> Result<Response<Self::WatchSnapshotStream>, Status> {
         let id = SnapshotId(request.into_inner().snapshot_id);
+        if !self.replica.is_leading() {
+            return Ok(Response::new(self.follow(id).await?));
+        }
         let (tx, rx) = mpsc::channel(64);
         self.ask(|reply| Msg::Watch { id, tx, reply }).await??;
         Ok(Response::new(ReceiverStream::new(rx)))
@@ -373,6 +485,9 @@ impl pb::coordinator_server::Coordinator for CoordinatorService {
         &self,
         _request: Request<pb::ListNodesRequest>,
     ) -> Result<Response<pb::ListNodesResponse>, Status> {
+        if !self.replica.is_leading() {
+            return Ok(Response::new(self.stored_nodes().await?));
+        }
         Ok(Response::new(
             self.ask(|reply| Msg::ListNodes { reply }).await?,
         ))
@@ -382,9 +497,60 @@ impl pb::coordinator_server::Coordinator for CoordinatorService {
         &self,
         _request: Request<pb::GetPolicyRequest>,
     ) -> Result<Response<pb::Policy>, Status> {
+        if !self.replica.is_leading() {
+            // The stored policy (or the flags'); the schedule's state is the leader's.
+            let stored = self.meta.policy_bytes().await?;
+            let chosen =
+                policy::at_start(&self.flags_policy, stored.as_deref(), self.max_in_flight);
+            return Ok(Response::new(policy::to_pb(
+                &chosen.policy,
+                chosen.source,
+                &Default::default(),
+            )));
+        }
         Ok(Response::new(
             self.ask(|reply| Msg::GetPolicy { reply }).await?,
         ))
+    }
+
+    async fn get_leadership(
+        &self,
+        _request: Request<pb::GetLeadershipRequest>,
+    ) -> Result<Response<pb::Leadership>, Status> {
+        let own = self.replica.own().to_owned();
+        let Some(elector) = &self.elector else {
+            // The embedded store: this coordinator is the only one, the leader of term 0.
+            return Ok(Response::new(pb::Leadership {
+                leader: own.clone(),
+                term: 0,
+                replicas: vec![pb::CoordinatorReplica {
+                    address: own.clone(),
+                    revision: 0,
+                    leader: true,
+                }],
+                answered_by: own,
+            }));
+        };
+        let replicas = elector.replicas().await.map_err(Error::from)?;
+        let (leader, term) = replicas
+            .leader()
+            .map(|(a, t)| (a.to_owned(), t))
+            .unwrap_or_default();
+        Ok(Response::new(pb::Leadership {
+            leader,
+            term,
+            replicas: replicas
+                .list
+                .iter()
+                .enumerate()
+                .map(|(i, (address, revision))| pb::CoordinatorReplica {
+                    address: address.clone(),
+                    revision: *revision,
+                    leader: i == 0,
+                })
+                .collect(),
+            answered_by: own,
+        }))
     }
 
     async fn set_policy(
@@ -420,14 +586,21 @@ impl pb::coordinator_server::Coordinator for CoordinatorService {
         let node = NodeId::new(register.node_id.clone());
         let session = self.sessions.fetch_add(1, Ordering::Relaxed) + 1;
         let (tx, rx) = mpsc::channel(256);
-        self.ask(|reply| Msg::Register {
-            register,
-            session,
-            tx,
-            reply,
-        })
+        // The session belongs to this term: when the term ends, its task is gone and
+        // the session with it.
+        let leading = self.replica.leading()?;
+        ask_task(
+            &leading.tx,
+            |reply| Msg::Register {
+                register,
+                session,
+                tx,
+                reply,
+            },
+            &self.replica,
+        )
         .await??;
-        let state = self.tx.clone();
+        let state = leading.tx;
         tokio::spawn(async move {
             loop {
                 match inbound.message().await {
@@ -463,11 +636,17 @@ impl pb::coordinator_server::Coordinator for CoordinatorService {
         check_node(peer.as_ref(), &header.node_id, "upload a part")?;
         let id = SnapshotId(header.snapshot_id);
         let node = NodeId::new(header.node_id.clone());
-        self.ask(|reply| Msg::CheckUpload {
-            id,
-            node: node.clone(),
-            reply,
-        })
+        // Stored in the term that checked it, through that term's fence.
+        let leading = self.replica.leading()?;
+        ask_task(
+            &leading.tx,
+            |reply| Msg::CheckUpload {
+                id,
+                node: node.clone(),
+                reply,
+            },
+            &self.replica,
+        )
         .await??;
         let stored = match parts::store_upload(&self.blobs, &header, &mut chunks).await {
             Ok(stored) => stored,
@@ -476,14 +655,15 @@ impl pb::coordinator_server::Coordinator for CoordinatorService {
                 // naming this node and the cause, whatever the daemon does with the error.
                 if let Error::Storage(why) = &e {
                     let why = why.clone();
-                    let _ = self.tx.try_send(Msg::StorageFailed { id, why });
+                    let _ = leading.tx.try_send(Msg::StorageFailed { id, why });
                 }
                 return Err(e.into());
             }
         };
-        self.meta.put_part(id, &stored.record).await?;
+        leading.meta.put_part(id, &stored.record).await?;
         let (bytes_new, bytes_reused) = (stored.record.bytes_new, stored.record.bytes_reused);
-        self.tx
+        leading
+            .tx
             .send(Msg::PartStored {
                 part: stored.part,
                 bytes_new,
@@ -492,7 +672,7 @@ impl pb::coordinator_server::Coordinator for CoordinatorService {
                 applied_restore_id: header.applied_restore_id,
             })
             .await
-            .map_err(|_| Error::ShuttingDown)?;
+            .map_err(|_| self.replica.not_leader())?;
         Ok(Response::new(pb::UploadSnapshotPartResponse {
             bytes_new,
             bytes_reused,

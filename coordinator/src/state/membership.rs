@@ -239,17 +239,14 @@ impl State {
             epoch,
             ..membership.clone()
         });
-        tx.try_send(Ok(pb::CoordinatorToNode {
-            kind: Some(registered),
-        }))
-        .map_err(|_| Error::ShuttingDown)?;
+        if !self.command(&tx, registered) {
+            return Err(Error::ShuttingDown);
+        }
         // Every member learns who holds each id now (peers admit streams from it only).
         for (id, member) in &self.members {
             if *id != node {
                 let update = pb::coordinator_to_node::Kind::Membership(membership.clone());
-                let _ = member
-                    .tx
-                    .try_send(Ok(pb::CoordinatorToNode { kind: Some(update) }));
+                self.command(&member.tx, update);
             }
         }
         match next {
@@ -257,9 +254,7 @@ impl State {
             OnRegister::Applied(restore_id) => self.restore_applied(&node, &restore_id).await,
             OnRegister::Restore(command) => {
                 tracing::info!(%node, restore = %command.restore_id, "the node has not applied the restore under way: sending it again");
-                let _ = tx.try_send(Ok(pb::CoordinatorToNode {
-                    kind: Some(pb::coordinator_to_node::Kind::Restore(command)),
-                }));
+                self.command(&tx, pb::coordinator_to_node::Kind::Restore(command));
             }
         }
         self.maybe_auto_restore().await;

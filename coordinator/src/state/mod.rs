@@ -148,9 +148,14 @@ pub(crate) struct Settings {
     pub auto_restore: bool,
     /// How long a restore may take.
     pub restore_timeout: Duration,
+    /// The term this task leads (the embedded store's: term 0, for good).
+    pub leadership: std::sync::Arc<crate::election::Leadership>,
 }
 
 pub(crate) struct State {
+    /// The term this task leads: every command carries it, and nothing is sent or written
+    /// once it ended.
+    leadership: std::sync::Arc<crate::election::Leadership>,
     metrics: crate::metrics::CoordinatorMetrics,
     settings: Settings,
     /// The metadata store, typed.
@@ -215,6 +220,7 @@ impl State {
             id_floor: 0,
             last_silence_check: Instant::now(),
             recovery_not_before: Instant::now(),
+            leadership: settings.leadership.clone(),
             metrics,
             roster: Roster::new(settings.topology.clone()),
             settings,
@@ -228,8 +234,17 @@ impl State {
         }
     }
 
-    /// Marks every snapshot a previous coordinator left in flight as failed.
+    /// Marks every snapshot a previous coordinator (or leader) left in flight as failed.
     pub(crate) async fn recover(&mut self) -> Result<(), Error> {
+        let term = self.leadership.term();
+        let left = if term > 0 {
+            FailureReason::CoordinatorFailover(format!(
+                "the coordinator that led it is gone; the leader of term {term} failed it when \
+                 it took over"
+            ))
+        } else {
+            FailureReason::CoordinatorRestarted
+        };
         self.roster.load(self.meta.roster().await?);
         tracing::info!(nodes = self.roster.nodes().count(), "roster loaded");
         self.load_policy().await?;
@@ -241,12 +256,9 @@ impl State {
             }
             if record.status == SnapshotStatus::InProgress {
                 record.status = SnapshotStatus::Failed;
-                record.failure = Some(failure_record(&FailureReason::CoordinatorRestarted));
+                record.failure = Some(failure_record(&left));
                 record.finished_at_ms = now_ms();
-                tracing::warn!(
-                    snapshot = record.id,
-                    "snapshot failed: coordinator restarted"
-                );
+                tracing::warn!(snapshot = record.id, "snapshot failed: {left}");
                 self.put_record(&record).await?;
             }
         }
@@ -258,13 +270,16 @@ impl State {
         Ok(())
     }
 
-    /// Serves requests until `shutdown`; then fails what is in flight and closes every
-    /// node session and watch stream, so the server can finish its graceful shutdown.
+    /// Serves requests until `shutdown` or the end of its term; then fails what is in
+    /// flight (stored only while the term holds: a deposed leader writes nothing) and
+    /// closes every node session and watch stream, so the server can finish its graceful
+    /// shutdown and the daemons go to the next leader.
     pub(crate) async fn run(
         mut self,
         mut rx: mpsc::Receiver<Msg>,
         shutdown: tokio_util::sync::CancellationToken,
     ) {
+        let leadership = self.leadership.clone();
         let mut refresh = tokio::time::interval(Duration::from_millis(250));
         refresh.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
         loop {
@@ -275,6 +290,7 @@ impl State {
                 .and_then(|ms| self.clock.checked_add(Duration::from_millis(ms)));
             tokio::select! {
                 _ = shutdown.cancelled() => break,
+                () = leadership.ended() => break,
                 msg = rx.recv() => match msg {
                     Some(msg) => self.handle(msg).await,
                     None => break,
@@ -287,12 +303,30 @@ impl State {
                 }
             }
         }
+        let deposed = !self.leadership.valid();
+        let reason = if deposed {
+            FailureReason::CoordinatorFailover(format!(
+                "term {} ended: {}",
+                self.leadership.term(),
+                self.leadership.why()
+            ))
+        } else {
+            FailureReason::Aborted("coordinator shut down".into())
+        };
         let ids: Vec<SnapshotId> = self.inflight.keys().copied().collect();
         for id in ids {
-            let update = self
-                .tracker
-                .fail(id, FailureReason::Aborted("coordinator shut down".into()));
+            let update = self.tracker.fail(id, reason.clone());
             self.settle(id, update).await;
+        }
+        if deposed {
+            let gone = Status::unavailable(format!(
+                "coordinator term {} ended ({}): reconnect to the leader",
+                self.leadership.term(),
+                self.leadership.why()
+            ));
+            for member in self.members.values() {
+                let _ = member.tx.try_send(Err(gone.clone()));
+            }
         }
         self.members.clear();
         self.watchers.clear();
@@ -437,10 +471,21 @@ impl State {
 
     fn broadcast(&self, kind: pb::coordinator_to_node::Kind) {
         for member in self.members.values() {
-            let _ = member.tx.try_send(Ok(pb::CoordinatorToNode {
-                kind: Some(kind.clone()),
-            }));
+            self.command(&member.tx, kind.clone());
         }
+    }
+
+    /// Sends `kind` to one node, carrying this term; nothing once the term ended (a
+    /// deposed leader commands nobody). Returns whether it was queued.
+    fn command(&self, tx: &NodeTx, kind: pb::coordinator_to_node::Kind) -> bool {
+        if !self.leadership.valid() {
+            return false;
+        }
+        tx.try_send(Ok(pb::CoordinatorToNode {
+            kind: Some(kind),
+            term: self.leadership.term(),
+        }))
+        .is_ok()
     }
 }
 

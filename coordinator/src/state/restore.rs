@@ -189,9 +189,10 @@ impl State {
         };
         for node in &nodes {
             if let Some(member) = self.members.get(node) {
-                let _ = member.tx.try_send(Ok(pb::CoordinatorToNode {
-                    kind: Some(pb::coordinator_to_node::Kind::Restore(command.clone())),
-                }));
+                self.command(
+                    &member.tx,
+                    pb::coordinator_to_node::Kind::Restore(command.clone()),
+                );
             }
         }
         self.restore_deadline(epoch);

@@ -123,10 +123,8 @@ impl State {
         let wire_plan = cairn_proto::convert::plan_to_pb(&plan, 0);
         for initiator in &plan.initiators {
             if let Some(member) = self.members.get(initiator) {
-                let command = pb::CoordinatorToNode {
-                    kind: Some(pb::coordinator_to_node::Kind::Initiate(wire_plan.clone())),
-                };
-                let _ = member.tx.try_send(Ok(command));
+                let initiate = pb::coordinator_to_node::Kind::Initiate(wire_plan.clone());
+                self.command(&member.tx, initiate);
             }
         }
         let tx = self.self_tx.clone();

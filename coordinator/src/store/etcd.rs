@@ -1,112 +1,188 @@
-//! The etcd metadata store. Members are put under one lease that this coordinator keeps
-//! alive; when the coordinator dies they disappear with it. A lost connection is retried
-//! by the client; every call that fails meanwhile reports UNAVAILABLE.
+//! The etcd metadata store. A lost connection is retried by the client; every call that
+//! fails meanwhile reports UNAVAILABLE.
 //!
-//! The store remembers every ephemeral key it holds and its value. When the lease is lost
-//! (an etcd outage longer than its TTL, or a revoked lease) the keep-alive grants a new one
-//! and puts every remembered key again under it, so `members/*` come back by themselves.
+//! **Fencing.** Only a leader writes, and only through a fenced view
+//! ([`EtcdKv::fenced`]): every write is one transaction guarded by
+//! `create_revision(election key) == term`, so a replica whose term ended (its key expired,
+//! was revoked or resigned, and another replica's key leads now) can write nothing, however
+//! late its request arrives. A guarded write that fails ends the term at once
+//! ([`Leadership::end`]); a term that ended refuses every further write locally, without
+//! asking etcd. The members' keys are put under the term's lease: they go with it. An
+//! unfenced view (a follower's) refuses every write.
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
 use etcd_client::{
     Certificate, Client, Compare, CompareOp, ConnectOptions, DeleteOptions, GetOptions, Identity,
-    PutOptions, TlsOptions, Txn, TxnOp,
+    LeaderKey, PutOptions, TlsOptions, Txn, TxnOp, TxnOpResponse,
 };
-use tokio::sync::Mutex;
-use tokio_util::sync::CancellationToken;
 
 use super::{Kv, StoreError};
 use crate::config::{EtcdConfig, causes};
+use crate::election::Leadership;
 
-/// Seconds a member key outlives a coordinator that stopped renewing it.
-const LEASE_TTL: i64 = 10;
-
-/// The lease and the ephemeral keys held under it. One lock for both: a put and the
-/// re-put after a new lease never interleave, so the newest value is the one that stays.
-#[derive(Default)]
-struct Ephemeral {
-    /// The live lease; `None` between losing one and granting the next.
-    lease: Option<i64>,
-    /// Every ephemeral key this store holds, with its value.
-    keys: BTreeMap<String, Vec<u8>>,
+/// The term a fenced view writes in.
+#[derive(Clone)]
+struct Fence {
+    /// The election key of the term.
+    key: Vec<u8>,
+    /// Its creation revision: the term.
+    rev: i64,
+    leadership: Arc<Leadership>,
 }
 
 /// A metadata store in etcd.
+#[derive(Clone)]
 pub struct EtcdKv {
     client: Client,
-    ephemeral: Arc<Mutex<Ephemeral>>,
+    /// The same connection settings without a request timeout, for the election (a
+    /// campaign waits as long as it takes).
+    untimed: Client,
+    fence: Option<Fence>,
 }
 
 fn unavailable(e: etcd_client::Error) -> StoreError {
     StoreError(format!("etcd unavailable: {e}"))
 }
 
+fn options(etcd: &EtcdConfig, timeout: bool) -> ConnectOptions {
+    let mut options = ConnectOptions::new()
+        .with_connect_timeout(Duration::from_secs(3))
+        .with_keep_alive(Duration::from_secs(2), Duration::from_secs(3))
+        .with_keep_alive_while_idle(true);
+    if timeout {
+        options = options.with_timeout(Duration::from_secs(5));
+    }
+    if let Some(tls) = &etcd.tls {
+        cairn_sdk::tls::install_crypto_provider();
+        let mut config = TlsOptions::new().ca_certificate(Certificate::from_pem(&tls.ca));
+        if let Some((cert, key)) = &tls.identity {
+            config = config.identity(Identity::from_pem(cert, key));
+        }
+        options = options.with_tls(config);
+    }
+    if let Some((user, password)) = &etcd.user {
+        // etcd's tokens expire (and are lost when etcd restarts): authenticate again.
+        options = options
+            .with_user(user.clone(), password.clone())
+            .with_auto_token_refresh(true);
+    }
+    options
+}
+
 impl EtcdKv {
-    /// Connects to `etcd` (its endpoints, TLS and user) and keeps a lease alive until
-    /// `shutdown`. A refused connection (a bad password, a certificate etcd or the
-    /// coordinator does not accept) is an error naming etcd and what was refused.
-    pub async fn connect(
-        etcd: &EtcdConfig,
-        shutdown: CancellationToken,
-    ) -> Result<Self, StoreError> {
-        let mut options = ConnectOptions::new()
-            .with_connect_timeout(Duration::from_secs(3))
-            .with_timeout(Duration::from_secs(5))
-            .with_keep_alive(Duration::from_secs(5), Duration::from_secs(3));
-        if let Some(tls) = &etcd.tls {
-            cairn_sdk::tls::install_crypto_provider();
-            let mut config = TlsOptions::new().ca_certificate(Certificate::from_pem(&tls.ca));
-            if let Some((cert, key)) = &tls.identity {
-                config = config.identity(Identity::from_pem(cert, key));
-            }
-            options = options.with_tls(config);
+    /// Connects to `etcd` (its endpoints, TLS and user). A refused connection (a bad
+    /// password, a certificate etcd or the coordinator does not accept) is an error naming
+    /// etcd and what was refused. The view returned reads only; a leader writes through
+    /// [`fenced`](Self::fenced).
+    pub async fn connect(etcd: &EtcdConfig) -> Result<Self, StoreError> {
+        if etcd.user.is_some() && etcd.tls.is_none() {
+            tracing::warn!(
+                "the etcd password is sent over plaintext http://; use https:// endpoints and --etcd-ca"
+            );
         }
-        if let Some((user, password)) = &etcd.user {
-            if etcd.tls.is_none() {
-                tracing::warn!(
-                    user,
-                    "the etcd password is sent over plaintext http://; use https:// endpoints and --etcd-ca"
-                );
-            }
-            // etcd's tokens expire (and are lost when etcd restarts): authenticate again.
-            options = options
-                .with_user(user.clone(), password.clone())
-                .with_auto_token_refresh(true);
-        }
-        let client = Client::connect(&etcd.endpoints, Some(options))
+        let client = Client::connect(&etcd.endpoints, Some(options(etcd, true)))
             .await
             .map_err(|e| refused(etcd, &e))?;
-        let store = Self {
-            client,
-            ephemeral: Arc::default(),
-        };
         // Prove the connection now, so a wrong endpoint, a refused certificate or a user
-        // without access is reported at start; and hold a lease before the first member
-        // is put.
-        store
-            .client
+        // without access is reported at start.
+        client
             .clone()
             .get("/cairn/", None)
             .await
             .map_err(|e| refused(etcd, &e))?;
-        let lease = store
-            .client
-            .clone()
-            .lease_grant(LEASE_TTL, None)
+        let untimed = Client::connect(&etcd.endpoints, Some(options(etcd, false)))
             .await
-            .map_err(|e| refused(etcd, &e))?
-            .id();
-        store.ephemeral.lock().await.lease = Some(lease);
-        tokio::spawn(keep_lease(
-            store.client.clone(),
-            store.ephemeral.clone(),
-            Some(lease),
-            shutdown,
-        ));
-        Ok(store)
+            .map_err(|e| refused(etcd, &e))?;
+        Ok(Self {
+            client,
+            untimed,
+            fence: None,
+        })
     }
+
+    /// The client for the election (no request timeout).
+    pub(crate) fn election_client(&self) -> Client {
+        self.untimed.clone()
+    }
+
+    /// The view a leader writes through: every write guarded by `key`'s creation revision.
+    pub(crate) fn fenced(&self, leadership: Arc<Leadership>, key: &LeaderKey) -> Self {
+        Self {
+            client: self.client.clone(),
+            untimed: self.untimed.clone(),
+            fence: Some(Fence {
+                key: key.key().to_vec(),
+                rev: key.rev(),
+                leadership,
+            }),
+        }
+    }
+
+    /// The fence of a write, if this view may still write.
+    fn fence(&self) -> Result<&Fence, StoreError> {
+        let fence = self.fence.as_ref().ok_or_else(|| {
+            StoreError("this coordinator is a follower: only the leader writes".into())
+        })?;
+        if !fence.leadership.valid() {
+            return Err(lost(fence));
+        }
+        Ok(fence)
+    }
+
+    /// Runs `ops` if and only if the term still holds; a term that no longer holds ends
+    /// here. `extra` compares are added to the guard (a counter's revision).
+    async fn guarded(&self, extra: Vec<Compare>, ops: Vec<TxnOp>) -> Result<Guarded, StoreError> {
+        let fence = self.fence()?;
+        let mut when = vec![Compare::create_revision(
+            fence.key.clone(),
+            CompareOp::Equal,
+            fence.rev,
+        )];
+        let checks_extra = !extra.is_empty();
+        when.extend(extra);
+        let txn = Txn::new()
+            .when(when)
+            .and_then(ops)
+            .or_else([TxnOp::get(fence.key.clone(), None)]);
+        let response = self.client.clone().txn(txn).await.map_err(unavailable)?;
+        if response.succeeded() {
+            return Ok(Guarded::Done);
+        }
+        // Failed: the term is gone unless the election key is still ours (then only an
+        // extra compare failed).
+        let ours = response.op_responses().iter().any(|op| match op {
+            TxnOpResponse::Get(get) => get
+                .kvs()
+                .first()
+                .is_some_and(|kv| kv.create_revision() == fence.rev),
+            _ => false,
+        });
+        if ours && checks_extra {
+            return Ok(Guarded::ExtraFailed);
+        }
+        fence.leadership.end(format!(
+            "a guarded write found the election key of term {} gone: another replica leads",
+            fence.rev
+        ));
+        Err(lost(fence))
+    }
+}
+
+/// How a guarded transaction ended.
+enum Guarded {
+    Done,
+    /// The term holds; an extra compare failed.
+    ExtraFailed,
+}
+
+fn lost(fence: &Fence) -> StoreError {
+    StoreError(format!(
+        "leadership of term {} lost ({}): this coordinator writes nothing more",
+        fence.rev,
+        fence.leadership.why()
+    ))
 }
 
 /// A start-up failure to reach or use etcd, saying what was refused when etcd or the TLS
@@ -152,110 +228,6 @@ fn refused(etcd: &EtcdConfig, error: &etcd_client::Error) -> StoreError {
     };
     StoreError(format!("etcd at {endpoints}: {why} ({text})"))
 }
-/// Why a lease's keep-alive ended.
-#[derive(Debug)]
-enum LeaseLost {
-    /// etcd says the lease no longer exists (it expired or was revoked).
-    Gone,
-    /// The keep-alive stream ended.
-    StreamEnded,
-    /// etcd could not be reached.
-    Etcd(etcd_client::Error),
-}
-
-impl std::fmt::Display for LeaseLost {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Self::Gone => f.write_str("etcd no longer knows the lease (expired or revoked)"),
-            Self::StreamEnded => f.write_str("the keep-alive stream ended"),
-            Self::Etcd(e) => write!(f, "{e}"),
-        }
-    }
-}
-
-impl From<etcd_client::Error> for LeaseLost {
-    fn from(e: etcd_client::Error) -> Self {
-        Self::Etcd(e)
-    }
-}
-
-/// Grants a lease and puts every ephemeral key under it (in one critical section with
-/// [`EtcdKv::put_ephemeral`]); returns the lease.
-async fn grant_and_restore(
-    client: &mut Client,
-    ephemeral: &Mutex<Ephemeral>,
-) -> Result<i64, etcd_client::Error> {
-    let id = client.lease_grant(LEASE_TTL, None).await?.id();
-    let mut held = ephemeral.lock().await;
-    for (key, value) in &held.keys {
-        client
-            .put(
-                key.as_str(),
-                value.clone(),
-                Some(PutOptions::new().with_lease(id)),
-            )
-            .await?;
-    }
-    if !held.keys.is_empty() {
-        tracing::info!(
-            lease = id,
-            keys = held.keys.len(),
-            "etcd lease granted again; ephemeral keys put back under it"
-        );
-    }
-    held.lease = Some(id);
-    Ok(id)
-}
-
-/// Keeps `granted` (or, without one, a new lease that it grants) alive until it is lost.
-async fn hold_lease(
-    client: &mut Client,
-    ephemeral: &Mutex<Ephemeral>,
-    granted: Option<i64>,
-) -> Result<std::convert::Infallible, LeaseLost> {
-    let id = match granted {
-        Some(id) => id,
-        None => grant_and_restore(client, ephemeral).await?,
-    };
-    let (mut keeper, mut responses) = client.lease_keep_alive(id).await?;
-    loop {
-        keeper.keep_alive().await?;
-        match responses.message().await? {
-            None => return Err(LeaseLost::StreamEnded),
-            Some(response) if response.ttl() <= 0 => return Err(LeaseLost::Gone),
-            Some(_) => {}
-        }
-        tokio::time::sleep(Duration::from_secs((LEASE_TTL / 3) as u64)).await;
-    }
-}
-
-/// Keeps the lease alive (`granted`, or a new one); when it is lost, grants a new one and
-/// puts every ephemeral key back under it.
-async fn keep_lease(
-    mut client: Client,
-    ephemeral: Arc<Mutex<Ephemeral>>,
-    mut granted: Option<i64>,
-    shutdown: CancellationToken,
-) {
-    loop {
-        let attempt = hold_lease(&mut client, &ephemeral, granted.take());
-        tokio::select! {
-            _ = shutdown.cancelled() => {
-                if let Some(id) = ephemeral.lock().await.lease.take() {
-                    let _ = client.lease_revoke(id).await;
-                }
-                return;
-            }
-            lost = attempt => {
-                ephemeral.lock().await.lease = None;
-                let Err(e) = lost;
-                tracing::warn!("etcd lease lost: {e}; granting a new one");
-            }
-        }
-        tokio::time::sleep(Duration::from_secs(1)).await;
-    }
-}
-
 impl Kv for EtcdKv {
     async fn get(&self, key: &str) -> Result<Option<Vec<u8>>, StoreError> {
         let response = self
@@ -268,51 +240,31 @@ impl Kv for EtcdKv {
     }
 
     async fn put(&self, key: &str, value: Vec<u8>) -> Result<(), StoreError> {
-        self.client
-            .clone()
-            .put(key, value, None)
+        self.guarded(vec![], vec![TxnOp::put(key, value, None)])
             .await
-            .map_err(unavailable)?;
-        Ok(())
+            .map(drop)
     }
 
-    /// Remembered, then put under the lease. Between losing a lease and granting the next
-    /// there is none: the key is only remembered, and put when the new lease is granted
-    /// (never without a lease, which would outlive this coordinator).
+    /// Under the term's lease: the key goes when the term's lease does.
     async fn put_ephemeral(&self, key: &str, value: Vec<u8>) -> Result<(), StoreError> {
-        let mut held = self.ephemeral.lock().await;
-        held.keys.insert(key.to_owned(), value.clone());
-        if let Some(id) = held.lease {
-            self.client
-                .clone()
-                .put(key, value, Some(PutOptions::new().with_lease(id)))
-                .await
-                .map_err(unavailable)?;
-        }
-        Ok(())
+        let lease = self.fence()?.leadership.lease();
+        let options = PutOptions::new().with_lease(lease);
+        self.guarded(vec![], vec![TxnOp::put(key, value, Some(options))])
+            .await
+            .map(drop)
     }
 
     async fn delete(&self, key: &str) -> Result<(), StoreError> {
-        let mut held = self.ephemeral.lock().await;
-        held.keys.remove(key);
-        self.client
-            .clone()
-            .delete(key, None)
+        self.guarded(vec![], vec![TxnOp::delete(key, None)])
             .await
-            .map_err(unavailable)?;
-        Ok(())
+            .map(drop)
     }
 
     async fn delete_prefix(&self, prefix: &str) -> Result<(), StoreError> {
-        let mut held = self.ephemeral.lock().await;
-        held.keys.retain(|key, _| !key.starts_with(prefix));
         let options = DeleteOptions::new().with_prefix();
-        self.client
-            .clone()
-            .delete(prefix, Some(options))
+        self.guarded(vec![], vec![TxnOp::delete(prefix, Some(options))])
             .await
-            .map_err(unavailable)?;
-        Ok(())
+            .map(drop)
     }
 
     async fn list(&self, prefix: &str) -> Result<Vec<(String, Vec<u8>)>, StoreError> {
@@ -336,7 +288,8 @@ impl Kv for EtcdKv {
             .collect()
     }
 
-    /// A compare-and-swap on the key's modification revision, retried until it wins.
+    /// A compare-and-swap on the key's modification revision, guarded by the term,
+    /// retried until it wins (or the term is gone).
     async fn fetch_increment(&self, key: &str) -> Result<u64, StoreError> {
         let mut client = self.client.clone();
         loop {
@@ -357,12 +310,10 @@ impl Kv for EtcdKv {
             let next = current
                 .checked_add(1)
                 .ok_or_else(|| StoreError(format!("{key} is at its largest value")))?;
-            let txn =
-                Txn::new()
-                    .when([compare])
-                    .and_then([TxnOp::put(key, next.to_string(), None)]);
-            if client.txn(txn).await.map_err(unavailable)?.succeeded() {
-                return Ok(current);
+            let put = TxnOp::put(key, next.to_string(), None);
+            match self.guarded(vec![compare], vec![put]).await? {
+                Guarded::Done => return Ok(current),
+                Guarded::ExtraFailed => continue,
             }
         }
     }

@@ -166,6 +166,11 @@ impl Metadata {
             .await?)
     }
 
+    /// Every connected member, as the leader stored them (unparsable ones skipped).
+    pub async fn members(&self) -> Result<Vec<MemberRecord>, Error> {
+        self.list(&self.keys.members()).await
+    }
+
     /// Removes a member.
     pub async fn delete_member(&self, node: &str) -> Result<(), Error> {
         Ok(self.kv.delete(&self.keys.member(node)).await?)

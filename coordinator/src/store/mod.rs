@@ -8,7 +8,8 @@
 //! | `next-snapshot-id` | the next id to hand out (decimal) |
 //! | `snapshots/<id, 20 digits>` | [`SnapshotRecord`] |
 //! | `parts/<id, 20 digits>/<node>` | [`PartRecord`]: one node's part |
-//! | `members/<node>` | [`MemberRecord`] (in etcd under the coordinator's lease) |
+//! | `members/<node>` | [`MemberRecord`] (in etcd under the leader's lease) |
+//! | `leader/<lease>` | a replica's advertised address (etcd's election keys) |
 
 mod etcd;
 mod file;
@@ -184,6 +185,10 @@ impl Keys {
     /// One member.
     pub fn member(&self, node: &str) -> String {
         format!("{}members/{node}", self.root)
+    }
+    /// The election: replicas campaign under `<this>/` (etcd's keys `<this>/<lease>`).
+    pub fn leader(&self) -> String {
+        format!("{}leader", self.root)
     }
     /// The snapshot policy.
     pub fn policy(&self) -> String {
