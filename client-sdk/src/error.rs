@@ -13,8 +13,9 @@ pub enum Error {
         /// Why.
         reason: String,
     },
-    /// The server answered with an error status.
-    #[error("{}: {}", .0.code(), .0.message())]
+    /// The server answered with an error status. UNAVAILABLE from a coordinator replica
+    /// that follows names the leader ([`Error::leader`]): "… the leader is HOST:PORT".
+    #[error("{}", rpc_text(.0))]
     Rpc(Status),
     /// The destination is not a peer of this node.
     #[error("`{0}` is not a peer of this node")]
@@ -42,6 +43,36 @@ impl Error {
             ),
             Self::UnknownPeer(_) | Self::Protocol(_) => false,
         }
+    }
+
+    /// The leading coordinator replica (`HOST:PORT`) that a follower named when it refused
+    /// a call with UNAVAILABLE; `None` for any other error. After one,
+    /// [`CoordinatorClient::reconnect_to_leader`](crate::CoordinatorClient::reconnect_to_leader)
+    /// finds the leader again.
+    pub fn leader(&self) -> Option<String> {
+        match self {
+            Self::Rpc(status) => leader_of(status),
+            _ => None,
+        }
+    }
+}
+
+/// The leader an UNAVAILABLE `status` names ([`crate::coordinator::LEADER_METADATA`],
+/// checked by [`crate::coordinator::check_address`]); `None` for any other status.
+pub fn leader_of(status: &Status) -> Option<String> {
+    (status.code() == Code::Unavailable)
+        .then(|| crate::coordinator::leader_in(status.metadata()))
+        .flatten()
+}
+
+fn rpc_text(status: &Status) -> String {
+    match leader_of(status) {
+        Some(leader) => format!(
+            "{}: {}; the leader is {leader}",
+            status.code(),
+            status.message()
+        ),
+        None => format!("{}: {}", status.code(), status.message()),
     }
 }
 

@@ -86,10 +86,21 @@ pub(crate) async fn health(
     }
 }
 
-/// `cairnctl status`: members, snapshots in flight, the newest completed one, the schedule
-/// and freshness.
+/// `cairnctl status`: the coordinator replicas and which leads, members, snapshots in
+/// flight, the newest completed one, the schedule and freshness.
 pub(crate) async fn status(coordinator: &str, output: Output) -> anyhow::Result<ExitCode> {
     let mut client = crate::connect(coordinator).await?;
+    let coordinator = client.address().to_owned();
+    // A coordinator of before high availability does not know GetLeadership: unknown.
+    let leadership = match client
+        .raw()
+        .get_leadership(pb::GetLeadershipRequest {})
+        .await
+    {
+        Ok(answer) => Some(answer.into_inner()),
+        Err(status) if status.code() == tonic::Code::Unimplemented => None,
+        Err(status) => return Err(status.into()),
+    };
     let nodes = client
         .raw()
         .list_nodes(pb::ListNodesRequest {})
@@ -155,6 +166,11 @@ pub(crate) async fn status(coordinator: &str, output: Output) -> anyhow::Result<
     if output == Output::Json {
         let json = serde_json::json!({
             "coordinator": coordinator,
+            "leader": leadership.as_ref().map(|l| &l.leader),
+            "term": leadership.as_ref().map(|l| l.term),
+            "replicas": leadership.as_ref().map(|l| l.replicas.iter().map(|r| serde_json::json!({
+                "address": r.address, "revision": r.revision, "leader": r.leader,
+            })).collect::<Vec<_>>()),
             "nodes": nodes.nodes.len(),
             "connected": connected,
             "not_connected": down,
@@ -170,8 +186,12 @@ pub(crate) async fn status(coordinator: &str, output: Output) -> anyhow::Result<
         println!("{}", serde_json::to_string_pretty(&json)?);
         return Ok(ExitCode::SUCCESS);
     }
+    let [leader, term, replicas] = leadership_rows(leadership.as_ref());
     let mut rows = vec![
-        ("coordinator", coordinator.to_owned()),
+        ("coordinator", coordinator.clone()),
+        ("leader", leader),
+        ("term", term),
+        ("replicas", replicas),
         (
             "nodes",
             if down.is_empty() {
@@ -239,4 +259,85 @@ pub(crate) async fn status(coordinator: &str, output: Output) -> anyhow::Result<
         rows.into_iter().map(|(k, v)| vec![k.to_owned(), v]),
     );
     Ok(ExitCode::SUCCESS)
+}
+
+/// The `leader`, `term` and `replicas` rows of `cairnctl status`; `None`: a coordinator
+/// that does not tell (before high availability).
+fn leadership_rows(leadership: Option<&pb::Leadership>) -> [String; 3] {
+    let Some(l) = leadership else {
+        return ["unknown".into(), "unknown".into(), "unknown".into()];
+    };
+    if l.leader.is_empty() {
+        return [
+            "none (an election is under way)".into(),
+            "none".into(),
+            replicas_text(&l.replicas),
+        ];
+    }
+    [
+        l.leader.clone(),
+        l.term.to_string(),
+        replicas_text(&l.replicas),
+    ]
+}
+
+fn replicas_text(replicas: &[pb::CoordinatorReplica]) -> String {
+    if replicas.is_empty() {
+        return "none".into();
+    }
+    replicas
+        .iter()
+        .map(|r| {
+            format!(
+                "{} ({}revision {})",
+                r.address,
+                if r.leader { "leader, " } else { "" },
+                r.revision
+            )
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn leadership_rows_read_well() {
+        assert_eq!(leadership_rows(None), ["unknown", "unknown", "unknown"]);
+        let replica = |address: &str, revision, leader| pb::CoordinatorReplica {
+            address: address.into(),
+            revision,
+            leader,
+        };
+        let ha = pb::Leadership {
+            leader: "c1:7000".into(),
+            term: 42,
+            replicas: vec![replica("c1:7000", 42, true), replica("c2:7000", 57, false)],
+            answered_by: "c2:7000".into(),
+        };
+        assert_eq!(
+            leadership_rows(Some(&ha)),
+            [
+                "c1:7000",
+                "42",
+                "c1:7000 (leader, revision 42), c2:7000 (revision 57)"
+            ]
+        );
+        let election = pb::Leadership {
+            leader: String::new(),
+            term: 0,
+            replicas: vec![replica("c2:7000", 57, false)],
+            answered_by: "c2:7000".into(),
+        };
+        assert_eq!(
+            leadership_rows(Some(&election)),
+            [
+                "none (an election is under way)",
+                "none",
+                "c2:7000 (revision 57)"
+            ]
+        );
+    }
 }

@@ -30,9 +30,18 @@ use crate::output::Output;
 #[derive(Debug, Parser)]
 #[command(version)]
 struct Cli {
-    /// The coordinator's address [default: 127.0.0.1:7000]. For `cluster up` and `demo`,
-    /// the address the coordinator they start listens on [default: a free loopback port].
-    #[arg(long, global = true, env = "CAIRN_COORDINATOR")]
+    /// The coordinator's address (HOST:PORT), or its replicas' as a comma-separated list
+    /// (at most 16): cairnctl asks each in turn whether it leads, goes to the leader a
+    /// follower names, and waits up to 10 s for an election before it settles for a
+    /// follower (reads work there; writes fail with UNAVAILABLE, naming the leader)
+    /// [default: 127.0.0.1:7000]. For `cluster up` and `demo`, the one address the
+    /// coordinator they start listens on [default: a free loopback port].
+    #[arg(
+        long,
+        global = true,
+        env = "CAIRN_COORDINATOR",
+        value_name = "ADDRESS[,ADDRESS...]"
+    )]
     coordinator: Option<String>,
     /// A bearer token sent on every call to the coordinator (one its --auth-tokens file
     /// lists; `cairnctl auth token` makes one). A flag shows in `ps` and the shell's
@@ -151,13 +160,14 @@ pub(crate) fn tls() -> Option<&'static cairn_sdk::tls::Tls> {
     TLS.get().and_then(Option::as_ref)
 }
 
-/// A client of the coordinator at `address`, sending `--token` if given (with one warning
-/// line if it goes in clear text beyond this machine).
+/// A client of the leading coordinator among `address` (one or a comma-separated list),
+/// sending `--token` if given (with one warning line if it goes in clear text beyond this
+/// machine).
 pub(crate) async fn connect(
     address: &str,
 ) -> Result<cairn_sdk::CoordinatorClient, cairn_sdk::Error> {
     let token = TOKEN.get().and_then(|t| t.as_deref());
-    if token.is_some() && tls().is_none() && !is_loopback(address) {
+    if token.is_some() && tls().is_none() && !address.split(',').all(|a| is_loopback(a.trim())) {
         static WARNED: std::sync::Once = std::sync::Once::new();
         WARNED.call_once(|| {
             eprintln!(
@@ -209,6 +219,12 @@ fn main() -> ExitCode {
         Err(code) => return code,
     };
     let local = matches!(cli.command, Command::Cluster(_) | Command::Demo { .. });
+    if local && cli.coordinator.as_deref().is_some_and(|c| c.contains(',')) {
+        return cli::usage_error(
+            "--coordinator: `cluster up` and `demo` start one coordinator, which listens on one \
+             address (HOST:PORT), not a list",
+        );
+    }
     // A flag given on the command line, not a variable (the `export CAIRN_TLS_…` that
     // `cluster up` prints stays harmless for the next `cluster up`).
     let flag = |value: &Option<PathBuf>, variable: &str| {
@@ -264,6 +280,10 @@ fn main() -> ExitCode {
                         why.push_str(&format!(": {cause}"));
                         source = cause.source();
                     }
+                    // A follower refusing a write names the leader.
+                    if let Some(leader) = cairn_sdk::error::leader_of(status) {
+                        why.push_str(&format!("; the leader is {leader}"));
+                    }
                     // A TLS failure first says what it means (an expired certificate, ...).
                     match cairn_sdk::tls::explain(status) {
                         Some(tls) => eprintln!(
@@ -277,7 +297,15 @@ fn main() -> ExitCode {
                         eprintln!("{hint}");
                     }
                 }
-                None => eprintln!("error: {e:#}"),
+                None => {
+                    eprintln!("error: {e:#}");
+                    // A plaintext connection a TLS server closed, seen while connecting.
+                    if let Some(cairn_sdk::Error::Connect { reason, .. }) = e.downcast_ref()
+                        && let Some(hint) = plaintext_hint(reason)
+                    {
+                        eprintln!("{hint}");
+                    }
+                }
             }
             ExitCode::FAILURE
         }
@@ -386,6 +414,38 @@ mod tests {
                 .contains("--token-file")
         );
         let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[tokio::test]
+    async fn a_server_that_closes_a_plaintext_connection_gets_the_tls_hint() {
+        // A TLS server closes a plaintext client's connection without a word; so does this.
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let address = listener.local_addr().unwrap().to_string();
+        tokio::spawn(async move {
+            while let Ok((tcp, _)) = listener.accept().await {
+                drop(tcp);
+            }
+        });
+        let e = cairn_sdk::CoordinatorClient::connect(&address)
+            .await
+            .err()
+            .unwrap();
+        let cairn_sdk::Error::Connect { reason, .. } = &e else {
+            panic!("{e:?}")
+        };
+        assert!(plaintext_hint(reason).is_some(), "{reason}");
+        // Nothing listening: no hint.
+        let closed = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let nobody = closed.local_addr().unwrap().to_string();
+        drop(closed);
+        let e = cairn_sdk::CoordinatorClient::connect(&nobody)
+            .await
+            .err()
+            .unwrap();
+        let cairn_sdk::Error::Connect { reason, .. } = &e else {
+            panic!("{e:?}")
+        };
+        assert!(plaintext_hint(reason).is_none(), "{reason}");
     }
 
     #[test]
