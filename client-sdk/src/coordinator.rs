@@ -564,6 +564,17 @@ mod tests {
         let error = Error::from(status);
         assert_eq!(error.leader(), None);
         assert!(!error.to_string().contains("leader is"), "{error}");
+        // A message that names the leader already is not repeated.
+        let mut status = tonic::Status::unavailable(
+            "this coordinator (c2:7000) is a follower: the leader is c1:7000 (term 41); writes \
+             and node sessions go there",
+        );
+        status
+            .metadata_mut()
+            .insert(LEADER_METADATA, "c1:7000".parse().unwrap());
+        let error = Error::from(status);
+        assert_eq!(error.leader().as_deref(), Some("c1:7000"));
+        assert_eq!(error.to_string().matches("c1:7000").count(), 1, "{error}");
     }
 
     /// A coordinator replica as its health service shows it.

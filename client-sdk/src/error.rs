@@ -65,15 +65,28 @@ pub fn leader_of(status: &Status) -> Option<String> {
         .flatten()
 }
 
-fn rpc_text(status: &Status) -> String {
+/// `; the leader is HOST:PORT`, to follow the message of an UNAVAILABLE `status` that
+/// names the leader ([`leader_of`]) unless its message says so already; empty otherwise.
+pub fn leader_note(status: &Status) -> String {
     match leader_of(status) {
-        Some(leader) => format!(
-            "{}: {}; the leader is {leader}",
-            status.code(),
-            status.message()
-        ),
-        None => format!("{}: {}", status.code(), status.message()),
+        Some(leader)
+            if !status
+                .message()
+                .contains(&format!("the leader is {leader}")) =>
+        {
+            format!("; the leader is {leader}")
+        }
+        _ => String::new(),
     }
+}
+
+fn rpc_text(status: &Status) -> String {
+    format!(
+        "{}: {}{}",
+        status.code(),
+        status.message(),
+        leader_note(status)
+    )
 }
 
 /// An error with its causes, `a: b: c` — tonic's transport errors say little on their own.

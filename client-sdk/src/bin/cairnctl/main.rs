@@ -281,9 +281,7 @@ fn main() -> ExitCode {
                         source = cause.source();
                     }
                     // A follower refusing a write names the leader.
-                    if let Some(leader) = cairn_sdk::error::leader_of(status) {
-                        why.push_str(&format!("; the leader is {leader}"));
-                    }
+                    why.push_str(&cairn_sdk::error::leader_note(status));
                     // A TLS failure first says what it means (an expired certificate, ...).
                     match cairn_sdk::tls::explain(status) {
                         Some(tls) => eprintln!(
