@@ -34,8 +34,11 @@ pub struct NodeConfig {
     pub reconnect_max: Duration,
     /// Completed local snapshot parts kept for `GetLocalSnapshot`.
     pub keep_parts: usize,
-    /// The coordinator's address; `None` runs without one (snapshots by `NodeAdmin` only).
-    pub coordinator: Option<String>,
+    /// The coordinator replicas' addresses (`host:port` each, at most
+    /// [`MAX_COORDINATORS`]), tried in turn until one registers this daemon; a replica
+    /// that is not the leader names the leader, which is tried next. Empty: the daemon
+    /// runs without a coordinator (snapshots by `NodeAdmin` only).
+    pub coordinators: Vec<String>,
     /// With a coordinator: the peer address it hands out for this node (required).
     pub advertise: Option<String>,
     /// Who may call NodeAdmin: the bearer tokens of `--auth-tokens`, or open (the default).
@@ -66,15 +69,16 @@ impl NodeConfig {
             reconnect_initial: Duration::from_millis(50),
             reconnect_max: Duration::from_secs(2),
             keep_parts: 256,
-            coordinator: None,
+            coordinators: Vec::new(),
             advertise: None,
             auth: cairn_sdk::cli::auth::Auth::open(),
             tls: None,
         }
     }
 
-    /// A daemon that takes its members from the coordinator at `coordinator` and tells it
-    /// that peers reach it at `advertise`.
+    /// A daemon that takes its members from the coordinator at `coordinator` (one address)
+    /// and tells it that peers reach it at `advertise`. Set `coordinators` for several
+    /// replicas.
     pub fn with_coordinator(
         node_id: NodeId,
         cluster: impl Into<String>,
@@ -82,7 +86,7 @@ impl NodeConfig {
         advertise: impl Into<String>,
     ) -> Self {
         let mut config = Self::new(node_id, cluster, BTreeMap::new());
-        config.coordinator = Some(coordinator.into());
+        config.coordinators = vec![coordinator.into()];
         config.advertise = Some(advertise.into());
         config
     }
@@ -100,7 +104,8 @@ impl NodeConfig {
                 self.max_payload
             )));
         }
-        if self.coordinator.is_some() {
+        if !self.coordinators.is_empty() {
+            check_coordinators(&self.coordinators)?;
             if !self.peers.is_empty() || self.channels.is_some() {
                 return Err(ConfigError::Invalid(
                     "--peer and --channel are for a daemon without --coordinator; with one, the \
@@ -133,6 +138,77 @@ impl NodeConfig {
             Some(channels) => Ok(Topology::from_channels(nodes, channels.iter().cloned())?),
         }
     }
+}
+
+/// Most coordinator addresses `--coordinator` may list.
+pub const MAX_COORDINATORS: usize = 16;
+
+/// Longest `HOST:PORT` accepted as a coordinator's address (a DNS name is at most 253).
+pub const MAX_ADDRESS_LEN: usize = 255;
+
+/// Checks the coordinators' addresses: at most [`MAX_COORDINATORS`], each a `HOST:PORT`
+/// (see [`check_host_port`]), none twice.
+pub fn check_coordinators(addresses: &[String]) -> Result<(), ConfigError> {
+    if addresses.len() > MAX_COORDINATORS {
+        return Err(ConfigError::Invalid(format!(
+            "--coordinator lists {} addresses; at most {MAX_COORDINATORS}",
+            addresses.len()
+        )));
+    }
+    for (i, address) in addresses.iter().enumerate() {
+        check_host_port(address).map_err(|why| {
+            ConfigError::Invalid(format!(
+                "--coordinator: `{address}` is not HOST:PORT ({why}); give one address or \
+                 several separated by commas, e.g. a:7000,b:7000,c:7000"
+            ))
+        })?;
+        if addresses[..i].contains(address) {
+            return Err(ConfigError::Invalid(format!(
+                "--coordinator lists {address} twice"
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// Checks that `text` is a `HOST:PORT` fit to dial: at most [`MAX_ADDRESS_LEN`] bytes, the
+/// host a name or IPv4 address (letters, digits, `.`, `-`, `_`) or an IPv6 address in
+/// brackets, the port 1 to 65535. Nothing else (no scheme, path, user or space) gets
+/// through, so the address can go into a URI as it is. `Err` says what is wrong.
+pub fn check_host_port(text: &str) -> Result<(), String> {
+    if text.is_empty() {
+        return Err("empty".into());
+    }
+    if text.len() > MAX_ADDRESS_LEN {
+        return Err(format!("longer than {MAX_ADDRESS_LEN} bytes"));
+    }
+    if text.contains("://") {
+        return Err("a URL: give HOST:PORT without a scheme".into());
+    }
+    let (host, port) = text.rsplit_once(':').ok_or("no :PORT")?;
+    if port.is_empty()
+        || !port.bytes().all(|b| b.is_ascii_digit())
+        || port.parse::<u16>().map_or(true, |p| p == 0)
+    {
+        return Err(format!("port `{port}` is not 1 to 65535"));
+    }
+    let ok = match host.strip_prefix('[') {
+        Some(inner) => inner
+            .strip_suffix(']')
+            .is_some_and(|ip| ip.parse::<std::net::Ipv6Addr>().is_ok()),
+        None => {
+            !host.is_empty()
+                && host
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'-' | b'_'))
+        }
+    };
+    if !ok {
+        return Err(format!(
+            "host `{host}` is not a name, an IPv4 address or an IPv6 address in brackets"
+        ));
+    }
+    Ok(())
 }
 
 /// A configuration that cannot run.
@@ -173,4 +249,58 @@ pub fn parse_channel(text: &str) -> Result<ChannelId, ConfigError> {
         )));
     }
     Ok(ChannelId::new(from, to))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn with(coordinators: &[&str]) -> NodeConfig {
+        let mut config =
+            NodeConfig::with_coordinator(NodeId::new("n1"), "c", "x:1", "127.0.0.1:7100");
+        config.coordinators = coordinators.iter().map(|s| (*s).to_owned()).collect();
+        config
+    }
+
+    #[test]
+    fn one_coordinator_or_a_list() {
+        let one = NodeConfig::with_coordinator(NodeId::new("n1"), "c", "a:7000", "h:7100");
+        assert_eq!(one.coordinators, ["a:7000"]);
+        assert!(one.topology().is_ok());
+        let list = [
+            "a:7000",
+            "10.0.0.2:7000",
+            "[::1]:7000",
+            "cairn-coordinator.ns.svc:7000",
+        ];
+        assert!(with(&list).topology().is_ok());
+    }
+
+    #[test]
+    fn bad_coordinator_lists_are_refused_clearly() {
+        for (list, says) in [
+            (&["a:7000", ""][..], "`` is not HOST:PORT (empty)"),
+            (&["a"][..], "no :PORT"),
+            (&["a:0"][..], "port `0`"),
+            (&["a:70000"][..], "port `70000`"),
+            (&[":7000"][..], "host ``"),
+            (&["http://a:7000"][..], "without a scheme"),
+            (&["a/b:7000"][..], "host `a/b`"),
+            (&["a b:7000"][..], "host `a b`"),
+            (&["[zz]:7000"][..], "host `[zz]`"),
+            (&["a:7000", "a:7000"][..], "lists a:7000 twice"),
+        ] {
+            let err = with(list).topology().unwrap_err().to_string();
+            assert!(err.contains(says), "{list:?}: {err}");
+        }
+        let many: Vec<String> = (0..=MAX_COORDINATORS)
+            .map(|i| format!("c{i}:7000"))
+            .collect();
+        let mut config = with(&[]);
+        config.coordinators = many;
+        let err = config.topology().unwrap_err().to_string();
+        assert!(err.contains("at most 16"), "{err}");
+        let long = format!("{}:7000", "a".repeat(MAX_ADDRESS_LEN));
+        assert!(check_host_port(&long).unwrap_err().contains("longer than"));
+    }
 }

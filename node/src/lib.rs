@@ -27,7 +27,8 @@
 //! - [`error`]: the daemon's [`Error`] and its gRPC codes.
 //! - [`metrics`]: Prometheus metrics (served by `cairn_sdk::cli::metrics`).
 //! - `wiring`: the node's members and channels, and how they grow.
-//! - `coordinator_link`: the session with the coordinator (`upload`, `restore_fetch`).
+//! - `coordinator_link`: the session with the coordinator (`upload`, `restore_fetch`;
+//!   `coordinators`: which replica to try next; `term`: the leadership-term rule).
 //!
 //! The modules import each other in one direction: `coordinator_link` → `wiring` →
 //! `peer_client` → `node_loop` → `part`, `error`, `shared` → `metrics` (and `admin`,
@@ -134,12 +135,13 @@ pub async fn run(
         upload_room: Arc::new(tokio::sync::Semaphore::new(UPLOAD_ROOM)),
         tls: config.tls.clone(),
         epoch: tokio::sync::watch::Sender::new(0),
+        highest_term: AtomicU64::new(0),
     });
 
     let stop = CancellationToken::new();
     let (loop_tx, loop_rx) = mpsc::channel(1024);
     let (events_tx, events_rx) = mpsc::unbounded_channel();
-    let events = config.coordinator.is_some().then_some(events_tx);
+    let events = (!config.coordinators.is_empty()).then_some(events_tx);
     let node_loop = NodeLoop::new(
         shared.clone(),
         loop_rx,
@@ -164,25 +166,22 @@ pub async fn run(
         tasks: links.clone(),
         linked: BTreeSet::new(),
     };
-    let link_task = match config.coordinator.clone() {
-        Some(address) => {
-            let link = coordinator_link::CoordinatorLink {
-                shared: shared.clone(),
-                loop_tx: loop_tx.clone(),
-                advertise: config.advertise.clone().unwrap_or_default(),
-                address,
-                events: events_rx,
-                wirer,
-                uploads: std::collections::BTreeMap::new(),
-                highest_snapshot: 0,
-                applied_restore: String::new(),
-            };
-            Some(tokio::spawn(link.run(stop.clone())))
-        }
-        None => {
-            wirer.link_all();
-            None
-        }
+    let link_task = if config.coordinators.is_empty() {
+        wirer.link_all();
+        None
+    } else {
+        let link = coordinator_link::CoordinatorLink {
+            shared: shared.clone(),
+            loop_tx: loop_tx.clone(),
+            advertise: config.advertise.clone().unwrap_or_default(),
+            coordinators: coordinator_link::Coordinators::new(config.coordinators.clone()),
+            events: events_rx,
+            wirer,
+            uploads: std::collections::BTreeMap::new(),
+            highest_snapshot: 0,
+            applied_restore: String::new(),
+        };
+        Some(tokio::spawn(link.run(stop.clone())))
     };
 
     let (health, health_service) = tonic_health::server::health_reporter();

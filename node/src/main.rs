@@ -42,11 +42,17 @@ struct Args {
     /// port for the application beside this daemon.
     #[arg(long, env = "CAIRN_APP_LISTEN", default_value = "127.0.0.1:7200")]
     app_listen: SocketAddr,
-    /// The coordinator's address (HOST:PORT). The daemon registers there and takes its
-    /// members and channels from it. Without it the daemon runs alone with --peer, and
-    /// snapshots are started through NodeAdmin/InitiateSnapshot.
-    #[arg(long, env = "CAIRN_COORDINATOR")]
-    coordinator: Option<String>,
+    /// The coordinator's address (HOST:PORT), or its replicas' (comma-separated or
+    /// repeated, at most 16: a:7000,b:7000,c:7000; or one Service name). The daemon
+    /// registers with the leader and takes its members and channels from it. It tries the
+    /// addresses in turn; a replica that is not the leader names it (`cairn-leader`), and
+    /// the daemon goes there at once (at most 8 times in a row, then in turn with backoff).
+    /// A coordinator that does not answer HTTP/2 pings within about 4 s is left for the
+    /// next. A coordinator of a lower leadership term than one this daemon has seen is
+    /// refused (a deposed leader). Without --coordinator the daemon runs alone with
+    /// --peer, and snapshots are started through NodeAdmin/InitiateSnapshot.
+    #[arg(long, env = "CAIRN_COORDINATOR", value_delimiter = ',')]
+    coordinator: Vec<String>,
     /// With --coordinator: the address (HOST:PORT) peers reach this daemon's --peer-listen
     /// at, handed out by the coordinator. Default: --peer-listen, unless that is 0.0.0.0.
     #[arg(long, env = "CAIRN_ADVERTISE")]
@@ -165,9 +171,13 @@ fn config(args: &Args) -> Result<NodeConfig, cairn_node::ConfigError> {
     config.max_payload = args.max_payload;
     config.fault_injection = args.fault_injection;
     config.grace_period = args.grace_period;
-    config.coordinator = args.coordinator.clone();
+    config.coordinators = args
+        .coordinator
+        .iter()
+        .map(|a| a.trim().to_owned())
+        .collect();
     config.advertise = args.advertise.clone().or_else(|| {
-        (args.coordinator.is_some() && !args.peer_listen.ip().is_unspecified())
+        (!config.coordinators.is_empty() && !args.peer_listen.ip().is_unspecified())
             .then(|| args.peer_listen.to_string())
     });
     config.topology()?;

@@ -21,6 +21,13 @@ pub struct DirectionLabel {
     pub direction: String,
 }
 
+/// A label naming what of a coordinator's messages was refused.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct WhatLabel {
+    /// `registered`, `initiate`, `abort`, `membership` or `restore`.
+    pub what: String,
+}
+
 /// The node daemon's metrics.
 #[derive(Clone, Debug, Default)]
 pub(crate) struct NodeMetrics {
@@ -38,6 +45,12 @@ pub(crate) struct NodeMetrics {
     pub coordinator_sessions: Counter,
     /// Messages waiting for the application.
     pub app_queue_depth: Gauge,
+    /// Coordinator messages refused because their leadership term was lower than one
+    /// this daemon had seen (a deposed leader), by what they were.
+    pub stale_term_refused: Family<WhatLabel, Counter>,
+    /// The highest coordinator leadership term this daemon has seen (0: none, or the
+    /// embedded store's single coordinator).
+    pub coordinator_term: Gauge,
 }
 
 impl NodeMetrics {
@@ -78,6 +91,23 @@ impl NodeMetrics {
             "Messages waiting for the application",
             self.app_queue_depth.clone(),
         );
+        registry.register(
+            "cairn_node_stale_term_refused",
+            "Coordinator messages refused for a leadership term lower than one seen (a deposed \
+             leader), by what they were",
+            self.stale_term_refused.clone(),
+        );
+        registry.register(
+            "cairn_node_coordinator_term",
+            "The highest coordinator leadership term this daemon has seen",
+            self.coordinator_term.clone(),
+        );
+    }
+
+    pub(crate) fn stale_term_refused(&self, what: &str) {
+        self.stale_term_refused
+            .get_or_create(&WhatLabel { what: what.into() })
+            .inc();
     }
 
     pub(crate) fn outcome(&self, outcome: &str) {

@@ -2,8 +2,15 @@
 //! registers, takes snapshot commands (initiate, abort, membership, restore), reports
 //! progress and failures, and uploads each completed part in chunks (`upload`). A restore's
 //! share is fetched aside (`restore_fetch`). After a broken session it registers again.
+//!
+//! With several coordinator replicas, `coordinators` chooses the next one to try (in turn,
+//! or the leader a replica named in `cairn-leader`), and `term` refuses a deposed leader:
+//! every message carries its leader's term, and one lower than the highest seen ends the
+//! session. HTTP/2 keep-alive pings find a dead or stopped coordinator within seconds.
 
+mod coordinators;
 mod restore_fetch;
+mod term;
 mod upload;
 
 use std::sync::Arc;
@@ -21,11 +28,25 @@ use tonic::transport::Channel;
 use crate::node_loop::{LoopMsg, NodeEvent};
 use crate::shared::Shared;
 use crate::wiring::{MembershipError, Wirer};
+pub(crate) use coordinators::Coordinators;
+use coordinators::Redirect;
 use restore_fetch::fetch_and_restore;
+use term::TermCheck;
 use upload::UploadItem;
 
 /// How often the node tells the coordinator it is alive, and whether its application is.
 const HEARTBEAT: Duration = Duration::from_secs(2);
+/// How long a connection may be quiet before it is pinged (HTTP/2 PING), a session open or
+/// not.
+const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(1);
+/// A ping not answered within this closes the connection: a dead or stopped (SIGSTOP)
+/// coordinator ends the session in about 4 s, and the link tries the next one.
+const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(3);
+/// Longest wait from dialling a coordinator to its answer to `Register` (a TLS handshake
+/// with a stopped process is not covered by the connect timeout or by the pings).
+const REGISTER_TIMEOUT: Duration = Duration::from_secs(10);
+/// The response metadata in which a replica that is not the leader names it.
+const LEADER_HINT: &str = "cairn-leader";
 
 /// Why a session with the coordinator ended, or a part's upload or a restore's fetch
 /// failed. The texts are what the daemon logs (the session's as
@@ -75,12 +96,57 @@ pub(crate) enum LinkError {
     /// The upload's call ended abnormally.
     #[error("{0}")]
     UploadTask(tokio::task::JoinError),
+    /// The coordinator did not answer `Register` in time.
+    #[error("no answer to Register within {}s", REGISTER_TIMEOUT.as_secs())]
+    RegisterTimeout,
+    /// A message of a leadership term lower than the highest this daemon has seen: a
+    /// deposed leader's. Nothing of it was acted on; the session ends.
+    #[error(
+        "FAILED_PRECONDITION: refused {what} of coordinator term {term} (at {address}): this \
+         daemon has seen term {highest}; a deposed leader commands nobody"
+    )]
+    StaleTerm {
+        /// What the message was: `registered`, `initiate`, `abort`, `membership` or
+        /// `restore`.
+        what: &'static str,
+        /// Its term.
+        term: u64,
+        /// The highest term seen.
+        highest: u64,
+        /// The coordinator's address.
+        address: String,
+    },
+}
+
+impl LinkError {
+    /// The leader's address a replica named (`cairn-leader`) when it refused or ended the
+    /// session, as sent (not yet checked; bytes that are not UTF-8 replaced).
+    fn leader_hint(&self) -> Option<String> {
+        let (LinkError::Refused(status) | LinkError::Stream(status)) = self else {
+            return None;
+        };
+        let value = status.metadata().get(LEADER_HINT)?;
+        Some(String::from_utf8_lossy(value.as_bytes()).into_owned())
+    }
+}
+
+/// The name of a coordinator's message, as the stale-term refusal counts it.
+fn what(kind: &pb::coordinator_to_node::Kind) -> &'static str {
+    use pb::coordinator_to_node::Kind;
+    match kind {
+        Kind::Registered(_) => "registered",
+        Kind::Initiate(_) => "initiate",
+        Kind::Abort(_) => "abort",
+        Kind::Membership(_) => "membership",
+        Kind::Restore(_) => "restore",
+    }
 }
 
 pub(crate) struct CoordinatorLink {
     pub shared: Arc<Shared>,
     pub loop_tx: mpsc::Sender<LoopMsg>,
-    pub address: String,
+    /// The coordinator replicas and which to try next.
+    pub coordinators: Coordinators,
     pub advertise: String,
     pub events: mpsc::UnboundedReceiver<NodeEvent>,
     /// Wires the node to the members the coordinator names.
@@ -96,30 +162,59 @@ pub(crate) struct CoordinatorLink {
 
 impl CoordinatorLink {
     pub(crate) async fn run(mut self, shutdown: CancellationToken) {
-        let mut delay = Duration::from_millis(100);
         loop {
-            match self.session(&shutdown).await {
+            let address = self.coordinators.next_address();
+            let why = match self.session(&address, &shutdown).await {
                 Ok(()) => return,
-                Err(why) => {
-                    tracing::warn!(coordinator = %self.address, "coordinator session: {why}; retrying")
+                Err(why) => why,
+            };
+            let redirect = why
+                .leader_hint()
+                .map(|hint| (self.coordinators.redirected_to(&hint), hint));
+            match (&why, redirect) {
+                (LinkError::StaleTerm { .. }, _) => {
+                    tracing::error!(coordinator = %address, "{why}")
+                }
+                (_, Some((Redirect::Taken, leader))) => tracing::info!(
+                    coordinator = %address,
+                    %leader,
+                    "coordinator session: {why}; trying the leader it names"
+                ),
+                (_, Some((Redirect::Invalid(bad), hint))) => tracing::warn!(
+                    coordinator = %address,
+                    "coordinator session: {why}; retrying, ignoring the leader it names, {:?}: {bad}",
+                    hint.chars().take(64).collect::<String>()
+                ),
+                (_, Some((Redirect::TooMany, leader))) => tracing::warn!(
+                    coordinator = %address,
+                    %leader,
+                    "coordinator session: {why}; {} redirects without registering: trying the \
+                     coordinators in turn",
+                    coordinators::MAX_REDIRECTS
+                ),
+                (_, None) => {
+                    tracing::warn!(coordinator = %address, "coordinator session: {why}; retrying")
                 }
             }
             let jitter = rand::rng().random_range(0.5..1.5);
             tokio::select! {
                 _ = shutdown.cancelled() => return,
-                _ = tokio::time::sleep(delay.mul_f64(jitter)) => {}
+                _ = tokio::time::sleep(self.coordinators.pause().mul_f64(jitter)) => {}
             }
-            delay = (delay * 2).min(Duration::from_secs(5));
         }
     }
 
-    async fn connect(&self) -> Result<Channel, LinkError> {
+    async fn connect(&self, address: &str) -> Result<Channel, LinkError> {
         // The coordinator's certificate must name DNS:coordinator (as a peer's names its
         // node id), whatever address it is dialled at: a node's certificate, which also
-        // names loopback, cannot answer as the coordinator.
-        cairn_sdk::tls::endpoint_for(&self.address, "coordinator", self.shared.tls.as_ref())
+        // names loopback, cannot answer as the coordinator. So a leader hint, which need
+        // not be one of --coordinator's addresses, cannot lead to an impostor either.
+        cairn_sdk::tls::endpoint_for(address, "coordinator", self.shared.tls.as_ref())
             .map_err(LinkError::Address)?
             .connect_timeout(Duration::from_secs(3))
+            .http2_keep_alive_interval(KEEPALIVE_INTERVAL)
+            .keep_alive_timeout(KEEPALIVE_TIMEOUT)
+            .keep_alive_while_idle(true)
             .initial_stream_window_size(16 << 20)
             .initial_connection_window_size(32 << 20)
             .connect()
@@ -127,16 +222,37 @@ impl CoordinatorLink {
             .map_err(LinkError::Connect)
     }
 
-    /// One session; `Ok` only on shutdown.
-    async fn session(&mut self, shutdown: &CancellationToken) -> Result<(), LinkError> {
+    /// Checks a message's leadership `term` (`what` it is, from the coordinator at
+    /// `address`) against the highest seen, and raises that if it is higher. `Err` for a
+    /// lower term: counted, and nothing of the message is to be acted on.
+    fn check_term(&self, what: &'static str, term: u64, address: &str) -> Result<(), LinkError> {
+        match term::observe(&self.shared.highest_term, term) {
+            TermCheck::Same => Ok(()),
+            TermCheck::Raised { from } => {
+                let gauge = i64::try_from(term).unwrap_or(i64::MAX);
+                self.shared.metrics.coordinator_term.set(gauge);
+                tracing::debug!(coordinator = %address, term, from, "coordinator term raised");
+                Ok(())
+            }
+            TermCheck::Stale { highest } => {
+                self.shared.metrics.stale_term_refused(what);
+                Err(LinkError::StaleTerm {
+                    what,
+                    term,
+                    highest,
+                    address: address.to_owned(),
+                })
+            }
+        }
+    }
+
+    /// One session with the coordinator at `address`; `Ok` only on shutdown.
+    async fn session(
+        &mut self,
+        address: &str,
+        shutdown: &CancellationToken,
+    ) -> Result<(), LinkError> {
         use pb::coordinator_to_node::Kind;
-        let channel = tokio::select! {
-            _ = shutdown.cancelled() => return Ok(()),
-            c = self.connect() => c?,
-        };
-        let mut client = pb::coordinator_client::CoordinatorClient::new(channel)
-            .max_encoding_message_size(64 << 20)
-            .max_decoding_message_size(64 << 20);
         let (tx, rx) = mpsc::channel(64);
         let register = pb::Register {
             cluster: self.shared.cluster.clone(),
@@ -151,16 +267,34 @@ impl CoordinatorLink {
             kind: Some(pb::node_to_coordinator::Kind::Register(register)),
         };
         tx.send(first).await.map_err(|_| LinkError::SessionClosed)?;
-        let mut commands = client
-            .node_session(ReceiverStream::new(rx))
-            .await
-            .map_err(LinkError::Refused)?
-            .into_inner();
-        match commands.message().await {
-            Ok(Some(pb::CoordinatorToNode {
+        let open = async {
+            let channel = self.connect(address).await?;
+            let mut client = pb::coordinator_client::CoordinatorClient::new(channel)
+                .max_encoding_message_size(64 << 20)
+                .max_decoding_message_size(64 << 20);
+            let mut commands = client
+                .node_session(ReceiverStream::new(rx))
+                .await
+                .map_err(LinkError::Refused)?
+                .into_inner();
+            let answer = commands.message().await.map_err(LinkError::Refused)?;
+            Ok::<_, LinkError>((client, commands, answer))
+        };
+        let (client, mut commands, answer) = tokio::select! {
+            _ = shutdown.cancelled() => return Ok(()),
+            opened = tokio::time::timeout(REGISTER_TIMEOUT, open) => {
+                opened.map_err(|_| LinkError::RegisterTimeout)??
+            }
+        };
+        match answer {
+            Some(pb::CoordinatorToNode {
                 kind: Some(Kind::Registered(m)),
-            })) => {
+                term,
+            }) => {
+                self.check_term("registered", term, address)?;
                 tracing::info!(
+                    coordinator = %address,
+                    term,
                     members = m.nodes.len(),
                     epoch = m.epoch,
                     "registered with the coordinator"
@@ -178,9 +312,9 @@ impl CoordinatorLink {
                 // A membership this daemon cannot follow ends the session: the coordinator
                 // sees it go, and the daemon tries again later.
                 self.wirer.apply(&m).await?;
+                self.coordinators.registered();
             }
-            Ok(other) => return Err(LinkError::NotRegistered(Box::new(other))),
-            Err(s) => return Err(LinkError::Refused(s)),
+            other => return Err(LinkError::NotRegistered(Box::new(other))),
         }
         let mut heartbeat = tokio::time::interval(HEARTBEAT);
         loop {
@@ -200,7 +334,11 @@ impl CoordinatorLink {
                     tx.send(beat).await.map_err(|_| LinkError::SessionClosed)?;
                 }
                 command = commands.message() => match command {
-                    Ok(Some(pb::CoordinatorToNode { kind: Some(kind) })) => self.command(kind, &tx, &client).await?,
+                    Ok(Some(pb::CoordinatorToNode { kind: Some(kind), term })) => {
+                        // A deposed leader's message is refused whole: nothing of it is done.
+                        self.check_term(what(&kind), term, address)?;
+                        self.command(kind, &tx, &client).await?;
+                    }
                     Ok(Some(_)) => {}
                     Ok(None) => return Err(LinkError::ClosedByCoordinator),
                     Err(s) => return Err(LinkError::Stream(s)),

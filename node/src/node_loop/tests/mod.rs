@@ -92,6 +92,7 @@ impl Node {
             upload_room: Arc::new(tokio::sync::Semaphore::new(crate::shared::UPLOAD_ROOM)),
             tls: None,
             epoch: tokio::sync::watch::Sender::new(0),
+            highest_term: Default::default(),
         });
         let (tx, rx) = mpsc::channel(64);
         let (events_tx, events_rx) = mpsc::unbounded_channel();
