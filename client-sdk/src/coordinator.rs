@@ -331,10 +331,18 @@ enum Probe {
     Unreachable(String),
 }
 
-/// Connects to `address` and asks it whether it leads, within [`PROBE_TIMEOUT`].
-async fn probe(address: &str, tls: Option<&crate::tls::Tls>) -> Probe {
+/// Connects to `address` and asks it whether it leads, within [`PROBE_TIMEOUT`]. With TLS
+/// the certificate must name the host of `address` (an address the user gave), or, for a
+/// leader a follower named (`named`), `DNS:coordinator` as the daemons check it: a replica
+/// advertises an address (a pod IP) its certificate need not name.
+async fn probe(address: &str, tls: Option<&crate::tls::Tls>, named: bool) -> Probe {
     let ask = async {
-        let channel = crate::tls::endpoint(address, tls)
+        let endpoint = if named {
+            crate::tls::endpoint_for(address, COORDINATOR_NAME, tls)
+        } else {
+            crate::tls::endpoint(address, tls)
+        };
+        let channel = endpoint
             .map_err(|e| with_causes(&e))?
             .connect()
             .await
@@ -410,6 +418,9 @@ async fn find_leader(
     }
 }
 
+/// The name every coordinator replica's certificate carries (`DNS:coordinator`).
+const COORDINATOR_NAME: &str = "coordinator";
+
 /// A replica that answered but does not lead, and the replicas that did not answer.
 type NoLeader = (Option<(String, Channel)>, Vec<(String, String)>);
 
@@ -425,14 +436,14 @@ async fn ask_each(
     let mut asked: Vec<String> = Vec::new();
     for address in candidates {
         asked.push(address.clone());
-        match probe(address, tls).await {
+        match probe(address, tls, false).await {
             Probe::Leader(channel) => return Ok((address.clone(), channel)),
             Probe::Follower(channel, hint) => {
                 if let Some(hint) = hint
                     && !asked.contains(&hint)
                 {
                     asked.push(hint.clone());
-                    if let Probe::Leader(channel) = probe(&hint, tls).await {
+                    if let Probe::Leader(channel) = probe(&hint, tls, true).await {
                         return Ok((hint, channel));
                     }
                     tracing::debug!("{address} names {hint} the leader, which does not lead");

@@ -200,8 +200,14 @@ impl BlobStore {
         Ok(total)
     }
 
-    /// Removes every chunk not in `referenced`; returns the bytes freed.
-    pub async fn collect_garbage(&self, referenced: &BTreeSet<String>) -> std::io::Result<u64> {
+    /// Removes every chunk not in `referenced` while `may_delete()` holds (asked before each
+    /// removal: a coordinator whose leadership ended deletes nothing more); returns the bytes
+    /// freed.
+    pub async fn collect_garbage(
+        &self,
+        referenced: &BTreeSet<String>,
+        may_delete: impl Fn() -> bool,
+    ) -> std::io::Result<u64> {
         let mut freed = 0;
         let mut dirs = tokio::fs::read_dir(&self.dir).await?;
         while let Some(dir) = dirs.next_entry().await? {
@@ -214,8 +220,14 @@ impl BlobStore {
                 if name.starts_with('.') || referenced.contains(&name) {
                     continue;
                 }
-                freed += file.metadata().await?.len();
+                let size = file.metadata().await?.len();
+                if !may_delete() {
+                    return Err(std::io::Error::other(
+                        "stopped: this coordinator no longer leads",
+                    ));
+                }
                 tokio::fs::remove_file(file.path()).await?;
+                freed += size;
             }
         }
         Ok(freed)
@@ -361,7 +373,14 @@ mod tests {
         assert_eq!(blobs.read(&changed.list).await.unwrap(), data);
         // Keep only the changed version: the first version's unique chunks go.
         let keep: BTreeSet<String> = changed.list.chunks.iter().cloned().collect();
-        let freed = blobs.collect_garbage(&keep).await.unwrap();
+        // A coordinator that no longer leads deletes nothing.
+        let refused = blobs
+            .collect_garbage(&BTreeSet::new(), || false)
+            .await
+            .unwrap_err();
+        assert!(refused.to_string().contains("no longer leads"), "{refused}");
+        assert_eq!(blobs.read(&changed.list).await.unwrap(), data);
+        let freed = blobs.collect_garbage(&keep, || true).await.unwrap();
         assert!(freed > 0);
         assert_eq!(blobs.read(&changed.list).await.unwrap(), data);
         std::fs::remove_dir_all(&dir).unwrap();

@@ -56,8 +56,9 @@ use store::{AnyKv, EtcdKv, FileKv, Keys, Metadata};
 /// Kubernetes readiness probe that routes writes to it).
 pub const LEADER_HEALTH: &str = "cairn.v1.Leader";
 
-/// How often a replica reads who leads from etcd.
-const WATCH_LEADER_EVERY: Duration = Duration::from_millis(500);
+/// How often a replica reads who leads from etcd (a follower names the leader within this
+/// after an election).
+const WATCH_LEADER_EVERY: Duration = Duration::from_millis(200);
 
 /// Why the coordinator could not run.
 #[derive(Debug, thiserror::Error)]

@@ -117,6 +117,7 @@ pub fn snapshot_pb(record: &SnapshotRecord) -> pb::Snapshot {
             .collect(),
         bytes_new: record.bytes_new,
         bytes_reused: record.bytes_reused,
+        term: record.term,
         channels: record
             .channels
             .iter()

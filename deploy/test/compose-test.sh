@@ -13,7 +13,9 @@
 #   the snapshot readable in etcd over mutual TLS (etcdctl with a certificate of the CA),
 #   and etcd refusing plaintext and certificate-less etcdctl; a node container stopped in the middle of a snapshot
 #   (held there by fault injection) and the failure naming it; the node started again and
-#   the next snapshot completing.
+#   the next snapshot completing; the leading coordinator replica killed (docker kill), the
+#   other one taking over, the daemons following it and a snapshot completing there, and
+#   the killed replica back as a follower.
 # Everything it started — containers, network, volumes, images — is removed at the end,
 # pass or fail, and the script checks that nothing of its project is left.
 #
@@ -83,11 +85,11 @@ token=$(cat "$certs/admin.token")
 export CAIRN_CERTS="$certs"
 
 # --- up, on free host ports -----------------------------------------------------------
-read -r p1 p2 p3 p4 p5 p6 p7 p8 < <(python3 - <<'PY'
+read -r p1 p2 p3 p4 p5 p6 p7 p8 p9 < <(python3 - <<'PY'
 import random, socket
 lo, hi = 10000, int(open("/proc/sys/net/ipv4/ip_local_port_range").read().split()[0])
 ports = set()
-while len(ports) < 8:
+while len(ports) < 9:
     p = random.randrange(lo, hi)
     with socket.socket() as s:
         try: s.bind(("127.0.0.1", p)); ports.add(p)
@@ -96,10 +98,13 @@ print(*ports)
 PY
 )
 export CAIRN_IMAGE="$image" CAIRN_ETCD_IMAGE="$etcd_image"
-export CAIRN_COORDINATOR_PORT=$p1 CAIRN_ETCD_PORT=$p2
+export CAIRN_COORDINATOR_PORT=$p1 CAIRN_COORDINATOR2_PORT=$p9 CAIRN_ETCD_PORT=$p2
 export CAIRN_NODE1_PORT=$p3 CAIRN_NODE2_PORT=$p4 CAIRN_NODE3_PORT=$p5
 export CAIRN_BANK1_PORT=$p6 CAIRN_BANK2_PORT=$p7 CAIRN_BANK3_PORT=$p8
-coordinator=127.0.0.1:$p1
+# The first replica (service `coordinator`); `coordinator` becomes the leader's port once
+# the cluster is up.
+first=127.0.0.1:$p1
+coordinator=$first
 # Without them compose refuses to create a cairn container (never a plaintext cluster).
 # Only created (--no-start), and only the coordinator (--no-deps): nothing runs.
 out=$("${nocerts[@]}" up --no-build --no-start --no-deps coordinator 2>&1) && fail "compose created the coordinator without certificates"
@@ -130,6 +135,17 @@ ready() { # every node connected and every bank knowing its two peers
     n=$(gb "127.0.0.1:$port" cairn.bank.v1.Bank/GetBalance | json "len(d.get('peers',[]))") && [ "$n" = 2 ] || return 1
   done
 }
+# The replica that leads, as a service name (from GetLeadership, which any replica answers).
+leader_service() { gc -d '{}' "$1" cairn.v1.Coordinator/GetLeadership | json "d['leader'].rsplit(':', 1)[0]"; }
+port_of() { case $1 in coordinator) echo "$p1" ;; coordinator2) echo "$p9" ;; *) return 1 ;; esac; }
+leads() { # a replica leads (asking either): `coordinator` becomes its host port
+  local s
+  s=$(leader_service "$first") || s=$(leader_service "127.0.0.1:$p9") || return 1
+  [ -n "$s" ] && coordinator=127.0.0.1:$(port_of "$s")
+}
+wait_for 60 "a coordinator replica leading" leads
+leads
+say "the leader: $coordinator"
 wait_for 120 "the cluster ready (3 nodes connected, banks attached)" ready
 say "ready"
 # etcd shares the network `meta` with the coordinator alone (the banks share their
@@ -137,10 +153,10 @@ say "ready"
 container() { docker ps -q --filter "label=com.docker.compose.project=$project" --filter "label=com.docker.compose.service=$1"; }
 networks() { docker inspect -f '{{range $k, $v := .NetworkSettings.Networks}}{{$k}} {{end}}' "$(container "$1")"; }
 members=$(docker network inspect -f '{{range .Containers}}{{.Name}} {{end}}' "${project}_meta") || fail "no network ${project}_meta"
-[ "$(tr ' ' '\n' <<<"$members" | sed -E 's/^'"$project"'[_-]//; s/[_-][0-9]+$//' | sort | xargs)" = "coordinator etcd" ] ||
-  fail "${project}_meta holds $members, not only etcd and the coordinator"
+[ "$(tr ' ' '\n' <<<"$members" | sed -E 's/^'"$project"'[_-]//; s/[_-][0-9]+$//' | sort | xargs)" = "coordinator coordinator2 etcd" ] ||
+  fail "${project}_meta holds $members, not only etcd and the coordinator replicas"
 [ "$(networks etcd)" = "${project}_meta " ] || fail "etcd is on the networks $(networks etcd), not only ${project}_meta"
-say "etcd's network ${project}_meta holds etcd and the coordinator only"
+say "etcd's network ${project}_meta holds etcd and the coordinator replicas only"
 
 # (Output captured first: with pipefail, grep -q closing the pipe early would fail grpcurl.)
 services=$(gc "$coordinator" list) || fail "grpcurl list"
@@ -163,7 +179,7 @@ handshake_refused() { # WHAT SERVICE ADDRESS REASON GRPCURL-ARGS...
   wait_for 10 "$service logging that it refused $what ($reason)" logged "$service" "$reason"
   say "refused: $what ($service: $reason)"
 }
-for target in "coordinator $coordinator" "node1 127.0.0.1:$p3" "bank1 127.0.0.1:$p6"; do
+for target in "coordinator $first" "node1 127.0.0.1:$p3" "bank1 127.0.0.1:$p6"; do
   service=${target% *} address=${target##* }
   handshake_refused "plaintext to $service" "$service" "$address" "the client spoke plaintext" -plaintext
   handshake_refused "no client certificate to $service" "$service" "$address" "the client presented no certificate" \
@@ -278,4 +294,27 @@ fresh=$(gc -d '{"service":"cairn.v1.SnapshotFreshness"}' "$coordinator" grpc.hea
   fail "freshness health"
 [ "$fresh" = SERVING ] || fail "cairn.v1.SnapshotFreshness is $fresh"
 say "a scheduled snapshot completed; cairn.v1.SnapshotFreshness is SERVING"
+
+# --- the leading replica killed -------------------------------------------------------
+old=$(leader_service "$coordinator") || fail "GetLeadership"
+old_term=$(gc -d '{}' "$coordinator" cairn.v1.Coordinator/GetLeadership | json "int(d['term'])")
+case $old in coordinator) new=coordinator2 ;; coordinator2) new=coordinator ;; *) fail "leader $old" ;; esac
+docker kill "$(container "$old")" >/dev/null || fail "docker kill $old"
+say "killed the leader $old (term $old_term)"
+other=127.0.0.1:$(port_of "$new")
+new_leads() { [ "$(leader_service "$other")" = "$new" ]; }
+wait_for 60 "$new leading" new_leads
+term=$(gc -d '{}' "$other" cairn.v1.Coordinator/GetLeadership | json "int(d['term'])")
+[ "$term" -gt "$old_term" ] || fail "the new term $term is not above $old_term"
+coordinator=$other
+wait_for 120 "the daemons registered with $new" ready
+id=$(start) || fail "StartSnapshot on $new"
+status=$(wait_final "$id")
+[ "$status" = SNAPSHOT_STATUS_COMPLETED ] || fail "snapshot $id on $new ended $status"
+say "$new leads (term $term); snapshot $id completed there"
+"${compose[@]}" start "$old" >/dev/null 2>&1 || fail "start $old"
+both() { [ "$(gc -d '{}' "$coordinator" cairn.v1.Coordinator/GetLeadership | json "len(d.get('replicas',[]))")" = 2 ]; }
+wait_for 60 "$old back as a follower" both
+[ "$(leader_service "$coordinator")" = "$new" ] || fail "$new no longer leads after $old came back"
+say "$old is back, following $new"
 say "passed"

@@ -37,16 +37,26 @@ pub struct CoordinatedNode {
     bank_process: Option<ChildGuard>,
 }
 
+/// One coordinator replica's process.
+pub struct CoordinatorReplica {
+    /// Its address (also what it advertises).
+    pub address: String,
+    /// Its `/metrics` address.
+    pub metrics: String,
+    args: Vec<String>,
+    process: Option<ChildGuard>,
+}
+
 /// The processes; all killed when dropped.
 pub struct CoordinatedCluster {
-    /// The coordinator's address.
+    /// The (first) coordinator's address.
     pub coordinator: String,
-    /// The coordinator's `/metrics` address.
+    /// The (first) coordinator's `/metrics` address.
     pub coordinator_metrics: String,
     /// The members.
     pub nodes: Vec<CoordinatedNode>,
-    coordinator_args: Vec<String>,
-    coordinator_process: Option<ChildGuard>,
+    /// Every coordinator replica (one but with [`Self::start_ha`]).
+    pub replicas: Vec<CoordinatorReplica>,
     dir: PathBuf,
     /// Each bank's starting balance.
     pub initial_balance: u64,
@@ -156,6 +166,49 @@ impl CoordinatedCluster {
         extra_node_args: &[&str],
         tls_dir: Option<&Path>,
     ) -> anyhow::Result<Self> {
+        Self::start_replicas(
+            1,
+            n,
+            store,
+            without_bank,
+            coordinator_args,
+            extra_node_args,
+            tls_dir,
+        )
+        .await
+    }
+
+    /// `replicas` coordinator replicas on the etcd at `etcd` (sharing one blob
+    /// directory), `n` nodes with banks whose daemons know every replica
+    /// (`--coordinator a,b,..`). The harness's clients talk to the leader.
+    pub async fn start_ha(
+        replicas: usize,
+        n: usize,
+        etcd: &str,
+        coordinator_args: &[&str],
+        extra_node_args: &[&str],
+    ) -> anyhow::Result<Self> {
+        Self::start_replicas(
+            replicas,
+            n,
+            Store::Etcd(etcd.to_owned()),
+            &[],
+            coordinator_args,
+            extra_node_args,
+            None,
+        )
+        .await
+    }
+
+    async fn start_replicas(
+        replicas: usize,
+        n: usize,
+        store: Store,
+        without_bank: &[usize],
+        coordinator_args: &[&str],
+        extra_node_args: &[&str],
+        tls_dir: Option<&Path>,
+    ) -> anyhow::Result<Self> {
         let tls = match tls_dir {
             None => None,
             Some(dir) => {
@@ -173,29 +226,38 @@ impl CoordinatedCluster {
             free_port()
         ));
         std::fs::create_dir_all(&dir)?;
-        let coordinator = format!("127.0.0.1:{}", free_port());
-        let coordinator_metrics = format!("127.0.0.1:{}", free_port());
-        let mut args = vec![
-            "--listen".to_owned(),
-            coordinator.clone(),
-            "--metrics-listen".to_owned(),
-            coordinator_metrics.clone(),
-            "--data-dir".to_owned(),
-        ];
-        args.push(dir.join("data").display().to_string());
-        if let Store::Etcd(endpoint) = &store {
-            args.extend(["--etcd".to_owned(), endpoint.clone()]);
-        }
-        args.extend(coordinator_args.iter().map(|a| (*a).to_owned()));
-        if let Some(tls_dir) = tls_dir {
-            args.extend(tls_args(tls_dir, "coordinator"));
-        }
+        let replicas: Vec<CoordinatorReplica> = (0..replicas.max(1))
+            .map(|_| {
+                let address = format!("127.0.0.1:{}", free_port());
+                let metrics = format!("127.0.0.1:{}", free_port());
+                let mut args = vec![
+                    "--listen".to_owned(),
+                    address.clone(),
+                    "--metrics-listen".to_owned(),
+                    metrics.clone(),
+                    "--data-dir".to_owned(),
+                ];
+                args.push(dir.join("data").display().to_string());
+                if let Store::Etcd(endpoint) = &store {
+                    args.extend(["--etcd".to_owned(), endpoint.clone()]);
+                }
+                args.extend(coordinator_args.iter().map(|a| (*a).to_owned()));
+                if let Some(tls_dir) = tls_dir {
+                    args.extend(tls_args(tls_dir, "coordinator"));
+                }
+                CoordinatorReplica {
+                    address,
+                    metrics,
+                    args,
+                    process: None,
+                }
+            })
+            .collect();
         let mut cluster = Self {
-            coordinator: coordinator.clone(),
-            coordinator_metrics,
+            coordinator: replicas[0].address.clone(),
+            coordinator_metrics: replicas[0].metrics.clone(),
             nodes: Vec::new(),
-            coordinator_args: args,
-            coordinator_process: None,
+            replicas,
             dir,
             initial_balance: 1000,
             bank_workload: 200.0,
@@ -203,7 +265,9 @@ impl CoordinatedCluster {
             tls_dir: tls_dir.map(Path::to_owned),
             tls,
         };
-        cluster.start_coordinator()?;
+        for r in 0..cluster.replicas.len() {
+            cluster.start_replica(r)?;
+        }
         for i in 0..n {
             cluster.add_node(!without_bank.contains(&i), extra_node_args)?;
         }
@@ -243,7 +307,7 @@ impl CoordinatedCluster {
             "--app-listen".into(),
             app.clone(),
             "--coordinator".into(),
-            self.coordinator.clone(),
+            self.coordinator_list(),
             "--grace-period".into(),
             "1s".into(),
             "--metrics-listen".into(),
@@ -268,20 +332,123 @@ impl CoordinatedCluster {
         Ok(i)
     }
 
-    /// (Re)starts the coordinator with its original arguments.
+    /// Every replica's address, comma-separated (the daemons' `--coordinator`).
+    pub fn coordinator_list(&self) -> String {
+        let all: Vec<&str> = self.replicas.iter().map(|r| r.address.as_str()).collect();
+        all.join(",")
+    }
+
+    /// (Re)starts the (first) coordinator with its original arguments.
     pub fn start_coordinator(&mut self) -> anyhow::Result<()> {
+        self.start_replica(0)
+    }
+
+    /// Kills the (first) coordinator (SIGKILL).
+    pub fn kill_coordinator(&mut self) {
+        self.kill_replica(0);
+    }
+
+    /// (Re)starts replica `r` with its original arguments.
+    pub fn start_replica(&mut self, r: usize) -> anyhow::Result<()> {
         let mut command = Command::new(binary("cairn-coordinator")?);
-        command.args(&self.coordinator_args);
-        let log = self.log(&format!("coordinator-{}", free_port()));
-        self.coordinator_process = Some(ChildGuard::spawn("cairn-coordinator", command, &log)?);
+        command.args(&self.replicas[r].args);
+        let log = self.log(&format!("coordinator{}-{}", r + 1, free_port()));
+        self.replicas[r].process = Some(ChildGuard::spawn("cairn-coordinator", command, &log)?);
         Ok(())
     }
 
-    /// Kills the coordinator (SIGKILL).
-    pub fn kill_coordinator(&mut self) {
-        if let Some(mut p) = self.coordinator_process.take() {
+    /// Kills replica `r` (SIGKILL).
+    pub fn kill_replica(&mut self, r: usize) {
+        if let Some(mut p) = self.replicas[r].process.take() {
             p.kill();
         }
+    }
+
+    /// Stops replica `r` gracefully (SIGTERM: a leader resigns), waiting up to 15 s.
+    pub fn stop_replica(&mut self, r: usize) -> Option<std::process::ExitStatus> {
+        let mut p = self.replicas[r].process.take()?;
+        p.terminate(Duration::from_secs(15))
+    }
+
+    /// Replica `r`'s process, to signal it (SIGSTOP, SIGCONT).
+    pub fn replica_process(&self, r: usize) -> Option<&ChildGuard> {
+        self.replicas[r].process.as_ref()
+    }
+
+    /// Node `i`'s bank's process, to signal it.
+    pub fn bank_process(&self, i: usize) -> Option<&ChildGuard> {
+        self.nodes[i].bank_process.as_ref()
+    }
+
+    /// Replica `r`'s process id, if it runs.
+    pub fn replica_pid(&self, r: usize) -> Option<u32> {
+        self.replicas[r].process.as_ref().map(ChildGuard::pid)
+    }
+
+    /// Who leads, as replica `r` answers `GetLeadership` (plain connection).
+    pub async fn leadership(&self, r: usize) -> anyhow::Result<pb::Leadership> {
+        let channel = cairn_sdk::tls::endpoint(&self.replicas[r].address, self.tls.as_ref())?
+            .connect_timeout(Duration::from_secs(2))
+            .timeout(Duration::from_secs(5))
+            .connect()
+            .await?;
+        Ok(pb::coordinator_client::CoordinatorClient::new(channel)
+            .get_leadership(pb::GetLeadershipRequest {})
+            .await?
+            .into_inner())
+    }
+
+    /// The index of the replica that leads now and its term: the one etcd's election names
+    /// (as a running replica answers `GetLeadership`) whose health says it leads
+    /// (`cairn.v1.Leader` SERVING); an error while none does.
+    pub async fn leader(&self) -> anyhow::Result<(usize, u64)> {
+        for r in 0..self.replicas.len() {
+            if self.replicas[r].process.is_none() {
+                continue;
+            }
+            let Ok(l) = self.leadership(r).await else {
+                continue;
+            };
+            let Some(i) = self.replicas.iter().position(|x| x.address == l.leader) else {
+                continue;
+            };
+            if self.replicas[i].process.is_some() && self.leads(i).await? {
+                return Ok((i, l.term));
+            }
+        }
+        anyhow::bail!("no coordinator replica leads")
+    }
+
+    /// Whether replica `r`'s health says it leads (`cairn.v1.Leader` SERVING).
+    pub async fn leads(&self, r: usize) -> anyhow::Result<bool> {
+        use tonic_health::pb::health_check_response::ServingStatus;
+        let channel = cairn_sdk::tls::endpoint(&self.replicas[r].address, self.tls.as_ref())?
+            .connect_timeout(Duration::from_secs(2))
+            .timeout(Duration::from_secs(5))
+            .connect()
+            .await?;
+        let status = tonic_health::pb::health_client::HealthClient::new(channel)
+            .check(tonic_health::pb::HealthCheckRequest {
+                service: "cairn.v1.Leader".into(),
+            })
+            .await?
+            .into_inner()
+            .status;
+        Ok(status == ServingStatus::Serving as i32)
+    }
+
+    /// Waits until a replica leads (other than `not`, if given); returns it and its term.
+    pub async fn wait_leader(&self, not: Option<usize>) -> anyhow::Result<(usize, u64)> {
+        eventually(
+            "a coordinator replica leads",
+            Duration::from_secs(60),
+            || async {
+                let (i, term) = self.leader().await?;
+                anyhow::ensure!(Some(i) != not, "replica {} still leads", i + 1);
+                Ok((i, term))
+            },
+        )
+        .await
     }
 
     /// (Re)starts node `i`'s daemon and, if it has one, its bank.
@@ -323,11 +490,18 @@ impl CoordinatedCluster {
         }
     }
 
-    /// A client of the coordinator (over TLS in a TLS cluster).
+    /// A client of the coordinator (over TLS in a TLS cluster); with several replicas, of
+    /// the one that leads now.
     pub async fn client(
         &self,
     ) -> anyhow::Result<pb::coordinator_client::CoordinatorClient<Channel>> {
-        let channel = cairn_sdk::tls::endpoint(&self.coordinator, self.tls.as_ref())?
+        let address = if self.replicas.len() > 1 {
+            let (i, _) = self.leader().await?;
+            self.replicas[i].address.clone()
+        } else {
+            self.coordinator.clone()
+        };
+        let channel = cairn_sdk::tls::endpoint(&address, self.tls.as_ref())?
             .connect()
             .await?;
         Ok(pb::coordinator_client::CoordinatorClient::new(channel))
@@ -512,8 +686,10 @@ impl CoordinatedCluster {
     /// Everything the process `name` (`coordinator` or a node id) has logged so far, over
     /// its restarts.
     pub fn log_of(&self, name: &str) -> String {
+        // "coordinator": every replica's log; "coordinator2": replica 2's.
         let prefix = match name {
-            "coordinator" => "coordinator-".to_owned(),
+            "coordinator" => "coordinator".to_owned(),
+            replica if replica.starts_with("coordinator") => format!("{replica}-"),
             node => format!("{node}-node-"),
         };
         let mut text = String::new();
@@ -577,9 +753,9 @@ impl CoordinatedCluster {
         self.nodes[i].node.as_ref().map(ChildGuard::pid)
     }
 
-    /// The coordinator's process id, if it runs.
+    /// The (first) coordinator's process id, if it runs.
     pub fn coordinator_pid(&self) -> Option<u32> {
-        self.coordinator_process.as_ref().map(ChildGuard::pid)
+        self.replica_pid(0)
     }
 
     /// Where the logs are.
@@ -610,7 +786,7 @@ impl CoordinatedCluster {
             "--app-listen",
             &format!("127.0.0.1:{}", free_port()),
             "--coordinator",
-            &self.coordinator,
+            &self.coordinator_list(),
             "--grace-period",
             "1s",
         ]);
@@ -623,7 +799,9 @@ impl Drop for CoordinatedCluster {
         for i in 0..self.nodes.len() {
             self.kill_node(i);
         }
-        self.kill_coordinator();
+        for r in 0..self.replicas.len() {
+            self.kill_replica(r);
+        }
         if std::thread::panicking() || self.keep_logs {
             eprintln!("cluster logs kept in {}", self.dir.display());
         } else {

@@ -54,6 +54,11 @@ impl ChildGuard {
         None
     }
 
+    /// Sends it `signal` (`-STOP`, `-CONT`, ...) without waiting.
+    pub fn signal(&self, signal: &str) {
+        signal_pid(self.child.id(), signal);
+    }
+
     /// Kills it now (SIGKILL) and reaps it.
     pub fn kill(&mut self) {
         let _ = self.child.kill();
@@ -70,6 +75,13 @@ impl Drop for ChildGuard {
     fn drop(&mut self) {
         self.kill();
     }
+}
+
+/// Sends process `pid` `signal` (`-STOP`, `-CONT`, ...) through `kill`.
+pub fn signal_pid(pid: u32, signal: &str) {
+    let _ = Command::new("kill")
+        .args([signal, &pid.to_string()])
+        .status();
 }
 
 /// A free TCP port on 127.0.0.1 for a process to listen on (see

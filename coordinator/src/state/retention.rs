@@ -93,7 +93,7 @@ impl State {
         }
         let freed = self
             .blobs
-            .collect_garbage(&referenced)
+            .collect_garbage(&referenced, || self.leadership.valid())
             .await
             .map_err(|e| Error::Blob(e.to_string()))?;
         Ok(freed)

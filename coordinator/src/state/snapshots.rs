@@ -113,6 +113,7 @@ impl State {
             bytes_new: 0,
             bytes_reused: 0,
             epoch: self.epoch,
+            term: self.leadership.term(),
         };
         if let Err(e) = self.put_record(&record).await {
             self.tracker.fail(id, FailureReason::Storage(e.to_string()));

@@ -249,6 +249,7 @@ mod tests {
             bytes_new: 4,
             bytes_reused: 5,
             epoch: 0,
+            term: 0,
         };
         meta.put_snapshot(&snapshot).await.unwrap();
         let raw = kv

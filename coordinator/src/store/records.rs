@@ -103,6 +103,10 @@ pub struct SnapshotRecord {
     /// The cluster's epoch when it started: every part must have been recorded in it.
     #[serde(default)]
     pub epoch: u64,
+    /// The leadership term of the coordinator that started it (0: the embedded store;
+    /// absent in records of before high availability).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub term: u64,
 }
 
 /// Why a snapshot failed.
@@ -263,4 +267,9 @@ pub struct PolicyRecord {
     pub source: String,
     /// Milliseconds since the Unix epoch of the last change.
     pub updated_at_ms: u64,
+}
+
+/// Whether a number is zero (such fields are left out of the JSON).
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }

@@ -10,7 +10,7 @@
 //! Needs the binaries (`cargo build --bins`) and etcd (`apt-get install etcd-server`).
 
 use std::collections::BTreeMap;
-use std::process::{Command, ExitCode};
+use std::process::ExitCode;
 use std::time::Duration;
 
 use cairn_integration_tests::coordinated::{CoordinatedCluster, Store, bank_money, channel_fault};
@@ -75,7 +75,7 @@ fn pick(rng: &mut StdRng) -> Fault {
 }
 
 fn signal(pid: u32, sig: &str) {
-    let _ = Command::new("kill").args([sig, &pid.to_string()]).status();
+    cairn_integration_tests::processes::signal_pid(pid, sig);
 }
 
 struct Run {
