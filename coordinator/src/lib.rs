@@ -441,16 +441,24 @@ async fn watch_leader(
     stop: CancellationToken,
 ) {
     loop {
-        if let Ok(replicas) = elector.replicas().await {
-            let leader = replicas.leader().map(|(a, t)| (a.to_owned(), t));
-            if replica.set_known(replicas) {
-                metrics.leader_changes.inc();
-                match leader {
-                    Some((address, term)) => {
-                        metrics.term.set(i64::try_from(term).unwrap_or(i64::MAX));
-                        tracing::info!(leader = %address, term, "the leader is {address} (term {term})");
+        match elector.replicas().await {
+            Ok(replicas) => {
+                let leader = replicas.leader().map(|(a, t)| (a.to_owned(), t));
+                if replica.set_known(replicas) {
+                    metrics.leader_changes.inc();
+                    match leader {
+                        Some((address, term)) => {
+                            metrics.term.set(i64::try_from(term).unwrap_or(i64::MAX));
+                            tracing::info!(leader = %address, term, "the leader is {address} (term {term})");
+                        }
+                        None => tracing::warn!("no coordinator leads (an election is under way)"),
                     }
-                    None => tracing::warn!("no coordinator leads (an election is under way)"),
+                }
+            }
+            Err(e) => {
+                if replica.set_unknown(e.to_string()) {
+                    metrics.leader_changes.inc();
+                    tracing::warn!("who leads cannot be read: {e}");
                 }
             }
         }

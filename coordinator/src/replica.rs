@@ -37,6 +37,8 @@ pub(crate) struct Replica {
     leading: RwLock<Option<Leading>>,
     /// Who leads, as last read from etcd.
     known: RwLock<Replicas>,
+    /// Why the last read of who leads failed ("" after one that worked).
+    unknown_why: RwLock<String>,
 }
 
 impl Replica {
@@ -45,6 +47,7 @@ impl Replica {
             own,
             leading: RwLock::new(None),
             known: RwLock::new(Replicas::default()),
+            unknown_why: RwLock::new(String::new()),
         }
     }
 
@@ -79,11 +82,19 @@ impl Replica {
                  writes and node sessions go there",
                 self.own
             )),
-            None => Status::unavailable(format!(
-                "this coordinator ({}) is a follower and no leader is known yet (an election \
-                 is under way): try again shortly",
-                self.own
-            )),
+            None => {
+                let why = self.unknown_why.read().unwrap_or_else(|e| e.into_inner());
+                let why = if why.is_empty() {
+                    "an election is under way".to_owned()
+                } else {
+                    format!("who leads cannot be read: {why}")
+                };
+                Status::unavailable(format!(
+                    "this coordinator ({}) is a follower and no leader is known yet ({why}): \
+                     try again shortly",
+                    self.own
+                ))
+            }
         };
         if let Some(value) = self
             .hint()
@@ -119,10 +130,24 @@ impl Replica {
 
     /// What etcd says about the replicas; returns whether the leader changed.
     pub(crate) fn set_known(&self, replicas: Replicas) -> bool {
+        self.unknown_why
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .clear();
         let mut known = self.known.write().unwrap_or_else(|e| e.into_inner());
         let changed = known.leader() != replicas.leader();
         *known = replicas;
         changed
+    }
+
+    /// Who leads could not be read (etcd unreachable): no leader is named until it can
+    /// be; returns whether a leader was known until now.
+    pub(crate) fn set_unknown(&self, why: String) -> bool {
+        *self.unknown_why.write().unwrap_or_else(|e| e.into_inner()) = why;
+        let mut known = self.known.write().unwrap_or_else(|e| e.into_inner());
+        let had = known.leader().is_some();
+        *known = Replicas::default();
+        had
     }
 }
 
@@ -207,6 +232,16 @@ mod tests {
         assert!(replica.set_known(Replicas {
             list: vec![("c2:7000".into(), 50)],
         }));
+        // etcd unreachable: nobody is named, and the message says why.
+        assert!(replica.set_unknown("etcd unavailable: connection refused".into()));
+        let status = replica.not_leader();
+        assert!(
+            status
+                .message()
+                .contains("who leads cannot be read: etcd unavailable"),
+            "{status:?}"
+        );
+        assert!(status.metadata().get(LEADER_HEADER).is_none());
         // A replica that reads itself as the leader (before its term starts) names nobody.
         replica.set_known(Replicas {
             list: vec![("c1:7000".into(), 60)],

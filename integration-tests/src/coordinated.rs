@@ -57,6 +57,8 @@ pub struct CoordinatedCluster {
     pub nodes: Vec<CoordinatedNode>,
     /// Every coordinator replica (one but with [`Self::start_ha`]).
     pub replicas: Vec<CoordinatorReplica>,
+    /// Whether the coordinators are on etcd (and so elect a leader, even alone).
+    on_etcd: bool,
     dir: PathBuf,
     /// Each bank's starting balance.
     pub initial_balance: u64,
@@ -254,6 +256,7 @@ impl CoordinatedCluster {
             })
             .collect();
         let mut cluster = Self {
+            on_etcd: matches!(store, Store::Etcd(_)),
             coordinator: replicas[0].address.clone(),
             coordinator_metrics: replicas[0].metrics.clone(),
             nodes: Vec::new(),
@@ -490,12 +493,13 @@ impl CoordinatedCluster {
         }
     }
 
-    /// A client of the coordinator (over TLS in a TLS cluster); with several replicas, of
-    /// the one that leads now.
+    /// A client of the coordinator (over TLS in a TLS cluster); on etcd, of the replica
+    /// that leads now (an error while none does: a restarted coordinator leads once the
+    /// previous one's lease is gone).
     pub async fn client(
         &self,
     ) -> anyhow::Result<pb::coordinator_client::CoordinatorClient<Channel>> {
-        let address = if self.replicas.len() > 1 {
+        let address = if self.on_etcd {
             let (i, _) = self.leader().await?;
             self.replicas[i].address.clone()
         } else {

@@ -549,11 +549,15 @@ async fn a_follower_serves_reads_and_refuses_writes_and_a_revoked_lease_deposes_
     .await
     .unwrap();
     let name = format!("coordinator{}", leader + 1);
-    eventually("the deposed leader says so", Duration::from_secs(20), || async {
-        let log = cluster.log_of(&name);
-        anyhow::ensure!(log.contains("leadership lost"), "not yet: {log}");
-        Ok(())
-    })
+    eventually(
+        "the deposed leader says so",
+        Duration::from_secs(20),
+        || async {
+            let log = cluster.log_of(&name);
+            anyhow::ensure!(log.contains("leadership lost"), "not yet: {log}");
+            Ok(())
+        },
+    )
     .await
     .unwrap();
     // The members' keys went with the old lease; the new leader holds them again.

@@ -54,20 +54,6 @@ async fn assert_answering(cluster: &CoordinatedCluster, nodes: usize) {
         .unwrap();
 }
 
-fn coordinator_log(cluster: &CoordinatedCluster) -> String {
-    let mut text = String::new();
-    for entry in std::fs::read_dir(cluster.logs()).unwrap() {
-        let path = entry.unwrap().path();
-        if path
-            .file_name()
-            .is_some_and(|n| n.to_string_lossy().starts_with("coordinator-"))
-        {
-            text.push_str(&std::fs::read_to_string(&path).unwrap_or_default());
-        }
-    }
-    text
-}
-
 fn set(policy: pb::Policy, update: &[&str]) -> pb::SetPolicyRequest {
     pb::SetPolicyRequest {
         policy: Some(policy),
@@ -289,7 +275,7 @@ async fn a_stored_policy_that_fails_validation_gives_way_to_the_flags_at_start()
     );
     cluster.wait_registered(1).await.unwrap();
     assert_answering(&cluster, 1).await;
-    let log = coordinator_log(&cluster);
+    let log = cluster.log_of("coordinator");
     let line = log
         .lines()
         .find(|l| l.contains("stored snapshot policy is invalid"))

@@ -305,7 +305,7 @@ async fn failures_are_counted_reset_by_a_success_and_freshness_flips_both_ways()
     );
     let metrics = scrape(&cluster.coordinator_metrics).await.unwrap();
     assert!(metrics.contains("cairn_schedule_failing 1"), "{metrics}");
-    let log = coordinator_log(&cluster);
+    let log = cluster.log_of("coordinator");
     assert!(
         log.lines()
             .any(|l| l.contains("ERROR") && l.contains("scheduled snapshots are failing")),
@@ -344,20 +344,6 @@ fn now_ms() -> u64 {
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap()
         .as_millis() as u64
-}
-
-fn coordinator_log(cluster: &CoordinatedCluster) -> String {
-    let mut text = String::new();
-    for entry in std::fs::read_dir(cluster.logs()).unwrap() {
-        let path = entry.unwrap().path();
-        if path
-            .file_name()
-            .is_some_and(|n| n.to_string_lossy().starts_with("coordinator-"))
-        {
-            text.push_str(&std::fs::read_to_string(&path).unwrap_or_default());
-        }
-    }
-    text
 }
 
 fn cairnctl(cluster: &CoordinatedCluster, args: &[&str]) -> (bool, String, String) {
