@@ -8,6 +8,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::{Arc, RwLock};
 use std::task::{Context, Poll};
+use std::time::Duration;
 
 use http::HeaderValue;
 use tokio::sync::mpsc;
@@ -39,6 +40,8 @@ pub(crate) struct Replica {
     known: RwLock<Replicas>,
     /// Why the last read of who leads failed ("" after one that worked).
     unknown_why: RwLock<String>,
+    /// Bumped whenever the role or the known leader changes.
+    changes: tokio::sync::watch::Sender<u64>,
 }
 
 impl Replica {
@@ -48,6 +51,7 @@ impl Replica {
             leading: RwLock::new(None),
             known: RwLock::new(Replicas::default()),
             unknown_why: RwLock::new(String::new()),
+            changes: tokio::sync::watch::Sender::new(0),
         }
     }
 
@@ -72,6 +76,26 @@ impl Replica {
             .read()
             .unwrap_or_else(|e| e.into_inner())
             .is_some()
+    }
+
+    /// The term this replica leads, waiting up to `limit` while no leader is known (an
+    /// election under way): a daemon that asks during an election is answered as soon as
+    /// there is a leader, here or named, instead of retrying with a growing backoff.
+    pub(crate) async fn leading_or_wait(&self, limit: Duration) -> Result<Leading, Status> {
+        let mut changes = self.changes.subscribe();
+        let deadline = tokio::time::Instant::now() + limit;
+        loop {
+            if let Ok(leading) = self.leading() {
+                return Ok(leading);
+            }
+            if self.leader_elsewhere().is_some() {
+                return Err(self.not_leader());
+            }
+            match tokio::time::timeout_at(deadline, changes.changed()).await {
+                Ok(Ok(())) => {}
+                _ => return Err(self.not_leader()),
+            }
+        }
     }
 
     /// UNAVAILABLE for a call only the leader answers.
@@ -126,6 +150,7 @@ impl Replica {
     /// Starts (`Some`) or ends (`None`) a term.
     pub(crate) fn set_leading(&self, leading: Option<Leading>) {
         *self.leading.write().unwrap_or_else(|e| e.into_inner()) = leading;
+        self.changes.send_modify(|n| *n = n.wrapping_add(1));
     }
 
     /// What etcd says about the replicas; returns whether the leader changed.
@@ -137,6 +162,10 @@ impl Replica {
         let mut known = self.known.write().unwrap_or_else(|e| e.into_inner());
         let changed = known.leader() != replicas.leader();
         *known = replicas;
+        drop(known);
+        if changed {
+            self.changes.send_modify(|n| *n = n.wrapping_add(1));
+        }
         changed
     }
 
@@ -204,6 +233,33 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn a_session_asked_during_an_election_is_answered_when_a_leader_is_known() {
+        let replica = Arc::new(Replica::new("c1:7000".into()));
+        let waiting = tokio::spawn({
+            let replica = replica.clone();
+            async move { replica.leading_or_wait(Duration::from_secs(30)).await }
+        });
+        tokio::task::yield_now().await;
+        assert!(!waiting.is_finished());
+        replica.set_known(Replicas {
+            list: vec![("c2:7000".into(), 9)],
+        });
+        let status = waiting.await.unwrap().err().unwrap();
+        assert_eq!(status.metadata().get(LEADER_HEADER).unwrap(), "c2:7000");
+        // Without any news, it gives up at the limit, saying no leader is known.
+        let alone = Replica::new("c3:7000".into());
+        let status = alone
+            .leading_or_wait(Duration::from_millis(10))
+            .await
+            .err()
+            .unwrap();
+        assert!(
+            status.message().contains("no leader is known"),
+            "{status:?}"
+        );
+    }
 
     #[test]
     fn a_follower_names_the_leader_and_the_leader_names_nobody() {

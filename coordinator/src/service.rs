@@ -44,6 +44,10 @@ pub(crate) struct CoordinatorService {
     pub max_in_flight: usize,
 }
 
+/// How long a daemon's session request waits on a replica that knows no leader yet (below
+/// the 10 s a daemon gives a registration).
+const ELECTION_HOLD: Duration = Duration::from_secs(8);
+
 /// How often a follower's `WatchSnapshot` reads the record it follows.
 const FOLLOW_EVERY: Duration = Duration::from_millis(250);
 
@@ -587,8 +591,9 @@ impl pb::coordinator_server::Coordinator for CoordinatorService {
         let session = self.sessions.fetch_add(1, Ordering::Relaxed) + 1;
         let (tx, rx) = mpsc::channel(256);
         // The session belongs to this term: when the term ends, its task is gone and
-        // the session with it.
-        let leading = self.replica.leading()?;
+        // the session with it. During an election the daemon's request waits for a leader
+        // (here, or named in the refusal) rather than retrying blind.
+        let leading = self.replica.leading_or_wait(ELECTION_HOLD).await?;
         ask_task(
             &leading.tx,
             |reply| Msg::Register {

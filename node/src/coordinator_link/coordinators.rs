@@ -21,6 +21,11 @@ pub(crate) const MAX_REDIRECTS: u32 = 8;
 pub(crate) const BACKOFF_INITIAL: Duration = Duration::from_millis(100);
 /// The longest pause between attempts.
 pub(crate) const BACKOFF_MAX: Duration = Duration::from_secs(5);
+/// The longest pause within one turn of the list after a replica answered (refused with a
+/// status): a live replica that leads nobody yet is in an election, which ends within a lease
+/// TTL, so the daemon keeps asking at this pace rather than backing off to
+/// [`BACKOFF_MAX`] and registering seconds after the new leader is there.
+pub(crate) const LIVE_PAUSE_MAX: Duration = Duration::from_millis(250);
 
 /// What became of a leader hint.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -46,6 +51,9 @@ pub(crate) struct Coordinators {
     redirects: u32,
     /// The next pause after a failed attempt without a hint.
     backoff: Duration,
+    /// Attempts since a replica last answered (`None`: none has since the last
+    /// registration).
+    since_answer: Option<usize>,
 }
 
 impl Coordinators {
@@ -57,6 +65,7 @@ impl Coordinators {
             hint: None,
             redirects: 0,
             backoff: BACKOFF_INITIAL,
+            since_answer: None,
         }
     }
 
@@ -97,6 +106,12 @@ impl Coordinators {
     pub(crate) fn registered(&mut self) {
         self.redirects = 0;
         self.backoff = BACKOFF_INITIAL;
+        self.since_answer = None;
+    }
+
+    /// The replica just asked answered (a refusal with a status: it is alive).
+    pub(crate) fn answered(&mut self) {
+        self.since_answer = Some(0);
     }
 
     /// The pause before the next attempt, after a failed one: short if a hint was taken,
@@ -105,8 +120,15 @@ impl Coordinators {
         if self.hint.is_some() {
             return REDIRECT_PAUSE;
         }
-        let pause = self.backoff;
+        let mut pause = self.backoff;
         self.backoff = (self.backoff * 2).min(BACKOFF_MAX);
+        // Within one turn of the list after a replica answered: an election, not an outage.
+        if let Some(n) = self.since_answer {
+            if n < self.list.len().max(1) {
+                pause = pause.min(LIVE_PAUSE_MAX);
+            }
+            self.since_answer = Some(n.saturating_add(1));
+        }
         pause
     }
 }
@@ -158,6 +180,26 @@ mod tests {
         assert_eq!(c.pause(), BACKOFF_INITIAL);
         assert_eq!(c.next_address(), "b:7000");
         assert_eq!(c.next_address(), "c:7000");
+    }
+
+    #[test]
+    fn after_a_replica_answered_the_pause_stays_short_for_a_turn_of_the_list() {
+        let mut c = Coordinators::new(vec!["dead:7000".into(), "follower:7000".into()]);
+        for _ in 0..6 {
+            c.pause();
+        }
+        assert_eq!(c.pause(), BACKOFF_MAX, "nothing answered: the full backoff");
+        // The follower answers (an election under way): the dead one and the follower
+        // are asked again at a short pace, turn after turn while it keeps answering.
+        for _ in 0..5 {
+            c.answered();
+            assert_eq!(c.pause(), LIVE_PAUSE_MAX);
+            assert_eq!(c.pause(), LIVE_PAUSE_MAX);
+        }
+        // A whole turn without an answer: the backoff again.
+        assert_eq!(c.pause(), BACKOFF_MAX);
+        c.registered();
+        assert_eq!(c.pause(), BACKOFF_INITIAL);
     }
 
     #[test]

@@ -168,6 +168,9 @@ impl CoordinatorLink {
                 Ok(()) => return,
                 Err(why) => why,
             };
+            if matches!(why, LinkError::Refused(_) | LinkError::Stream(_)) {
+                self.coordinators.answered();
+            }
             let redirect = why
                 .leader_hint()
                 .map(|hint| (self.coordinators.redirected_to(&hint), hint));
