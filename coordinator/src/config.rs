@@ -384,21 +384,11 @@ pub fn parse_topology(text: &str) -> Result<Topology, String> {
 pub const LEADER_LEASE_TTL: std::ops::RangeInclusive<Duration> =
     Duration::from_secs(2)..=Duration::from_secs(300);
 
-/// An advertised address is `HOST:PORT`: printable, without spaces or commas, at most 255
-/// bytes (it travels in the `cairn-leader` header).
+/// An advertised address is `HOST:PORT` as the daemons and clients accept a leader they are
+/// named (`cairn_sdk::coordinator::check_address`: a host name, an IPv4 address or a
+/// bracketed IPv6 one, a port, at most 255 bytes): it travels in `cairn-leader`.
 pub fn check_advertise(address: &str) -> Result<(), String> {
-    if address.is_empty() || address.len() > 255 {
-        return Err("must be HOST:PORT of 1 to 255 bytes".into());
-    }
-    if !address.bytes().all(|b| b.is_ascii_graphic() && b != b',') {
-        return Err("must be printable ASCII without spaces or commas".into());
-    }
-    match address.rsplit_once(':') {
-        Some((host, port)) if !host.is_empty() && port.parse::<u16>().is_ok_and(|p| p > 0) => {
-            Ok(())
-        }
-        _ => Err("must be HOST:PORT".into()),
-    }
+    cairn_sdk::coordinator::check_address(address)
 }
 
 /// This machine's host name (`HOSTNAME`, else /etc/hostname, else `localhost`).

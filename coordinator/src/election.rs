@@ -148,6 +148,9 @@ pub(crate) fn margin(ttl: Duration) -> Duration {
     (ttl / 5).max(Duration::from_millis(200))
 }
 
+/// How long a read of who leads may take.
+const READ_TIMEOUT: Duration = Duration::from_secs(2);
+
 /// A replica's view of who leads, from etcd.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub(crate) struct Replicas {
@@ -192,11 +195,13 @@ impl Elector {
             .with_prefix()
             .with_sort(SortTarget::Create, SortOrder::Ascend)
             .with_limit(64);
-        let response = self
-            .client
-            .clone()
-            .get(format!("{}/", self.name), Some(options))
+        // This client has no request timeout (for the campaign): bound the read here, so
+        // that a hung etcd makes who leads unknown rather than stale.
+        let mut client = self.client.clone();
+        let read = client.get(format!("{}/", self.name), Some(options));
+        let response = tokio::time::timeout(READ_TIMEOUT, read)
             .await
+            .map_err(|_| StoreError(format!("etcd did not answer within {READ_TIMEOUT:?}")))?
             .map_err(|e| StoreError(format!("etcd unavailable: {e}")))?;
         let list = response
             .kvs()

@@ -521,6 +521,28 @@ async fn a_follower_serves_reads_and_refuses_writes_and_a_revoked_lease_deposes_
         assert_eq!(status, want as i32, "replica {}", r + 1);
     }
 
+    // cairnctl, given the follower first, finds the leader and shows the replicas.
+    let status = std::process::Command::new(binary("cairnctl").unwrap())
+        .args([
+            "--coordinator",
+            &format!("{},{}", cluster.replicas[follower].address, leader_address),
+            "-o",
+            "json",
+            "status",
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        status.status.success(),
+        "{}",
+        String::from_utf8_lossy(&status.stderr)
+    );
+    let status: serde_json::Value = serde_json::from_slice(&status.stdout).unwrap();
+    assert_eq!(status["leader"], leader_address.as_str(), "{status}");
+    assert_eq!(status["term"], term, "{status}");
+    assert_eq!(status["coordinator"], leader_address.as_str(), "{status}");
+    assert_eq!(status["replicas"].as_array().unwrap().len(), 2, "{status}");
+
     // The leader's lease, revoked from outside (etcd's election key ends in the lease id).
     let mut etcd_client = etcd_client::Client::connect([etcd.endpoint.as_str()], None)
         .await

@@ -75,7 +75,7 @@ impl EtcdKv {
     /// Connects to `etcd` (its endpoints, TLS and user). A refused connection (a bad
     /// password, a certificate etcd or the coordinator does not accept) is an error naming
     /// etcd and what was refused. The view returned reads only; a leader writes through
-    /// [`fenced`](Self::fenced).
+    /// `fenced`, a view whose every write is guarded by its term.
     pub async fn connect(etcd: &EtcdConfig) -> Result<Self, StoreError> {
         if etcd.user.is_some() && etcd.tls.is_none() {
             tracing::warn!(
