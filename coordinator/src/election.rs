@@ -7,7 +7,9 @@
 //!
 //! - a guarded write finds the election key gone or another's (the store's fence,
 //!   [`crate::store::EtcdKv`]);
-//! - etcd says the lease is gone (expired or revoked);
+//! - etcd says the lease is gone (expired or revoked), or the election key is deleted (a
+//!   watch on it, so a lease revoked from outside ends the term within milliseconds, not at
+//!   the next keep-alive);
 //! - the local clock passes the last successful keep-alive + TTL − margin: the replica stops
 //!   by itself, before etcd can have given the lease away, without waiting to be told
 //!   (a replica that was paused finds this first when it wakes up);
@@ -20,7 +22,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use etcd_client::{Client, GetOptions, LeaderKey, ResignOptions, SortOrder, SortTarget};
+use etcd_client::{
+    Client, EventType, GetOptions, LeaderKey, ResignOptions, SortOrder, SortTarget, WatchOptions,
+};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
@@ -281,6 +285,12 @@ impl Elector {
                 "won the election after the lease may have expired".into(),
             ));
         }
+        tokio::spawn(watch_key(
+            client,
+            key.key().to_vec(),
+            key.rev(),
+            leadership.clone(),
+        ));
         Ok(Some((leadership, key)))
     }
 
@@ -339,6 +349,57 @@ async fn keep_alive(mut client: Client, leadership: Arc<Leadership>, ttl: Durati
             }
             pause(&leadership, period.saturating_sub(sent.elapsed())).await;
         }
+    }
+}
+
+/// Ends the term as soon as its election key is deleted (its lease revoked or expired, or
+/// the key removed by hand), by watching the key from the revision that created it. A
+/// broken watch is opened again; while etcd cannot be reached the local deadline rules.
+async fn watch_key(mut client: Client, key: Vec<u8>, created: i64, leadership: Arc<Leadership>) {
+    let mut from = created;
+    while !leadership.ended.is_cancelled() {
+        let options = WatchOptions::new().with_start_revision(from);
+        let mut stream = match client.watch(key.clone(), Some(options)).await {
+            Ok(stream) => stream,
+            Err(_) => {
+                pause(&leadership, Duration::from_millis(250)).await;
+                continue;
+            }
+        };
+        loop {
+            let message = tokio::select! {
+                () = leadership.ended.cancelled() => return,
+                message = stream.message() => message,
+            };
+            let Ok(Some(response)) = message else {
+                break;
+            };
+            if response.compact_revision() > 0 {
+                // The history from `from` is compacted: read the key as it is now.
+                let gone = client.get(key.clone(), None).await.is_ok_and(|r| {
+                    r.kvs()
+                        .first()
+                        .is_none_or(|kv| kv.create_revision() != created)
+                });
+                if gone {
+                    leadership.end("the election key is gone (compacted history)");
+                    return;
+                }
+                from = response.compact_revision();
+                break;
+            }
+            for event in response.events() {
+                if event.event_type() == EventType::Delete {
+                    leadership
+                        .end("the election key was deleted (the lease was revoked or expired)");
+                    return;
+                }
+                if let Some(kv) = event.kv() {
+                    from = from.max(kv.mod_revision() + 1);
+                }
+            }
+        }
+        pause(&leadership, Duration::from_millis(250)).await;
     }
 }
 

@@ -56,6 +56,9 @@ use store::{AnyKv, EtcdKv, FileKv, Keys, Metadata};
 /// Kubernetes readiness probe that routes writes to it).
 pub const LEADER_HEALTH: &str = "cairn.v1.Leader";
 
+/// How long a term's task may take to stop once its term ended before it is dropped.
+const TERM_TASK_GRACE: Duration = Duration::from_secs(2);
+
 /// How often a replica reads who leads from etcd (a follower names the leader within this
 /// after an election).
 const WATCH_LEADER_EVERY: Duration = Duration::from_millis(200);
@@ -77,6 +80,17 @@ pub enum RunError {
     /// Recovery after a restart (or on winning a term) failed.
     #[error("recovery: {0}")]
     Recover(#[from] Error),
+    /// The address this replica would advertise is not one the others accept.
+    #[error(
+        "the advertised address {address} {why}: give --advertise HOST:PORT (the address \
+         the daemons and the other replicas reach this one at)"
+    )]
+    Advertise {
+        /// The address.
+        address: String,
+        /// What is wrong with it.
+        why: String,
+    },
     /// The server failed.
     #[error("server: {0}")]
     Serve(#[from] tonic::transport::Error),
@@ -106,6 +120,12 @@ pub async fn run(
     let stop = CancellationToken::new();
     let local = listener.local_addr().ok();
     let advertise = config.advertise_address(local);
+    if !config.etcd.is_empty() {
+        config::check_advertise(&advertise).map_err(|why| RunError::Advertise {
+            address: advertise.clone(),
+            why,
+        })?;
+    }
     let (kv, etcd) = if config.etcd.is_empty() {
         let path = config.data_dir.join("metadata.json");
         tracing::info!(path = %path.display(), "embedded metadata store");
@@ -198,6 +218,7 @@ pub async fn run(
         elector,
         flags_policy: config.policy.clone(),
         max_in_flight: config.max_concurrent.max(1),
+        follows: Arc::new(tokio::sync::Semaphore::new(service::MAX_FOLLOWS)),
     };
     health
         .set_serving::<pb::coordinator_server::CoordinatorServer<service::CoordinatorService>>()
@@ -370,6 +391,7 @@ impl Terms {
             self.replica.set_leading(Some(Leading {
                 tx: term.tx.clone(),
                 meta: term.meta.clone(),
+                leadership: term.leadership.clone(),
             }));
             self.health
                 .set_service_status(LEADER_HEALTH, ServingStatus::Serving)
@@ -382,7 +404,28 @@ impl Terms {
                 tracing::info!(term = number, "leading: this replica won the election");
             }
             drop(term.tx);
-            term.state.run(term.rx, shutdown.clone()).await;
+            let run = term.state.run(term.rx, shutdown.clone());
+            let mut run = std::pin::pin!(run);
+            tokio::select! {
+                () = &mut run => {}
+                () = term.leadership.ended() => {
+                    // Not a leader from this moment, whatever the task is doing: calls are
+                    // refused naming the leader, health says so. The task stops by itself
+                    // at its next message; one stuck (an I/O that hangs) is dropped.
+                    self.replica.set_leading(None);
+                    self.health
+                        .set_service_status(LEADER_HEALTH, ServingStatus::NotServing)
+                        .await;
+                    self.metrics.is_leader.set(0);
+                    if tokio::time::timeout(TERM_TASK_GRACE, &mut run).await.is_err() {
+                        tracing::error!(
+                            term = number,
+                            "the term's task did not stop within {TERM_TASK_GRACE:?} of the \
+                             term's end; dropped"
+                        );
+                    }
+                }
+            }
             self.replica.set_leading(None);
             self.health
                 .set_service_status(LEADER_HEALTH, ServingStatus::NotServing)

@@ -29,6 +29,8 @@ pub(crate) struct Leading {
     pub tx: mpsc::Sender<Msg>,
     /// The metadata, written through the term's fence.
     pub meta: Metadata,
+    /// The term itself: what is sent on its behalf is checked against it when it leaves.
+    pub leadership: Arc<crate::election::Leadership>,
 }
 
 /// This replica's role now.
@@ -167,6 +169,11 @@ impl Replica {
             self.changes.send_modify(|n| *n = n.wrapping_add(1));
         }
         changed
+    }
+
+    /// The replicas as last read from etcd.
+    pub(crate) fn known(&self) -> Replicas {
+        self.known.read().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
     /// Who leads could not be read (etcd unreachable): no leader is named until it can

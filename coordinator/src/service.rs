@@ -42,7 +42,13 @@ pub(crate) struct CoordinatorService {
     /// The policy of the flags and the tracker's bound (a follower's `GetPolicy`).
     pub flags_policy: cairn_core::schedule::Policy,
     pub max_in_flight: usize,
+    /// Room for `WatchSnapshot` streams that follow the stored record ([`MAX_FOLLOWS`]).
+    pub follows: Arc<tokio::sync::Semaphore>,
 }
+
+/// Most `WatchSnapshot` streams a replica follows by reading the store at once (each reads
+/// etcd four times a second).
+pub(crate) const MAX_FOLLOWS: usize = 256;
 
 /// How long a daemon's session request waits on a replica that knows no leader yet (below
 /// the 10 s a daemon gives a registration).
@@ -126,7 +132,13 @@ impl CoordinatorService {
 
     /// A follower's `WatchSnapshot`: the stored record, read again every
     /// [`FOLLOW_EVERY`], each change sent, until it ends or the watcher goes.
-    async fn follow(&self, id: SnapshotId) -> Result<WatchStream, Error> {
+    async fn follow(&self, id: SnapshotId) -> Result<WatchStream, Status> {
+        let permit = self.follows.clone().try_acquire_owned().map_err(|_| {
+            Status::resource_exhausted(format!(
+                "{MAX_FOLLOWS} snapshots are followed on this replica already, the most \
+                 allowed: watch on the leader, or later"
+            ))
+        })?;
         let first = self
             .meta
             .snapshot(id)
@@ -135,6 +147,7 @@ impl CoordinatorService {
         let (tx, rx) = mpsc::channel(64);
         let meta = self.meta.clone();
         tokio::spawn(async move {
+            let _permit = permit;
             let mut last = progress_pb(&first);
             let mut ended = first.status != SnapshotStatus::InProgress;
             if tx.send(Ok(last.clone())).await.is_err() {
@@ -289,12 +302,15 @@ impl pb::coordinator_server::Coordinator for CoordinatorService {
         request: Request<pb::WatchSnapshotRequest>,
     ) -> Result<Response<Self::WatchSnapshotStream>, Status> {
         let id = SnapshotId(request.into_inner().snapshot_id);
-        if !self.replica.is_leading() {
-            return Ok(Response::new(self.follow(id).await?));
+        if self.replica.is_leading() {
+            let (tx, rx) = mpsc::channel(64);
+            // A term that ends meanwhile: follow the record like a follower.
+            if let Ok(answer) = self.ask(|reply| Msg::Watch { id, tx, reply }).await {
+                answer?;
+                return Ok(Response::new(ReceiverStream::new(rx)));
+            }
         }
-        let (tx, rx) = mpsc::channel(64);
-        self.ask(|reply| Msg::Watch { id, tx, reply }).await??;
-        Ok(Response::new(ReceiverStream::new(rx)))
+        Ok(Response::new(self.follow(id).await?))
     }
 
     async fn abort_snapshot(
@@ -489,32 +505,31 @@ impl pb::coordinator_server::Coordinator for CoordinatorService {
         &self,
         _request: Request<pb::ListNodesRequest>,
     ) -> Result<Response<pb::ListNodesResponse>, Status> {
-        if !self.replica.is_leading() {
-            return Ok(Response::new(self.stored_nodes().await?));
+        if self.replica.is_leading()
+            && let Ok(nodes) = self.ask(|reply| Msg::ListNodes { reply }).await
+        {
+            return Ok(Response::new(nodes));
         }
-        Ok(Response::new(
-            self.ask(|reply| Msg::ListNodes { reply }).await?,
-        ))
+        Ok(Response::new(self.stored_nodes().await?))
     }
 
     async fn get_policy(
         &self,
         _request: Request<pb::GetPolicyRequest>,
     ) -> Result<Response<pb::Policy>, Status> {
-        if !self.replica.is_leading() {
-            // The stored policy (or the flags'); the schedule's state is the leader's.
-            let stored = self.meta.policy_bytes().await?;
-            let chosen =
-                policy::at_start(&self.flags_policy, stored.as_deref(), self.max_in_flight);
-            return Ok(Response::new(policy::to_pb(
-                &chosen.policy,
-                chosen.source,
-                &Default::default(),
-            )));
+        if self.replica.is_leading()
+            && let Ok(policy) = self.ask(|reply| Msg::GetPolicy { reply }).await
+        {
+            return Ok(Response::new(policy));
         }
-        Ok(Response::new(
-            self.ask(|reply| Msg::GetPolicy { reply }).await?,
-        ))
+        // The stored policy (or the flags'); the schedule's state is the leader's.
+        let stored = self.meta.policy_bytes().await?;
+        let chosen = policy::at_start(&self.flags_policy, stored.as_deref(), self.max_in_flight);
+        Ok(Response::new(policy::to_pb(
+            &chosen.policy,
+            chosen.source,
+            &Default::default(),
+        )))
     }
 
     async fn get_leadership(
@@ -522,7 +537,7 @@ impl pb::coordinator_server::Coordinator for CoordinatorService {
         _request: Request<pb::GetLeadershipRequest>,
     ) -> Result<Response<pb::Leadership>, Status> {
         let own = self.replica.own().to_owned();
-        let Some(elector) = &self.elector else {
+        if self.elector.is_none() {
             // The embedded store: this coordinator is the only one, the leader of term 0.
             return Ok(Response::new(pb::Leadership {
                 leader: own.clone(),
@@ -534,25 +549,40 @@ impl pb::coordinator_server::Coordinator for CoordinatorService {
                 }],
                 answered_by: own,
             }));
+        }
+        // As last read (every 200 ms): a viewer cannot multiply etcd's reads. The leader
+        // answers its own term exactly (what it read may lag its election by a poll).
+        let replicas = self.replica.known();
+        let (leader, term) = match self.replica.leading() {
+            Ok(leading) => (own.clone(), leading.leadership.term()),
+            Err(_) => replicas
+                .leader()
+                .map(|(a, t)| (a.to_owned(), t))
+                .unwrap_or_default(),
         };
-        let replicas = elector.replicas().await.map_err(Error::from)?;
-        let (leader, term) = replicas
-            .leader()
-            .map(|(a, t)| (a.to_owned(), t))
-            .unwrap_or_default();
+        let mut list: Vec<pb::CoordinatorReplica> = replicas
+            .list
+            .iter()
+            .map(|(address, revision)| pb::CoordinatorReplica {
+                address: address.clone(),
+                revision: *revision,
+                leader: *revision == term && *address == leader,
+            })
+            .collect();
+        if term > 0 && !list.iter().any(|r| r.leader) {
+            list.insert(
+                0,
+                pb::CoordinatorReplica {
+                    address: leader.clone(),
+                    revision: term,
+                    leader: true,
+                },
+            );
+        }
         Ok(Response::new(pb::Leadership {
             leader,
             term,
-            replicas: replicas
-                .list
-                .iter()
-                .enumerate()
-                .map(|(i, (address, revision))| pb::CoordinatorReplica {
-                    address: address.clone(),
-                    revision: *revision,
-                    leader: i == 0,
-                })
-                .collect(),
+            replicas: list,
             answered_by: own,
         }))
     }
@@ -568,7 +598,9 @@ impl pb::coordinator_server::Coordinator for CoordinatorService {
         Ok(Response::new(policy))
     }
 
-    type NodeSessionStream = ReceiverStream<Result<pb::CoordinatorToNode, Status>>;
+    type NodeSessionStream = std::pin::Pin<
+        Box<dyn tokio_stream::Stream<Item = Result<pb::CoordinatorToNode, Status>> + Send>,
+    >;
 
     async fn node_session(
         &self,
@@ -622,7 +654,20 @@ impl pb::coordinator_server::Coordinator for CoordinatorService {
             }
             let _ = state.send(Msg::SessionEnded { node, session }).await;
         });
-        Ok(Response::new(ReceiverStream::new(rx)))
+        // Each command leaves only while its term holds: one queued before the term ended
+        // ends the session instead (the daemon goes to the next leader).
+        let leadership = leading.leadership;
+        let commands = tokio_stream::StreamExt::map(ReceiverStream::new(rx), move |item| {
+            if leadership.valid() {
+                item
+            } else {
+                Err(Status::unavailable(format!(
+                    "coordinator term {} ended: reconnect to the leader",
+                    leadership.term()
+                )))
+            }
+        });
+        Ok(Response::new(Box::pin(commands)))
     }
 
     async fn upload_snapshot_part(

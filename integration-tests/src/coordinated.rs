@@ -401,22 +401,17 @@ impl CoordinatedCluster {
             .into_inner())
     }
 
-    /// The index of the replica that leads now and its term: the one etcd's election names
-    /// (as a running replica answers `GetLeadership`) whose health says it leads
-    /// (`cairn.v1.Leader` SERVING); an error while none does.
+    /// The index of the replica that leads now and its term: the running replica whose
+    /// health says it leads (`cairn.v1.Leader` SERVING), with the term it answers
+    /// `GetLeadership` with; an error while none does.
     pub async fn leader(&self) -> anyhow::Result<(usize, u64)> {
         for r in 0..self.replicas.len() {
-            if self.replicas[r].process.is_none() {
+            if self.replicas[r].process.is_none() || !self.leads(r).await.unwrap_or(false) {
                 continue;
             }
-            let Ok(l) = self.leadership(r).await else {
-                continue;
-            };
-            let Some(i) = self.replicas.iter().position(|x| x.address == l.leader) else {
-                continue;
-            };
-            if self.replicas[i].process.is_some() && self.leads(i).await? {
-                return Ok((i, l.term));
+            let l = self.leadership(r).await?;
+            if l.leader == self.replicas[r].address {
+                return Ok((r, l.term));
             }
         }
         anyhow::bail!("no coordinator replica leads")

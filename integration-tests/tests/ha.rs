@@ -431,16 +431,28 @@ async fn a_follower_serves_reads_and_refuses_writes_and_a_revoked_lease_deposes_
         .into_inner();
     let progress = watch.message().await.unwrap().unwrap();
     assert_eq!(progress.status, pb::SnapshotStatus::Completed as i32);
-    let who = client
-        .get_leadership(pb::GetLeadershipRequest {})
-        .await
-        .unwrap()
-        .into_inner();
+    // Both replicas campaign (as the follower read them, every 200 ms).
+    let who = eventually(
+        "the follower sees both replicas",
+        Duration::from_secs(10),
+        || {
+            let mut client = client.clone();
+            async move {
+                let who = client
+                    .get_leadership(pb::GetLeadershipRequest {})
+                    .await?
+                    .into_inner();
+                anyhow::ensure!(who.replicas.len() == 2, "{who:?}");
+                Ok(who)
+            }
+        },
+    )
+    .await
+    .unwrap();
     assert_eq!(
         (who.leader.as_str(), who.term),
         (leader_address.as_str(), term)
     );
-    assert_eq!(who.replicas.len(), 2);
     assert_eq!(who.answered_by, cluster.replicas[follower].address);
     // Writes: UNAVAILABLE, naming the leader.
     let refused = [

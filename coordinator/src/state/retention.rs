@@ -85,6 +85,10 @@ impl State {
         if !self.inflight.is_empty() {
             return Ok(0);
         }
+        // Deleting is the one thing the store's fence cannot guard: ask etcd first that the
+        // term holds, then check the term before each removal (a watch on the election key
+        // ends it within milliseconds of a revoked lease).
+        self.meta.kv().still_leads().await?;
         let mut referenced = BTreeSet::new();
         // Every part, strictly: a chunk that only an unreadable part refers to must not go.
         for part in self.meta.all_parts().await? {

@@ -251,17 +251,20 @@ impl State {
                         }
                         record.failure = Some(failure_record(reason));
                         tracing::warn!(snapshot = id.0, %reason, "snapshot did not complete");
-                        let abort = pb::AbortSnapshotRequest {
-                            snapshot_id: id.0,
-                            reason: reason.to_string(),
-                        };
-                        self.broadcast(pb::coordinator_to_node::Kind::Abort(abort));
                     }
                 }
                 // Stored, then retention applied, then told: whoever sees it end sees the
-                // store as it is after it.
+                // store as it is after it. The nodes are told to drop a failed one after the
+                // store (a fenced write) has confirmed the term.
                 if let Err(e) = self.put_record(&record).await {
                     tracing::error!(snapshot = id.0, "cannot store the snapshot record: {e}");
+                }
+                if let tracker::Outcome::Failed(reason) = &outcome {
+                    let abort = pb::AbortSnapshotRequest {
+                        snapshot_id: id.0,
+                        reason: reason.to_string(),
+                    };
+                    self.broadcast(pb::coordinator_to_node::Kind::Abort(abort));
                 }
                 if record.status == SnapshotStatus::Completed
                     && let Err(e) = self.apply_retention().await

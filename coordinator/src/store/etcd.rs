@@ -170,6 +170,14 @@ impl EtcdKv {
     }
 }
 
+impl EtcdKv {
+    /// Asks etcd whether the term still holds (a guarded transaction that changes
+    /// nothing); a term that does not ends here.
+    pub(crate) async fn still_leads(&self) -> Result<(), StoreError> {
+        self.guarded(vec![], vec![]).await.map(drop)
+    }
+}
+
 /// How a guarded transaction ended.
 enum Guarded {
     Done,

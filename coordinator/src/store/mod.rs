@@ -123,6 +123,15 @@ impl Kv for AnyKv {
 }
 
 impl AnyKv {
+    /// Whether this coordinator still leads its term, asked of the store itself (etcd: a
+    /// guarded transaction; the embedded store has one coordinator).
+    pub async fn still_leads(&self) -> Result<(), StoreError> {
+        match self {
+            Self::Etcd(s) => s.still_leads().await,
+            Self::File(_) | Self::Memory(_) => Ok(()),
+        }
+    }
+
     /// Whether the store's own files are intact (the embedded store's may be deleted under
     /// it; etcd answers for itself).
     pub fn check_files(&self) -> Result<(), StoreError> {

@@ -109,7 +109,8 @@ impl Coordinators {
         self.since_answer = None;
     }
 
-    /// The replica just asked answered (a refusal with a status: it is alive).
+    /// The replica just asked answered UNAVAILABLE (it is alive, and leads nobody yet or
+    /// names the leader).
     pub(crate) fn answered(&mut self) {
         self.since_answer = Some(0);
     }

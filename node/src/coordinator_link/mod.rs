@@ -168,7 +168,11 @@ impl CoordinatorLink {
                 Ok(()) => return,
                 Err(why) => why,
             };
-            if matches!(why, LinkError::Refused(_) | LinkError::Stream(_)) {
+            // A live replica saying UNAVAILABLE is an election or a redirect: keep asking at
+            // a short pace. Any other refusal (a held id, a wrong cluster) backs off.
+            if let LinkError::Refused(status) | LinkError::Stream(status) = &why
+                && status.code() == tonic::Code::Unavailable
+            {
                 self.coordinators.answered();
             }
             let redirect = why
