@@ -178,6 +178,12 @@ pub async fn run(
     health
         .set_service_status(LEADER_HEALTH, ServingStatus::NotServing)
         .await;
+    if !config.etcd.is_empty() {
+        // Only the leader judges freshness; a replica that does not lead does not know.
+        health
+            .set_service_status(policy::FRESHNESS_SERVICE, ServingStatus::Unknown)
+            .await;
+    }
     let replica = Arc::new(Replica::new(advertise.clone()));
     let terms = Terms {
         config: config.clone(),
@@ -431,6 +437,12 @@ impl Terms {
                 .set_service_status(LEADER_HEALTH, ServingStatus::NotServing)
                 .await;
             self.metrics.is_leader.set(0);
+            if self.elector.is_some() {
+                // What it said of freshness was its term's; a follower does not know.
+                self.health
+                    .set_service_status(policy::FRESHNESS_SERVICE, ServingStatus::Unknown)
+                    .await;
+            }
             let (Some(elector), Some(key)) = (&self.elector, term.key) else {
                 return;
             };

@@ -532,6 +532,27 @@ async fn a_follower_serves_reads_and_refuses_writes_and_a_revoked_lease_deposes_
             .status;
         assert_eq!(status, want as i32, "replica {}", r + 1);
     }
+    // Freshness is the leader's to judge: a follower does not know.
+    let channel = tonic::transport::Endpoint::from_shared(format!(
+        "http://{}",
+        cluster.replicas[follower].address
+    ))
+    .unwrap()
+    .connect()
+    .await
+    .unwrap();
+    let freshness = tonic_health::pb::health_client::HealthClient::new(channel)
+        .check(tonic_health::pb::HealthCheckRequest {
+            service: "cairn.v1.SnapshotFreshness".into(),
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .status;
+    assert_eq!(
+        freshness,
+        tonic_health::pb::health_check_response::ServingStatus::Unknown as i32
+    );
 
     // cairnctl, given the follower first, finds the leader and shows the replicas.
     let status = std::process::Command::new(binary("cairnctl").unwrap())
