@@ -44,6 +44,25 @@ pub fn usage_error(message: impl std::fmt::Display) -> ExitCode {
     ExitCode::from(EX_USAGE)
 }
 
+/// Standard error that never fails: a log line that cannot be written (the reader of a pipe
+/// went away, a full disk) is dropped. tracing-subscriber reports a failed write with
+/// `eprintln!`, which panics when stderr itself is broken — in whatever task was logging,
+/// such as the one that turns SIGTERM into a shutdown — so a daemon whose log collector died
+/// would crash or ignore SIGTERM.
+struct LossyStderr;
+
+impl std::io::Write for LossyStderr {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let _ = std::io::stderr().write_all(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        let _ = std::io::stderr().flush();
+        Ok(())
+    }
+}
+
 /// Logs to stderr through `tracing`, filtered by `filter` (EnvFilter syntax; a bad one falls
 /// back to `info`), as JSON lines when `json`, with colours only on a terminal.
 pub fn init_logging(filter: &str, json: bool) {
@@ -51,7 +70,7 @@ pub fn init_logging(filter: &str, json: bool) {
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr)
+        .with_writer(|| LossyStderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()));
     if json {
         builder.json().init();

@@ -252,3 +252,66 @@ async fn after_the_etcd_lease_is_lost_the_members_keys_are_put_back() {
         cluster.total(),
     );
 }
+
+/// A daemon whose standard error is a pipe nobody reads any more (its log collector died)
+/// keeps running, and stops on SIGTERM: a log line that cannot be written is dropped (it
+/// used to panic in whichever task logged, the signal's included).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_daemon_whose_log_pipe_broke_keeps_running_and_stops_on_sigterm() {
+    /// Killed when the test ends, pass or fail.
+    struct Killed(std::process::Child);
+    impl Drop for Killed {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let peer = format!("127.0.0.1:{}", free_port());
+    let child = std::process::Command::new(binary("cairn-node").unwrap())
+        .args([
+            "--node-id",
+            "a",
+            "--peer",
+            &format!("a={peer}"),
+            "--peer-listen",
+            &peer,
+            "--app-listen",
+            &format!("127.0.0.1:{}", free_port()),
+        ])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut child = Killed(child);
+    // The reader goes away at once: every log line meets a broken pipe.
+    drop(child.0.stderr.take());
+    let pid = child.0.id();
+    // It serves (its health answers) rather than dying at its first log line.
+    eventually("the daemon answers", Duration::from_secs(10), || async {
+        let channel = tonic::transport::Endpoint::from_shared(format!("http://{peer}"))?
+            .connect()
+            .await?;
+        let status = tonic_health::pb::health_client::HealthClient::new(channel)
+            .check(tonic_health::pb::HealthCheckRequest::default())
+            .await?
+            .into_inner()
+            .status;
+        anyhow::ensure!(status == 1, "not serving: {status}");
+        Ok(())
+    })
+    .await
+    .unwrap();
+    assert!(child.0.try_wait().unwrap().is_none(), "the daemon died");
+    cairn_integration_tests::processes::signal_pid(pid, "-TERM");
+    let status = eventually(
+        "the daemon stops on SIGTERM",
+        Duration::from_secs(15),
+        || {
+            let status = child.0.try_wait();
+            async move { status?.ok_or_else(|| anyhow::anyhow!("still running")) }
+        },
+    )
+    .await
+    .unwrap();
+    assert!(status.success(), "exited {status}");
+}
