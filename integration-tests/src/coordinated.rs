@@ -419,20 +419,13 @@ impl CoordinatedCluster {
 
     /// Whether replica `r`'s health says it leads (`cairn.v1.Leader` SERVING).
     pub async fn leads(&self, r: usize) -> anyhow::Result<bool> {
-        use tonic_health::pb::health_check_response::ServingStatus;
-        let channel = cairn_sdk::tls::endpoint(&self.replicas[r].address, self.tls.as_ref())?
-            .connect_timeout(Duration::from_secs(2))
-            .timeout(Duration::from_secs(5))
-            .connect()
-            .await?;
-        let status = tonic_health::pb::health_client::HealthClient::new(channel)
-            .check(tonic_health::pb::HealthCheckRequest {
-                service: "cairn.v1.Leader".into(),
-            })
-            .await?
-            .into_inner()
-            .status;
-        Ok(status == ServingStatus::Serving as i32)
+        let status = health_of(
+            &self.replicas[r].address,
+            "cairn.v1.Leader",
+            self.tls.as_ref(),
+        )
+        .await?;
+        Ok(status == tonic_health::pb::health_check_response::ServingStatus::Serving as i32)
     }
 
     /// Waits until a replica leads (other than `not`, if given); returns it and its term.
@@ -909,4 +902,25 @@ pub fn bank_money(snapshot: &pb::Snapshot) -> anyhow::Result<u64> {
         }
     }
     Ok(total)
+}
+
+/// The gRPC health status (`tonic_health`'s `ServingStatus` as a number) that the server at
+/// `address` reports for `service`.
+pub async fn health_of(
+    address: &str,
+    service: &str,
+    tls: Option<&cairn_sdk::tls::Tls>,
+) -> anyhow::Result<i32> {
+    let channel = cairn_sdk::tls::endpoint(address, tls)?
+        .connect_timeout(Duration::from_secs(2))
+        .timeout(Duration::from_secs(5))
+        .connect()
+        .await?;
+    Ok(tonic_health::pb::health_client::HealthClient::new(channel)
+        .check(tonic_health::pb::HealthCheckRequest {
+            service: service.into(),
+        })
+        .await?
+        .into_inner()
+        .status)
 }

@@ -7,7 +7,7 @@
 use std::collections::BTreeSet;
 use std::time::Duration;
 
-use cairn_integration_tests::coordinated::{CoordinatedCluster, bank_money, scrape};
+use cairn_integration_tests::coordinated::{CoordinatedCluster, bank_money, health_of, scrape};
 use cairn_integration_tests::etcd::Etcd;
 use cairn_integration_tests::processes::{ChildGuard, binary, eventually, free_port};
 use cairn_proto::v1 as pb;
@@ -514,41 +514,19 @@ async fn a_follower_serves_reads_and_refuses_writes_and_a_revoked_lease_deposes_
             tonic_health::pb::health_check_response::ServingStatus::NotServing,
         ),
     ] {
-        let channel = tonic::transport::Endpoint::from_shared(format!(
-            "http://{}",
-            cluster.replicas[r].address
-        ))
-        .unwrap()
-        .connect()
-        .await
-        .unwrap();
-        let status = tonic_health::pb::health_client::HealthClient::new(channel)
-            .check(tonic_health::pb::HealthCheckRequest {
-                service: "cairn.v1.Leader".into(),
-            })
+        let status = health_of(&cluster.replicas[r].address, "cairn.v1.Leader", None)
             .await
-            .unwrap()
-            .into_inner()
-            .status;
+            .unwrap();
         assert_eq!(status, want as i32, "replica {}", r + 1);
     }
     // Freshness is the leader's to judge: a follower does not know.
-    let channel = tonic::transport::Endpoint::from_shared(format!(
-        "http://{}",
-        cluster.replicas[follower].address
-    ))
-    .unwrap()
-    .connect()
+    let freshness = health_of(
+        &cluster.replicas[follower].address,
+        "cairn.v1.SnapshotFreshness",
+        None,
+    )
     .await
     .unwrap();
-    let freshness = tonic_health::pb::health_client::HealthClient::new(channel)
-        .check(tonic_health::pb::HealthCheckRequest {
-            service: "cairn.v1.SnapshotFreshness".into(),
-        })
-        .await
-        .unwrap()
-        .into_inner()
-        .status;
     assert_eq!(
         freshness,
         tonic_health::pb::health_check_response::ServingStatus::Unknown as i32
@@ -753,16 +731,7 @@ async fn a_daemon_refuses_a_coordinator_of_a_lower_term() {
     // Each leads its own etcd before the daemon starts (it tries the high one first).
     for address in [&high_address, &low_address] {
         eventually("the coordinator leads", Duration::from_secs(30), || async {
-            let channel = tonic::transport::Endpoint::from_shared(format!("http://{address}"))?
-                .connect()
-                .await?;
-            let status = tonic_health::pb::health_client::HealthClient::new(channel)
-                .check(tonic_health::pb::HealthCheckRequest {
-                    service: "cairn.v1.Leader".into(),
-                })
-                .await?
-                .into_inner()
-                .status;
+            let status = health_of(address, "cairn.v1.Leader", None).await?;
             anyhow::ensure!(status == 1, "not leading yet");
             Ok(())
         })
