@@ -113,10 +113,7 @@ impl CoordinatorClient {
         })?;
         let (address, channel) = find_leader(&addresses, tls, ELECTION_WAIT).await?;
         Ok(Self {
-            inner: pb::coordinator_client::CoordinatorClient::with_interceptor(
-                channel,
-                bearer.clone(),
-            ),
+            inner: raw_client(channel, bearer.clone()),
             address,
             addresses,
             bearer,
@@ -149,10 +146,7 @@ impl CoordinatorClient {
         );
         let (address, channel) = find_leader(&candidates, self.tls.as_ref(), ELECTION_WAIT).await?;
         tracing::debug!("coordinator: now calling {address}");
-        self.inner = pb::coordinator_client::CoordinatorClient::with_interceptor(
-            channel,
-            self.bearer.clone(),
-        );
+        self.inner = raw_client(channel, self.bearer.clone());
         self.address = address;
         Ok(())
     }
@@ -181,7 +175,9 @@ impl CoordinatorClient {
             .snapshot_id)
     }
 
-    /// A snapshot's metadata, optionally with its data.
+    /// A snapshot's metadata, optionally with its data. The data of a completed snapshot is
+    /// read with [`Self::read_snapshot_data`], in pieces (states larger than a gRPC message
+    /// can be read), and gathered here in memory.
     pub async fn get_snapshot(
         &mut self,
         snapshot_id: u64,
@@ -189,9 +185,65 @@ impl CoordinatorClient {
     ) -> Result<pb::Snapshot, Error> {
         let request = pb::GetSnapshotRequest {
             snapshot_id,
-            include_data,
+            include_data: false,
         };
-        Ok(self.inner.get_snapshot(request).await?.into_inner())
+        let mut snapshot = self.inner.get_snapshot(request).await?.into_inner();
+        if !include_data {
+            return Ok(snapshot);
+        }
+        if snapshot.status != pb::SnapshotStatus::Completed as i32 {
+            // A snapshot that did not complete: whatever parts it stored, in one message.
+            let request = pb::GetSnapshotRequest {
+                snapshot_id,
+                include_data: true,
+            };
+            return Ok(self.inner.get_snapshot(request).await?.into_inner());
+        }
+        let mut data = self.read_snapshot_data(snapshot_id, None).await?;
+        while let Some(piece) = data.message().await? {
+            let Some(node) = snapshot
+                .nodes
+                .iter_mut()
+                .find(|n| n.node_id == piece.node_id)
+            else {
+                continue;
+            };
+            match piece.kind {
+                Some(pb::snapshot_data::Kind::LocalState(bytes)) => {
+                    let mut state = std::mem::take(&mut node.local_state).to_vec();
+                    state.extend_from_slice(&bytes);
+                    node.local_state = state.into();
+                }
+                Some(pb::snapshot_data::Kind::ChannelState(state)) => {
+                    match node
+                        .channel_states
+                        .last_mut()
+                        .filter(|last| last.channel == state.channel)
+                    {
+                        Some(last) => last.messages.extend(state.messages),
+                        None => node.channel_states.push(state),
+                    }
+                }
+                Some(pb::snapshot_data::Kind::End(_)) | None => {}
+            }
+        }
+        Ok(snapshot)
+    }
+
+    /// A completed snapshot's data as a stream of pieces: per node (only `node`, if given)
+    /// its local state chunk by chunk, then its recorded messages channel by channel, then
+    /// an `End` with the totals. Every chunk is checked against its SHA-256 by the
+    /// coordinator as it is read; a bad one ends the stream with DATA_LOSS naming it.
+    pub async fn read_snapshot_data(
+        &mut self,
+        snapshot_id: u64,
+        node: Option<&str>,
+    ) -> Result<tonic::Streaming<pb::SnapshotData>, Error> {
+        let request = pb::ReadSnapshotDataRequest {
+            snapshot_id,
+            node_id: node.unwrap_or_default().to_owned(),
+        };
+        Ok(self.inner.read_snapshot_data(request).await?.into_inner())
     }
 
     /// The coordinator replicas, which one leads and its term (any replica answers).
@@ -207,6 +259,16 @@ impl CoordinatorClient {
     pub fn raw(&mut self) -> &mut pb::coordinator_client::CoordinatorClient<TokenChannel> {
         &mut self.inner
     }
+}
+
+/// The generated client over `channel`. Answers may be large: a snapshot with its data, a
+/// piece of recorded messages (up to ~1 MiB plus one message of at most 16 MiB).
+fn raw_client(
+    channel: Channel,
+    bearer: BearerToken,
+) -> pb::coordinator_client::CoordinatorClient<TokenChannel> {
+    pb::coordinator_client::CoordinatorClient::with_interceptor(channel, bearer)
+        .max_decoding_message_size(64 << 20)
 }
 
 /// The gRPC health service name that is SERVING only on the leading coordinator replica

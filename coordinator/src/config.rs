@@ -15,8 +15,12 @@ pub struct CoordinatorConfig {
     pub etcd: EtcdConfig,
     /// Where the embedded store's file and the blob directory live.
     pub data_dir: PathBuf,
-    /// The blob store's directory; `None`: `<data_dir>/blobs`.
-    pub blob_dir: Option<PathBuf>,
+    /// The blob store (`--blob-store`, `--s3-*`); no location: the directory
+    /// `<data_dir>/blobs`.
+    pub blob: cairn_blob::BlobArgs,
+    /// Chunks and manifests no record refers to are collected only once they are this old (a
+    /// daemon may have written them for a snapshot whose record is not stored yet).
+    pub gc_grace: Duration,
     /// The timeout of a snapshot that names none.
     pub default_timeout: Duration,
     /// Most snapshots in flight at once.
@@ -69,7 +73,8 @@ impl CoordinatorConfig {
             cluster: cluster.into(),
             etcd: EtcdConfig::default(),
             data_dir: data_dir.into(),
-            blob_dir: None,
+            blob: cairn_blob::BlobArgs::default(),
+            gc_grace: Duration::from_secs(300),
             default_timeout: Duration::from_secs(30),
             max_concurrent: 4,
             retention: 0,

@@ -151,7 +151,7 @@ impl Error {
     /// A blob store error while reading `what` (e.g. "node n1's state"): `DataLoss` if
     /// the bytes are missing or corrupt, else `Blob`.
     pub fn reading(what: &str, e: &std::io::Error) -> Self {
-        if crate::blob::is_data_loss(e) {
+        if cairn_blob::is_data_loss(e) {
             Self::DataLoss(format!("{what}: {e}"))
         } else {
             Self::Blob(format!("{what}: {e}"))

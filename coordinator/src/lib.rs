@@ -1,7 +1,9 @@
 //! `cairn-coordinator`: turns the node daemons into a product. It keeps the members'
 //! sessions, starts snapshots and follows them with a [`cairn_core::SnapshotTracker`],
-//! stores every part's bytes as content-defined chunks in a blob store and the metadata
-//! as JSON in etcd (or an embedded file store), verifies each cut, and answers users.
+//! stores every part's manifest and recorded messages in the blob store (`cairn_blob`: a
+//! directory or S3) — the state's chunks come cut by the daemons, only the new ones sent or
+//! written by them — and the metadata as JSON in etcd (or an embedded file store), verifies
+//! each cut, and answers users.
 //!
 //! # Layout
 //!
@@ -10,13 +12,11 @@
 //! - [`policy`]: the snapshot policy's stored and wire forms.
 //! - `service`: the `cairn.v1.Coordinator` gRPC service.
 //! - [`store`]: the metadata store (etcd or a file) and its JSON records.
-//! - [`blob`]: the content-addressed chunk store.
 //! - [`error`]: the coordinator's [`Error`] and its gRPC codes.
 //! - `limits`: the bounds on what requests carry (labels, reasons, timeouts).
 
 #![forbid(unsafe_code)]
 
-pub mod blob;
 pub mod config;
 mod election;
 pub mod error;
@@ -47,7 +47,7 @@ use tonic_health::server::HealthReporter;
 pub use config::CoordinatorConfig;
 pub use error::Error;
 
-use blob::BlobStore;
+use cairn_blob::BlobStore;
 use election::{Elector, Leadership};
 use replica::{HintLayer, Leading, Replica};
 use store::{AnyKv, EtcdKv, FileKv, Keys, Metadata};
@@ -144,16 +144,21 @@ pub async fn run(
             config.leader_lease_ttl,
         )
     });
-    let blob_dir = config
-        .blob_dir
-        .clone()
-        .unwrap_or_else(|| config.data_dir.join("blobs"));
-    let blobs = BlobStore::open(&blob_dir)
+    let default_dir = config.data_dir.join("blobs");
+    let blobs = BlobStore::open(&config.blob, Some(&default_dir), true)
         .await
         .map_err(|error| RunError::Blob {
-            path: blob_dir.display().to_string(),
+            path: config.blob.blob_store.as_ref().map_or_else(
+                || format!("file://{}", default_dir.display()),
+                |l| l.to_string(),
+            ),
             error,
         })?;
+    tracing::info!(
+        blob_store = blobs.location(),
+        chunks = blobs.indexed(),
+        "blob store open"
+    );
     let metrics = metrics::CoordinatorMetrics::default();
     let mut registry = prometheus_client::registry::Registry::default();
     metrics.register(&mut registry);
@@ -345,6 +350,17 @@ impl Terms {
         leadership: Arc<Leadership>,
         key: Option<etcd_client::LeaderKey>,
     ) -> Result<Term, RunError> {
+        if key.is_some() {
+            // What the previous leader stored and collected since this replica listed the
+            // store: its index must not answer from before.
+            self.blobs
+                .reload_index()
+                .await
+                .map_err(|error| RunError::Blob {
+                    path: self.blobs.location().to_owned(),
+                    error,
+                })?;
+        }
         let kv = match (&self.etcd, &key) {
             (Some(etcd), Some(key)) => {
                 Arc::new(AnyKv::Etcd(Box::new(etcd.fenced(leadership.clone(), key))))
@@ -359,6 +375,7 @@ impl Terms {
             state::Settings {
                 cluster: config.cluster.clone(),
                 retention: config.retention,
+                gc_grace: config.gc_grace,
                 topology: config.topology.clone(),
                 policy: config.policy.clone(),
                 auto_restore: config.auto_restore,

@@ -32,6 +32,8 @@ pub const MAX_LABEL_NAME: usize = 63;
 pub const MAX_LABEL_VALUE: usize = 63;
 /// The longest abort reason, in bytes.
 pub const MAX_REASON: usize = 1024;
+/// Most chunks one `HasChunks` call asks about (32 KiB of hashes).
+pub const MAX_HAS_CHUNKS: usize = 1024;
 
 /// At most the first 40 characters of `text`, for an error message: a refused value is
 /// never echoed whole.

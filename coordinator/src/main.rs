@@ -45,10 +45,17 @@ struct Args {
     /// Directory for the blob store (and the embedded metadata store).
     #[arg(long, env = "CAIRN_DATA_DIR", default_value = "cairn-data")]
     data_dir: PathBuf,
-    /// Directory of the blob store's chunks (default: <data-dir>/blobs). Every chunk is
-    /// written to a temporary file, fsynced and renamed; a full disk fails the snapshot.
-    #[arg(long, env = "CAIRN_BLOB_DIR")]
+    /// Directory of the blob store when --blob-store names none (default: <data-dir>/blobs):
+    /// the same as --blob-store file:///DIR. Every object is written to a temporary file,
+    /// fsynced and renamed; a full disk fails the snapshot.
+    #[arg(long, env = "CAIRN_BLOB_DIR", conflicts_with = "blob_store")]
     blob_dir: Option<PathBuf>,
+    #[command(flatten)]
+    blob: cairn_blob::BlobArgs,
+    /// Chunks and manifests that no snapshot refers to are deleted only once they are this
+    /// old: a daemon may have written them for a snapshot still uploading.
+    #[arg(long, env = "CAIRN_GC_GRACE", default_value = "5m", value_parser = humantime::parse_duration)]
+    gc_grace: Duration,
     /// Timeout of a snapshot that names none (e.g. 30s).
     #[arg(long, env = "CAIRN_SNAPSHOT_TIMEOUT", default_value = "30s", value_parser = humantime::parse_duration)]
     snapshot_timeout: Duration,
@@ -298,7 +305,11 @@ fn main() -> ExitCode {
         let shutdown = cli::shutdown_on_signal();
         let mut config = CoordinatorConfig::new(args.cluster, args.data_dir);
         config.etcd = etcd;
-        config.blob_dir = args.blob_dir;
+        config.blob = args.blob;
+        if let Some(dir) = args.blob_dir {
+            config.blob.blob_store = Some(cairn_blob::Location::Dir(dir));
+        }
+        config.gc_grace = args.gc_grace;
         config.default_timeout = args.snapshot_timeout;
         config.max_concurrent = args.max_concurrent;
         config.retention = args.retention;

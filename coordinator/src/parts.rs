@@ -1,8 +1,10 @@
-//! A node's part of a snapshot, end to end: the upload stream chunked into the blob store
-//! and summed up as a part record ([`store_upload`]); a part read back for a client, with
-//! or without its bytes ([`read_part`]); its recorded messages ([`channel_states`]); and a
-//! whole snapshot's parts checked chunk by chunk ([`verify`]). The gRPC services only
-//! translate requests to these.
+//! A node's part of a snapshot, end to end: the upload stream — the state's chunks as the
+//! daemon cut them, sent only when new, and the recorded messages, chunked here — stored in
+//! the blob store with the part's manifest and summed up as a part record
+//! ([`store_upload`]); a part's manifest read back ([`manifest_of`]); a part read for a
+//! client, with or without its bytes ([`read_part`]); its recorded messages
+//! ([`channel_states`]); and a whole snapshot's parts checked chunk by chunk ([`verify`]).
+//! The gRPC services only translate requests to these.
 
 use std::collections::BTreeMap;
 
@@ -13,10 +15,15 @@ use cairn_proto::v1 as pb;
 use prost::Message;
 use tonic::Streaming;
 
-use crate::blob::BlobStore;
+use cairn_blob::{BlobStore, Chunk, ChunkList, MAX_CHUNK, Manifest, check_chunk};
+
 use crate::error::Error;
 use crate::store::records::CutRecord;
-use crate::store::{ChunkList, PartRecord, SnapshotRecord};
+use crate::store::{PartRecord, SnapshotRecord};
+
+/// Most chunks in one part's state: its manifest stays under the blob store's manifest
+/// bound (about 28 GiB of state at the average chunk size).
+pub(crate) const MAX_PART_CHUNKS: usize = 900_000;
 
 /// A stored part: its record (already in the blob store's terms) and what the tracker needs.
 pub(crate) struct StoredPart {
@@ -44,8 +51,11 @@ fn not_its_own(node: &NodeId, channel: &ChannelId, what: &str) -> Error {
     ))
 }
 
-/// Reads an upload after its header: pieces of the state, then the recorded messages, then
-/// the cut. Bytes go to the blob store as they come. A blob store that fails is
+/// Reads an upload after its header: the state's chunks, then the recorded messages, then
+/// the cut. A chunk sent with its bytes is checked against its name and stored (create-only);
+/// one sent without is checked to be in the store (the daemon found it there with
+/// `HasChunks`, or wrote it there itself). The recorded messages are chunked into the store
+/// as they come; the part's manifest is stored last. A blob store that fails is
 /// [`Error::Storage`] naming the node (the snapshot fails); bad input is INVALID_ARGUMENT.
 pub(crate) async fn store_upload(
     blobs: &BlobStore,
@@ -58,7 +68,8 @@ pub(crate) async fn store_upload(
     let invalid = |e: ConvertError| Error::InvalidArgument(e.to_string());
     let storage =
         |e: std::io::Error| Error::Storage(format!("node {node}: cannot store its part: {e}"));
-    let mut local_state = blobs.writer();
+    let mut local_state = ChunkList::default();
+    let (mut state_new, mut state_reused) = (0u64, 0u64);
     let mut channel_states = blobs.writer();
     let mut recorded: BTreeMap<ChannelId, Vec<u64>> = BTreeMap::new();
     let mut messages = 0u64;
@@ -69,7 +80,50 @@ pub(crate) async fn store_upload(
         }
         match chunk.kind {
             Some(Kind::Cut(c)) => cut = Some(c),
-            Some(Kind::LocalState(bytes)) => local_state.write(&bytes).await.map_err(storage)?,
+            Some(Kind::StateChunk(c)) => {
+                let size = u64::from(c.size);
+                let bad =
+                    |why: String| Error::InvalidArgument(format!("node {node}'s state: {why}"));
+                let hash: [u8; 32] = c.sha256.as_ref().try_into().map_err(|_| {
+                    bad(format!(
+                        "a chunk's sha256 has {} bytes, not 32",
+                        c.sha256.len()
+                    ))
+                })?;
+                let name = hex::encode(hash);
+                if c.size == 0 || c.size > MAX_CHUNK {
+                    return Err(bad(format!(
+                        "chunk {name} has {size} bytes (1 to {MAX_CHUNK})"
+                    )));
+                }
+                if local_state.chunks.len() >= MAX_PART_CHUNKS {
+                    return Err(bad(format!("more than {MAX_PART_CHUNKS} chunks")));
+                }
+                let new = if c.data.is_empty() {
+                    blobs
+                        .confirm_chunk(&hash, size)
+                        .await
+                        .map_err(storage)?
+                        .ok_or_else(|| {
+                            bad(format!(
+                                "chunk {name} ({size} bytes) was sent without its bytes, and the blob store does not hold it"
+                            ))
+                        })?
+                } else {
+                    check_chunk(&hash, size, &c.data).map_err(bad)?;
+                    blobs
+                        .put_chunk(&Chunk { hash, data: c.data })
+                        .await
+                        .map_err(storage)?
+                };
+                if new {
+                    state_new += size;
+                } else {
+                    state_reused += size;
+                }
+                local_state.size = local_state.size.saturating_add(size);
+                local_state.chunks.push(name);
+            }
             Some(Kind::ChannelState(state)) => {
                 let channel = channel_from_pb(state.channel.as_ref()).map_err(invalid)?;
                 touches(&node, &channel, "recorded messages of")?;
@@ -118,8 +172,19 @@ pub(crate) async fn store_upload(
             return Err(not_its_own(&node, channel, "an outgoing cut of"));
         }
     }
-    let local_state = local_state.finish().await.map_err(storage)?;
     let channel_states = channel_states.finish().await.map_err(storage)?;
+    let (bytes_new, bytes_reused) = (
+        state_new + channel_states.new,
+        state_reused + channel_states.reused,
+    );
+    let local_state_bytes = local_state.size;
+    let manifest = blobs
+        .put_manifest(&Manifest {
+            local_state,
+            channel_states: channel_states.list,
+        })
+        .await
+        .map_err(storage)?;
     let record = PartRecord {
         node: node.to_string(),
         incarnation: header.incarnation,
@@ -133,11 +198,13 @@ pub(crate) async fn store_upload(
             .iter()
             .map(|(c, x)| cut_record(c, x.sent, x.marker_at))
             .collect(),
-        local_state: local_state.list,
-        channel_states: channel_states.list,
+        manifest: Some(manifest),
+        local_state_bytes,
+        local_state: ChunkList::default(),
+        channel_states: ChunkList::default(),
         recorded_messages: messages,
-        bytes_new: local_state.new + channel_states.new,
-        bytes_reused: local_state.reused + channel_states.reused,
+        bytes_new,
+        bytes_reused,
     };
     let part = NodePart {
         report: LocalReport {
@@ -176,7 +243,7 @@ pub(crate) async fn read_part(
         node_id: part.node.clone(),
         recorded: true,
         reported: true,
-        local_state_bytes: part.local_state.size,
+        local_state_bytes: part.local_state_bytes.max(part.local_state.size),
         incoming: part
             .incoming
             .iter()
@@ -202,11 +269,27 @@ pub(crate) async fn read_part(
         ..Default::default()
     };
     if include_data {
+        let manifest = manifest_of(blobs, part).await?;
         let what = format!("node {}'s state", part.node);
-        out.local_state = Bytes::from(read(blobs, &part.local_state, &what).await?);
-        out.channel_states = channel_states(blobs, part).await?;
+        out.local_state = Bytes::from(read(blobs, &manifest.local_state, &what).await?);
+        out.channel_states = decode_channel_states(blobs, part, &manifest).await?;
     }
     Ok(out)
+}
+
+/// A part's chunk lists: its manifest read from the blob store (checked against its name),
+/// or, for a part stored before manifests, the lists it holds inline.
+pub(crate) async fn manifest_of(blobs: &BlobStore, part: &PartRecord) -> Result<Manifest, Error> {
+    match &part.manifest {
+        Some(reference) => blobs
+            .read_manifest(reference)
+            .await
+            .map_err(|e| Error::reading(&format!("node {}'s manifest", part.node), &e)),
+        None => Ok(Manifest {
+            local_state: part.local_state.clone(),
+            channel_states: part.channel_states.clone(),
+        }),
+    }
 }
 
 /// A part's recorded messages, channel by channel, every chunk checked.
@@ -214,8 +297,17 @@ pub(crate) async fn channel_states(
     blobs: &BlobStore,
     part: &PartRecord,
 ) -> Result<Vec<pb::ChannelState>, Error> {
+    let manifest = manifest_of(blobs, part).await?;
+    decode_channel_states(blobs, part, &manifest).await
+}
+
+async fn decode_channel_states(
+    blobs: &BlobStore,
+    part: &PartRecord,
+    manifest: &Manifest,
+) -> Result<Vec<pb::ChannelState>, Error> {
     let what = format!("node {}'s channel states", part.node);
-    let bytes = read(blobs, &part.channel_states, &what).await?;
+    let bytes = read(blobs, &manifest.channel_states, &what).await?;
     let mut buf = &bytes[..];
     let mut states = Vec::new();
     while !buf.is_empty() {
@@ -224,6 +316,85 @@ pub(crate) async fn channel_states(
         states.push(state);
     }
     Ok(states)
+}
+
+/// Sends the chunks of `list` one by one, each read and checked as it goes, wrapped by
+/// `wrap`; then checks that they added up to the list's size. A chunk that cannot be read
+/// is sent as the stream's error (DATA_LOSS naming it and `what`). Returns the bytes sent,
+/// or `None` when the stream ended (the receiver is gone, or an error was sent).
+pub(crate) async fn send_chunks<T>(
+    blobs: &BlobStore,
+    list: &ChunkList,
+    what: &str,
+    tx: &tokio::sync::mpsc::Sender<Result<T, tonic::Status>>,
+    wrap: impl Fn(Bytes) -> T,
+) -> Option<u64> {
+    let mut sent = 0u64;
+    for hash in &list.chunks {
+        let item = match blobs.read_chunk(hash).await {
+            Ok(bytes) => {
+                sent = sent.saturating_add(bytes.len() as u64);
+                Ok(wrap(bytes))
+            }
+            Err(e) => Err(tonic::Status::from(Error::reading(what, &e))),
+        };
+        let failed = item.is_err();
+        if tx.send(item).await.is_err() || failed {
+            return None;
+        }
+    }
+    if sent != list.size {
+        let e = Error::DataLoss(format!(
+            "{what}: the chunks hold {sent} bytes where their list says {}",
+            list.size
+        ));
+        let _ = tx.send(Err(e.into())).await;
+        return None;
+    }
+    Some(sent)
+}
+
+/// Decodes the recorded messages of a part as their chunks arrive: each chunk is appended,
+/// and every `ChannelState` whose bytes are all here is taken out.
+#[derive(Default)]
+pub(crate) struct ChannelStateDecoder {
+    buffer: bytes::BytesMut,
+}
+
+impl ChannelStateDecoder {
+    /// Adds a chunk; returns the messages now complete.
+    pub(crate) fn push(&mut self, chunk: &[u8]) -> Result<Vec<pb::ChannelState>, String> {
+        self.buffer.extend_from_slice(chunk);
+        let mut out = Vec::new();
+        loop {
+            let mut peek = &self.buffer[..];
+            let Ok(len) = prost::encoding::decode_length_delimiter(&mut peek) else {
+                // A delimiter needs at most 10 bytes: fewer is an incomplete one.
+                if self.buffer.len() >= 10 {
+                    return Err("a length delimiter does not decode".into());
+                }
+                return Ok(out);
+            };
+            let prefix = self.buffer.len() - peek.len();
+            if peek.len() < len {
+                return Ok(out);
+            }
+            let message = self.buffer.split_to(prefix + len).freeze();
+            out.push(pb::ChannelState::decode(message.slice(prefix..)).map_err(|e| e.to_string())?);
+        }
+    }
+
+    /// Checks that nothing is left half decoded.
+    pub(crate) fn finish(self) -> Result<(), String> {
+        if self.buffer.is_empty() {
+            Ok(())
+        } else {
+            Err(format!(
+                "{} bytes after the last message",
+                self.buffer.len()
+            ))
+        }
+    }
 }
 
 /// Reads `list` (`what` names it in errors), every chunk checked against its name.
@@ -246,18 +417,35 @@ pub(crate) async fn verify(
             )));
         }
     }
+    // Every part is read, past a bad one: each bad chunk found is forgotten by the store's
+    // index, so the next snapshot that has those bytes stores them again. The error names
+    // the first.
     let (mut chunks, mut bytes) = (0u64, 0u64);
+    let mut first: Option<Error> = None;
     for part in parts {
+        let manifest = match manifest_of(blobs, part).await {
+            Ok(manifest) => manifest,
+            Err(e) => {
+                first.get_or_insert(e);
+                continue;
+            }
+        };
         for (list, what) in [
-            (&part.local_state, "state"),
-            (&part.channel_states, "channel states"),
+            (&manifest.local_state, "state"),
+            (&manifest.channel_states, "channel states"),
         ] {
-            let checked = blobs.verify(list).await.map_err(|e| {
-                Error::reading(&format!("snapshot {id}: node {}'s {what}", part.node), &e)
-            })?;
+            match blobs.verify(list).await {
+                Ok(checked) => bytes += checked,
+                Err(e) => {
+                    let what = format!("snapshot {id}: node {}'s {what}", part.node);
+                    first.get_or_insert(Error::reading(&what, &e));
+                }
+            }
             chunks += list.chunks.len() as u64;
-            bytes += checked;
         }
+    }
+    if let Some(e) = first {
+        return Err(e);
     }
     Ok((chunks, bytes))
 }

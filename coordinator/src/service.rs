@@ -14,7 +14,6 @@ use tokio::sync::{mpsc, oneshot};
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
-use crate::blob::BlobStore;
 use crate::election::Elector;
 use crate::error::Error;
 use crate::limits;
@@ -26,6 +25,7 @@ use crate::state::{Msg, mode_of, restore_epoch, restore_pb};
 use crate::store::{
     MemberRecord, Metadata, PartRecord, RestoreRecord, SnapshotRecord, SnapshotStatus,
 };
+use cairn_blob::BlobStore;
 
 /// The `Coordinator` service. The leader answers everything; a follower answers reads
 /// from the metadata store and refuses the rest with UNAVAILABLE naming the leader.
@@ -399,6 +399,142 @@ impl pb::coordinator_server::Coordinator for CoordinatorService {
         }))
     }
 
+    async fn has_chunks(
+        &self,
+        request: Request<pb::HasChunksRequest>,
+    ) -> Result<Response<pb::HasChunksResponse>, Status> {
+        let peer = Peer::of(&request);
+        let r = request.into_inner();
+        check_node(peer.as_ref(), &r.node_id, "ask for chunks")?;
+        // The leader's index: it is the one kept as chunks are stored and collected.
+        self.replica.leading()?;
+        if r.sha256.len() > limits::MAX_HAS_CHUNKS {
+            return Err(Error::InvalidArgument(format!(
+                "{} chunks asked at once; at most {}",
+                r.sha256.len(),
+                limits::MAX_HAS_CHUNKS
+            ))
+            .into());
+        }
+        let present = r
+            .sha256
+            .iter()
+            .map(|hash| <[u8; 32]>::try_from(hash.as_ref()).map(|h| self.blobs.has(&h)))
+            .collect::<Result<Vec<bool>, _>>()
+            .map_err(|_| Error::InvalidArgument("a chunk's sha256 is 32 bytes".into()))?;
+        Ok(Response::new(pb::HasChunksResponse { present }))
+    }
+
+    type ReadSnapshotDataStream = ReceiverStream<Result<pb::SnapshotData, Status>>;
+
+    async fn read_snapshot_data(
+        &self,
+        request: Request<pb::ReadSnapshotDataRequest>,
+    ) -> Result<Response<Self::ReadSnapshotDataStream>, Status> {
+        let r = request.into_inner();
+        let id = SnapshotId(r.snapshot_id);
+        let record = self.record(id).await?;
+        if record.status != SnapshotStatus::Completed {
+            return Err(Error::NotCompleted {
+                id,
+                status: record.status,
+                only: "has data to read",
+            }
+            .into());
+        }
+        let mut parts = self.parts(id).await?;
+        if !r.node_id.is_empty() {
+            parts.retain(|p| p.node == r.node_id);
+            if parts.is_empty() {
+                return Err(Error::NoPart {
+                    id,
+                    node: r.node_id,
+                }
+                .into());
+            }
+        }
+        // Every manifest first: a missing one fails the call before any data is sent.
+        let mut plan = Vec::with_capacity(parts.len());
+        for part in &parts {
+            plan.push((
+                part.node.clone(),
+                parts::manifest_of(&self.blobs, part).await?,
+            ));
+        }
+        let (tx, rx) = mpsc::channel(4);
+        let blobs = self.blobs.clone();
+        tokio::spawn(async move {
+            use pb::snapshot_data::Kind;
+            for (node, manifest) in plan {
+                let data = |kind| pb::SnapshotData {
+                    node_id: node.clone(),
+                    kind: Some(kind),
+                };
+                let what = format!("snapshot {id}: node {node}'s state");
+                let Some(state_bytes) =
+                    parts::send_chunks(&blobs, &manifest.local_state, &what, &tx, |bytes| {
+                        data(Kind::LocalState(bytes))
+                    })
+                    .await
+                else {
+                    return;
+                };
+                let what = format!("snapshot {id}: node {node}'s channel states");
+                let mut decoder = parts::ChannelStateDecoder::default();
+                let mut messages = 0u64;
+                let mut read = 0u64;
+                for hash in &manifest.channel_states.chunks {
+                    let decoded = match blobs.read_chunk(hash).await {
+                        Ok(chunk) => {
+                            read = read.saturating_add(chunk.len() as u64);
+                            decoder
+                                .push(&chunk)
+                                .map_err(|e| Error::DataLoss(format!("{what} do not decode: {e}")))
+                        }
+                        Err(e) => Err(Error::reading(&what, &e)),
+                    };
+                    let states = match decoded {
+                        Ok(states) => states,
+                        Err(e) => {
+                            let _ = tx.send(Err(e.into())).await;
+                            return;
+                        }
+                    };
+                    for state in states {
+                        messages += state.messages.len() as u64;
+                        if tx.send(Ok(data(Kind::ChannelState(state)))).await.is_err() {
+                            return;
+                        }
+                    }
+                }
+                let end = decoder
+                    .finish()
+                    .map_err(|e| Error::DataLoss(format!("{what} do not decode: {e}")))
+                    .and_then(|()| {
+                        if read == manifest.channel_states.size {
+                            Ok(())
+                        } else {
+                            Err(Error::DataLoss(format!(
+                                "{what}: the chunks hold {read} bytes where their list says {}",
+                                manifest.channel_states.size
+                            )))
+                        }
+                    });
+                let item = end.map(|()| {
+                    data(Kind::End(pb::NodeDataEnd {
+                        local_state_bytes: state_bytes,
+                        recorded_messages: messages,
+                    }))
+                });
+                let failed = item.is_err();
+                if tx.send(item.map_err(Status::from)).await.is_err() || failed {
+                    return;
+                }
+            }
+        });
+        Ok(Response::new(ReceiverStream::new(rx)))
+    }
+
     type FetchRestorePartStream = ReceiverStream<Result<pb::RestorePiece, Status>>;
 
     async fn fetch_restore_part(
@@ -446,28 +582,22 @@ impl pb::coordinator_server::Coordinator for CoordinatorService {
             }
         }
         let plan = cairn_core::restore::replay(recorded);
+        let manifest = parts::manifest_of(&self.blobs, &own).await?;
         let (tx, rx) = mpsc::channel(4);
         let blobs = self.blobs.clone();
         let node = r.node_id;
         tokio::spawn(async move {
             use pb::restore_piece::Kind;
             let piece = |kind| Ok(pb::RestorePiece { kind: Some(kind) });
-            for hash in &own.local_state.chunks {
-                let bytes = match blobs.read_chunk(hash).await {
-                    Ok(b) => b,
-                    Err(e) => {
-                        let what = format!("node {node}'s state");
-                        let _ = tx.send(Err(Status::from(Error::reading(&what, &e)))).await;
-                        return;
-                    }
-                };
-                if tx
-                    .send(piece(Kind::LocalState(bytes.into())))
-                    .await
-                    .is_err()
-                {
-                    return;
-                }
+            let what = format!("node {node}'s state");
+            let state = |bytes| pb::RestorePiece {
+                kind: Some(Kind::LocalState(bytes)),
+            };
+            if parts::send_chunks(&blobs, &manifest.local_state, &what, &tx, state)
+                .await
+                .is_none()
+            {
+                return;
             }
             let mut counts = Vec::new();
             for (channel, messages) in plan {

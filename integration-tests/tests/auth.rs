@@ -28,6 +28,7 @@ const RPCS: &[(&str, Option<&str>)] = &[
     ("Coordinator/GetRestore", Some("viewer")),
     ("Coordinator/ListRestores", Some("viewer")),
     ("Coordinator/VerifySnapshot", Some("viewer")),
+    ("Coordinator/ReadSnapshotData", Some("viewer")),
     ("Coordinator/StartSnapshot", Some("operator")),
     ("Coordinator/AbortSnapshot", Some("operator")),
     ("Coordinator/SetPolicy", Some("operator")),
@@ -36,6 +37,7 @@ const RPCS: &[(&str, Option<&str>)] = &[
     ("Coordinator/NodeSession", None),
     ("Coordinator/UploadSnapshotPart", None),
     ("Coordinator/FetchRestorePart", None),
+    ("Coordinator/HasChunks", None),
     ("NodeAdmin/GetNodeStatus", Some("viewer")),
     ("NodeAdmin/GetLocalSnapshot", Some("viewer")),
     ("NodeAdmin/InitiateSnapshot", Some("admin")),
@@ -161,6 +163,20 @@ async fn call(
                 .map(drop),
             "Coordinator/UploadSnapshotPart" => c
                 .upload_snapshot_part(with_token(tokio_stream::empty(), t))
+                .await
+                .map(drop),
+            "Coordinator/HasChunks" => c
+                .has_chunks(with_token(Default::default(), t))
+                .await
+                .map(drop),
+            "Coordinator/ReadSnapshotData" => c
+                .read_snapshot_data(with_token(
+                    pb::ReadSnapshotDataRequest {
+                        snapshot_id: 999,
+                        node_id: String::new(),
+                    },
+                    t,
+                ))
                 .await
                 .map(drop),
             "Coordinator/FetchRestorePart" => c

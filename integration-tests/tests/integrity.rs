@@ -33,7 +33,11 @@ fn recording_app(mut session: AppSession, state: Bytes) -> tokio::task::JoinHand
 /// Every chunk file under a blob directory (temporary files left out).
 fn chunk_files(dir: &Path) -> BTreeSet<PathBuf> {
     let mut out = BTreeSet::new();
+    // Chunks are under `<first two hex digits>/`; manifests under `manifests/`.
     for sub in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        if sub.file_name().len() != 2 {
+            continue;
+        }
         for file in std::fs::read_dir(sub.path())
             .into_iter()
             .flatten()
@@ -237,7 +241,13 @@ async fn a_corrupted_chunk_is_data_loss_on_every_read_and_blocks_its_restore() {
     let second = cluster
         .completed(pb::StartSnapshotRequest::default())
         .await
-        .unwrap();
+        .unwrap_or_else(|e| {
+            panic!(
+                "{e}\n{}\n{}",
+                cluster.log_of("coordinator"),
+                cluster.log_of("n2")
+            )
+        });
     assert!(
         second.bytes_new >= state.len() as u64,
         "{}",
@@ -595,7 +605,7 @@ async fn a_part_from_another_epoch_fails_the_snapshot_as_mixed_epochs() {
                 })),
             },
             pb::UploadChunk {
-                kind: Some(Piece::LocalState(Bytes::from_static(b"state"))),
+                kind: Some(Piece::StateChunk(state_chunk(b"state", true))),
             },
             pb::UploadChunk {
                 kind: Some(Piece::Cut(pb::UploadCut::default())),
@@ -626,6 +636,80 @@ async fn a_part_from_another_epoch_fails_the_snapshot_as_mixed_epochs() {
         }
     }
     drop(session_tx);
+}
+
+/// A state chunk as a daemon sends it: its sha256 and size, with its bytes if `with_data`.
+fn state_chunk(data: &[u8], with_data: bool) -> pb::StateChunk {
+    let chunk = cairn_blob::Chunk::new(Bytes::copy_from_slice(data));
+    pb::StateChunk {
+        sha256: Bytes::copy_from_slice(&chunk.hash),
+        size: data.len() as u32,
+        data: if with_data { chunk.data } else { Bytes::new() },
+    }
+}
+
+/// A node's upload naming chunks it does not have is refused and stores nothing: a chunk
+/// whose bytes do not hash to its name, and a chunk sent without its bytes that the blob
+/// store does not hold, are each INVALID_ARGUMENT naming the chunk; the snapshot then fails
+/// rather than complete with a state nobody can read.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upload_naming_chunks_it_does_not_have_is_refused() {
+    use pb::upload_chunk::Kind as Piece;
+    let cluster = CoordinatedCluster::start(0, Store::Embedded, &[], &[])
+        .await
+        .unwrap();
+    let mut client = cluster.client().await.unwrap();
+    let (_session, _commands) = fake_node(&mut client, "n1").await;
+    let mut lying = state_chunk(b"the bytes named", true);
+    lying.data = Bytes::from_static(b"other bytes 123");
+    let absent = state_chunk(b"never stored anywhere", false);
+    let absent_name = hex_of(&absent.sha256);
+    for (chunk, says) in [
+        (lying, "hash to".to_owned()),
+        (absent, format!("chunk {absent_name}")),
+    ] {
+        let id = cluster
+            .start_snapshot(pb::StartSnapshotRequest::default())
+            .await
+            .unwrap();
+        let upload = vec![
+            pb::UploadChunk {
+                kind: Some(Piece::Header(pb::UploadHeader {
+                    snapshot_id: id,
+                    node_id: "n1".into(),
+                    incarnation: 1,
+                    epoch: 0,
+                    applied_restore_id: String::new(),
+                })),
+            },
+            pb::UploadChunk {
+                kind: Some(Piece::StateChunk(chunk)),
+            },
+            pb::UploadChunk {
+                kind: Some(Piece::Cut(pb::UploadCut::default())),
+            },
+        ];
+        let refused = client
+            .upload_snapshot_part(tokio_stream::iter(upload))
+            .await
+            .unwrap_err();
+        assert_eq!(refused.code(), Code::InvalidArgument, "{refused:?}");
+        assert!(
+            refused.message().contains("node n1's state") && refused.message().contains(&says),
+            "{refused:?}"
+        );
+        client
+            .abort_snapshot(pb::AbortSnapshotRequest {
+                snapshot_id: id,
+                reason: "test".into(),
+            })
+            .await
+            .unwrap();
+    }
+}
+
+fn hex_of(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// A test client that registers as daemon `node` over `NodeSession`; its session's sender
@@ -688,7 +772,7 @@ async fn an_upload_message_over_the_limit_mid_stream_is_resource_exhausted() {
             })),
         },
         pb::UploadChunk {
-            kind: Some(Piece::LocalState(Bytes::from(vec![7u8; 20 << 20]))),
+            kind: Some(Piece::StateChunk(state_chunk(&vec![7u8; 20 << 20], true))),
         },
     ];
     let refused = client

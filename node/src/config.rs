@@ -48,6 +48,10 @@ pub struct NodeConfig {
     /// against the CA) and the links to peers and to the coordinator use it. `None`:
     /// plaintext (the default).
     pub tls: Option<cairn_sdk::tls::Tls>,
+    /// With a coordinator: the blob store this daemon writes its parts' new state chunks to
+    /// itself (the coordinator's; `--blob-store`). No location: the chunks travel in the
+    /// upload to the coordinator.
+    pub blob: cairn_blob::BlobArgs,
 }
 
 impl NodeConfig {
@@ -73,6 +77,7 @@ impl NodeConfig {
             advertise: None,
             auth: cairn_sdk::cli::auth::Auth::open(),
             tls: None,
+            blob: cairn_blob::BlobArgs::default(),
         }
     }
 

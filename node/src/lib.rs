@@ -100,6 +100,9 @@ pub enum RunError {
     /// Reflection could not be built.
     #[error("reflection: {0}")]
     Reflection(String),
+    /// The blob store of `--blob-store` cannot be reached.
+    #[error("blob store: {0}")]
+    BlobStore(std::io::Error),
 }
 
 /// Runs a node daemon until `shutdown` is cancelled, then stops accepting, aborts the
@@ -111,6 +114,16 @@ pub async fn run(
     shutdown: CancellationToken,
 ) -> Result<(), RunError> {
     let topology = config.topology()?;
+    // Opened (and listed once) before anything serves: a wrong bucket or wrong credentials
+    // stop the daemon at start, not at its first snapshot.
+    let blobs = match &config.blob.blob_store {
+        Some(_) => Some(
+            cairn_blob::BlobStore::open(&config.blob, None, false)
+                .await
+                .map_err(RunError::BlobStore)?,
+        ),
+        None => None,
+    };
     let me = config.node_id.clone();
     let incarnation = SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -177,6 +190,7 @@ pub async fn run(
             coordinators: coordinator_link::Coordinators::new(config.coordinators.clone()),
             events: events_rx,
             wirer,
+            blobs,
             uploads: std::collections::BTreeMap::new(),
             highest_snapshot: 0,
             applied_restore: String::new(),

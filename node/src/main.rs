@@ -57,6 +57,8 @@ struct Args {
     /// at, handed out by the coordinator. Default: --peer-listen, unless that is 0.0.0.0.
     #[arg(long, env = "CAIRN_ADVERTISE")]
     advertise: Option<String>,
+    #[command(flatten)]
+    blob: cairn_blob::BlobArgs,
     /// Messages each channel may hold in this daemon before the sender is pushed back.
     #[arg(long, env = "CAIRN_CHANNEL_BUFFER", default_value_t = 16_384)]
     channel_buffer: usize,
@@ -180,6 +182,12 @@ fn config(args: &Args) -> Result<NodeConfig, cairn_node::ConfigError> {
         (!config.coordinators.is_empty() && !args.peer_listen.ip().is_unspecified())
             .then(|| args.peer_listen.to_string())
     });
+    if args.blob.blob_store.is_some() && config.coordinators.is_empty() {
+        return Err(cairn_node::ConfigError::Invalid(
+            "--blob-store needs --coordinator (without one, parts stay in this daemon)".into(),
+        ));
+    }
+    config.blob = args.blob.clone();
     config.topology()?;
     Ok(config)
 }

@@ -28,6 +28,14 @@ pub struct WhatLabel {
     pub what: String,
 }
 
+/// A label naming where a part's state chunks went.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct UploadLabel {
+    /// `coordinator` (sent in the upload), `store` (written to the blob store by this
+    /// daemon) or `reused` (the store held them: only their names were sent).
+    pub to: String,
+}
+
 /// The node daemon's metrics.
 #[derive(Clone, Debug, Default)]
 pub(crate) struct NodeMetrics {
@@ -51,6 +59,8 @@ pub(crate) struct NodeMetrics {
     /// The highest coordinator leadership term this daemon has seen (0: none, or the
     /// embedded store's single coordinator).
     pub coordinator_term: Gauge,
+    /// Bytes of state chunks of this node's parts, by where they went.
+    pub state_bytes: Family<UploadLabel, Counter>,
 }
 
 impl NodeMetrics {
@@ -102,6 +112,18 @@ impl NodeMetrics {
             "The highest coordinator leadership term this daemon has seen",
             self.coordinator_term.clone(),
         );
+        registry.register(
+            "cairn_node_state_upload_bytes",
+            "Bytes of local-state chunks of this node's parts, by where they went: sent to the \
+             coordinator, written to the blob store by this daemon, or reused (only names sent)",
+            self.state_bytes.clone(),
+        );
+    }
+
+    pub(crate) fn state_bytes(&self, to: &str, bytes: u64) {
+        self.state_bytes
+            .get_or_create(&UploadLabel { to: to.into() })
+            .inc_by(bytes);
     }
 
     pub(crate) fn stale_term_refused(&self, what: &str) {

@@ -161,6 +161,19 @@ impl Coordinator for Fake {
     ) -> Result<Response<pb::UploadSnapshotPartResponse>, Status> {
         unimplemented()
     }
+    async fn has_chunks(
+        &self,
+        _: Request<pb::HasChunksRequest>,
+    ) -> Result<Response<pb::HasChunksResponse>, Status> {
+        unimplemented()
+    }
+    type ReadSnapshotDataStream = ReceiverStream<Result<pb::SnapshotData, Status>>;
+    async fn read_snapshot_data(
+        &self,
+        _: Request<pb::ReadSnapshotDataRequest>,
+    ) -> Result<Response<Self::ReadSnapshotDataStream>, Status> {
+        unimplemented()
+    }
     type FetchRestorePartStream = ReceiverStream<Result<pb::RestorePiece, Status>>;
     async fn fetch_restore_part(
         &self,

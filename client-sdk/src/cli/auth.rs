@@ -95,6 +95,7 @@ const TABLE: &[(&str, Role)] = &[
     ("/cairn.v1.Coordinator/ListRestores", Role::Viewer),
     ("/cairn.v1.Coordinator/VerifySnapshot", Role::Viewer),
     ("/cairn.v1.Coordinator/GetLeadership", Role::Viewer),
+    ("/cairn.v1.Coordinator/ReadSnapshotData", Role::Viewer),
     ("/cairn.v1.NodeAdmin/GetNodeStatus", Role::Viewer),
     ("/cairn.v1.NodeAdmin/GetLocalSnapshot", Role::Viewer),
     ("/cairn.v1.Coordinator/StartSnapshot", Role::Operator),
@@ -115,6 +116,7 @@ const TABLE: &[(&str, Role)] = &[
 const NODE_RPCS: &[&str] = &[
     "/cairn.v1.Coordinator/NodeSession",
     "/cairn.v1.Coordinator/UploadSnapshotPart",
+    "/cairn.v1.Coordinator/HasChunks",
     "/cairn.v1.Coordinator/FetchRestorePart",
     "/cairn.v1.Peer/Channel",
 ];

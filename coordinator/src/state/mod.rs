@@ -17,13 +17,13 @@ use tokio::time::Instant;
 use tonic::Status;
 use tonic_health::server::HealthReporter;
 
-use crate::blob::BlobStore;
 use crate::error::Error;
 use crate::policy;
 use crate::records_conv::{failure_record, now_ms};
 use crate::roster::Roster;
 use crate::store::Metadata;
 use crate::store::{RestoreRecord, SnapshotRecord, SnapshotStatus};
+use cairn_blob::BlobStore;
 
 mod membership;
 mod restore;
@@ -140,6 +140,8 @@ pub(crate) enum Msg {
 pub(crate) struct Settings {
     pub cluster: String,
     pub retention: usize,
+    /// How old an unreferenced chunk must be to be collected.
+    pub gc_grace: Duration,
     /// A fixed topology (`--topology`); `None`: a full mesh of the roster.
     pub topology: Option<Topology>,
     /// The snapshot policy of the flags (a stored one set through the API wins).

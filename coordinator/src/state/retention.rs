@@ -90,14 +90,21 @@ impl State {
         // ends it within milliseconds of a revoked lease).
         self.meta.kv().still_leads().await?;
         let mut referenced = BTreeSet::new();
-        // Every part, strictly: a chunk that only an unreadable part refers to must not go.
+        // Every part, strictly: a chunk that only an unreadable part (or manifest) refers to
+        // must not go, so one that cannot be read stops the collection.
         for part in self.meta.all_parts().await? {
-            referenced.extend(part.local_state.chunks);
-            referenced.extend(part.channel_states.chunks);
+            if let Some(reference) = &part.manifest {
+                referenced.insert(reference.sha256.clone());
+            }
+            let manifest = crate::parts::manifest_of(&self.blobs, &part).await?;
+            referenced.extend(manifest.local_state.chunks);
+            referenced.extend(manifest.channel_states.chunks);
         }
         let freed = self
             .blobs
-            .collect_garbage(&referenced, || self.leadership.valid())
+            .collect_garbage(&referenced, self.settings.gc_grace, || {
+                self.leadership.valid()
+            })
             .await
             .map_err(|e| Error::Blob(e.to_string()))?;
         Ok(freed)

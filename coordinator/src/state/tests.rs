@@ -17,11 +17,11 @@ use tokio_util::sync::CancellationToken;
 use tonic::Status;
 
 use super::{Msg, Settings, State};
-use crate::blob::BlobStore;
 use crate::error::Error;
 use crate::store::{
     AnyKv, ChunkList, Keys, MemoryKv, Metadata, PartRecord, RestoreStatus, SnapshotStatus,
 };
+use cairn_blob::BlobStore;
 
 type Session = mpsc::Receiver<Result<pb::CoordinatorToNode, Status>>;
 
@@ -41,13 +41,18 @@ impl Harness {
             std::process::id(),
             rand_suffix()
         ));
-        let blobs = BlobStore::open(&dir).await.unwrap();
+        let args = cairn_blob::BlobArgs {
+            blob_store: Some(cairn_blob::Location::Dir(dir.clone())),
+            ..Default::default()
+        };
+        let blobs = BlobStore::open(&args, None, true).await.unwrap();
         let meta = Metadata::new(Arc::new(AnyKv::Memory(MemoryKv::default())), Keys::new("t"));
         let (health, _) = tonic_health::server::health_reporter();
         let (tx, rx) = mpsc::channel(64);
         let settings = Settings {
             cluster: "t".into(),
             retention: 0,
+            gc_grace: Duration::ZERO,
             topology: None,
             policy: Policy::default(),
             auto_restore: false,
@@ -301,6 +306,8 @@ async fn a_restore_fences_snapshots_until_every_node_applied_it() {
             incarnation: 1,
             incoming: Vec::new(),
             outgoing: Vec::new(),
+            manifest: None,
+            local_state_bytes: 0,
             local_state: ChunkList::default(),
             channel_states: ChunkList::default(),
             recorded_messages: 0,

@@ -135,14 +135,7 @@ pub struct VerdictRecord {
     pub recorded_messages: u64,
 }
 
-/// Bytes stored as content-addressed chunks.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ChunkList {
-    /// Total size.
-    pub size: u64,
-    /// The chunks' sha256, in order.
-    pub chunks: Vec<String>,
-}
+pub use cairn_blob::{ChunkList, ManifestRef};
 
 /// One counter pair of a channel's cut.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -166,9 +159,18 @@ pub struct PartRecord {
     pub incoming: Vec<CutRecord>,
     /// Outgoing channels: `count` is sent.
     pub outgoing: Vec<CutRecord>,
-    /// The application's local state.
+    /// The part's manifest in the blob store: its chunk lists (state and recorded
+    /// messages). `None` in parts stored before manifests, which hold the lists inline.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub manifest: Option<ManifestRef>,
+    /// Size of the application's local state in bytes.
+    #[serde(default)]
+    pub local_state_bytes: u64,
+    /// Before manifests: the local state's chunks inline (empty since).
+    #[serde(default, skip_serializing_if = "is_empty")]
     pub local_state: ChunkList,
-    /// The recorded channel states, as length-delimited `cairn.v1.ChannelState` messages.
+    /// Before manifests: the recorded channel states' chunks inline (empty since).
+    #[serde(default, skip_serializing_if = "is_empty")]
     pub channel_states: ChunkList,
     /// Messages recorded by this node.
     pub recorded_messages: u64,
@@ -272,4 +274,8 @@ pub struct PolicyRecord {
 /// Whether a number is zero (such fields are left out of the JSON).
 fn is_zero(n: &u64) -> bool {
     *n == 0
+}
+
+fn is_empty(list: &ChunkList) -> bool {
+    list.size == 0 && list.chunks.is_empty()
 }

@@ -93,6 +93,10 @@ pub(crate) enum LinkError {
     /// The coordinator refused or failed a part's upload: its message.
     #[error("{}", .0.message())]
     UploadRefused(tonic::Status),
+    /// The blob store this daemon writes its new chunks to failed (or `HasChunks` answered
+    /// wrongly): what and why.
+    #[error("blob store: {0}")]
+    BlobStore(String),
     /// The upload's call ended abnormally.
     #[error("{0}")]
     UploadTask(tokio::task::JoinError),
@@ -151,6 +155,9 @@ pub(crate) struct CoordinatorLink {
     pub events: mpsc::UnboundedReceiver<NodeEvent>,
     /// Wires the node to the members the coordinator names.
     pub wirer: Wirer,
+    /// The blob store this daemon writes new chunks to itself (`--blob-store`); `None`:
+    /// they travel in the upload to the coordinator.
+    pub blobs: Option<cairn_blob::BlobStore>,
     /// Uploads under way, by snapshot.
     pub uploads: std::collections::BTreeMap<u64, mpsc::UnboundedSender<UploadItem>>,
     /// The highest snapshot id this daemon has seen (told at registration, so that a

@@ -1,6 +1,10 @@
-//! Uploading a part to the coordinator: the application's state streamed piece by piece as
-//! it arrives, then the recorded messages and the cut, converted to the wire here.
+//! Uploading a part to the coordinator: the application's state cut into content-defined
+//! chunks as its pieces arrive, only the chunks the blob store lacks sent (or written to the
+//! store by this daemon when it has one), then the recorded messages and the cut, converted
+//! to the wire here.
 
+use bytes::Bytes;
+use cairn_blob::{BlobStore, Chunk, Chunker};
 use cairn_core::FailureReason;
 use cairn_proto::v1 as pb;
 use tokio::sync::mpsc;
@@ -8,11 +12,17 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::transport::Channel;
 
 use super::{CoordinatorLink, LinkError};
+use crate::metrics::NodeMetrics;
 use crate::part::Part;
 use crate::shared::StateChunk;
 
 /// Largest piece of a channel's recorded messages per upload message.
 const UPLOAD_CHUNK: usize = 1 << 20;
+/// Chunks asked about in one `HasChunks` call (at most the coordinator's 1024)…
+const BATCH_CHUNKS: usize = 64;
+/// …or fewer, once they hold this many bytes: what a part's upload holds at most, beside
+/// the chunker's buffer and the stream's few messages.
+const BATCH_BYTES: usize = 2 << 20;
 
 impl CoordinatorLink {
     /// The upload of snapshot `id`'s part, started at its first piece.
@@ -31,7 +41,14 @@ impl CoordinatorLink {
                 epoch: *self.shared.epoch.borrow(),
                 applied_restore_id: self.applied_restore.clone(),
             };
-            tokio::spawn(upload(client.clone(), header, rx, session.clone()));
+            let uploader = Uploader {
+                client: client.clone(),
+                blobs: self.blobs.clone(),
+                metrics: self.shared.metrics.clone(),
+                id,
+                node: header.node_id.clone(),
+            };
+            tokio::spawn(uploader.run(header, rx, session.clone()));
             items
         })
     }
@@ -45,81 +62,191 @@ pub(crate) enum UploadItem {
     Finish(Box<Part>),
 }
 
-/// Streams one part to the coordinator as its pieces come. The stream holds a few pieces at
-/// most; each piece gives its upload room back once it is in the stream. If the items end
-/// without `Finish`, the snapshot failed here and the upload is dropped quietly; if the
-/// coordinator refuses or fails the upload, the snapshot is reported failed (storage).
-pub(super) async fn upload(
-    mut client: pb::coordinator_client::CoordinatorClient<Channel>,
-    header: pb::UploadHeader,
-    mut items: mpsc::UnboundedReceiver<UploadItem>,
-    session: mpsc::Sender<pb::NodeToCoordinator>,
-) {
-    use pb::upload_chunk::Kind;
-    let (id, node) = (header.snapshot_id, header.node_id.clone());
-    let (tx, rx) = mpsc::channel(4);
-    let message = |kind| pb::UploadChunk { kind: Some(kind) };
-    let _ = tx.send(message(Kind::Header(header))).await;
-    let call =
-        tokio::spawn(async move { client.upload_snapshot_part(ReceiverStream::new(rx)).await });
-    let mut aborted = true;
-    'items: while let Some(item) = items.recv().await {
-        match item {
-            UploadItem::State(StateChunk { bytes, room }) => {
-                if tx.send(message(Kind::LocalState(bytes))).await.is_err() {
-                    aborted = false; // the call ended: its result says why
-                    break;
+/// One part's upload.
+struct Uploader {
+    client: pb::coordinator_client::CoordinatorClient<Channel>,
+    /// The blob store this daemon writes new chunks to itself (`--blob-store`); `None`:
+    /// they go to the coordinator in the upload.
+    blobs: Option<BlobStore>,
+    metrics: NodeMetrics,
+    id: u64,
+    node: String,
+}
+
+/// How feeding an upload ended.
+enum Fed {
+    /// The items ended without `Finish`: the snapshot failed here.
+    Aborted,
+    /// Everything was sent, or the call ended early (its result says why).
+    Sent,
+}
+
+type Stream = mpsc::Sender<pb::UploadChunk>;
+
+fn message(kind: pb::upload_chunk::Kind) -> pb::UploadChunk {
+    pb::UploadChunk { kind: Some(kind) }
+}
+
+impl Uploader {
+    /// Streams one part to the coordinator as its pieces come. The stream holds a few
+    /// messages at most; each piece gives its upload room back once it is in the chunker.
+    /// If the items end without `Finish`, the snapshot failed here and the upload is dropped
+    /// quietly; if the coordinator refuses or fails the upload, or the blob store fails, the
+    /// snapshot is reported failed (storage), naming this node and the cause.
+    async fn run(
+        mut self,
+        header: pb::UploadHeader,
+        items: mpsc::UnboundedReceiver<UploadItem>,
+        session: mpsc::Sender<pb::NodeToCoordinator>,
+    ) {
+        let (tx, rx) = mpsc::channel(4);
+        let _ = tx
+            .send(message(pb::upload_chunk::Kind::Header(header)))
+            .await;
+        let mut client = self.client.clone();
+        let call =
+            tokio::spawn(async move { client.upload_snapshot_part(ReceiverStream::new(rx)).await });
+        let fed = self.feed(items, &tx).await;
+        drop(tx);
+        let why = match fed {
+            Ok(Fed::Aborted) => return,
+            // The coordinator sees the stream end without its cut and keeps nothing.
+            Err(why) => why,
+            Ok(Fed::Sent) => match call.await {
+                Ok(Ok(r)) => {
+                    let r = r.into_inner();
+                    tracing::debug!(
+                        snapshot = self.id,
+                        new = r.bytes_new,
+                        reused = r.bytes_reused,
+                        "part uploaded"
+                    );
+                    return;
                 }
-                drop(room); // in the stream: room for the next piece
-            }
-            UploadItem::Finish(part) => {
-                aborted = false;
-                for piece in channel_pieces(part.channel_states()) {
-                    if tx.send(message(Kind::ChannelState(piece))).await.is_err() {
-                        break 'items;
+                Ok(Err(s)) => LinkError::UploadRefused(s),
+                Err(e) => LinkError::UploadTask(e),
+            },
+        };
+        let node = &self.node;
+        tracing::warn!(snapshot = self.id, %node, "upload failed: {why}");
+        // Tell the coordinator now rather than let the snapshot time out.
+        let reason = pb::FailureReason::from(&FailureReason::Storage(format!(
+            "upload of {node}'s part failed: {why}"
+        )));
+        let event = pb::NodeSnapshotEvent {
+            snapshot_id: self.id,
+            kind: Some(pb::node_snapshot_event::Kind::Failed(reason)),
+        };
+        let message = pb::NodeToCoordinator {
+            kind: Some(pb::node_to_coordinator::Kind::Snapshot(event)),
+        };
+        let _ = session.send(message).await;
+    }
+
+    async fn feed(
+        &mut self,
+        mut items: mpsc::UnboundedReceiver<UploadItem>,
+        tx: &Stream,
+    ) -> Result<Fed, LinkError> {
+        use pb::upload_chunk::Kind;
+        let mut chunker = Chunker::new();
+        let mut batch: Vec<Chunk> = Vec::new();
+        while let Some(item) = items.recv().await {
+            match item {
+                UploadItem::State(StateChunk { bytes, room }) => {
+                    batch.extend(chunker.push(&bytes));
+                    drop(room); // in the chunker: room for the next piece
+                    let held: usize = batch.iter().map(|c| c.data.len()).sum();
+                    if (batch.len() >= BATCH_CHUNKS || held >= BATCH_BYTES)
+                        && !self.send_chunks(std::mem::take(&mut batch), tx).await?
+                    {
+                        return Ok(Fed::Sent);
                     }
                 }
-                let cut = pb::UploadCut {
-                    incoming: part.incoming_cuts(),
-                    outgoing: part.outgoing_cuts(),
-                };
-                let _ = tx.send(message(Kind::Cut(cut))).await;
-                break;
+                UploadItem::Finish(part) => {
+                    batch.extend(std::mem::take(&mut chunker).finish());
+                    for batch in batch.chunks(BATCH_CHUNKS) {
+                        if !self.send_chunks(batch.to_vec(), tx).await? {
+                            return Ok(Fed::Sent);
+                        }
+                    }
+                    for piece in channel_pieces(part.channel_states()) {
+                        if tx.send(message(Kind::ChannelState(piece))).await.is_err() {
+                            return Ok(Fed::Sent);
+                        }
+                    }
+                    let cut = pb::UploadCut {
+                        incoming: part.incoming_cuts(),
+                        outgoing: part.outgoing_cuts(),
+                    };
+                    let _ = tx.send(message(Kind::Cut(cut))).await;
+                    return Ok(Fed::Sent);
+                }
             }
         }
+        Ok(Fed::Aborted)
     }
-    drop(tx);
-    let result = call.await;
-    if aborted {
-        return;
-    }
-    let why = match result {
-        Ok(Ok(r)) => {
-            let r = r.into_inner();
-            tracing::debug!(
-                snapshot = id,
-                new = r.bytes_new,
-                reused = r.bytes_reused,
-                "part uploaded"
-            );
-            return;
+
+    /// Asks which of `chunks` the store holds, writes the others to this daemon's store or
+    /// sends their bytes, and names them all in the upload, in order. `Ok(false)`: the call
+    /// ended.
+    async fn send_chunks(&mut self, chunks: Vec<Chunk>, tx: &Stream) -> Result<bool, LinkError> {
+        if chunks.is_empty() {
+            return Ok(true);
         }
-        Ok(Err(s)) => LinkError::UploadRefused(s),
-        Err(e) => LinkError::UploadTask(e),
-    };
-    tracing::warn!(snapshot = id, %node, "upload failed: {why}");
-    // Tell the coordinator now rather than let the snapshot time out.
-    let reason = pb::FailureReason::from(&FailureReason::Storage(format!(
-        "upload of {node}'s part failed: {why}"
-    )));
-    let event = pb::NodeSnapshotEvent {
-        snapshot_id: id,
-        kind: Some(pb::node_snapshot_event::Kind::Failed(reason)),
-    };
-    let message = pb::NodeToCoordinator {
-        kind: Some(pb::node_to_coordinator::Kind::Snapshot(event)),
-    };
-    let _ = session.send(message).await;
+        let request = pb::HasChunksRequest {
+            snapshot_id: self.id,
+            node_id: self.node.clone(),
+            sha256: chunks
+                .iter()
+                .map(|c| Bytes::copy_from_slice(&c.hash))
+                .collect(),
+        };
+        let present = self
+            .client
+            .has_chunks(request)
+            .await
+            .map_err(LinkError::UploadRefused)?
+            .into_inner()
+            .present;
+        if present.len() != chunks.len() {
+            return Err(LinkError::BlobStore(format!(
+                "HasChunks answered {} of {} chunks",
+                present.len(),
+                chunks.len()
+            )));
+        }
+        for (chunk, present) in chunks.into_iter().zip(present) {
+            let size = chunk.data.len();
+            let data = if present {
+                self.metrics.state_bytes("reused", size as u64);
+                Bytes::new()
+            } else if let Some(blobs) = &self.blobs {
+                blobs
+                    .put_chunk(&chunk)
+                    .await
+                    .map_err(|e| LinkError::BlobStore(format!("{}: {e}", blobs.location())))?;
+                self.metrics.state_bytes("store", size as u64);
+                Bytes::new()
+            } else {
+                self.metrics.state_bytes("coordinator", size as u64);
+                chunk.data
+            };
+            let piece = pb::StateChunk {
+                sha256: Bytes::copy_from_slice(&chunk.hash),
+                size: size as u32,
+                data,
+            };
+            if tx
+                .send(message(pb::upload_chunk::Kind::StateChunk(piece)))
+                .await
+                .is_err()
+            {
+                return Ok(false);
+            }
+        }
+        Ok(true)
+    }
 }
 
 /// Each channel's recorded messages in pieces of at most about `UPLOAD_CHUNK` bytes.

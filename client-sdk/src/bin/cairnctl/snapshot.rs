@@ -44,6 +44,21 @@ pub(crate) enum SnapshotCommand {
         #[arg(long, env = "CAIRN_DATA")]
         data: bool,
     },
+    /// Write a completed snapshot's data to files, streamed (states of any size): per node,
+    /// DIR/NODE/state (the local state's bytes) and DIR/NODE/channels.pb (its recorded
+    /// messages as length-delimited cairn.v1.ChannelState messages). Every chunk is checked
+    /// against its SHA-256 as it is read; a node's files appear only once all of its data
+    /// arrived and checked (they are written aside and renamed). Refuses a DIR/NODE that
+    /// exists.
+    Export {
+        /// The snapshot.
+        id: u64,
+        /// The directory to write into (created if missing).
+        dir: std::path::PathBuf,
+        /// Only this node's part.
+        #[arg(long)]
+        node: Option<String>,
+    },
     /// List snapshots, newest first.
     List {
         /// Only this status.
@@ -187,6 +202,34 @@ pub(crate) async fn snapshot(
             }
             Ok(ExitCode::SUCCESS)
         }
+        SnapshotCommand::Export { id, dir, node } => {
+            let exported = export(&mut client, id, &dir, node.as_deref()).await?;
+            match output {
+                Output::Json => println!(
+                    "{}",
+                    serde_json::json!({
+                        "snapshot_id": id,
+                        "dir": dir.display().to_string(),
+                        "nodes": exported.iter().map(|(node, end)| serde_json::json!({
+                            "node_id": node,
+                            "local_state_bytes": end.local_state_bytes,
+                            "recorded_messages": end.recorded_messages,
+                        })).collect::<Vec<_>>(),
+                    })
+                ),
+                Output::Table => {
+                    for (node, end) in &exported {
+                        println!(
+                            "{node}: {} bytes of state, {} recorded messages -> {}",
+                            end.local_state_bytes,
+                            end.recorded_messages,
+                            dir.join(node).display()
+                        );
+                    }
+                }
+            }
+            Ok(ExitCode::SUCCESS)
+        }
         SnapshotCommand::List { status, limit } => {
             let status = match status {
                 None => pb::SnapshotStatus::Unspecified,
@@ -324,4 +367,93 @@ pub(crate) async fn wait_for(
         }
     }
     Ok(client.get_snapshot(id, data).await?)
+}
+
+/// One node's files being written: aside, under `DIR/.NODE.partial`, until its `End`.
+struct NodeFiles {
+    partial: std::path::PathBuf,
+    state: std::fs::File,
+    channels: std::fs::File,
+}
+
+/// Streams snapshot `id`'s data into `dir` (see `SnapshotCommand::Export`); returns each
+/// node's totals. On an error, the node being written leaves nothing behind.
+async fn export(
+    client: &mut CoordinatorClient,
+    id: u64,
+    dir: &std::path::Path,
+    node: Option<&str>,
+) -> anyhow::Result<Vec<(String, pb::NodeDataEnd)>> {
+    use anyhow::Context;
+    use prost::Message;
+    use std::io::Write;
+    std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    let mut data = client.read_snapshot_data(id, node).await?;
+    let mut done = Vec::new();
+    let mut current: Option<(String, NodeFiles)> = None;
+    let result = async {
+        while let Some(piece) = data.message().await? {
+            let name = piece.node_id.clone();
+            // A node id names a directory: nothing that could leave `dir`.
+            anyhow::ensure!(
+                !name.is_empty()
+                    && name != "."
+                    && name != ".."
+                    && !name.contains(['/', '\\', '\0'])
+                    && !name.starts_with('.'),
+                "the coordinator sent data of a node named {name:?}, which is not a file name"
+            );
+            if current.as_ref().is_none_or(|(n, _)| *n != name) {
+                anyhow::ensure!(
+                    current.is_none(),
+                    "node {name}'s data began before the previous node's ended"
+                );
+                let target = dir.join(&name);
+                anyhow::ensure!(
+                    !target.exists(),
+                    "{} exists: export into an empty directory, or remove it",
+                    target.display()
+                );
+                let partial = dir.join(format!(".{name}.partial"));
+                let _ = std::fs::remove_dir_all(&partial);
+                std::fs::create_dir_all(&partial)
+                    .with_context(|| format!("cannot create {}", partial.display()))?;
+                let files = NodeFiles {
+                    state: std::fs::File::create(partial.join("state"))?,
+                    channels: std::fs::File::create(partial.join("channels.pb"))?,
+                    partial,
+                };
+                current = Some((name.clone(), files));
+            }
+            let (_, files) = current.as_mut().expect("set above");
+            match piece.kind {
+                Some(pb::snapshot_data::Kind::LocalState(bytes)) => {
+                    files.state.write_all(&bytes)?
+                }
+                Some(pb::snapshot_data::Kind::ChannelState(state)) => files
+                    .channels
+                    .write_all(&state.encode_length_delimited_to_vec())?,
+                Some(pb::snapshot_data::Kind::End(end)) => {
+                    let (name, files) = current.take().expect("set above");
+                    files.state.sync_all()?;
+                    files.channels.sync_all()?;
+                    std::fs::rename(&files.partial, dir.join(&name)).with_context(|| {
+                        format!("cannot move {} into place", files.partial.display())
+                    })?;
+                    done.push((name, end));
+                }
+                None => {}
+            }
+        }
+        anyhow::ensure!(
+            current.is_none(),
+            "the stream ended before a node's data did"
+        );
+        Ok(())
+    }
+    .await;
+    if let Some((_, files)) = current {
+        let _ = std::fs::remove_dir_all(&files.partial);
+    }
+    result.map(|()| done)
 }
