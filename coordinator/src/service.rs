@@ -835,7 +835,11 @@ impl pb::coordinator_server::Coordinator for CoordinatorService {
                 // naming this node and the cause, whatever the daemon does with the error.
                 if let Error::Storage(why) = &e {
                     let why = why.clone();
-                    let _ = leading.tx.try_send(Msg::StorageFailed { id, why });
+                    let _ = leading.tx.try_send(Msg::StorageFailed {
+                        id,
+                        node: node.clone(),
+                        why,
+                    });
                 }
                 return Err(e.into());
             }

@@ -81,8 +81,14 @@ pub enum FailureReason {
     Restore,
     /// A process shut down while the snapshot was in flight.
     Shutdown(NodeId),
-    /// Storing the snapshot's parts failed.
-    Storage(String),
+    /// Storing the snapshot's parts failed: the nodes whose parts could not be stored (none
+    /// when it was the snapshot's record), and why.
+    Storage {
+        /// The nodes whose parts failed.
+        nodes: Vec<NodeId>,
+        /// What failed, for people.
+        why: String,
+    },
     /// A user aborted it.
     Aborted(String),
     /// The membership or the topology changed while it was in flight (what changed).
@@ -117,7 +123,7 @@ impl fmt::Display for FailureReason {
             Self::MixedEpochs { detail, .. } => {
                 write!(f, "parts recorded in different epochs: {detail}")
             }
-            Self::Storage(why) => write!(f, "storage failed: {why}"),
+            Self::Storage { why, .. } => write!(f, "storage failed: {why}"),
             Self::Aborted(why) => write!(f, "aborted: {why}"),
         }
     }

@@ -69,6 +69,8 @@ pub struct CoordinatedCluster {
     tls_dir: Option<PathBuf>,
     /// With TLS: what this harness's clients use (the CA and the user `tester`).
     tls: Option<cairn_sdk::tls::Tls>,
+    /// Environment variables of every coordinator and daemon started (S3 credentials).
+    env: Vec<(String, String)>,
 }
 
 /// The user whose certificate the harness's clients present in a TLS cluster.
@@ -176,6 +178,30 @@ impl CoordinatedCluster {
             coordinator_args,
             extra_node_args,
             tls_dir,
+            &[],
+        )
+        .await
+    }
+
+    /// As [`Self::start_with`], with `env` set on every coordinator and daemon it starts
+    /// (and restarts): the blob store's credentials.
+    pub async fn start_env(
+        n: usize,
+        store: Store,
+        without_bank: &[usize],
+        coordinator_args: &[&str],
+        extra_node_args: &[&str],
+        env: &[(String, String)],
+    ) -> anyhow::Result<Self> {
+        Self::start_replicas(
+            1,
+            n,
+            store,
+            without_bank,
+            coordinator_args,
+            extra_node_args,
+            None,
+            env,
         )
         .await
     }
@@ -198,10 +224,12 @@ impl CoordinatedCluster {
             coordinator_args,
             extra_node_args,
             None,
+            &[],
         )
         .await
     }
 
+    #[allow(clippy::too_many_arguments)]
     async fn start_replicas(
         replicas: usize,
         n: usize,
@@ -210,6 +238,7 @@ impl CoordinatedCluster {
         coordinator_args: &[&str],
         extra_node_args: &[&str],
         tls_dir: Option<&Path>,
+        env: &[(String, String)],
     ) -> anyhow::Result<Self> {
         let tls = match tls_dir {
             None => None,
@@ -267,6 +296,7 @@ impl CoordinatedCluster {
             keep_logs: false,
             tls_dir: tls_dir.map(Path::to_owned),
             tls,
+            env: env.to_vec(),
         };
         for r in 0..cluster.replicas.len() {
             cluster.start_replica(r)?;
@@ -355,6 +385,7 @@ impl CoordinatedCluster {
     pub fn start_replica(&mut self, r: usize) -> anyhow::Result<()> {
         let mut command = Command::new(binary("cairn-coordinator")?);
         command.args(&self.replicas[r].args);
+        command.envs(self.env.iter().cloned());
         let log = self.log(&format!("coordinator{}-{}", r + 1, free_port()));
         self.replicas[r].process = Some(ChildGuard::spawn("cairn-coordinator", command, &log)?);
         Ok(())
@@ -449,6 +480,7 @@ impl CoordinatedCluster {
         let log = self.log(&format!("{}-node-{}", self.nodes[i].id, free_port()));
         let mut command = Command::new(node_bin);
         command.args(&self.nodes[i].node_args);
+        command.envs(self.env.iter().cloned());
         self.nodes[i].node = Some(ChildGuard::spawn("cairn-node", command, &log)?);
         if let Some(bank) = self.nodes[i].bank.clone() {
             let log = self.log(&format!("{}-bank-{}", self.nodes[i].id, free_port()));

@@ -26,5 +26,6 @@ pub mod local;
 pub mod processes;
 pub mod proxy;
 pub mod restore;
+pub mod s3;
 pub mod sim;
 pub mod tls_support;

@@ -78,6 +78,7 @@ pub(crate) enum Msg {
     /// Storing a part failed (`why` names the node and the cause).
     StorageFailed {
         id: SnapshotId,
+        node: NodeId,
         why: String,
     },
     Start {
@@ -422,8 +423,9 @@ impl State {
                 let result = self.delete(id).await;
                 let _ = reply.send(result);
             }
-            Msg::StorageFailed { id, why } => {
-                let update = self.tracker.fail(id, FailureReason::Storage(why));
+            Msg::StorageFailed { id, node, why } => {
+                let nodes = vec![node];
+                let update = self.tracker.fail(id, FailureReason::Storage { nodes, why });
                 self.settle(id, update).await;
             }
             Msg::TimedOut { id } => {

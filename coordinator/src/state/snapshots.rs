@@ -34,6 +34,15 @@ fn node_failure(node: &NodeId, reason: &pb::FailureReason) -> FailureReason {
         Kind::NoApplication => FailureReason::NoApplication(node.clone()),
         Kind::Shutdown => FailureReason::Shutdown(node.clone()),
         Kind::NodeLost => FailureReason::NodeLost(node.clone()),
+        // A daemon's own storage failure names the daemon, whatever it says.
+        Kind::Storage => FailureReason::Storage {
+            nodes: vec![node.clone()],
+            why: reason
+                .message
+                .strip_prefix("storage failed: ")
+                .unwrap_or(&reason.message)
+                .to_owned(),
+        },
         Kind::Unspecified => aborted(reason.message.clone()),
         _ => FailureReason::try_from(reason)
             .unwrap_or_else(|e| aborted(format!("{} ({e})", reason.message))),
@@ -116,7 +125,13 @@ impl State {
             term: self.leadership.term(),
         };
         if let Err(e) = self.put_record(&record).await {
-            self.tracker.fail(id, FailureReason::Storage(e.to_string()));
+            self.tracker.fail(
+                id,
+                FailureReason::Storage {
+                    nodes: Vec::new(),
+                    why: e.to_string(),
+                },
+            );
             return Err(e);
         }
         self.inflight.insert(id, record);
@@ -349,7 +364,10 @@ mod tests {
         // Taken exactly (Timeout and MixedEpochs once became aborts).
         for reason in [
             FailureReason::ChannelReset(ChannelId::new("n1", "n2")),
-            FailureReason::Storage("upload of n2's part failed: no space".into()),
+            FailureReason::Storage {
+                nodes: vec![NodeId::new("n2")],
+                why: "upload of n2's part failed: no space".into(),
+            },
             FailureReason::MembershipChanged("node n3 joined".into()),
             FailureReason::Timeout {
                 missing: vec!["n1".into()],

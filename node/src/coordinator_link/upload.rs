@@ -130,9 +130,10 @@ impl Uploader {
         let node = &self.node;
         tracing::warn!(snapshot = self.id, %node, "upload failed: {why}");
         // Tell the coordinator now rather than let the snapshot time out.
-        let reason = pb::FailureReason::from(&FailureReason::Storage(format!(
-            "upload of {node}'s part failed: {why}"
-        )));
+        let reason = pb::FailureReason::from(&FailureReason::Storage {
+            nodes: vec![cairn_core::NodeId::new(node.clone())],
+            why: format!("upload of {node}'s part failed: {why}"),
+        });
         let event = pb::NodeSnapshotEvent {
             snapshot_id: self.id,
             kind: Some(pb::node_snapshot_event::Kind::Failed(reason)),

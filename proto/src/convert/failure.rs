@@ -37,7 +37,7 @@ impl From<&FailureReason> for pb::FailureReason {
             FailureReason::CoordinatorFailover(_) => (Kind::CoordinatorFailover, vec![], None),
             FailureReason::Restore => (Kind::Restore, vec![], None),
             FailureReason::Shutdown(n) => (Kind::Shutdown, vec![n.clone()], None),
-            FailureReason::Storage(_) => (Kind::Storage, vec![], None),
+            FailureReason::Storage { nodes, .. } => (Kind::Storage, nodes.clone(), None),
             FailureReason::Aborted(_) => (Kind::Unspecified, vec![], None),
             FailureReason::MembershipChanged(_) => (Kind::MembershipChanged, vec![], None),
             FailureReason::MixedEpochs { nodes, .. } => (Kind::MixedEpochs, nodes.clone(), None),
@@ -90,7 +90,10 @@ impl TryFrom<&pb::FailureReason> for FailureReason {
             Kind::CoordinatorFailover => Self::CoordinatorFailover(text(COORDINATOR_FAILOVER)),
             Kind::Restore => Self::Restore,
             Kind::Shutdown => Self::Shutdown(node()?),
-            Kind::Storage => Self::Storage(text(STORAGE)),
+            Kind::Storage => Self::Storage {
+                nodes: nodes(),
+                why: text(STORAGE),
+            },
             Kind::MembershipChanged => Self::MembershipChanged(text(MEMBERSHIP_CHANGED)),
             Kind::MixedEpochs => Self::MixedEpochs {
                 nodes: nodes(),
@@ -171,7 +174,10 @@ pub(crate) mod tests {
             FailureReason::CoordinatorFailover("term 7 ended; term 9 took over".into()),
             FailureReason::Restore,
             FailureReason::Shutdown("b".into()),
-            FailureReason::Storage("upload of a's part failed: no space".into()),
+            FailureReason::Storage {
+                nodes: vec![NodeId::new("a")],
+                why: "upload of a's part failed: no space".into(),
+            },
             FailureReason::Aborted("by the operator: done".into()),
             FailureReason::MembershipChanged("node c joined".into()),
             FailureReason::MixedEpochs {
@@ -228,7 +234,10 @@ pub(crate) mod tests {
         };
         assert_eq!(
             FailureReason::try_from(&wire),
-            Ok(FailureReason::Storage("disk full".into()))
+            Ok(FailureReason::Storage {
+                nodes: vec![],
+                why: "disk full".into()
+            })
         );
     }
 
