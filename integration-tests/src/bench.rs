@@ -212,6 +212,20 @@ impl BenchCluster {
         state_size: usize,
         tls: bool,
     ) -> anyhow::Result<Self> {
+        Self::start_env(n, store, coordinator_args, node_args, state_size, tls, &[]).await
+    }
+
+    /// As [`Self::start_tls`], with `env` set on the coordinator and every daemon (the blob
+    /// store's credentials).
+    pub async fn start_env(
+        n: usize,
+        store: &Store,
+        coordinator_args: &[&str],
+        node_args: &[&str],
+        state_size: usize,
+        tls: bool,
+        env: &[(String, String)],
+    ) -> anyhow::Result<Self> {
         let cluster_name = format!("bench-{}", crate::processes::free_port());
         let mut c_args = vec!["--cluster", cluster_name.as_str(), "--max-concurrent", "8"];
         c_args.extend_from_slice(coordinator_args);
@@ -230,13 +244,15 @@ impl BenchCluster {
         } else {
             None
         };
-        let cluster = CoordinatedCluster::start_opts(
+        let cluster = CoordinatedCluster::start_replicas(
+            1,
             n,
             store.clone(),
             &all,
             &c_args,
             &n_args,
             certs.as_deref(),
+            env,
         )
         .await;
         let cluster = match cluster {
@@ -514,4 +530,35 @@ impl pb::peer_server::Peer for CountingPeer {
             tokio_stream::wrappers::ReceiverStream::new(rx),
         ))
     }
+}
+
+/// Peak resident set (`VmHWM`) of process `pid`, in bytes.
+pub fn peak_rss(pid: u32) -> anyhow::Result<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
+    let kib: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .ok_or_else(|| anyhow::anyhow!("no VmHWM in /proc/{pid}/status"))?;
+    Ok(kib << 10)
+}
+
+/// CPU time (user + system) process `pid` has used so far.
+pub fn cpu_time(pid: u32) -> anyhow::Result<Duration> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
+    // Fields after the command (which may hold spaces) start after the last ')'.
+    let rest = stat
+        .rsplit_once(')')
+        .map(|(_, r)| r)
+        .ok_or_else(|| anyhow::anyhow!("bad /proc/{pid}/stat"))?;
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    // utime and stime are fields 14 and 15 of stat(5), 12 and 13 after the command.
+    let ticks: u64 = fields
+        .get(11..13)
+        .ok_or_else(|| anyhow::anyhow!("short /proc/{pid}/stat"))?
+        .iter()
+        .map(|f| f.parse::<u64>().unwrap_or(0))
+        .sum();
+    // The kernel's USER_HZ is 100 on every Linux this runs on.
+    Ok(Duration::from_millis(ticks * 10))
 }

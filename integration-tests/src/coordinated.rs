@@ -229,8 +229,11 @@ impl CoordinatedCluster {
         .await
     }
 
+    /// Every option at once: `replicas` coordinators (on etcd when more than one), `n`
+    /// nodes (banks but for `without_bank`), extra arguments, TLS files, and `env` on every
+    /// coordinator and daemon.
     #[allow(clippy::too_many_arguments)]
-    async fn start_replicas(
+    pub async fn start_replicas(
         replicas: usize,
         n: usize,
         store: Store,

@@ -1,37 +1,38 @@
-//! A 100 MiB local state goes from the application through its daemon to the coordinator
-//! without either holding it whole: the daemon streams each piece on as it arrives (with a
-//! few MiB of upload room), and the coordinator chunks it into the blob store as it reads.
-//! Checked by the peak resident memory (`VmHWM`) of both processes.
+//! A 256 MiB local state goes from the application through its daemon to the blob store
+//! without the daemon or the coordinator holding it whole, and a 1 % change of it moves and
+//! stores only the chunks it touches — on the local directory (the daemon's chunks through
+//! the coordinator, embedded metadata) and on S3 (the daemon writing its chunks to the bucket
+//! itself, metadata in etcd, where no value may outgrow 64 KiB however large the part's
+//! chunk list). Checked by the daemon's own byte counters, the snapshot's bytes new, and the
+//! peak resident memory (`VmHWM`) of both processes.
 
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
 use cairn_integration_tests::coordinated::{CoordinatedCluster, Store};
+use cairn_integration_tests::etcd::Etcd;
+use cairn_integration_tests::s3::S3Server;
+use cairn_integration_tests::tls_support::metric;
 use cairn_proto::v1 as pb;
 use cairn_sdk::{AppEvent, AppSession};
 
-const STATE: usize = 100 << 20;
-/// Far below the state: a process that held the state whole would pass it.
-const PEAK_LIMIT: u64 = 80 << 20;
+const STATE: usize = 256 << 20;
+/// Far below the state: a process that held the state whole (or a tenth of it) would pass it.
+const PEAK_LIMIT: u64 = 64 << 20;
+/// What a 1 % change may cost, in bytes sent by the daemon and in bytes newly stored.
+const CHANGE_LIMIT: f64 = 0.03;
+/// The largest metadata value allowed in etcd.
+const VALUE_LIMIT: usize = 64 << 10;
 
 /// Peak resident set of a process, in bytes.
 fn peak_rss(pid: u32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-    let line = status
-        .lines()
-        .find(|l| l.starts_with("VmHWM:"))
-        .expect("VmHWM in /proc/<pid>/status");
-    let kib: u64 = line
-        .split_whitespace()
-        .nth(1)
-        .and_then(|n| n.parse().ok())
-        .unwrap();
-    kib << 10
+    cairn_integration_tests::bench::peak_rss(pid).unwrap()
 }
 
-/// Incompressible, undeduplicated bytes (xorshift).
-fn noise(len: usize) -> Bytes {
-    let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
+/// Incompressible, undeduplicated bytes (xorshift from `seed`).
+fn noise(len: usize, seed: u64) -> Vec<u8> {
+    let mut x: u64 = 0x9E37_79B9_7F4A_7C15 ^ seed;
     let mut out = Vec::with_capacity(len);
     while out.len() < len {
         x ^= x << 13;
@@ -40,29 +41,32 @@ fn noise(len: usize) -> Bytes {
         out.extend_from_slice(&x.to_le_bytes());
     }
     out.truncate(len);
-    out.into()
+    out
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_100_mib_state_streams_through_the_daemon_and_the_coordinator() {
-    let cluster = CoordinatedCluster::start(2, Store::Embedded, &[1], &[])
-        .await
-        .unwrap();
-    let address = cluster.nodes[1].app.clone();
-    let state = noise(STATE);
-    let app = tokio::spawn(async move {
-        let mut session = AppSession::connect(&address, "big-state").await.unwrap();
-        let sender = session.sender();
-        while let Ok(Some(event)) = session.next_event().await {
-            if let AppEvent::RecordState { snapshot_id } = event {
-                sender.state_recorded(snapshot_id, state.clone()).unwrap();
-            }
-        }
-    });
-    cluster.wait_ready(1).await.unwrap();
+/// Rewrites 1 % of `state` as 64 KiB blocks spread over it.
+fn change_one_percent(state: &mut [u8], round: u64) {
+    let block = 64 << 10;
+    let blocks = (state.len() / 100).div_ceil(block);
+    let stride = state.len() / blocks;
+    for b in 0..blocks {
+        let at = b * stride / block * block;
+        let fresh = noise(block, round * 1000 + b as u64);
+        state[at..at + block].copy_from_slice(&fresh);
+    }
+}
+
+/// Bytes of state chunks the daemon at `metrics` has sent: to the coordinator or the store.
+async fn sent(cluster: &CoordinatedCluster, metrics: &str) -> f64 {
+    let text = cluster.scrape(metrics).await.unwrap();
+    let name = "cairn_node_state_upload_bytes_total";
+    metric(&text, name, Some("to=\"coordinator\"")) + metric(&text, name, Some("to=\"store\""))
+}
+
+async fn snapshot(cluster: &CoordinatedCluster) -> pb::Snapshot {
     let id = cluster
         .start_snapshot(pb::StartSnapshotRequest {
-            timeout_ms: 120_000,
+            timeout_ms: 240_000,
             ..Default::default()
         })
         .await
@@ -74,32 +78,139 @@ async fn a_100_mib_state_streams_through_the_daemon_and_the_coordinator() {
         "{:?}",
         snapshot.failure
     );
-    assert!(snapshot.verdict.is_some_and(|v| v.consistent));
-    let part = snapshot.nodes.iter().find(|n| n.node_id == "n2").unwrap();
-    assert_eq!(part.local_state_bytes, STATE as u64);
-    assert!(
-        snapshot.bytes_new >= STATE as u64,
-        "bytes_new {}",
-        snapshot.bytes_new
-    );
+    assert!(snapshot.verdict.as_ref().is_some_and(|v| v.consistent));
+    snapshot
+}
 
-    let node = peak_rss(cluster.node_pid(1).unwrap());
-    let coordinator = peak_rss(cluster.coordinator_pid().unwrap());
-    println!(
-        "peak resident memory: daemon {} MiB, coordinator {} MiB",
-        node >> 20,
-        coordinator >> 20
-    );
-    assert!(node < PEAK_LIMIT, "the daemon peaked at {} MiB", node >> 20);
-    assert!(
-        coordinator < PEAK_LIMIT,
-        "the coordinator peaked at {} MiB",
-        coordinator >> 20
-    );
-    app.abort();
-    tokio::time::timeout(Duration::from_secs(5), async {
-        let _ = app.await;
-    })
-    .await
-    .unwrap();
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_large_state_streams_and_a_one_percent_change_moves_only_new_chunks() {
+    let s3 = S3Server::start().await.unwrap();
+    let etcd = Etcd::start().await.unwrap();
+    let blob = [
+        "--blob-store".to_owned(),
+        s3.url("large"),
+        "--s3-endpoint".to_owned(),
+        s3.endpoint.clone(),
+        "--s3-allow-http".to_owned(),
+    ];
+    let blob: Vec<&str> = blob.iter().map(String::as_str).collect();
+    for on_s3 in [false, true] {
+        let at = if on_s3 { "S3, etcd" } else { "directory" };
+        let cluster = if on_s3 {
+            let store = Store::Etcd(etcd.endpoint.clone());
+            CoordinatedCluster::start_env(2, store, &[1], &blob, &blob, &s3.env()).await
+        } else {
+            CoordinatedCluster::start(2, Store::Embedded, &[1], &[]).await
+        }
+        .unwrap();
+        let mut state = noise(STATE, 1);
+        let shared = Arc::new(Mutex::new(Bytes::from(state.clone())));
+        let address = cluster.nodes[1].app.clone();
+        let recorded = shared.clone();
+        let app = tokio::spawn(async move {
+            let mut session = AppSession::connect(&address, "big-state").await.unwrap();
+            let sender = session.sender();
+            while let Ok(Some(event)) = session.next_event().await {
+                if let AppEvent::RecordState { snapshot_id } = event {
+                    let state = recorded.lock().unwrap().clone();
+                    sender.state_recorded(snapshot_id, state).unwrap();
+                }
+            }
+        });
+        cluster.wait_ready(1).await.unwrap();
+        let metrics = cluster.nodes[1].metrics.clone();
+
+        let first = snapshot(&cluster).await;
+        let part = first.nodes.iter().find(|n| n.node_id == "n2").unwrap();
+        assert_eq!(part.local_state_bytes, STATE as u64, "{at}");
+        assert!(first.bytes_new >= STATE as u64, "{at}: {}", first.bytes_new);
+        let all = sent(&cluster, &metrics).await;
+        assert!(
+            all >= STATE as f64,
+            "{at}: the first sends everything: {all}"
+        );
+
+        change_one_percent(&mut state, 1);
+        *shared.lock().unwrap() = Bytes::from(state.clone());
+        let second = snapshot(&cluster).await;
+        let moved = sent(&cluster, &metrics).await - all;
+        println!(
+            "{at}: a 1 % change sent {moved} bytes and stored {} of {STATE}",
+            second.bytes_new
+        );
+        assert!(
+            moved <= CHANGE_LIMIT * STATE as f64,
+            "{at}: the daemon sent {moved} bytes for a 1 % change"
+        );
+        assert!(
+            second.bytes_new as f64 <= CHANGE_LIMIT * STATE as f64,
+            "{at}: stored {} new bytes for a 1 % change",
+            second.bytes_new
+        );
+        let mut client = cluster.client().await.unwrap();
+        let id = second.plan.as_ref().unwrap().snapshot_id;
+        let verified = client
+            .verify_snapshot(pb::VerifySnapshotRequest { snapshot_id: id })
+            .await
+            .unwrap()
+            .into_inner();
+        assert!(verified.bytes >= STATE as u64, "{at}: {verified:?}");
+
+        let node = peak_rss(cluster.node_pid(1).unwrap());
+        let coordinator = peak_rss(cluster.coordinator_pid().unwrap());
+        println!(
+            "{at}: peak resident memory: daemon {} MiB, coordinator {} MiB",
+            node >> 20,
+            coordinator >> 20
+        );
+        assert!(
+            node < PEAK_LIMIT,
+            "{at}: the daemon peaked at {} MiB",
+            node >> 20
+        );
+        assert!(
+            coordinator < PEAK_LIMIT,
+            "{at}: the coordinator peaked at {} MiB",
+            coordinator >> 20
+        );
+
+        if on_s3 {
+            // Some 8,000 chunk names: the part's manifest is far above what an etcd value
+            // should hold, and it lives in the bucket; etcd's largest value stays small.
+            let mut etcd_client = etcd_client::Client::connect([etcd.endpoint.as_str()], None)
+                .await
+                .unwrap();
+            let all = etcd_client
+                .get(
+                    "/cairn/",
+                    Some(etcd_client::GetOptions::new().with_prefix()),
+                )
+                .await
+                .unwrap();
+            let largest = all.kvs().iter().map(|kv| kv.value().len()).max().unwrap();
+            assert!(largest < VALUE_LIMIT, "an etcd value of {largest} bytes");
+            let part_key = all
+                .kvs()
+                .iter()
+                .find(|kv| {
+                    let key = String::from_utf8_lossy(kv.key());
+                    key.contains("/parts/") && key.ends_with("/n2")
+                })
+                .expect("n2's part record");
+            let record: serde_json::Value = serde_json::from_slice(part_key.value()).unwrap();
+            let manifest = record["manifest"]["size"].as_u64().unwrap();
+            assert!(
+                manifest > VALUE_LIMIT as u64,
+                "a manifest of {manifest} bytes"
+            );
+            let manifests = s3.list("large/manifests/").await.unwrap();
+            assert!(!manifests.is_empty());
+        }
+        app.abort();
+        tokio::time::timeout(Duration::from_secs(5), async {
+            let _ = app.await;
+        })
+        .await
+        .unwrap();
+    }
 }
