@@ -14,6 +14,6 @@ mod tests;
 pub use chunking::{Chunk, Chunker, MAX_CHUNK};
 pub use location::{BlobArgs, Location};
 pub use store::{
-    BlobStore, ChunkList, ChunkWriter, Kind, Listed, MAX_MANIFEST, Manifest, ManifestRef, Stored,
-    check_chunk, is_data_loss,
+    BlobStore, ChunkList, ChunkWriter, Exclusive, Kind, Listed, MAX_MANIFEST, Manifest,
+    ManifestRef, Stored, check_chunk, is_data_loss,
 };

@@ -124,6 +124,10 @@ enum Backend {
     },
 }
 
+/// Garbage collection's hold on the store ([`BlobStore::exclusive`]).
+#[derive(Debug)]
+pub struct Exclusive(#[allow(dead_code)] tokio::sync::OwnedRwLockWriteGuard<()>);
+
 /// Chunk name → size, of every chunk known to be stored.
 type Index = HashMap<[u8; 32], u32>;
 
@@ -135,6 +139,13 @@ pub struct BlobStore {
     /// The chunks known to be stored, with their sizes; `None` for a writer that keeps no
     /// index (a daemon).
     index: Option<Arc<Mutex<Index>>>,
+    /// Held shared by whatever may name a chunk the index vouched for (an upload, a
+    /// `HasChunks` answer) and exclusively by garbage collection: a chunk is never deleted
+    /// between the index saying it is stored and the record naming it.
+    guard: Arc<tokio::sync::RwLock<()>>,
+    /// Until when the index is not trusted to say a chunk is stored (a new term: a deposed
+    /// leader's delete may still land); `None`: trusted.
+    distrust_until: Arc<Mutex<Option<std::time::Instant>>>,
 }
 
 /// An error of the store named with what was being done.
@@ -224,6 +235,8 @@ impl BlobStore {
             backend: Arc::new(backend),
             location: location.to_string(),
             index: index.then(Default::default),
+            guard: Arc::default(),
+            distrust_until: Arc::default(),
         }
     }
 
@@ -263,14 +276,48 @@ impl BlobStore {
         Ok(())
     }
 
-    /// Whether the index knows chunk `hash` to be stored (always false without an index).
+    /// Whether the index knows chunk `hash` to be stored (always false without an index, or
+    /// while it is not trusted).
     pub fn has(&self, hash: &[u8; 32]) -> bool {
         self.size_known(hash).is_some()
     }
 
     fn size_known(&self, hash: &[u8; 32]) -> Option<u32> {
         let index = self.index.as_ref()?;
+        {
+            let mut until = self.distrust_until.lock().expect("distrust lock");
+            match *until {
+                Some(t) if std::time::Instant::now() < t => return None,
+                Some(_) => *until = None,
+                None => {}
+            }
+        }
         index.lock().expect("index lock").get(hash).copied()
+    }
+
+    /// Does not trust the index to say a chunk is stored for `period` (from now): every
+    /// chunk is then written (create-only, checked if it exists) or looked up in the store.
+    /// A new leader calls it: a deposed leader's delete issued before its term ended may
+    /// still land (a request and its retries take at most about 50 s).
+    pub fn distrust_index_for(&self, period: Duration) {
+        *self.distrust_until.lock().expect("distrust lock") =
+            Some(std::time::Instant::now() + period);
+    }
+
+    /// The store to itself, for garbage collection: waits up to `wait` for the holders
+    /// ([`Self::hold`]) to end and keeps new ones waiting while it is held; `None` if they
+    /// did not end in time.
+    pub async fn exclusive(&self, wait: Duration) -> Option<Exclusive> {
+        tokio::time::timeout(wait, self.guard.clone().write_owned())
+            .await
+            .ok()
+            .map(Exclusive)
+    }
+
+    /// A shared hold on the store against garbage collection, for as long as a chunk the
+    /// index vouched for may still be named by a record being written.
+    pub async fn hold(&self) -> tokio::sync::OwnedRwLockReadGuard<()> {
+        self.guard.clone().read_owned().await
     }
 
     fn note(&self, hash: [u8; 32], size: usize) {
@@ -537,8 +584,19 @@ impl BlobStore {
     }
 
     /// Stores a manifest (create-only, named by its sha256).
+    /// A manifest above [`MAX_MANIFEST`] is refused (`InvalidInput`): it could not be read.
     pub async fn put_manifest(&self, manifest: &Manifest) -> std::io::Result<ManifestRef> {
         let bytes = Bytes::from(serde_json::to_vec(manifest).map_err(std::io::Error::other)?);
+        if bytes.len() as u64 > MAX_MANIFEST {
+            return Err(error(
+                std::io::ErrorKind::InvalidInput,
+                format!(
+                    "a manifest of {} chunks is {} bytes, above the {MAX_MANIFEST}-byte limit",
+                    manifest.local_state.chunks.len() + manifest.channel_states.chunks.len(),
+                    bytes.len()
+                ),
+            ));
+        }
         let reference = ManifestRef {
             sha256: name_of(&bytes),
             size: bytes.len() as u64,
@@ -671,8 +729,12 @@ impl BlobStore {
     /// a daemon wrote for a snapshot still uploading is in no record yet), while
     /// `may_delete()` holds (asked before each removal: a coordinator whose leadership ended
     /// deletes nothing more); returns the bytes freed.
+    ///
+    /// Runs under [`Self::exclusive`]: no upload or `HasChunks` answer is in progress, so
+    /// `referenced` (read under it) is every chunk a record names or is about to.
     pub async fn collect_garbage(
         &self,
+        _exclusive: &Exclusive,
         referenced: &BTreeSet<String>,
         grace: Duration,
         may_delete: impl Fn() -> bool,

@@ -10,6 +10,8 @@ use bytes::Bytes;
 use crate::chunking::tests::pseudo_random;
 use crate::{BlobArgs, BlobStore, Chunk, ChunkList, Location, MAX_CHUNK, Manifest, is_data_loss};
 
+const WAIT: Duration = Duration::from_secs(5);
+
 struct Backends {
     dir: std::path::PathBuf,
 }
@@ -76,19 +78,34 @@ async fn a_small_change_stores_little_and_garbage_goes_only_when_old_and_unrefer
         let keep: BTreeSet<String> = changed.list.chunks.iter().cloned().collect();
         // A coordinator that no longer leads deletes nothing.
         let refused = blobs
-            .collect_garbage(&BTreeSet::new(), Duration::ZERO, || false)
+            .collect_garbage(
+                &blobs.exclusive(WAIT).await.unwrap(),
+                &BTreeSet::new(),
+                Duration::ZERO,
+                || false,
+            )
             .await
             .unwrap_err();
         assert!(refused.to_string().contains("no longer leads"), "{refused}");
         // Within the grace period nothing goes, referenced or not.
         let kept = blobs
-            .collect_garbage(&keep, Duration::from_secs(3600), || true)
+            .collect_garbage(
+                &blobs.exclusive(WAIT).await.unwrap(),
+                &keep,
+                Duration::from_secs(3600),
+                || true,
+            )
             .await
             .unwrap();
         assert_eq!(kept, 0, "{at}");
         assert_eq!(blobs.read(&first.list).await.unwrap().len(), data.len());
         let freed = blobs
-            .collect_garbage(&keep, Duration::ZERO, || true)
+            .collect_garbage(
+                &blobs.exclusive(WAIT).await.unwrap(),
+                &keep,
+                Duration::ZERO,
+                || true,
+            )
             .await
             .unwrap();
         assert!(freed > 0, "{at}");
@@ -171,6 +188,40 @@ async fn a_corrupt_or_missing_chunk_is_named_and_the_next_write_repairs_it() {
             None,
             "{at}: wrong size"
         );
+    }
+}
+
+#[tokio::test]
+async fn collection_waits_for_holders_and_a_distrusted_index_vouches_for_nothing() {
+    let backends = Backends::new("hold");
+    for blobs in backends.both().await {
+        let at = blobs.location().to_owned();
+        let stored = store(&blobs, &pseudo_random(100_000, 3), 10_000).await;
+        let hash: [u8; 32] = hex::decode(&stored.list.chunks[0])
+            .unwrap()
+            .try_into()
+            .unwrap();
+        // An upload in progress holds the store: collection does not run meanwhile.
+        let held = blobs.hold().await;
+        let skipped = blobs.exclusive(Duration::from_millis(50)).await;
+        assert!(skipped.is_none(), "{at}");
+        assert!(blobs.has(&hash), "{at}");
+        drop(held);
+        // A new term distrusts its index: nothing is "stored" until the period passed.
+        blobs.distrust_index_for(Duration::from_secs(3600));
+        assert!(!blobs.has(&hash), "{at}");
+        blobs.distrust_index_for(Duration::ZERO);
+        assert!(blobs.has(&hash), "{at}");
+        // A manifest past the limit is refused when written, not found unreadable later.
+        let huge = Manifest {
+            local_state: ChunkList {
+                size: 1,
+                chunks: vec!["a".repeat(64); (crate::MAX_MANIFEST / 64) as usize],
+            },
+            channel_states: ChunkList::default(),
+        };
+        let err = blobs.put_manifest(&huge).await.unwrap_err();
+        assert!(err.to_string().contains("limit"), "{at}: {err}");
     }
 }
 

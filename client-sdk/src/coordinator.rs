@@ -200,6 +200,8 @@ impl CoordinatorClient {
             return Ok(self.inner.get_snapshot(request).await?.into_inner());
         }
         let mut data = self.read_snapshot_data(snapshot_id, None).await?;
+        let mut states: std::collections::BTreeMap<String, bytes::BytesMut> = Default::default();
+        let mut ended = std::collections::BTreeSet::new();
         while let Some(piece) = data.message().await? {
             let Some(node) = snapshot
                 .nodes
@@ -209,11 +211,10 @@ impl CoordinatorClient {
                 continue;
             };
             match piece.kind {
-                Some(pb::snapshot_data::Kind::LocalState(bytes)) => {
-                    let mut state = std::mem::take(&mut node.local_state).to_vec();
-                    state.extend_from_slice(&bytes);
-                    node.local_state = state.into();
-                }
+                Some(pb::snapshot_data::Kind::LocalState(bytes)) => states
+                    .entry(piece.node_id)
+                    .or_default()
+                    .extend_from_slice(&bytes),
                 Some(pb::snapshot_data::Kind::ChannelState(state)) => {
                     match node
                         .channel_states
@@ -224,8 +225,21 @@ impl CoordinatorClient {
                         None => node.channel_states.push(state),
                     }
                 }
-                Some(pb::snapshot_data::Kind::End(_)) | None => {}
+                Some(pb::snapshot_data::Kind::End(_)) => {
+                    ended.insert(piece.node_id);
+                }
+                None => {}
             }
+        }
+        for node in &mut snapshot.nodes {
+            // A stream that ended without a node's `End` was cut short: not the data.
+            if !ended.contains(&node.node_id) {
+                return Err(Error::Rpc(tonic::Status::data_loss(format!(
+                    "the data of node {} ended before its end marker",
+                    node.node_id
+                ))));
+            }
+            node.local_state = states.remove(&node.node_id).unwrap_or_default().freeze();
         }
         Ok(snapshot)
     }

@@ -15,6 +15,7 @@ use cairn_proto::v1 as pb;
 use prost::Message;
 use tonic::Streaming;
 
+use cairn_blob::chunking::MIN_CHUNK;
 use cairn_blob::{BlobStore, Chunk, ChunkList, MAX_CHUNK, Manifest, check_chunk};
 
 use crate::error::Error;
@@ -24,6 +25,10 @@ use crate::store::{PartRecord, SnapshotRecord};
 /// Most chunks in one part's state: its manifest stays under the blob store's manifest
 /// bound (about 28 GiB of state at the average chunk size).
 pub(crate) const MAX_PART_CHUNKS: usize = 900_000;
+
+/// The most data `GetSnapshot` returns inline per part; larger ones are read with the
+/// streaming `ReadSnapshotData`.
+pub(crate) const MAX_INLINE_DATA: u64 = 64 << 20;
 
 /// A stored part: its record (already in the blob store's terms) and what the tracker needs.
 pub(crate) struct StoredPart {
@@ -70,6 +75,9 @@ pub(crate) async fn store_upload(
         |e: std::io::Error| Error::Storage(format!("node {node}: cannot store its part: {e}"));
     let mut local_state = ChunkList::default();
     let (mut state_new, mut state_reused) = (0u64, 0u64);
+    // FastCDC cuts no chunk smaller than its minimum but the last: a node that sends more
+    // after a short one is not cutting its state (it could name one chunk a million times).
+    let mut short = false;
     let mut channel_states = blobs.writer();
     let mut recorded: BTreeMap<ChannelId, Vec<u64>> = BTreeMap::new();
     let mut messages = 0u64;
@@ -99,6 +107,13 @@ pub(crate) async fn store_upload(
                 if local_state.chunks.len() >= MAX_PART_CHUNKS {
                     return Err(bad(format!("more than {MAX_PART_CHUNKS} chunks")));
                 }
+                if short {
+                    return Err(bad(format!(
+                        "a chunk of fewer than {MIN_CHUNK} bytes before chunk {name}: only the \
+                         last chunk may be that short"
+                    )));
+                }
+                short = c.size < MIN_CHUNK;
                 let new = if c.data.is_empty() {
                     blobs
                         .confirm_chunk(&hash, size)
@@ -270,6 +285,17 @@ pub(crate) async fn read_part(
     };
     if include_data {
         let manifest = manifest_of(blobs, part).await?;
+        let size = manifest
+            .local_state
+            .size
+            .saturating_add(manifest.channel_states.size);
+        if size > MAX_INLINE_DATA {
+            return Err(Error::Stream(tonic::Status::resource_exhausted(format!(
+                "node {}'s part holds {size} bytes, above the {MAX_INLINE_DATA} GetSnapshot \
+                 returns inline: read it with ReadSnapshotData (cairnctl snapshot export)",
+                part.node
+            ))));
+        }
         let what = format!("node {}'s state", part.node);
         out.local_state = Bytes::from(read(blobs, &manifest.local_state, &what).await?);
         out.channel_states = decode_channel_states(blobs, part, &manifest).await?;
@@ -354,6 +380,11 @@ pub(crate) async fn send_chunks<T>(
     Some(sent)
 }
 
+/// The largest recorded-messages piece an upload carries: ~1 MiB of messages plus one of the
+/// largest payload a daemon accepts.
+const MAX_CHANNEL_STATE: usize =
+    cairn_proto::limits::data_message(cairn_proto::limits::MAX_PAYLOAD_CEILING);
+
 /// Decodes the recorded messages of a part as their chunks arrive: each chunk is appended,
 /// and every `ChannelState` whose bytes are all here is taken out.
 #[derive(Default)]
@@ -376,6 +407,12 @@ impl ChannelStateDecoder {
                 return Ok(out);
             };
             let prefix = self.buffer.len() - peek.len();
+            if len > MAX_CHANNEL_STATE {
+                return Err(format!(
+                    "a recorded-messages piece of {len} bytes, above the {MAX_CHANNEL_STATE} an \
+                     upload may hold"
+                ));
+            }
             if peek.len() < len {
                 return Ok(out);
             }

@@ -453,19 +453,29 @@ impl pb::coordinator_server::Coordinator for CoordinatorService {
                 .into());
             }
         }
-        // Every manifest first: a missing one fails the call before any data is sent.
-        let mut plan = Vec::with_capacity(parts.len());
-        for part in &parts {
-            plan.push((
-                part.node.clone(),
-                parts::manifest_of(&self.blobs, part).await?,
-            ));
-        }
+        // One manifest at a time (each may be tens of MiB); the first before answering, so a
+        // missing one fails the call itself.
+        let first = match parts.first() {
+            Some(part) => Some(parts::manifest_of(&self.blobs, part).await?),
+            None => None,
+        };
         let (tx, rx) = mpsc::channel(4);
         let blobs = self.blobs.clone();
         tokio::spawn(async move {
             use pb::snapshot_data::Kind;
-            for (node, manifest) in plan {
+            let mut first = first;
+            for part in parts {
+                let node = part.node.clone();
+                let manifest = match first.take() {
+                    Some(manifest) => manifest,
+                    None => match parts::manifest_of(&blobs, &part).await {
+                        Ok(manifest) => manifest,
+                        Err(e) => {
+                            let _ = tx.send(Err(e.into())).await;
+                            return;
+                        }
+                    },
+                };
                 let data = |kind| pb::SnapshotData {
                     node_id: node.clone(),
                     kind: Some(kind),
@@ -828,6 +838,9 @@ impl pb::coordinator_server::Coordinator for CoordinatorService {
             &self.replica,
         )
         .await??;
+        // Held until the part's record is written: garbage collection does not run between
+        // the chunks this upload names and the record that names them.
+        let _hold = self.blobs.hold().await;
         let stored = match parts::store_upload(&self.blobs, &header, &mut chunks).await {
             Ok(stored) => stored,
             Err(e) => {

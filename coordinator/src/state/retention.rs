@@ -9,6 +9,9 @@ use cairn_core::SnapshotId;
 use crate::error::Error;
 use crate::store::{RestoreRecord, SnapshotStatus};
 
+/// How long garbage collection waits for uploads in progress before it skips a round.
+const GC_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
+
 impl State {
     /// The restore that keeps snapshot `id` from being deleted, if any.
     pub(super) fn restore_holding(&self, id: SnapshotId) -> Option<&RestoreRecord> {
@@ -89,6 +92,12 @@ impl State {
         // term holds, then check the term before each removal (a watch on the election key
         // ends it within milliseconds of a revoked lease).
         self.meta.kv().still_leads().await?;
+        // No upload or HasChunks answer in progress while it runs (a snapshot that failed
+        // may still be uploading): what they vouch for is in a record before the list below.
+        let Some(exclusive) = self.blobs.exclusive(GC_WAIT).await else {
+            tracing::info!("garbage collection skipped: uploads still in progress");
+            return Ok(0);
+        };
         let mut referenced = BTreeSet::new();
         // Every part, strictly: a chunk that only an unreadable part (or manifest) refers to
         // must not go, so one that cannot be read stops the collection.
@@ -102,7 +111,7 @@ impl State {
         }
         let freed = self
             .blobs
-            .collect_garbage(&referenced, self.settings.gc_grace, || {
+            .collect_garbage(&exclusive, &referenced, self.settings.gc_grace, || {
                 self.leadership.valid()
             })
             .await

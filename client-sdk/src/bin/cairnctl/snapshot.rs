@@ -374,6 +374,8 @@ struct NodeFiles {
     partial: std::path::PathBuf,
     state: std::fs::File,
     channels: std::fs::File,
+    state_bytes: u64,
+    messages: u64,
 }
 
 /// Streams snapshot `id`'s data into `dir` (see `SnapshotCommand::Export`); returns each
@@ -388,6 +390,15 @@ async fn export(
     use prost::Message;
     use std::io::Write;
     std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    // The nodes whose data must arrive, each with its `End` and the totals it says.
+    let mut expected: std::collections::BTreeSet<String> = client
+        .get_snapshot(id, false)
+        .await?
+        .nodes
+        .into_iter()
+        .map(|n| n.node_id)
+        .filter(|n| node.is_none_or(|only| only == n))
+        .collect();
     let mut data = client.read_snapshot_data(id, node).await?;
     let mut done = Vec::new();
     let mut current: Option<(String, NodeFiles)> = None;
@@ -422,19 +433,39 @@ async fn export(
                     state: std::fs::File::create(partial.join("state"))?,
                     channels: std::fs::File::create(partial.join("channels.pb"))?,
                     partial,
+                    state_bytes: 0,
+                    messages: 0,
                 };
                 current = Some((name.clone(), files));
             }
             let (_, files) = current.as_mut().expect("set above");
             match piece.kind {
                 Some(pb::snapshot_data::Kind::LocalState(bytes)) => {
-                    files.state.write_all(&bytes)?
+                    files.state.write_all(&bytes)?;
+                    files.state_bytes += bytes.len() as u64;
                 }
-                Some(pb::snapshot_data::Kind::ChannelState(state)) => files
-                    .channels
-                    .write_all(&state.encode_length_delimited_to_vec())?,
+                Some(pb::snapshot_data::Kind::ChannelState(state)) => {
+                    files
+                        .channels
+                        .write_all(&state.encode_length_delimited_to_vec())?;
+                    files.messages += state.messages.len() as u64;
+                }
                 Some(pb::snapshot_data::Kind::End(end)) => {
                     let (name, files) = current.take().expect("set above");
+                    anyhow::ensure!(
+                        (files.state_bytes, files.messages)
+                            == (end.local_state_bytes, end.recorded_messages),
+                        "node {name}: received {} bytes of state and {} messages, the coordinator \
+                         says {} and {}",
+                        files.state_bytes,
+                        files.messages,
+                        end.local_state_bytes,
+                        end.recorded_messages
+                    );
+                    anyhow::ensure!(
+                        expected.remove(&name),
+                        "node {name}'s data came twice or unasked"
+                    );
                     files.state.sync_all()?;
                     files.channels.sync_all()?;
                     std::fs::rename(&files.partial, dir.join(&name)).with_context(|| {
@@ -448,6 +479,11 @@ async fn export(
         anyhow::ensure!(
             current.is_none(),
             "the stream ended before a node's data did"
+        );
+        anyhow::ensure!(
+            expected.is_empty(),
+            "the stream ended without the data of {}",
+            expected.iter().cloned().collect::<Vec<_>>().join(", ")
         );
         Ok(())
     }
