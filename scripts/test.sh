@@ -24,6 +24,10 @@ install_prerequisites() {
   command -v etcdctl >/dev/null || apt_packages+=(etcd-client)
   # deploy/test/check-config.py reads the dev-certs certificates' names with openssl.
   command -v openssl >/dev/null || apt_packages+=(openssl)
+  # The compose test's SeaweedFS image takes the host's wget (its healthcheck) and CA bundle
+  # (the S3 client will not start without root certificates).
+  command -v wget >/dev/null || apt_packages+=(wget)
+  [ -e /etc/ssl/certs/ca-certificates.crt ] || apt_packages+=(ca-certificates)
   if [ "${#apt_packages[@]}" -gt 0 ]; then
     say "installing ${apt_packages[*]}"
     as_root apt-get update -qq
@@ -100,7 +104,7 @@ trap 'rm -rf "$log" "$k8s"' EXIT
 cp -r deploy/k8s "$k8s/"
 CAIRNCTL=target/debug/cairnctl deploy/make-certs.sh "$k8s/k8s/dev-certs/certs" --san cairn-coordinator \
   --nodes cairn-node-0,cairn-node-1,cairn-node-2 --users admin:admin --servers cairn-etcd >/dev/null
-for overlay in base external-etcd dev-certs; do
+for overlay in base external-etcd external-s3 dev-certs; do
   dir="deploy/k8s/$overlay"
   [ "$overlay" = dev-certs ] && dir="$k8s/k8s/$overlay"
   kubectl kustomize "$dir" > "$log.k8s.yaml"

@@ -817,9 +817,15 @@ fn s3_store(args: &BlobArgs, bucket: &str) -> std::io::Result<object_store::aws:
         builder = builder.with_endpoint(endpoint);
     }
     builder.build().map_err(|e| {
+        // reqwest's TLS verifier needs the system's root certificates even for http://.
+        let hint = if e.to_string().contains("builder error") {
+            " (are the system's root certificates installed? e.g. apt-get install ca-certificates)"
+        } else {
+            ""
+        };
         error(
             std::io::ErrorKind::InvalidInput,
-            format!("cannot configure S3 for bucket {bucket}: {e}"),
+            format!("cannot configure S3 for bucket {bucket}: {e}{hint}"),
         )
     })
 }

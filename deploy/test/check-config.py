@@ -1,10 +1,12 @@
 #!/usr/bin/env python3
 """Checks that the deployments speak the binaries' real language.
 
-For the Kubernetes manifests (as `kubectl kustomize` builds them, base and external-etcd)
-and the docker-compose file (as `docker-compose config` resolves it), every container that
-runs a cairn binary is checked against that binary's `--help`:
-  - every CAIRN_* environment variable and every --flag it is given is a real one;
+For the Kubernetes manifests (as `kubectl kustomize` builds them: base, external-etcd and
+external-s3) and the docker-compose files (as `docker-compose config` resolves them: the
+default cluster, and the S3 variant with docker-compose.s3.yml), every container that runs
+a cairn binary is checked against that binary's `--help`:
+  - every CAIRN_* and AWS_* environment variable and every --flag it is given is a real
+    one (an AWS_* one: a variable of --help, or a credential its help names);
   - every port it exposes (containerPort, or a published compose port) is one it listens on
     (the port of a *_LISTEN variable);
   - every probe and healthcheck asks a port it listens on;
@@ -19,7 +21,13 @@ runs a cairn binary is checked against that binary's `--help`:
     CAIRN_ETCD_CA, CAIRN_ETCD_CERT and CAIRN_ETCD_KEY on read-only mounts as above;
   - etcd (compose, and the bundled one in Kubernetes) serves mutual TLS only: https://
     client URLs, --client-cert-auth, --cert-file/--key-file/--trusted-ca-file on read-only
-    mounts, and its probes and healthcheck are etcdctl over TLS with a certificate.
+    mounts, and its probes and healthcheck are etcdctl over TLS with a certificate;
+  - an S3 blob store (CAIRN_BLOB_STORE s3://...) is a valid bucket and prefix, with
+    AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY given (in Kubernetes from a Secret, by
+    secretKeyRef; in compose from an env file, never written in the compose file),
+    --s3-allow-http exactly when the endpoint is http://, and every node daemon given a
+    store names its coordinator's; a coordinator on S3 mounts no PersistentVolumeClaim
+    (it keeps nothing on disk), and no claim is left that no pod mounts.
 And the deployments' exposure:
   - every Kubernetes container runs non-root (as the Dockerfile's user, for the cairn image)
     with a read-only root filesystem, no privilege escalation, every capability dropped and
@@ -29,7 +37,10 @@ And the deployments' exposure:
   - every compose port is published on ${CAIRN_BIND:-127.0.0.1} (loopback unless told
     otherwise) except etcd's, on 127.0.0.1 whatever CAIRN_BIND says; etcd is on compose
     networks that only the coordinator shares (no daemon or bank); every compose service has a read-only root filesystem, no capabilities
-    and no-new-privileges.
+    and no-new-privileges, and a healthcheck unless it is a job others wait for
+    (service_completed_successfully); the S3 server (SeaweedFS, in the S3 variant)
+    publishes no port, runs as a non-root user by default and shares its networks with
+    the coordinators and node daemons only (and what shares their network namespaces).
 
 And, given DEV_CERTS (a copy of deploy/k8s/dev-certs whose certs/ deploy/make-certs.sh
 wrote), that overlay: checked as above, and every Secret a pod mounts is one it makes, with
@@ -46,6 +57,7 @@ import os
 import re
 import subprocess
 import sys
+import tempfile
 
 import yaml
 
@@ -60,7 +72,10 @@ def help_of(binary):
     if binary not in help_cache:
         out = subprocess.run([f"{BIN}/{binary}", "--help"], capture_output=True, text=True, check=True)
         text = out.stdout
-        help_cache[binary] = (set(re.findall(r"env: (CAIRN_[A-Z_]+)", text)), set(re.findall(r"(--[a-z][a-z-]*)", text)))
+        # Variables: those --help shows as `[env: NAME]`, and the AWS_* credentials the
+        # blob store flags' help names (read from the environment, no flag).
+        envs = set(re.findall(r"env: ([A-Z][A-Z0-9_]*)", text)) | set(re.findall(r"\b(AWS_[A-Z0-9_]+)\b", text))
+        help_cache[binary] = (envs, set(re.findall(r"(--[a-z][a-z0-9-]*)", text)))
     return help_cache[binary]
 
 
@@ -88,7 +103,7 @@ def check_container(where, command, env, exposed, probed):
         return set()
     envs, flags = help_of(binary)
     for key in env:
-        if key.startswith("CAIRN_") and key not in envs:
+        if key.startswith(("CAIRN_", "AWS_")) and key not in envs:
             errors.append(f"{where}: {binary} has no variable {key}")
     for arg in command[1:]:
         flag = arg.split("=", 1)[0]
@@ -220,6 +235,47 @@ def check_secure(where, command, env, mounts):
         errors.append(f"{where}: CAIRN_APP_LISTEN {app!r} is not on loopback (only the application beside the daemon uses it)")
 
 
+S3_BUCKET = re.compile(r"s3://([a-z0-9][a-z0-9.-]{1,61}[a-z0-9])(/[A-Za-z0-9._-]+)*/?")
+S3_CREDENTIALS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")
+
+
+def check_s3(where, command, env, given=None):
+    """A coordinator's or daemon's blob store; returns it (None: the default directory).
+
+    `given`: for Kubernetes, how each variable is given ("value", "configMap",
+    "secret", "field"): the credentials must come from a Secret."""
+    if not command or command[0] not in ("cairn-coordinator", "cairn-node"):
+        return None
+    flags = flag_values(command)
+    store = flags.get("--blob-store") or env.get("CAIRN_BLOB_STORE") or None
+    if not isinstance(store, str) or not store.startswith("s3://"):
+        return store if isinstance(store, str) else None
+    if not S3_BUCKET.fullmatch(store):
+        errors.append(f"{where}: the blob store {store!r} is not s3://BUCKET/PREFIX (a bucket is 3 to 63 lowercase letters, digits, dots and hyphens)")
+    for key in S3_CREDENTIALS:
+        if key not in env:
+            errors.append(f"{where}: the blob store {store} has no {key} (the S3 credentials)")
+        elif given is not None and given.get(key) != "secret":
+            errors.append(f"{where}: {key} is given as a {given.get(key)}, not from a Secret (secretKeyRef)")
+    endpoint = flags.get("--s3-endpoint") or env.get("AWS_ENDPOINT_URL") or ""
+    plain = isinstance(endpoint, str) and endpoint.startswith("http://")
+    allow_http = flags.get("--s3-allow-http") is True
+    if plain and not allow_http:
+        errors.append(f"{where}: the S3 endpoint {endpoint} is plain HTTP, which {command[0]} refuses without --s3-allow-http")
+    if allow_http and not plain:
+        errors.append(f"{where}: --s3-allow-http, but the S3 endpoint {endpoint or '(AWS)'} is not http://")
+    return store
+
+
+def check_stores(name, stores):
+    """Every node daemon given a store names its coordinator's (it writes chunks there that
+    the coordinator reads). `stores`: (binary, where, store) of every container."""
+    coordinators = {store for binary, _, store in stores if binary == "cairn-coordinator"}
+    for binary, where, store in stores:
+        if binary == "cairn-node" and store is not None and store not in coordinators:
+            errors.append(f"{where}: writes its chunks to {store}, but the coordinator's store is {sorted(coordinators, key=str)}")
+
+
 def image_uid():
     """The uid deploy/Dockerfile's runtime stage runs as (its last USER)."""
     users = re.findall(r"^USER\s+(\S+)", open("deploy/Dockerfile").read(), re.M)
@@ -290,10 +346,36 @@ def check_network_policies(name, docs, container_ports):
             errors.append(f"k8s {name}: the NetworkPolicies for {label} admit nothing on {sorted(ports - admitted)}")
 
 
+def env_of(where, container, configmaps):
+    """A container's variables (a ConfigMap's key resolved; a Secret's, a field's: "") and
+    how each is given."""
+    env, sources = {}, {}
+    for e in container.get("env", []):
+        source = e.get("valueFrom") or {}
+        if "configMapKeyRef" in source:
+            ref = source["configMapKeyRef"]
+            value = configmaps.get(ref["name"], {}).get(ref["key"])
+            if value is None:
+                if not ref.get("optional"):
+                    errors.append(f"{where}: {e['name']} names key {ref['key']} of ConfigMap {ref['name']}, which the build lacks")
+                continue
+            env[e["name"]], sources[e["name"]] = value, "configMap"
+        elif "secretKeyRef" in source:
+            env[e["name"]], sources[e["name"]] = "", "secret"
+        elif source:
+            env[e["name"]], sources[e["name"]] = "", "field"
+        else:
+            env[e["name"]], sources[e["name"]] = e.get("value", ""), "value"
+    return env, sources
+
+
 def check_kubernetes(name, text):
     docs = [d for d in yaml.safe_load_all(text) if d]
     container_ports = {}  # selector label -> ports
     uid = image_uid()
+    configmaps = {d["metadata"]["name"]: d.get("data", {}) for d in docs if d["kind"] == "ConfigMap"}
+    stores = []  # (binary, where, blob store) of every cairn container
+    claimed = set()  # PersistentVolumeClaims some pod mounts
     for doc in docs:
         if doc["kind"] not in ("Deployment", "StatefulSet"):
             continue
@@ -301,7 +383,7 @@ def check_kubernetes(name, text):
         pod = doc["spec"]["template"]["spec"]
         for c in pod["containers"]:
             where = f"k8s {name} {doc['kind']}/{doc['metadata']['name']} container {c['name']}"
-            env = {e["name"]: e.get("value", "") for e in c.get("env", [])}
+            env, given = env_of(where, c, configmaps)
             exposed = {p["containerPort"] for p in c.get("ports", [])}
             container_ports.setdefault(label, set()).update(exposed)
             command = c.get("command", []) + c.get("args", [])
@@ -331,11 +413,28 @@ def check_kubernetes(name, text):
                 mounts.append((m["mountPath"], m.get("readOnly") is True, "Secret" if secret else None))
             check_secure(where, command, env, mounts)
             check_etcd(where, command, mounts, etcd_probes)
+            store = check_s3(where, command, env, given)
+            if command and command[0] in ("cairn-coordinator", "cairn-node"):
+                stores.append((command[0], where, store))
+            if command[:1] == ["cairn-coordinator"] and str(store).startswith("s3://") and env.get("CAIRN_ETCD"):
+                for m in c.get("volumeMounts", []):
+                    if "persistentVolumeClaim" in volumes.get(m["name"], {}):
+                        errors.append(f"{where}: keeps its data in {store} and its metadata in etcd, yet mounts PersistentVolumeClaim "
+                                      f"{volumes[m['name']]['persistentVolumeClaim']['claimName']} at {m['mountPath']} (nothing is written there)")
             if command and command[0] in BINARIES:
                 grace = pod.get("terminationGracePeriodSeconds", 30)
                 drain = env.get("CAIRN_GRACE_PERIOD")
                 if drain and seconds(where, drain) >= grace:
                     errors.append(f"{where}: CAIRN_GRACE_PERIOD {drain} does not fit in terminationGracePeriodSeconds {grace}")
+        for v in pod.get("volumes", []):
+            if "persistentVolumeClaim" in v:
+                claimed.add(v["persistentVolumeClaim"]["claimName"])
+        for t in doc["spec"].get("volumeClaimTemplates", []):
+            claimed.add(t["metadata"]["name"])
+    check_stores(f"k8s {name}", stores)
+    for doc in docs:
+        if doc["kind"] == "PersistentVolumeClaim" and doc["metadata"]["name"] not in claimed:
+            errors.append(f"k8s {name} PersistentVolumeClaim/{doc['metadata']['name']}: no pod mounts it")
     check_network_policies(name, docs, container_ports)
     for doc in docs:
         if doc["kind"] != "Service":
@@ -406,7 +505,7 @@ def networks_of(services, name):
     return set(s.get("networks") or ["default"])
 
 
-def check_compose_exposure(raw, text, everywhere):
+def check_compose_exposure(raw, text, everywhere, label="compose"):
     """Published on loopback unless CAIRN_BIND says otherwise (etcd: always loopback);
     etcd on networks of its own; hardened containers. `everywhere`: the config resolved
     with CAIRN_BIND=0.0.0.0."""
@@ -414,14 +513,14 @@ def check_compose_exposure(raw, text, everywhere):
         for p in s.get("ports", []):
             bind = "127.0.0.1:" if name == "etcd" else BIND
             if not isinstance(p, str) or not p.startswith(bind):
-                errors.append(f"compose service {name}: port {p!r} is not published on {bind[:-1]}")
+                errors.append(f"{label} service {name}: port {p!r} is not published on {bind[:-1]}")
     for name, s in yaml.safe_load(everywhere)["services"].items():
         if (s.get("command") or [""])[0] != "etcd":
             continue
         for p in s.get("ports", []):
             host = p.get("host_ip") if isinstance(p, dict) else str(p).rsplit(":", 2)[0] if str(p).count(":") == 2 else None
             if host != "127.0.0.1":
-                errors.append(f"compose service {name}: with CAIRN_BIND=0.0.0.0 etcd is published on {host or 'every interface'}, not 127.0.0.1")
+                errors.append(f"{label} service {name}: with CAIRN_BIND=0.0.0.0 etcd is published on {host or 'every interface'}, not 127.0.0.1")
     services = yaml.safe_load(text)["services"]
     for name, s in services.items():
         if (s.get("command") or [""])[0] != "etcd":
@@ -431,25 +530,26 @@ def check_compose_exposure(raw, text, everywhere):
             if other == name or not mine & networks_of(services, other):
                 continue
             if (services[other].get("command") or [""])[0] != "cairn-coordinator":
-                errors.append(f"compose service {other}: shares etcd's network(s) {sorted(mine & networks_of(services, other))}; only the coordinator may")
+                errors.append(f"{label} service {other}: shares etcd's network(s) {sorted(mine & networks_of(services, other))}; only the coordinator may")
     for name, s in yaml.safe_load(text)["services"].items():
         for p in s.get("ports", []):
             host = p.get("host_ip") if isinstance(p, dict) else str(p).rsplit(":", 2)[0] if str(p).count(":") == 2 else None
             if host != "127.0.0.1":
-                errors.append(f"compose service {name}: publishes {p!r} on {host or 'every interface'}, not 127.0.0.1 by default")
+                errors.append(f"{label} service {name}: publishes {p!r} on {host or 'every interface'}, not 127.0.0.1 by default")
         if s.get("read_only") is not True:
-            errors.append(f"compose service {name}: read_only is not true")
+            errors.append(f"{label} service {name}: read_only is not true")
         if "ALL" not in (s.get("cap_drop") or []):
-            errors.append(f"compose service {name}: cap_drop does not drop ALL")
+            errors.append(f"{label} service {name}: cap_drop does not drop ALL")
         if s.get("cap_add"):
-            errors.append(f"compose service {name}: adds capabilities {s['cap_add']}")
+            errors.append(f"{label} service {name}: adds capabilities {s['cap_add']}")
         if not any(str(o).replace("=", ":") in ("no-new-privileges:true", "no-new-privileges") for o in s.get("security_opt") or []):
-            errors.append(f"compose service {name}: security_opt lacks no-new-privileges:true")
+            errors.append(f"{label} service {name}: security_opt lacks no-new-privileges:true")
 
 
-def check_compose(text):
+def check_compose(text, label="compose"):
     services = yaml.safe_load(text)["services"]
     listening_of = {}
+    stores = []  # (binary, where, blob store) of every coordinator and daemon
     for name, s in services.items():
         command = s.get("command", [])
         if isinstance(command, str):
@@ -459,8 +559,8 @@ def check_compose(text):
         test = (s.get("healthcheck") or {}).get("test", [])
         if test[1:3] == ["cairnctl", "health"]:
             probed.add(int(test[3].rsplit(":", 1)[1]))
-        listening_of[name] = check_container(f"compose service {name}", command, env, set(), probed)
-        check_schedule(f"compose service {name}", command, env)
+        listening_of[name] = check_container(f"{label} service {name}", command, env, set(), probed)
+        check_schedule(f"{label} service {name}", command, env)
         mounts = []
         for v in s.get("volumes", []):
             if isinstance(v, dict):
@@ -468,10 +568,13 @@ def check_compose(text):
             else:
                 parts = str(v).split(":")
                 mounts.append((parts[1], parts[2:3] == ["ro"], None))
-        check_secure(f"compose service {name}", command, env, mounts)
+        check_secure(f"{label} service {name}", command, env, mounts)
+        store = check_s3(f"{label} service {name}", command, env)
+        if command[:1] in (["cairn-coordinator"], ["cairn-node"]):
+            stores.append((command[0], f"{label} service {name}", store))
         if command[:1] == ["etcd"]:
             probe = test[1:] if test[:1] == ["CMD"] and test[1:2] == ["etcdctl"] else None
-            check_etcd(f"compose service {name}", command, mounts, [probe] if test else [])
+            check_etcd(f"{label} service {name}", command, mounts, [probe] if test else [])
     for name, s in services.items():
         published = {int(p["target"]) if isinstance(p, dict) else int(str(p).rsplit(":", 1)[1].split("/")[0])
                      for p in s.get("ports", [])}
@@ -484,14 +587,54 @@ def check_compose(text):
                 listening |= listening_of[other]
         for port in published:
             if port not in listening:
-                errors.append(f"compose service {name}: publishes {port}, but nothing there listens on it ({sorted(listening)})")
+                errors.append(f"{label} service {name}: publishes {port}, but nothing there listens on it ({sorted(listening)})")
+    check_stores(label, stores)
 
 
-for overlay in ("base", "external-etcd"):
+def check_compose_services(label, raws, text):
+    """Healthchecks; S3 credentials never written in a compose file (`raws`: the files'
+    text); the S3 server (SeaweedFS) published nowhere, non-root, and on networks shared
+    with the coordinators and node daemons only."""
+    services = yaml.safe_load(text)["services"]
+    jobs = {dep for s in services.values() for dep, cond in (s.get("depends_on") or {}).items()
+            if isinstance(cond, dict) and cond.get("condition") == "service_completed_successfully"}
+    for name, s in services.items():
+        if name not in jobs and not s.get("healthcheck"):
+            errors.append(f"{label} service {name}: no healthcheck")
+    for raw in raws:
+        for name, s in (yaml.safe_load(raw).get("services") or {}).items():
+            env = s.get("environment") or {}
+            keys = list(env) if isinstance(env, dict) else [str(e).split("=", 1)[0] for e in env]
+            for key in S3_CREDENTIALS:
+                if key in keys:
+                    errors.append(f"{label} service {name}: {key} is written in the compose file (keep it in the env file)")
+    for name, s in services.items():
+        entrypoint, command = s.get("entrypoint") or [], s.get("command") or []
+        line = (entrypoint if isinstance(entrypoint, list) else str(entrypoint).split()) + \
+            (command if isinstance(command, list) else str(command).split())
+        if line[:1] != ["weed"] or "server" not in line:
+            continue
+        if s.get("ports"):
+            errors.append(f"{label} service {name}: the S3 server publishes {s['ports']} (only the coordinators and daemons use it)")
+        if str(s.get("user", "")).split(":")[0] in ("", "0", "root"):
+            errors.append(f"{label} service {name}: the S3 server runs as root by default (user {s.get('user')!r})")
+        mine = networks_of(services, name)
+        for other, o in services.items():
+            # One sharing a network namespace (a bank, the bucket job) is where its host is.
+            if other == name or str(o.get("network_mode", "")).startswith("service:") or not mine & networks_of(services, other):
+                continue
+            if (o.get("command") or [""])[0] not in ("cairn-coordinator", "cairn-node"):
+                errors.append(f"{label} service {other}: shares the S3 server's network(s) {sorted(mine & networks_of(services, other))}; "
+                              "only the coordinators and node daemons may")
+
+
+for overlay in ("base", "external-etcd", "external-s3"):
     text = subprocess.run(["kubectl", "kustomize", f"deploy/k8s/{overlay}"], capture_output=True, text=True, check=True).stdout
     check_kubernetes(overlay, text)
     if overlay == "external-etcd" and "cairn-etcd:2379" in text:
         errors.append("k8s external-etcd: the coordinator still points at the bundled etcd")
+    if overlay == "external-s3" and "s3://" not in text:
+        errors.append("k8s external-s3: no container has an s3:// blob store")
 if DEV_CERTS:
     text = subprocess.run(["kubectl", "kustomize", DEV_CERTS], capture_output=True, text=True, check=True).stdout
     check_kubernetes("dev-certs", text)
@@ -504,9 +647,26 @@ everywhere = subprocess.run(["docker-compose", "-f", "deploy/docker-compose.yml"
                             capture_output=True, text=True, check=True, env={**defaults, "CAIRN_BIND": "0.0.0.0"}).stdout
 check_compose(compose)
 check_compose_exposure(open("deploy/docker-compose.yml").read(), compose, everywhere)
+check_compose_services("compose", [open(f"deploy/{f}").read() for f in ("docker-compose.yml", "docker-compose.faults.yml")], compose)
+# The S3 variant: its credentials file, as the header of docker-compose.s3.yml writes it,
+# in a directory of its own (CAIRN_CERTS; the certificates need not exist for `config`).
+with tempfile.TemporaryDirectory() as certs:
+    with open(f"{certs}/s3.env", "w") as f:
+        f.write("AWS_ACCESS_KEY_ID=check\nAWS_SECRET_ACCESS_KEY=check-config\n")
+    s3_files = ["-f", "deploy/docker-compose.yml", "-f", "deploy/docker-compose.s3.yml"]
+    s3 = subprocess.run(["docker-compose", *s3_files, "config"], capture_output=True, text=True, check=True,
+                        env={**defaults, "CAIRN_CERTS": certs}).stdout
+    s3_everywhere = subprocess.run(["docker-compose", *s3_files, "config"], capture_output=True, text=True, check=True,
+                                   env={**defaults, "CAIRN_CERTS": certs, "CAIRN_BIND": "0.0.0.0"}).stdout
+check_compose(s3, "compose (S3)")
+check_compose_exposure(open("deploy/docker-compose.s3.yml").read(), s3, s3_everywhere, "compose (S3)")
+check_compose_services("compose (S3)", [open(f"deploy/{f}").read() for f in ("docker-compose.yml", "docker-compose.s3.yml")], s3)
+if not any(str(s.get("environment", {}).get("CAIRN_BLOB_STORE", "")).startswith("s3://")
+           for s in yaml.safe_load(s3)["services"].values()):
+    errors.append("compose (S3): no service has an s3:// CAIRN_BLOB_STORE")
 
 if errors:
     print("deployment check FAILED:", *errors, sep="\n  ")
     sys.exit(1)
 print(f"deployment check: passed ({len(help_cache)} binaries' flags against the Kubernetes manifests"
-      f"{' (with the dev-certs Secrets)' if DEV_CERTS else ''} and the compose file)")
+      f"{' (with the dev-certs Secrets)' if DEV_CERTS else ''} and the compose files, with and without S3)")

