@@ -815,7 +815,11 @@ fn mib(bytes: u64) -> String {
 /// daemon sent (to the coordinator or the bucket) and the bytes newly stored, and the peak
 /// memory of the daemon and the coordinator.
 async fn incremental(args: &Args, store: &Store, report: &mut Report) -> anyhow::Result<()> {
-    let size: usize = if args.quick { 16 << 20 } else { 1 << 30 };
+    let sizes: &[usize] = if args.quick {
+        &[16 << 20]
+    } else {
+        &[256 << 20, 1 << 30]
+    };
     let rounds = if args.quick { 3 } else { 4 };
     report.section(
         "g. Incremental state (one node; 1 % of the state rewritten between snapshots, as random 64 KiB blocks)",
@@ -832,7 +836,10 @@ async fn incremental(args: &Args, store: &Store, report: &mut Report) -> anyhow:
         ],
     );
     let s3 = S3Server::start().await?;
-    for backend in backends(&s3, "bench-g") {
+    for (&size, backend) in sizes
+        .iter()
+        .flat_map(|size| backends(&s3, "bench-g").map(move |b| (size, b)))
+    {
         let cluster = BenchCluster::start_env(
             1,
             store,
