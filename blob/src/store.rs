@@ -30,6 +30,9 @@ use serde::{Deserialize, Serialize};
 use crate::chunking::{Chunk, Chunker, MAX_CHUNK, digest, name_of, valid_name};
 use crate::location::{BlobArgs, Location};
 
+/// How long garbage collection lets one delete take, retries included.
+const GC_DELETE_TIMEOUT: Duration = Duration::from_secs(5);
+
 /// The largest manifest read: about 1M chunks, 32 GiB of state at the average chunk size.
 pub const MAX_MANIFEST: u64 = 64 << 20;
 
@@ -143,9 +146,6 @@ pub struct BlobStore {
     /// `HasChunks` answer) and exclusively by garbage collection: a chunk is never deleted
     /// between the index saying it is stored and the record naming it.
     guard: Arc<tokio::sync::RwLock<()>>,
-    /// Until when the index is not trusted to say a chunk is stored (a new term: a deposed
-    /// leader's delete may still land); `None`: trusted.
-    distrust_until: Arc<Mutex<Option<std::time::Instant>>>,
 }
 
 /// An error of the store named with what was being done.
@@ -236,7 +236,6 @@ impl BlobStore {
             location: location.to_string(),
             index: index.then(Default::default),
             guard: Arc::default(),
-            distrust_until: Arc::default(),
         }
     }
 
@@ -276,32 +275,14 @@ impl BlobStore {
         Ok(())
     }
 
-    /// Whether the index knows chunk `hash` to be stored (always false without an index, or
-    /// while it is not trusted).
+    /// Whether the index knows chunk `hash` to be stored (always false without an index).
     pub fn has(&self, hash: &[u8; 32]) -> bool {
         self.size_known(hash).is_some()
     }
 
     fn size_known(&self, hash: &[u8; 32]) -> Option<u32> {
         let index = self.index.as_ref()?;
-        {
-            let mut until = self.distrust_until.lock().expect("distrust lock");
-            match *until {
-                Some(t) if std::time::Instant::now() < t => return None,
-                Some(_) => *until = None,
-                None => {}
-            }
-        }
         index.lock().expect("index lock").get(hash).copied()
-    }
-
-    /// Does not trust the index to say a chunk is stored for `period` (from now): every
-    /// chunk is then written (create-only, checked if it exists) or looked up in the store.
-    /// A new leader calls it: a deposed leader's delete issued before its term ended may
-    /// still land (a request and its retries take at most about 50 s).
-    pub fn distrust_index_for(&self, period: Duration) {
-        *self.distrust_until.lock().expect("distrust lock") =
-            Some(std::time::Instant::now() + period);
     }
 
     /// The store to itself, for garbage collection: waits up to `wait` for the holders
@@ -760,7 +741,21 @@ impl BlobStore {
                     ));
                 }
                 self.forget(&object.name);
-                self.delete(kind, &object.name).await?;
+                // Bounded, retries included: a coordinator whose term ends mid-collection
+                // must not have a delete still on its way long after (the next leader may
+                // reuse that chunk).
+                tokio::time::timeout(GC_DELETE_TIMEOUT, self.delete(kind, &object.name))
+                    .await
+                    .map_err(|_| {
+                        error(
+                            std::io::ErrorKind::TimedOut,
+                            format!(
+                                "deleting {} {} took over {GC_DELETE_TIMEOUT:?}",
+                                kind.noun(),
+                                object.name
+                            ),
+                        )
+                    })??;
                 freed = freed.saturating_add(object.size);
             }
         }

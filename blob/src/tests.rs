@@ -192,7 +192,7 @@ async fn a_corrupt_or_missing_chunk_is_named_and_the_next_write_repairs_it() {
 }
 
 #[tokio::test]
-async fn collection_waits_for_holders_and_a_distrusted_index_vouches_for_nothing() {
+async fn collection_waits_for_holders_and_a_manifest_past_the_limit_is_refused() {
     let backends = Backends::new("hold");
     for blobs in backends.both().await {
         let at = blobs.location().to_owned();
@@ -207,11 +207,6 @@ async fn collection_waits_for_holders_and_a_distrusted_index_vouches_for_nothing
         assert!(skipped.is_none(), "{at}");
         assert!(blobs.has(&hash), "{at}");
         drop(held);
-        // A new term distrusts its index: nothing is "stored" until the period passed.
-        blobs.distrust_index_for(Duration::from_secs(3600));
-        assert!(!blobs.has(&hash), "{at}");
-        blobs.distrust_index_for(Duration::ZERO);
-        assert!(blobs.has(&hash), "{at}");
         // A manifest past the limit is refused when written, not found unreadable later.
         let huge = Manifest {
             local_state: ChunkList {

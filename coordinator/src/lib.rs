@@ -342,10 +342,6 @@ struct Term {
     key: Option<etcd_client::LeaderKey>,
 }
 
-/// How long a deposed leader's blob store request may still be under way after its term
-/// ended: a request's 30 s timeout and its retries' 20 s, and some margin.
-const DEPOSED_DELETE_WINDOW: std::time::Duration = std::time::Duration::from_secs(60);
-
 impl Terms {
     /// A fresh task for a term: over the store fenced by the term's key, recovered from
     /// what the previous leader left.
@@ -364,9 +360,6 @@ impl Terms {
                     path: self.blobs.location().to_owned(),
                     error,
                 })?;
-            // A deposed leader's delete issued before its term ended may land after the
-            // listing: until no such request can still be under way, vouch for nothing.
-            self.blobs.distrust_index_for(DEPOSED_DELETE_WINDOW);
         }
         let kv = match (&self.etcd, &key) {
             (Some(etcd), Some(key)) => {
