@@ -94,6 +94,20 @@ impl CoordinatorService {
         }
     }
 
+    /// Snapshot `id`'s record if it is COMPLETED; otherwise FAILED_PRECONDITION saying it
+    /// `only` (e.g. "can be restored") when completed.
+    async fn completed(&self, id: SnapshotId, only: &'static str) -> Result<SnapshotRecord, Error> {
+        let record = self.record(id).await?;
+        if record.status != SnapshotStatus::Completed {
+            return Err(Error::NotCompleted {
+                id,
+                status: record.status,
+                only,
+            });
+        }
+        Ok(record)
+    }
+
     async fn parts(&self, id: SnapshotId) -> Result<Vec<PartRecord>, Error> {
         self.meta.parts(id).await
     }
@@ -343,15 +357,7 @@ impl pb::coordinator_server::Coordinator for CoordinatorService {
         request: Request<pb::VerifySnapshotRequest>,
     ) -> Result<Response<pb::VerifySnapshotResponse>, Status> {
         let id = SnapshotId(request.into_inner().snapshot_id);
-        let record = self.record(id).await?;
-        if record.status != SnapshotStatus::Completed {
-            return Err(Error::NotCompleted {
-                id,
-                status: record.status,
-                only: "has data to verify",
-            }
-            .into());
-        }
+        let record = self.completed(id, "has data to verify").await?;
         let parts = self.parts(id).await?;
         let (chunks, bytes) = parts::verify(&self.blobs, id, &record, &parts).await?;
         Ok(Response::new(pb::VerifySnapshotResponse {
@@ -433,15 +439,7 @@ impl pb::coordinator_server::Coordinator for CoordinatorService {
     ) -> Result<Response<Self::ReadSnapshotDataStream>, Status> {
         let r = request.into_inner();
         let id = SnapshotId(r.snapshot_id);
-        let record = self.record(id).await?;
-        if record.status != SnapshotStatus::Completed {
-            return Err(Error::NotCompleted {
-                id,
-                status: record.status,
-                only: "has data to read",
-            }
-            .into());
-        }
+        self.completed(id, "has data to read").await?;
         let mut parts = self.parts(id).await?;
         if !r.node_id.is_empty() {
             parts.retain(|p| p.node == r.node_id);
@@ -555,15 +553,7 @@ impl pb::coordinator_server::Coordinator for CoordinatorService {
         let r = request.into_inner();
         check_node(peer.as_ref(), &r.node_id, "fetch a restore")?;
         let id = SnapshotId(r.snapshot_id);
-        let record = self.record(id).await?;
-        if record.status != SnapshotStatus::Completed {
-            return Err(Error::NotCompleted {
-                id,
-                status: record.status,
-                only: "can be restored",
-            }
-            .into());
-        }
+        self.completed(id, "can be restored").await?;
         let parts = self.parts(id).await?;
         let own = parts
             .iter()

@@ -594,23 +594,14 @@ async fn a_part_from_another_epoch_fails_the_snapshot_as_mixed_epochs() {
             }
         };
         assert_eq!(initiate.snapshot_id, id);
-        let upload = vec![
-            pb::UploadChunk {
-                kind: Some(Piece::Header(pb::UploadHeader {
-                    snapshot_id: id,
-                    node_id: "n1".into(),
-                    incarnation: 1,
-                    epoch,
-                    applied_restore_id: String::new(),
-                })),
-            },
-            pb::UploadChunk {
-                kind: Some(Piece::StateChunk(state_chunk(b"state", true))),
-            },
-            pb::UploadChunk {
-                kind: Some(Piece::Cut(pb::UploadCut::default())),
-            },
-        ];
+        let upload = upload_of(
+            id,
+            epoch,
+            [
+                Piece::StateChunk(state_chunk(b"state", true)),
+                Piece::Cut(pb::UploadCut::default()),
+            ],
+        );
         client
             .upload_snapshot_part(tokio_stream::iter(upload))
             .await
@@ -636,6 +627,26 @@ async fn a_part_from_another_epoch_fails_the_snapshot_as_mixed_epochs() {
         }
     }
     drop(session_tx);
+}
+
+/// Node n1's upload of its part of snapshot `id` recorded in `epoch`: the header, then
+/// `pieces`.
+fn upload_of(
+    id: u64,
+    epoch: u64,
+    pieces: impl IntoIterator<Item = pb::upload_chunk::Kind>,
+) -> Vec<pb::UploadChunk> {
+    let header = pb::upload_chunk::Kind::Header(pb::UploadHeader {
+        snapshot_id: id,
+        node_id: "n1".into(),
+        incarnation: 1,
+        epoch,
+        applied_restore_id: String::new(),
+    });
+    std::iter::once(header)
+        .chain(pieces)
+        .map(|kind| pb::UploadChunk { kind: Some(kind) })
+        .collect()
 }
 
 /// A state chunk as a daemon sends it: its sha256 and size, with its bytes if `with_data`.
@@ -672,23 +683,14 @@ async fn an_upload_naming_chunks_it_does_not_have_is_refused() {
             .start_snapshot(pb::StartSnapshotRequest::default())
             .await
             .unwrap();
-        let upload = vec![
-            pb::UploadChunk {
-                kind: Some(Piece::Header(pb::UploadHeader {
-                    snapshot_id: id,
-                    node_id: "n1".into(),
-                    incarnation: 1,
-                    epoch: 0,
-                    applied_restore_id: String::new(),
-                })),
-            },
-            pb::UploadChunk {
-                kind: Some(Piece::StateChunk(chunk)),
-            },
-            pb::UploadChunk {
-                kind: Some(Piece::Cut(pb::UploadCut::default())),
-            },
-        ];
+        let upload = upload_of(
+            id,
+            0,
+            [
+                Piece::StateChunk(chunk),
+                Piece::Cut(pb::UploadCut::default()),
+            ],
+        );
         let refused = client
             .upload_snapshot_part(tokio_stream::iter(upload))
             .await
@@ -761,20 +763,11 @@ async fn an_upload_message_over_the_limit_mid_stream_is_resource_exhausted() {
         .start_snapshot(pb::StartSnapshotRequest::default())
         .await
         .unwrap();
-    let upload = vec![
-        pb::UploadChunk {
-            kind: Some(Piece::Header(pb::UploadHeader {
-                snapshot_id: id,
-                node_id: "n1".into(),
-                incarnation: 1,
-                epoch: 0,
-                applied_restore_id: String::new(),
-            })),
-        },
-        pb::UploadChunk {
-            kind: Some(Piece::StateChunk(state_chunk(&vec![7u8; 20 << 20], true))),
-        },
-    ];
+    let upload = upload_of(
+        id,
+        0,
+        [Piece::StateChunk(state_chunk(&vec![7u8; 20 << 20], true))],
+    );
     let refused = client
         .upload_snapshot_part(tokio_stream::iter(upload))
         .await
