@@ -448,22 +448,31 @@ async fn retention_racing_snapshots_and_a_restore_keeps_every_retained_snapshot_
         })
         .await
         .unwrap();
-        let completed: Vec<u64> = client
-            .list_snapshots(pb::ListSnapshotsRequest {
-                status: pb::SnapshotStatus::Completed as i32,
-                ..Default::default()
-            })
-            .await
-            .unwrap()
-            .into_inner()
-            .snapshots
-            .iter()
-            .filter_map(|s| s.plan.as_ref().map(|p| p.snapshot_id))
-            .collect();
-        assert!(
-            (1..=3).contains(&completed.len()),
-            "{at}: retention keeps 2 (and the restored one while it was held): {completed:?}"
-        );
+        // The last completion stores its record before retention deletes the oldest, so
+        // for a moment three are listed: wait for retention to have run.
+        let completed = eventually("retention applied", Duration::from_secs(30), || {
+            let mut client = client.clone();
+            async move {
+                let completed: Vec<u64> = client
+                    .list_snapshots(pb::ListSnapshotsRequest {
+                        status: pb::SnapshotStatus::Completed as i32,
+                        ..Default::default()
+                    })
+                    .await?
+                    .into_inner()
+                    .snapshots
+                    .iter()
+                    .filter_map(|s| s.plan.as_ref().map(|p| p.snapshot_id))
+                    .collect();
+                anyhow::ensure!(
+                    (1..=2).contains(&completed.len()),
+                    "retention keeps 2 (the restore ended, so it holds none): {completed:?}"
+                );
+                Ok(completed)
+            }
+        })
+        .await
+        .unwrap_or_else(|e| panic!("{at}: {e:?}"));
         for snapshot_id in completed {
             client
                 .verify_snapshot(pb::VerifySnapshotRequest { snapshot_id })
