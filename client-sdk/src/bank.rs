@@ -331,6 +331,8 @@ pub async fn run(
                 }
                 Err(e) => tracing::error!(snapshot_id, "cannot restore a malformed state: {e}"),
             },
+            // The bank's state is small: it takes restores whole (no `restore_in_pieces`).
+            Ok(Some(AppEvent::RestorePiece { .. } | AppEvent::RestoreAborted { .. })) => {}
             Ok(None) => break Err(anyhow::anyhow!("the node daemon closed the session")),
             Err(e) => break Err(anyhow::anyhow!("session with the node daemon failed: {e}")),
         }

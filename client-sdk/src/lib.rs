@@ -35,9 +35,13 @@
 //!             let c = count.lock().unwrap();
 //!             sender.state_recorded(snapshot_id, c.to_string().into())?;
 //!         }
-//!         AppEvent::Restore { state, .. } => {
-//!             *count.lock().unwrap() = String::from_utf8_lossy(&state).parse().unwrap_or(0);
+//!         AppEvent::Restore { state, restore_id, .. } => {
+//!             let mut c = count.lock().unwrap();
+//!             *c = String::from_utf8_lossy(&state).parse().unwrap_or(0);
+//!             sender.restore_applied(&restore_id)?;
 //!         }
+//!         // Only with `session.restore_in_pieces(true)`, for states too large to hold twice.
+//!         AppEvent::RestorePiece { .. } | AppEvent::RestoreAborted { .. } => {}
 //!     }
 //! }
 //! # Ok(()) }

@@ -49,6 +49,31 @@ pub enum AppEvent {
         /// The recorded local state.
         state: Bytes,
     },
+    /// Only after [`AppSession::restore_in_pieces`]: the next piece of a restored state,
+    /// instead of one [`AppEvent::Restore`] with all of it, so the application need not
+    /// hold a large state twice. Stage the pieces (a restore may break off: see
+    /// [`AppEvent::RestoreAborted`]); on the `last` one, replace your state with them and
+    /// call [`AppSender::restore_applied`], as for [`AppEvent::Restore`].
+    RestorePiece {
+        /// The restore operation.
+        restore_id: String,
+        /// The snapshot restored.
+        snapshot_id: u64,
+        /// The next bytes of the recorded local state.
+        piece: Bytes,
+        /// True on the last piece.
+        last: bool,
+    },
+    /// Only after [`AppSession::restore_in_pieces`]: a restore whose pieces were being
+    /// handed over broke off before its last (the daemon lost the rest; the restore fails
+    /// and a later one follows). Drop its pieces and keep the state you had; the daemon
+    /// drops what you send, and delivers nothing, until a later restore is applied.
+    RestoreAborted {
+        /// The restore operation.
+        restore_id: String,
+        /// Why, in words.
+        reason: String,
+    },
 }
 
 enum Outgoing {
@@ -171,7 +196,8 @@ pub struct AppSession {
     inbound: Streaming<pb::NodeToApp>,
     buffered: VecDeque<AppEvent>,
     attached: pb::Attached,
-    restore: Option<(String, u64, Vec<u8>)>,
+    /// The pieces of the restored state coming.
+    staging: RestoreStaging,
 }
 
 impl AppSession {
@@ -240,8 +266,16 @@ impl AppSession {
             inbound,
             buffered: VecDeque::new(),
             attached,
-            restore: None,
+            staging: RestoreStaging::default(),
         })
+    }
+
+    /// From now on, hand restored states over as [`AppEvent::RestorePiece`]s as they come
+    /// from the daemon (pieces of up to 128 KiB) rather than as one [`AppEvent::Restore`]:
+    /// for states too large to hold twice. The daemon streams them from the blob store
+    /// either way; this only decides whether the SDK gathers them first.
+    pub fn restore_in_pieces(&mut self, on: bool) {
+        self.staging.in_pieces = on;
     }
 
     /// A sender for this session.
@@ -303,22 +337,13 @@ impl AppSession {
                     }));
                 }
                 Some(Kind::Restore(r)) => {
-                    let entry = self
-                        .restore
-                        .get_or_insert_with(|| (r.restore_id.clone(), r.snapshot_id, Vec::new()));
-                    entry.2.extend_from_slice(&r.chunk);
-                    if r.last {
-                        let (restore_id, snapshot_id, state) =
-                            self.restore.take().expect("set above");
-                        *self.sender.restore.lock().expect("never poisoned") =
-                            Some(restore_id.clone());
-                        return Ok(Some(AppEvent::Restore {
-                            restore_id,
-                            snapshot_id,
-                            state: state.into(),
-                        }));
+                    if let Some(whole) = self.staging.piece(r, &mut self.buffered) {
+                        // Acknowledged when the application next asks for an event, if it
+                        // did not itself.
+                        *self.sender.restore.lock().expect("never poisoned") = Some(whole);
                     }
                 }
+                Some(Kind::RestoreAborted(a)) => self.staging.aborted(a, &mut self.buffered),
                 Some(Kind::Peers(p)) => {
                     *self.sender.peers.write().expect("never poisoned") =
                         p.peers.into_iter().collect();
@@ -327,6 +352,76 @@ impl AppSession {
                     return Err(Error::Protocol("unexpected message from the daemon".into()));
                 }
             }
+        }
+    }
+}
+
+/// A restored state's pieces as they come from the daemon: gathered into one
+/// [`AppEvent::Restore`], or handed on as [`AppEvent::RestorePiece`]s (`in_pieces`).
+#[derive(Default)]
+struct RestoreStaging {
+    /// The restore whose pieces are coming: its id, and (unless in pieces) what came.
+    current: Option<(String, BytesMut)>,
+    in_pieces: bool,
+}
+
+impl RestoreStaging {
+    /// Takes a piece; the events it makes go to `out`. Returns the restore's id on its last
+    /// piece.
+    fn piece(&mut self, r: pb::Restore, out: &mut VecDeque<AppEvent>) -> Option<String> {
+        let mut staged = match self.current.take() {
+            Some((id, staged)) if id == r.restore_id => staged,
+            Some((id, _)) => {
+                // A piece of another restore: the one before was superseded mid-way.
+                if self.in_pieces {
+                    out.push_back(AppEvent::RestoreAborted {
+                        restore_id: id,
+                        reason: format!("superseded by restore {}", r.restore_id),
+                    });
+                }
+                BytesMut::new()
+            }
+            None => BytesMut::new(),
+        };
+        let done = r.last.then(|| r.restore_id.clone());
+        if self.in_pieces {
+            if !r.last {
+                self.current = Some((r.restore_id.clone(), staged));
+            }
+            out.push_back(AppEvent::RestorePiece {
+                restore_id: r.restore_id,
+                snapshot_id: r.snapshot_id,
+                piece: r.chunk,
+                last: r.last,
+            });
+            return done;
+        }
+        staged.extend_from_slice(&r.chunk);
+        if !r.last {
+            self.current = Some((r.restore_id, staged));
+            return None;
+        }
+        out.push_back(AppEvent::Restore {
+            restore_id: r.restore_id,
+            snapshot_id: r.snapshot_id,
+            state: staged.freeze(),
+        });
+        done
+    }
+
+    /// The daemon aborted a restore whose pieces were coming: what came is dropped (and the
+    /// application told, if it was handed pieces).
+    fn aborted(&mut self, a: pb::RestoreAborted, out: &mut VecDeque<AppEvent>) {
+        if self
+            .current
+            .take_if(|(id, _)| *id == a.restore_id)
+            .is_some()
+            && self.in_pieces
+        {
+            out.push_back(AppEvent::RestoreAborted {
+                restore_id: a.restore_id,
+                reason: a.reason,
+            });
         }
     }
 }
@@ -418,4 +513,102 @@ fn chunks(state: &Bytes) -> impl Iterator<Item = (Bytes, bool)> + '_ {
         let end = ((i + 1) * STATE_CHUNK).min(state.len());
         (state.slice(i * STATE_CHUNK..end), i + 1 == n)
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn piece(id: &str, chunk: &'static str, last: bool) -> pb::Restore {
+        pb::Restore {
+            restore_id: id.into(),
+            snapshot_id: 7,
+            epoch: 1,
+            chunk: Bytes::from_static(chunk.as_bytes()),
+            last,
+        }
+    }
+
+    fn aborted(id: &str) -> pb::RestoreAborted {
+        pb::RestoreAborted {
+            restore_id: id.into(),
+            reason: "broke".into(),
+        }
+    }
+
+    #[test]
+    fn pieces_are_gathered_into_one_restore_and_a_broken_one_is_dropped() {
+        let mut staging = RestoreStaging::default();
+        let mut out = VecDeque::new();
+        assert_eq!(staging.piece(piece("r1", "ab", false), &mut out), None);
+        assert_eq!(staging.piece(piece("r1", "cd", false), &mut out), None);
+        assert!(out.is_empty());
+        assert_eq!(
+            staging.piece(piece("r1", "e", true), &mut out),
+            Some("r1".into())
+        );
+        assert_eq!(
+            out.pop_front(),
+            Some(AppEvent::Restore {
+                restore_id: "r1".into(),
+                snapshot_id: 7,
+                state: Bytes::from("abcde"),
+            })
+        );
+        // r2 breaks off; r3 superseded by r4 mid-way: neither is handed over, and r4 holds
+        // none of their bytes.
+        staging.piece(piece("r2", "xx", false), &mut out);
+        staging.aborted(aborted("r2"), &mut out);
+        staging.piece(piece("r3", "yy", false), &mut out);
+        staging.piece(piece("r4", "z", true), &mut out);
+        assert_eq!(
+            Vec::from(out),
+            [AppEvent::Restore {
+                restore_id: "r4".into(),
+                snapshot_id: 7,
+                state: Bytes::from("z"),
+            }]
+        );
+    }
+
+    #[test]
+    fn in_pieces_each_piece_is_handed_over_and_a_broken_restore_is_told() {
+        let mut staging = RestoreStaging {
+            in_pieces: true,
+            ..Default::default()
+        };
+        let mut out = VecDeque::new();
+        let handed = |id: &str, p: &'static str, last| AppEvent::RestorePiece {
+            restore_id: id.into(),
+            snapshot_id: 7,
+            piece: Bytes::from_static(p.as_bytes()),
+            last,
+        };
+        assert_eq!(staging.piece(piece("r1", "ab", false), &mut out), None);
+        assert_eq!(
+            staging.piece(piece("r1", "c", true), &mut out),
+            Some("r1".into())
+        );
+        staging.aborted(aborted("r1"), &mut out); // done already: nothing to abort
+        staging.piece(piece("r2", "x", false), &mut out);
+        staging.aborted(aborted("r2"), &mut out);
+        staging.piece(piece("r3", "y", false), &mut out);
+        staging.piece(piece("r4", "", true), &mut out);
+        let abort = |id: &str, reason: &str| AppEvent::RestoreAborted {
+            restore_id: id.into(),
+            reason: reason.into(),
+        };
+        assert_eq!(
+            Vec::from(out),
+            [
+                handed("r1", "ab", false),
+                handed("r1", "c", true),
+                handed("r2", "x", false),
+                abort("r2", "broke"),
+                handed("r3", "y", false),
+                abort("r3", "superseded by restore r4"),
+                handed("r4", "", true),
+            ]
+        );
+    }
 }

@@ -590,15 +590,8 @@ impl pb::coordinator_server::Coordinator for CoordinatorService {
             use pb::restore_piece::Kind;
             let piece = |kind| Ok(pb::RestorePiece { kind: Some(kind) });
             let what = format!("node {node}'s state");
-            let state = |bytes| pb::RestorePiece {
-                kind: Some(Kind::LocalState(bytes)),
-            };
-            if parts::send_chunks(&blobs, &manifest.local_state, &what, &tx, state)
-                .await
-                .is_none()
-            {
-                return;
-            }
+            // The recorded messages and the counts first: the daemon enters the epoch with
+            // them and streams the state's pieces on to its application as they come.
             let mut counts = Vec::new();
             for (channel, messages) in plan {
                 if channel.from.as_str() == node {
@@ -626,7 +619,20 @@ impl pb::coordinator_server::Coordinator for CoordinatorService {
                 }
             }
             let counts = pb::ReplayCounts { outgoing: counts };
-            let _ = tx.send(piece(Kind::Counts(counts))).await;
+            if tx.send(piece(Kind::Counts(counts))).await.is_err() {
+                return;
+            }
+            let state = |bytes| pb::RestorePiece {
+                kind: Some(Kind::LocalState(bytes)),
+            };
+            let Some(state_bytes) =
+                parts::send_chunks(&blobs, &manifest.local_state, &what, &tx, state).await
+            else {
+                return;
+            };
+            let _ = tx
+                .send(piece(Kind::End(pb::RestoreEnd { state_bytes })))
+                .await;
         });
         Ok(Response::new(ReceiverStream::new(rx)))
     }

@@ -129,7 +129,11 @@ pub fn spawn_app(mut session: AppSession, ctl: Arc<AppControl>, stop: Cancellati
                         .expect("never poisoned")
                         .push(took);
                 }
-                Ok(Some(AppEvent::Restore { .. })) => {}
+                Ok(Some(
+                    AppEvent::Restore { .. }
+                    | AppEvent::RestorePiece { .. }
+                    | AppEvent::RestoreAborted { .. },
+                )) => {}
                 Ok(None) | Err(_) => return,
             }
         }

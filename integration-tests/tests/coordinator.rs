@@ -54,7 +54,9 @@ fn controlled_app(address: String, answer: Arc<AtomicBool>) -> JoinHandle<()> {
                     let state = serde_json::to_vec(&BankState { balance }).unwrap();
                     let _ = sender.state_recorded(snapshot_id, state.into());
                 }
-                AppEvent::Restore { .. } => {}
+                AppEvent::Restore { .. }
+                | AppEvent::RestorePiece { .. }
+                | AppEvent::RestoreAborted { .. } => {}
             }
         }
     })

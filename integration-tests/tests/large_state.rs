@@ -1,6 +1,6 @@
-//! A 256 MiB local state goes from the application through its daemon to the blob store
-//! without the daemon or the coordinator holding it whole, and a 1 % change of it moves and
-//! stores only the chunks it touches — on the local directory (the daemon's chunks through
+//! A 256 MiB local state goes from the application through its daemon to the blob store,
+//! and back to the application in a restore, without the daemon or the coordinator holding
+//! it whole, and a 1 % change of it moves and stores only the chunks it touches — on the local directory (the daemon's chunks through
 //! the coordinator, embedded metadata) and on S3 (the daemon writing its chunks to the bucket
 //! itself, metadata in etcd, where no value may outgrow 64 KiB however large the part's
 //! chunk list). Checked by the daemon's own byte counters, the snapshot's bytes new, and the
@@ -12,6 +12,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use cairn_integration_tests::coordinated::{CoordinatedCluster, Store};
 use cairn_integration_tests::etcd::Etcd;
+use cairn_integration_tests::restore::{restore, wait_restore};
 use cairn_integration_tests::s3::S3Server;
 use cairn_integration_tests::tls_support::metric;
 use cairn_proto::v1 as pb;
@@ -107,13 +108,37 @@ async fn a_large_state_streams_and_a_one_percent_change_moves_only_new_chunks() 
         let shared = Arc::new(Mutex::new(Bytes::from(state.clone())));
         let address = cluster.nodes[1].app.clone();
         let recorded = shared.clone();
+        let (restored_tx, mut restored_rx) = tokio::sync::mpsc::unbounded_channel();
         let app = tokio::spawn(async move {
             let mut session = AppSession::connect(&address, "big-state").await.unwrap();
+            session.restore_in_pieces(true);
             let sender = session.sender();
+            // A restore's pieces, checked against the state recorded as they come.
+            let (mut at, mut matches, mut largest) = (0usize, true, 0usize);
             while let Ok(Some(event)) = session.next_event().await {
-                if let AppEvent::RecordState { snapshot_id } = event {
-                    let state = recorded.lock().unwrap().clone();
-                    sender.state_recorded(snapshot_id, state).unwrap();
+                match event {
+                    AppEvent::RecordState { snapshot_id } => {
+                        let state = recorded.lock().unwrap().clone();
+                        sender.state_recorded(snapshot_id, state).unwrap();
+                    }
+                    AppEvent::RestorePiece {
+                        restore_id,
+                        piece,
+                        last,
+                        ..
+                    } => {
+                        let state = recorded.lock().unwrap().clone();
+                        matches &= state.get(at..at + piece.len()) == Some(&piece[..]);
+                        at += piece.len();
+                        largest = largest.max(piece.len());
+                        if last {
+                            sender.restore_applied(&restore_id).unwrap();
+                            let _ = restored_tx.send((at, matches, largest));
+                            (at, matches, largest) = (0, true, 0);
+                        }
+                    }
+                    AppEvent::Message { .. } => {} // n1's bank sends transfers
+                    other => panic!("unexpected {other:?}"),
                 }
             }
         });
@@ -156,10 +181,25 @@ async fn a_large_state_streams_and_a_one_percent_change_moves_only_new_chunks() 
             .into_inner();
         assert!(verified.bytes >= STATE as u64, "{at}: {verified:?}");
 
+        // Restored: the state streams back to the application in pieces, byte for byte.
+        let op = restore(&cluster, id).await.unwrap();
+        let op = wait_restore(&cluster, &op.restore_id).await;
+        assert!(op.done, "{at}: {:?}", op.failure);
+        let (bytes, matches, largest) = restored_rx.recv().await.unwrap();
+        assert_eq!(bytes, STATE, "{at}: the restored state's size");
+        assert!(
+            matches,
+            "{at}: the restored state differs from the recorded one"
+        );
+        assert!(
+            largest as u64 <= cairn_blob::MAX_CHUNK as u64,
+            "{at}: a piece of {largest} bytes"
+        );
+
         let node = peak_rss(cluster.node_pid(1).unwrap());
         let coordinator = peak_rss(cluster.coordinator_pid().unwrap());
         println!(
-            "{at}: peak resident memory: daemon {} MiB, coordinator {} MiB",
+            "{at}: peak resident memory (snapshots and a restore): daemon {} MiB, coordinator {} MiB",
             node >> 20,
             coordinator >> 20
         );

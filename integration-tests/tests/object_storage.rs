@@ -481,3 +481,133 @@ async fn retention_racing_snapshots_and_a_restore_keeps_every_retained_snapshot_
         }
     }
 }
+
+/// A restore's state streams from S3 through the coordinator and the daemon to the
+/// application in pieces; when S3 goes away mid-stream, the application is told to drop what
+/// it was handed, the restore fails naming the node, and once S3 is back the next restore
+/// hands over the whole state, byte for byte.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restore_broken_off_mid_stream_is_aborted_at_the_application_and_the_next_completes() {
+    use cairn_sdk::{AppEvent, AppSession};
+    use rand::Rng;
+    // Far more than the pieces the daemon and the streams between hold: the fetch stalls
+    // until the application takes pieces.
+    const STATE: usize = 16 << 20;
+    let mut s3 = S3Server::start().await.unwrap();
+    let blob = s3_args(&s3, "midway");
+    let mut cluster =
+        CoordinatedCluster::start_env(2, Store::Embedded, &[1], &strs(&blob), &[], &s3.env())
+            .await
+            .unwrap();
+    cluster.set_workload(0.0).await.unwrap();
+    cluster.bank_workload = 0.0;
+    let mut state = vec![0u8; STATE];
+    rand::rng().fill(&mut state[..]);
+    let state = bytes::Bytes::from(state);
+
+    // The application records the state, then leaves.
+    let address = cluster.nodes[1].app.clone();
+    let mut session = AppSession::connect(&address, "midway").await.unwrap();
+    let sender = session.sender();
+    let recorded = state.clone();
+    let app = tokio::spawn(async move {
+        while let Ok(Some(event)) = session.next_event().await {
+            if let AppEvent::RecordState { snapshot_id } = event {
+                sender
+                    .state_recorded(snapshot_id, recorded.clone())
+                    .unwrap();
+            }
+        }
+    });
+    cluster.wait_ready(1).await.unwrap();
+    let id = cluster
+        .start_snapshot(pb::StartSnapshotRequest::default())
+        .await
+        .unwrap();
+    let taken = cluster.wait_with(id, false).await.unwrap();
+    assert_eq!(
+        taken.status,
+        pb::SnapshotStatus::Completed as i32,
+        "{taken:?}"
+    );
+    app.abort();
+    let _ = app.await;
+
+    // Restored with no application to take the pieces: n2 enters the epoch and its fetch
+    // stalls; S3 goes away; an application comes and takes what there is.
+    async fn epoch(cluster: &CoordinatedCluster) -> anyhow::Result<u64> {
+        let status = cluster
+            .admin(1)
+            .await?
+            .get_node_status(pb::GetNodeStatusRequest::default())
+            .await?
+            .into_inner();
+        Ok(status.epoch)
+    }
+    let before = epoch(&cluster).await.unwrap();
+    let op = restore(&cluster, id).await.unwrap();
+    eventually(
+        "n2 entered the restore's epoch",
+        Duration::from_secs(30),
+        || async {
+            let now = epoch(&cluster).await?;
+            anyhow::ensure!(now > before, "still in epoch {now}");
+            Ok(())
+        },
+    )
+    .await
+    .unwrap();
+    s3.stop();
+    let mut session = AppSession::connect(&address, "midway").await.unwrap();
+    session.restore_in_pieces(true);
+    let mut handed = 0usize;
+    let aborted = loop {
+        match session.next_event().await.unwrap().unwrap() {
+            AppEvent::RestorePiece { piece, last, .. } => {
+                assert!(!last, "the whole state came with S3 away");
+                assert_eq!(&state[handed..handed + piece.len()], &piece[..]);
+                handed += piece.len();
+            }
+            AppEvent::RestoreAborted { restore_id, reason } => break (restore_id, reason),
+            other => panic!("unexpected {other:?}"),
+        }
+    };
+    assert_eq!(aborted.0, op.restore_id);
+    assert!(handed > 0 && handed < STATE, "{handed} bytes handed over");
+    let failed = wait_restore(&cluster, &op.restore_id).await;
+    assert!(!failed.done);
+    let failure = failed.failure.unwrap();
+    assert!(
+        failure.message.contains("n2") && failure.message.contains("stream broke"),
+        "names the node and why: {failure:?} (the application was told: {})",
+        aborted.1
+    );
+
+    // S3 back: the next restore hands over all of it.
+    s3.start_again().await.unwrap();
+    let op = restore(&cluster, id).await.unwrap();
+    let sender = session.sender();
+    let mut handed = 0usize;
+    loop {
+        match session.next_event().await.unwrap().unwrap() {
+            AppEvent::RestorePiece {
+                piece,
+                last,
+                restore_id,
+                ..
+            } => {
+                assert_eq!(restore_id, op.restore_id);
+                assert_eq!(&state[handed..handed + piece.len()], &piece[..]);
+                handed += piece.len();
+                if last {
+                    sender.restore_applied(&restore_id).unwrap();
+                    break;
+                }
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    assert_eq!(handed, STATE);
+    let done = wait_restore(&cluster, &op.restore_id).await;
+    assert!(done.done, "{:?}", done.failure);
+}

@@ -89,7 +89,9 @@ fn test_app(
                     let _ = tx.send((restore_id, state, sender.clone(), go));
                     let _ = wait.await;
                 }
-                AppEvent::Message { .. } => {}
+                AppEvent::Message { .. }
+                | AppEvent::RestorePiece { .. }
+                | AppEvent::RestoreAborted { .. } => {}
             }
         }
     });

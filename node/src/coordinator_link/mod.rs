@@ -90,6 +90,23 @@ pub(crate) enum LinkError {
     /// A restore's share ended early.
     #[error("the coordinator's stream ended before the replay counts")]
     NoReplayCounts,
+    /// A restore's share came in the wrong order.
+    #[error("{0} came after the recorded state's first piece")]
+    PieceOutOfOrder(&'static str),
+    /// A restore's state stream ended without its end.
+    #[error(
+        "the coordinator's stream ended after {received} bytes of the recorded state, before its end"
+    )]
+    NoRestoreEnd { received: u64 },
+    /// A restore's state came up short or long.
+    #[error(
+        "the recorded state came as {received} bytes where the coordinator's end says {expected}"
+    )]
+    ShortState { received: u64, expected: u64 },
+    /// The node loop dropped the restore being streamed (superseded, or its application
+    /// left mid-way), and said so itself.
+    #[error("the restore was dropped by the node")]
+    RestoreDropped,
     /// The coordinator refused or failed a part's upload: its message.
     #[error("{}", .0.message())]
     UploadRefused(tonic::Status),
@@ -398,7 +415,8 @@ impl CoordinatorLink {
                     "restore requested: fetching this node's share"
                 );
                 // Fetched aside, so the session keeps serving; the loop enters the new
-                // epoch only once everything is here, in one step.
+                // epoch once the recorded messages and counts are here, in one step, and
+                // the state streams on to the application after.
                 tokio::spawn(fetch_and_restore(
                     client.clone(),
                     restore,

@@ -68,7 +68,9 @@ impl NodeLoop {
                 waiting.push(*id);
                 false
             }
-            InboxItem::Deliver { .. } | InboxItem::Restore { .. } => true,
+            InboxItem::Deliver { .. }
+            | InboxItem::Restore { .. }
+            | InboxItem::RestoreAborted { .. } => true,
         });
         for id in waiting {
             let reason = FailureReason::NoApplication(self.shared.node_id.clone());
@@ -151,11 +153,11 @@ impl NodeLoop {
             restore_id,
             snapshot_id,
             epoch,
-            pieces,
+            feed,
         }) = self.inbox.front_mut()
         {
-            let chunk = pieces.pop_front().unwrap_or_default();
-            let last = pieces.is_empty();
+            // Only called with a piece ready (see `deliverable`).
+            let (chunk, last) = feed.next();
             let restore = pb::Restore {
                 restore_id: restore_id.clone(),
                 snapshot_id: *snapshot_id,
@@ -172,6 +174,17 @@ impl NodeLoop {
             if let Some(session) = self.app.as_ref().map(|a| a.session) {
                 self.restore_handed(session);
             }
+            return;
+        }
+        if let Some(InboxItem::RestoreAborted { .. }) = self.inbox.front() {
+            let Some(InboxItem::RestoreAborted { restore_id, reason }) = self.inbox.pop_front()
+            else {
+                unreachable!()
+            };
+            let aborted = pb::RestoreAborted { restore_id, reason };
+            permit.send(Ok(pb::NodeToApp {
+                kind: Some(Kind::RestoreAborted(aborted)),
+            }));
             return;
         }
         if let Some(InboxItem::Record(id)) = self.inbox.front() {

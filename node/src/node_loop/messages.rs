@@ -1,7 +1,7 @@
 //! What the services and channel tasks tell the node loop. (What they share without
 //! asking it is in [`crate::shared`].)
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
 use std::time::Duration;
@@ -9,7 +9,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use cairn_core::{ChannelId, Plan, SnapshotId, SnapshotMode};
 use cairn_proto::v1 as pb;
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{Semaphore, mpsc, oneshot};
 use tonic::Status;
 
 use crate::error::Error;
@@ -108,9 +108,16 @@ pub(crate) enum LoopMsg {
     AppDetached { session: u64 },
     /// The application applied a restored state: its sends count again.
     AppRestoreApplied { session: u64, restore_id: String },
-    /// Restore a snapshot: enter its epoch, hand the application the recorded state and
-    /// replay the recorded messages ahead of any new traffic.
+    /// Restore a snapshot: enter its epoch, hand the application the recorded state (its
+    /// pieces follow as `RestorePiece`s) and replay the recorded messages ahead of any new
+    /// traffic.
     Restore(Box<RestoreData>),
+    /// The next piece of a restore's state (it took a permit of the restore's feed room).
+    RestorePiece { restore_id: String, piece: Bytes },
+    /// A restore's state is whole: its last piece is the one before.
+    RestoreEnd { restore_id: String },
+    /// A restore's state broke off after the loop entered its epoch.
+    RestoreAborted { restore_id: String, reason: String },
     /// The coordinator's epoch differs from this node's at registration: enter it.
     AdoptEpoch { epoch: u64 },
     /// Start a snapshot here (NodeAdmin).
@@ -163,18 +170,82 @@ pub(crate) struct Pulled {
     pub frames: Vec<OutFrame>,
 }
 
-/// What a node needs to restore a snapshot (fetched from the coordinator).
+/// What a node needs to restore a snapshot (fetched from the coordinator): all of it but
+/// the state, which follows in pieces through `feed`.
 #[derive(Debug)]
 pub(crate) struct RestoreData {
     pub restore_id: String,
     pub snapshot_id: u64,
     pub epoch: u64,
-    /// The recorded local state, in pieces.
-    pub state: Vec<Bytes>,
     /// Recorded messages of each incoming channel, in order.
     pub incoming: BTreeMap<ChannelId, Vec<Bytes>>,
     /// How many recorded messages each outgoing channel replays at its receiver.
     pub outgoing: BTreeMap<ChannelId, u64>,
+    /// Where the state's pieces wait for the application.
+    pub feed: RestoreFeed,
+}
+
+/// A restored state on its way to the application: the pieces that have come and not been
+/// handed over yet, and the room the fetch gets a permit of for each piece it sends. The
+/// loop gives a permit back as the application takes a piece; dropping the feed (the restore
+/// superseded, abandoned or done) closes the room, which stops the fetch.
+#[derive(Debug)]
+pub(crate) struct RestoreFeed {
+    room: Arc<Semaphore>,
+    pieces: VecDeque<Bytes>,
+    /// The fetch sent the last piece.
+    ended: bool,
+}
+
+impl RestoreFeed {
+    pub(crate) fn new(room: Arc<Semaphore>) -> Self {
+        Self {
+            room,
+            pieces: VecDeque::new(),
+            ended: false,
+        }
+    }
+
+    /// A whole state that is here already (tests).
+    #[cfg(test)]
+    pub(crate) fn whole(pieces: Vec<Bytes>) -> Self {
+        let mut feed = Self::new(Arc::new(Semaphore::new(0)));
+        feed.pieces.extend(pieces);
+        feed.ended = true;
+        feed
+    }
+
+    pub(super) fn push(&mut self, piece: Bytes) {
+        self.pieces.push_back(piece);
+    }
+
+    pub(super) fn end(&mut self) {
+        self.ended = true;
+    }
+
+    /// A piece can be handed over: the next one is here, or the state ended (an empty last
+    /// piece closes it).
+    pub(super) fn ready(&self) -> bool {
+        !self.pieces.is_empty() || self.ended
+    }
+
+    /// The next piece and whether it is the last; gives its permit back.
+    pub(super) fn next(&mut self) -> (Bytes, bool) {
+        let piece = match self.pieces.pop_front() {
+            Some(piece) => {
+                self.room.add_permits(1);
+                piece
+            }
+            None => Bytes::new(),
+        };
+        (piece, self.ended && self.pieces.is_empty())
+    }
+}
+
+impl Drop for RestoreFeed {
+    fn drop(&mut self) {
+        self.room.close();
+    }
 }
 
 /// Holding back an incoming channel's frames (fault injection).

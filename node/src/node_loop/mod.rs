@@ -23,7 +23,7 @@ use channels::{Incoming, OutItem, Outgoing};
 use events::Events;
 pub(crate) use events::NodeEvent;
 pub(crate) use messages::{
-    AppTx, HoldFault, InItem, LoopMsg, OutFrame, Pulled, RecordsDue, RestoreData,
+    AppTx, HoldFault, InItem, LoopMsg, OutFrame, Pulled, RecordsDue, RestoreData, RestoreFeed,
 };
 use recording::Recordings;
 
@@ -42,12 +42,18 @@ enum InboxItem {
         credited: bool,
     },
     Record(SnapshotId),
-    /// A restored state, handed over piece by piece; always ahead of the replayed messages.
+    /// A restored state, handed over piece by piece as its pieces come; always ahead of the
+    /// replayed messages.
     Restore {
         restore_id: String,
         snapshot_id: u64,
         epoch: u64,
-        pieces: VecDeque<Bytes>,
+        feed: RestoreFeed,
+    },
+    /// The application was handed part of a restored state that broke off: it drops it.
+    RestoreAborted {
+        restore_id: String,
+        reason: String,
     },
 }
 
@@ -93,6 +99,9 @@ struct RestorePending {
     restore_id: String,
     /// The application session that was handed the state, once it was.
     session: Option<u64>,
+    /// Its state broke off (and the coordinator was told): nothing is delivered until a
+    /// later restore, since the application runs on a state of no epoch of this one.
+    aborted: bool,
 }
 
 impl NodeLoop {
@@ -188,10 +197,15 @@ impl NodeLoop {
 
     /// The application's stream, if there is something to hand it.
     fn deliverable(&self) -> Option<AppTx> {
-        match &self.app {
-            Some(app) if !self.inbox.is_empty() || self.peers_changed => Some(app.tx.clone()),
-            _ => None,
-        }
+        let app = self.app.as_ref()?;
+        let ready = match self.inbox.front() {
+            None => false,
+            // The restored state's next piece has not come yet: everything waits behind it.
+            Some(InboxItem::Restore { feed, .. }) => feed.ready(),
+            Some(InboxItem::RestoreAborted { .. }) => true,
+            Some(_) => !self.restore_pending.as_ref().is_some_and(|p| p.aborted),
+        };
+        (ready || self.peers_changed).then(|| app.tx.clone())
     }
 
     fn on_message(&mut self, msg: LoopMsg) {
@@ -264,6 +278,11 @@ impl NodeLoop {
                 restore_id,
             } => self.on_restore_applied(session, restore_id),
             LoopMsg::Restore(data) => self.restore(*data),
+            LoopMsg::RestorePiece { restore_id, piece } => self.restore_piece(&restore_id, piece),
+            LoopMsg::RestoreEnd { restore_id } => self.restore_end(&restore_id),
+            LoopMsg::RestoreAborted { restore_id, reason } => {
+                self.restore_aborted(restore_id, reason)
+            }
             LoopMsg::AdoptEpoch { epoch } => self.adopt_epoch(epoch),
             LoopMsg::Initiate {
                 id,

@@ -1,6 +1,6 @@
 //! The node loop's side of a restore: entering a new epoch (everything of the old one is
-//! dropped), handing the application its recorded state, and replaying the recorded
-//! messages of its incoming channels ahead of any new traffic.
+//! dropped), handing the application its recorded state as its pieces come, and replaying
+//! the recorded messages of its incoming channels ahead of any new traffic.
 //!
 //! The whole transition happens in one message of the loop, so nothing of the old epoch
 //! can slip in between: the inbox, the held and queued frames and the snapshots in flight
@@ -9,8 +9,12 @@
 //! and received before the epoch began, so both ends of a channel count them alike. The
 //! epoch is published last: from then on the peer service accepts streams of the new
 //! epoch only, and the sending tasks drop what they held and reconnect in it.
-
-use std::collections::VecDeque;
+//!
+//! The state is not part of that step: its pieces follow (`restore_piece`, `restore_end`)
+//! and wait in the inbox's restore item, which nothing overtakes, until the application takes
+//! them. If they break off (`restore_aborted`), the application drops what it was handed and
+//! this node delivers nothing until a later restore: its application's state belongs to no
+//! epoch of this one.
 
 use bytes::Bytes;
 use cairn_core::{Event, FailureReason, SnapshotEngine};
@@ -101,22 +105,20 @@ impl NodeLoop {
             }
             return;
         }
-        if let Some(pending) = self.restore_pending.take() {
+        if let Some(pending) = self.restore_pending.take()
+            && !pending.aborted
+        {
             self.tell(NodeEvent::RestoreFailed {
                 restore_id: pending.restore_id,
                 message: format!("superseded by restore {}", data.restore_id),
             });
         }
         self.enter_epoch(data.epoch);
-        let mut pieces: VecDeque<Bytes> = data.state.into_iter().collect();
-        if pieces.is_empty() {
-            pieces.push_back(Bytes::new());
-        }
         self.inbox.push_back(InboxItem::Restore {
             restore_id: data.restore_id.clone(),
             snapshot_id: data.snapshot_id,
             epoch: data.epoch,
-            pieces,
+            feed: data.feed,
         });
         let mut replayed = 0u64;
         for (channel, messages) in data.incoming {
@@ -167,7 +169,59 @@ impl NodeLoop {
         self.restore_pending = Some(RestorePending {
             restore_id: data.restore_id,
             session: None,
+            aborted: false,
         });
+    }
+
+    /// The restore's feed, while its state is still on its way to the application.
+    fn feed_of(&mut self, restore_id: &str) -> Option<&mut super::RestoreFeed> {
+        self.inbox.iter_mut().find_map(|item| match item {
+            InboxItem::Restore {
+                restore_id: id,
+                feed,
+                ..
+            } if id == restore_id => Some(feed),
+            _ => None,
+        })
+    }
+
+    /// The next piece of a restore's state.
+    pub(super) fn restore_piece(&mut self, restore_id: &str, piece: Bytes) {
+        // None: the restore was dropped since (its fetch stops at its next piece).
+        if let Some(feed) = self.feed_of(restore_id) {
+            feed.push(piece);
+        }
+    }
+
+    /// A restore's state is whole.
+    pub(super) fn restore_end(&mut self, restore_id: &str) {
+        if let Some(feed) = self.feed_of(restore_id) {
+            feed.end();
+        }
+    }
+
+    /// A restore's state broke off after this node entered its epoch (the fetch has told
+    /// the coordinator). The application drops what it was handed of it, and nothing more is
+    /// delivered until a later restore.
+    pub(super) fn restore_aborted(&mut self, restore_id: String, reason: String) {
+        let Some(pending) = &mut self.restore_pending else {
+            return;
+        };
+        if pending.restore_id != restore_id || pending.aborted {
+            return;
+        }
+        pending.aborted = true;
+        let handed = pending.session.is_some();
+        self.inbox
+            .retain(|item| !matches!(item, InboxItem::Restore { .. }));
+        tracing::error!(
+            restore = %restore_id,
+            "restore aborted: {reason}; this node delivers nothing until the next restore"
+        );
+        if handed {
+            self.inbox
+                .push_front(InboxItem::RestoreAborted { restore_id, reason });
+        }
     }
 
     /// The coordinator names, at registration, an epoch this node may enter as it is (it
@@ -195,7 +249,7 @@ impl NodeLoop {
     /// The application applied the restored state.
     pub(super) fn on_restore_applied(&mut self, session: u64, restore_id: String) {
         match &self.restore_pending {
-            Some(p) if p.restore_id == restore_id && p.session == Some(session) => {}
+            Some(p) if p.restore_id == restore_id && p.session == Some(session) && !p.aborted => {}
             _ => {
                 tracing::debug!(restore = %restore_id, "RestoreApplied for no pending restore: ignored");
                 return;
@@ -211,6 +265,7 @@ impl NodeLoop {
     pub(super) fn restore_abandoned(&mut self, session: u64) {
         if let Some(p) = &self.restore_pending
             && p.session == Some(session)
+            && !p.aborted
         {
             let restore_id = p.restore_id.clone();
             self.restore_pending = None;

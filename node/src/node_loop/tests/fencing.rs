@@ -6,6 +6,8 @@ use std::sync::Arc;
 use bytes::Bytes;
 use cairn_core::{FailureReason, SnapshotId};
 
+use crate::node_loop::RestoreFeed;
+
 use super::*;
 
 /// Restore fencing: a Restore enters its epoch in one step. The snapshot in flight fails,
@@ -26,7 +28,7 @@ async fn a_restore_fences_the_old_epoch_and_voids_sends_until_applied() {
         restore_id: "r1".into(),
         snapshot_id: 5,
         epoch: 1,
-        state: bytes(&["S"]),
+        feed: RestoreFeed::whole(bytes(&["S"])),
         incoming: BTreeMap::from([(ch("b", "a"), bytes(&["m0", "m1"]))]),
         outgoing: BTreeMap::from([(ch("a", "b"), 3)]),
     };
@@ -98,7 +100,7 @@ async fn a_restore_fences_the_old_epoch_and_voids_sends_until_applied() {
         restore_id: "r0".into(),
         snapshot_id: 4,
         epoch: 0,
-        state: Vec::new(),
+        feed: RestoreFeed::whole(Vec::new()),
         incoming: BTreeMap::new(),
         outgoing: BTreeMap::new(),
     };
@@ -110,6 +112,147 @@ async fn a_restore_fences_the_old_epoch_and_voids_sends_until_applied() {
         "{events:?}"
     );
     assert_eq!(node.status().await.epoch, 1);
+    node.stop().await;
+}
+
+/// A restored state streams through the loop: its pieces are handed over as they come,
+/// everything behind them waits (the replayed messages too), and each piece the application
+/// takes gives the fetch its room back. A state that breaks off is aborted at the
+/// application, which then gets nothing until a later restore; a restore superseded while
+/// its state streams closes its fetch's room.
+#[tokio::test]
+async fn a_restored_state_streams_in_pieces_and_one_broken_off_is_aborted() {
+    use tokio::sync::Semaphore;
+    let mut node = Node::start(&["a", "b"], true);
+    let mut app = node.attach(1, 16).await;
+    assert!(matches!(app.next().await, Kind::Attached(_)));
+    let restore = |id: &str, epoch, room: &Arc<Semaphore>, replayed| RestoreData {
+        restore_id: id.into(),
+        snapshot_id: 5,
+        epoch,
+        feed: RestoreFeed::new(room.clone()),
+        incoming: BTreeMap::from([(ch("b", "a"), bytes(&[replayed]))]),
+        outgoing: BTreeMap::new(),
+    };
+    let piece = |id: &str, piece: &'static str| LoopMsg::RestorePiece {
+        restore_id: id.into(),
+        piece: Bytes::from_static(piece.as_bytes()),
+    };
+    let chunk = |kind: Kind| match kind {
+        Kind::Restore(r) => (r.restore_id, r.chunk, r.last),
+        other => panic!("expected a piece of the restored state, got {other:?}"),
+    };
+
+    let room = Arc::new(Semaphore::new(2));
+    node.send(LoopMsg::Restore(Box::new(restore("r1", 1, &room, "m0"))))
+        .await;
+    node.status().await;
+    app.nothing_more(); // no piece yet: nothing, not even the replayed message
+    for p in ["S1", "S2"] {
+        room.acquire().await.unwrap().forget();
+        node.send(piece("r1", p)).await;
+    }
+    assert_eq!(
+        chunk(app.next().await),
+        ("r1".into(), Bytes::from("S1"), false)
+    );
+    assert_eq!(
+        chunk(app.next().await),
+        ("r1".into(), Bytes::from("S2"), false)
+    );
+    node.status().await;
+    app.nothing_more(); // m0 waits behind the state's end
+    assert_eq!(
+        room.available_permits(),
+        2,
+        "pieces taken give their room back"
+    );
+    node.send(LoopMsg::RestoreEnd {
+        restore_id: "r1".into(),
+    })
+    .await;
+    assert_eq!(chunk(app.next().await), ("r1".into(), Bytes::new(), true));
+    assert_eq!(app.delivered().await, bytes(&["m0"]));
+    assert!(
+        room.is_closed(),
+        "a state handed over whole closes its room"
+    );
+    node.send(LoopMsg::AppRestoreApplied {
+        session: app.session,
+        restore_id: "r1".into(),
+    })
+    .await;
+    let events = node.events().await;
+    assert!(
+        matches!(&events[..], [NodeEvent::RestoreApplied { restore_id }] if restore_id == "r1"),
+        "{events:?}"
+    );
+
+    // r2's state breaks off after a piece: the application drops it; nothing more comes.
+    let room = Arc::new(Semaphore::new(2));
+    node.send(LoopMsg::Restore(Box::new(restore("r2", 2, &room, "x0"))))
+        .await;
+    room.acquire().await.unwrap().forget();
+    node.send(piece("r2", "T1")).await;
+    assert_eq!(
+        chunk(app.next().await),
+        ("r2".into(), Bytes::from("T1"), false)
+    );
+    node.send(LoopMsg::RestoreAborted {
+        restore_id: "r2".into(),
+        reason: "the stream broke".into(),
+    })
+    .await;
+    match app.next().await {
+        Kind::RestoreAborted(a) => {
+            assert_eq!(
+                (a.restore_id.as_str(), a.reason.as_str()),
+                ("r2", "the stream broke")
+            );
+        }
+        other => panic!("expected the restore aborted, got {other:?}"),
+    }
+    assert!(room.is_closed(), "the fetch stops");
+    node.send(LoopMsg::AppRestoreApplied {
+        session: app.session,
+        restore_id: "r2".into(),
+    })
+    .await;
+    assert!(
+        node.events().await.is_empty(),
+        "an aborted restore is not applied"
+    );
+    app.nothing_more(); // x0 is not delivered onto a state of no epoch
+    let mut pulled = node.pull(ch("a", "b")).await;
+    node.app_send(&app, "void").await;
+    node.status().await;
+    assert!(answered(&mut pulled).is_none(), "sends stay void");
+
+    // r3, superseded by r4 while its state streams: its room closes, and only r3 is
+    // reported (r2 was, by its fetch).
+    let room3 = Arc::new(Semaphore::new(2));
+    node.send(LoopMsg::Restore(Box::new(restore("r3", 3, &room3, "y0"))))
+        .await;
+    assert!(node.events().await.is_empty());
+    let room4 = Arc::new(Semaphore::new(2));
+    node.send(LoopMsg::Restore(Box::new(restore("r4", 4, &room4, "z0"))))
+        .await;
+    node.status().await;
+    assert!(room3.is_closed());
+    assert!(!room4.is_closed());
+    let events = node.events().await;
+    assert!(
+        matches!(&events[..], [NodeEvent::RestoreFailed { restore_id, message }]
+            if restore_id == "r3" && message.contains("superseded by restore r4")),
+        "{events:?}"
+    );
+    node.send(piece("r3", "late")).await; // a late piece of r3 is dropped
+    node.send(LoopMsg::RestoreEnd {
+        restore_id: "r4".into(),
+    })
+    .await;
+    assert_eq!(chunk(app.next().await), ("r4".into(), Bytes::new(), true));
+    assert_eq!(app.delivered().await, bytes(&["z0"]));
     node.stop().await;
 }
 
