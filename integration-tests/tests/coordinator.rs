@@ -188,6 +188,25 @@ async fn embedded_store_lifecycle_in_every_mode_and_overlapping() {
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+    // One id space: a coordinated daemon refuses snapshots started by hand (their ids could
+    // collide with the coordinator's), and the coordinator's next one is unaffected.
+    let err = cluster
+        .admin(0)
+        .await
+        .unwrap()
+        .initiate_snapshot(pb::InitiateSnapshotRequest {
+            snapshot_id: 1_000,
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::FailedPrecondition, "{err:?}");
+    assert!(err.message().contains("StartSnapshot"), "{err:?}");
+    let id = cluster
+        .start_snapshot(pb::StartSnapshotRequest::default())
+        .await
+        .unwrap();
+    assert_completed(&cluster.wait(id).await.unwrap(), cluster.total());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

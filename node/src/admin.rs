@@ -1,5 +1,6 @@
 //! `cairn.v1.NodeAdmin`: the daemon's status, snapshots started by hand (static
-//! configurations and tests), and this node's completed parts.
+//! configurations only: a daemon with a coordinator refuses them), and this node's completed
+//! parts.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -24,6 +25,8 @@ pub(crate) const MAX_FAULT_DELAY_MS: u64 = 10_000;
 pub(crate) struct AdminService {
     pub loop_tx: mpsc::Sender<LoopMsg>,
     pub shared: Arc<Shared>,
+    /// The daemon has a coordinator: snapshots start there, never here.
+    pub coordinated: bool,
 }
 
 impl AdminService {
@@ -51,6 +54,9 @@ impl pb::node_admin_server::NodeAdmin for AdminService {
         &self,
         request: Request<pb::InitiateSnapshotRequest>,
     ) -> Result<Response<pb::InitiateSnapshotResponse>, Status> {
+        if self.coordinated {
+            return Err(Error::Coordinated.into());
+        }
         let request = request.into_inner();
         if request.snapshot_id == 0 {
             return Err(Error::Malformed("snapshot_id must be positive".into()).into());

@@ -92,6 +92,13 @@ pub enum Error {
     /// Fault injection is off.
     #[error("fault injection is disabled; start the daemon with --fault-injection")]
     FaultInjectionDisabled,
+    /// `NodeAdmin/InitiateSnapshot` on a daemon with a coordinator: the coordinator hands
+    /// out snapshot ids, and one chosen here could collide with them.
+    #[error(
+        "this daemon has a coordinator, which chooses snapshot ids: start snapshots with \
+         Coordinator/StartSnapshot (`cairnctl snapshot start`), not NodeAdmin/InitiateSnapshot"
+    )]
+    Coordinated,
     /// The daemon is shutting down.
     #[error("the node is shutting down")]
     ShuttingDown,
@@ -111,6 +118,7 @@ impl From<Error> for Status {
             Error::SnapshotFailed { .. } => Code::FailedPrecondition,
             Error::EpochMismatch { .. } | Error::NotAdmitted { .. } => Code::Aborted,
             Error::FaultInjectionDisabled => Code::PermissionDenied,
+            Error::Coordinated => Code::FailedPrecondition,
             Error::ShuttingDown => Code::Unavailable,
         };
         Status::new(code, error.to_string())

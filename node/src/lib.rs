@@ -216,6 +216,7 @@ pub async fn run(
     let admin_service = admin::AdminService {
         loop_tx: loop_tx.clone(),
         shared: shared.clone(),
+        coordinated: !config.coordinators.is_empty(),
     };
     let app_service = app_service::AppService {
         shared: shared.clone(),
