@@ -118,6 +118,20 @@ pub enum Error {
     /// A counter (snapshot ids, epochs) at its largest value.
     #[error("the {0} counter is exhausted")]
     CounterExhausted(&'static str),
+    /// `RemoveNode` of a node not on the roster.
+    #[error("node {0} is not a member of the cluster (ListNodes shows the members)")]
+    NotAMember(String),
+    /// `RemoveNode` of a node whose daemon is connected.
+    #[error(
+        "node {node} is connected (its daemon at {address}): stop the daemon first, then \
+         remove it (a daemon stopped with --leave-on-shutdown removes itself)"
+    )]
+    StillConnected {
+        /// The node.
+        node: String,
+        /// Its daemon's address.
+        address: String,
+    },
     /// The metadata store cannot be reached.
     #[error("{0}")]
     Store(#[from] StoreError),
@@ -182,7 +196,9 @@ impl From<Error> for Status {
             | Error::NodeIdHeld(_)
             | Error::NotAParticipant { .. }
             | Error::NoPart { .. }
-            | Error::CounterExhausted(_) => Code::FailedPrecondition,
+            | Error::CounterExhausted(_)
+            | Error::StillConnected { .. } => Code::FailedPrecondition,
+            Error::NotAMember(_) => Code::NotFound,
             Error::TooManyInFlight(_) => Code::ResourceExhausted,
             Error::Store(_) | Error::ShuttingDown => Code::Unavailable,
             Error::Blob(_) | Error::Storage(_) => Code::Internal,

@@ -128,6 +128,11 @@ impl Roster {
         self.nodes.insert(NodeId::new(record.node.clone()), record);
     }
 
+    /// Takes `node` off the roster (once its removal is stored).
+    pub fn remove(&mut self, node: &NodeId) -> Option<RosterRecord> {
+        self.nodes.remove(node)
+    }
+
     /// The topology over the nodes whose address is known: the fixed one restricted to the
     /// roster, or a full mesh of the roster.
     pub fn known_topology(&self) -> Topology {

@@ -649,6 +649,19 @@ impl pb::coordinator_server::Coordinator for CoordinatorService {
         Ok(Response::new(self.stored_nodes().await?))
     }
 
+    async fn remove_node(
+        &self,
+        request: Request<pb::RemoveNodeRequest>,
+    ) -> Result<Response<pb::ListNodesResponse>, Status> {
+        let r = request.into_inner();
+        if r.node_id.is_empty() {
+            return Err(Error::InvalidArgument("RemoveNode needs a node_id".into()).into());
+        }
+        let node = NodeId::new(r.node_id);
+        let nodes = self.ask(|reply| Msg::RemoveNode { node, reply }).await??;
+        Ok(Response::new(nodes))
+    }
+
     async fn get_policy(
         &self,
         _request: Request<pb::GetPolicyRequest>,

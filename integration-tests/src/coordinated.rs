@@ -748,8 +748,9 @@ impl CoordinatedCluster {
 
     /// Sets every bank's rate of random transfers (0 pauses them).
     pub async fn set_workload(&self, rate: f64) -> anyhow::Result<()> {
+        // Every bank that runs (a killed node's does not).
         for i in 0..self.nodes.len() {
-            if self.nodes[i].bank.is_some() {
+            if self.nodes[i].bank_process.is_some() {
                 self.bank(i)
                     .await?
                     .set_workload(cairn_proto::bank::v1::SetWorkloadRequest { rate })

@@ -34,6 +34,7 @@ const RPCS: &[(&str, Option<&str>)] = &[
     ("Coordinator/SetPolicy", Some("operator")),
     ("Coordinator/DeleteSnapshot", Some("admin")),
     ("Coordinator/RestoreSnapshot", Some("admin")),
+    ("Coordinator/RemoveNode", Some("admin")),
     ("Coordinator/NodeSession", None),
     ("Coordinator/UploadSnapshotPart", None),
     ("Coordinator/FetchRestorePart", None),
@@ -153,6 +154,15 @@ async fn call(
             "Coordinator/RestoreSnapshot" => c
                 .restore_snapshot(with_token(
                     pb::RestoreSnapshotRequest { snapshot_id: 999 },
+                    t,
+                ))
+                .await
+                .map(drop),
+            "Coordinator/RemoveNode" => c
+                .remove_node(with_token(
+                    pb::RemoveNodeRequest {
+                        node_id: "n9".into(),
+                    },
                     t,
                 ))
                 .await

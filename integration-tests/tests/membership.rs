@@ -212,3 +212,174 @@ fn a_daemon_with_a_coordinator_refuses_peer_flags_and_needs_an_address() {
     assert_eq!(code, Some(64), "{err}");
     assert!(err.contains("give --coordinator"), "{err}");
 }
+
+/// The banks at `live` once every transfer among them has landed: their balances by node.
+async fn settled(
+    cluster: &CoordinatedCluster,
+    live: &[usize],
+    total: u64,
+) -> std::collections::BTreeMap<String, u64> {
+    use cairn_proto::bank::v1 as bank;
+    eventually("every transfer landed", Duration::from_secs(30), || async {
+        let mut balances = std::collections::BTreeMap::new();
+        for &i in live {
+            let b = cluster
+                .bank(i)
+                .await?
+                .get_balance(bank::GetBalanceRequest {})
+                .await?
+                .into_inner();
+            balances.insert(b.node_id, b.balance);
+        }
+        let sum: u64 = balances.values().sum();
+        anyhow::ensure!(sum == total, "the banks hold {sum} of {total}");
+        Ok(balances)
+    })
+    .await
+    .unwrap()
+}
+
+/// The first completed snapshot that spans exactly `nodes` and started at or after
+/// `since_ms`, with its data.
+async fn spanning(cluster: &CoordinatedCluster, nodes: &[&str], since_ms: u64) -> pb::Snapshot {
+    let id = eventually(
+        &format!("a snapshot of {nodes:?}"),
+        Duration::from_secs(30),
+        || async {
+            let mut client = cluster.client().await?;
+            let snapshots = client
+                .list_snapshots(pb::ListSnapshotsRequest {
+                    status: pb::SnapshotStatus::Completed as i32,
+                    ..Default::default()
+                })
+                .await?
+                .into_inner()
+                .snapshots;
+            snapshots
+                .iter()
+                .rev()
+                .find(|s| {
+                    let mut of: Vec<&str> = s.nodes.iter().map(|n| n.node_id.as_str()).collect();
+                    of.sort_unstable();
+                    s.started_at_ms >= since_ms && of == nodes
+                })
+                .and_then(|s| s.plan.as_ref().map(|p| p.snapshot_id))
+                .ok_or_else(|| anyhow::anyhow!("none yet"))
+        },
+    )
+    .await
+    .unwrap();
+    cluster.wait(id).await.unwrap()
+}
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64
+}
+
+/// Nodes leave as well as join, under a bank workload with a snapshot every 200 ms: a
+/// member that is down is removed (not while connected), snapshots resume without it within
+/// 2 s, the money adds up among the rest once what it held and what was queued for it
+/// (dropped, and counted) are taken out; a restore of a snapshot naming it is refused by
+/// name; a new node joins; two nodes are removed at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn members_are_removed_and_added_under_load_and_snapshots_go_on() {
+    use cairn_proto::bank::v1 as bank;
+    let mut cluster =
+        CoordinatedCluster::start(5, Store::Embedded, &[], &["--schedule-interval", "200ms"])
+            .await
+            .unwrap();
+    let mut total = cluster.total();
+    let before = spanning(&cluster, &["n1", "n2", "n3", "n4", "n5"], 0).await;
+    assert_completed(&before, total);
+    let mut client = cluster.client().await.unwrap();
+    let remove = |node: &str| pb::RemoveNodeRequest {
+        node_id: node.into(),
+    };
+
+    // Refused: a connected node, a node that is not a member.
+    let err = client.remove_node(remove("n5")).await.unwrap_err();
+    assert_eq!(err.code(), Code::FailedPrecondition, "{err:?}");
+    assert!(err.message().contains("n5 is connected"), "{err:?}");
+    let err = client.remove_node(remove("n9")).await.unwrap_err();
+    assert_eq!(err.code(), Code::NotFound, "{err:?}");
+
+    // n5 goes down for good with a transfer of 7 queued for it at n1.
+    cluster.set_workload(0.0).await.unwrap();
+    cluster.bank_workload = 0.0;
+    let held = settled(&cluster, &[0, 1, 2, 3, 4], total).await["n5"];
+    cluster.kill_node(4);
+    cluster
+        .bank(0)
+        .await
+        .unwrap()
+        .transfer(bank::TransferRequest {
+            to: "n5".into(),
+            amount: 7,
+        })
+        .await
+        .unwrap();
+    let removed_at = now_ms();
+    let nodes = client.remove_node(remove("n5")).await.unwrap().into_inner();
+    let ids: Vec<&str> = nodes.nodes.iter().map(|n| n.node_id.as_str()).collect();
+    assert_eq!(ids, ["n1", "n2", "n3", "n4"]);
+    total -= held + 7;
+    let after = spanning(&cluster, &["n1", "n2", "n3", "n4"], removed_at).await;
+    let resumed = after.started_at_ms.saturating_sub(removed_at);
+    println!("snapshots resumed without n5 {resumed} ms after its removal");
+    assert!(resumed <= 2_000, "resumed after {resumed} ms");
+    assert_completed(&after, total);
+    let text = cluster.scrape(&cluster.nodes[0].metrics).await.unwrap();
+    assert_eq!(
+        metric(&text),
+        1.0,
+        "n1 dropped and counted the transfer queued for n5: {}\n{}",
+        text.lines()
+            .filter(|l| l.contains("removed"))
+            .collect::<Vec<_>>()
+            .join("\n"),
+        cluster.log_of("n1")
+    );
+
+    // Restoring a snapshot that names n5 is refused by name.
+    let id = before.plan.as_ref().unwrap().snapshot_id;
+    let err = client
+        .restore_snapshot(pb::RestoreSnapshotRequest { snapshot_id: id })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::FailedPrecondition, "{err:?}");
+    assert!(err.message().contains("n5"), "{err:?}");
+
+    // Under load again, n6 joins.
+    cluster.set_workload(200.0).await.unwrap();
+    cluster.bank_workload = 200.0;
+    let joined_at = now_ms();
+    cluster.add_node(true, &[]).unwrap(); // n6
+    total += cluster.initial_balance;
+    let grown = spanning(&cluster, &["n1", "n2", "n3", "n4", "n6"], joined_at).await;
+    assert_completed(&grown, total);
+
+    // n4 and n6 removed at once.
+    cluster.set_workload(0.0).await.unwrap();
+    cluster.bank_workload = 0.0;
+    let held = settled(&cluster, &[0, 1, 2, 3, 5], total).await;
+    cluster.kill_node(3);
+    cluster.kill_node(5);
+    let removed_at = now_ms();
+    client.remove_node(remove("n4")).await.unwrap();
+    client.remove_node(remove("n6")).await.unwrap();
+    total -= held["n4"] + held["n6"];
+    let shrunk = spanning(&cluster, &["n1", "n2", "n3"], removed_at).await;
+    assert_completed(&shrunk, total);
+}
+
+/// `cairn_node_removed_peer_messages_total` in a daemon's metrics.
+fn metric(text: &str) -> f64 {
+    cairn_integration_tests::tls_support::metric(
+        text,
+        "cairn_node_removed_peer_messages_total",
+        None,
+    )
+}

@@ -243,7 +243,16 @@ impl SessionReader {
                 }
             };
             if !wiring.channels.contains_key(&channel) {
-                return Err(Error::Unknown(format!("node {me} has no channel to `{to}`")).into());
+                if wiring.removed.contains(&channel.to) {
+                    // Sent before the application heard that the peer left.
+                    tracing::warn!(%channel, "a send to a removed member: dropped");
+                    self.shared.metrics.removed_peer_messages.inc();
+                    continue;
+                }
+                return Err(Error::Unknown(format!(
+                    "node {me} has no channel to `{to}`: it is not a member (or was removed)"
+                ))
+                .into());
             }
             if payload.len() > self.shared.max_payload {
                 return Err(Error::PayloadTooLarge {

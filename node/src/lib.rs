@@ -50,7 +50,7 @@ mod peer_server;
 mod shared;
 mod wiring;
 
-use std::collections::BTreeSet;
+use std::collections::BTreeMap;
 use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -177,7 +177,7 @@ pub async fn run(
         },
         stop: stop.clone(),
         tasks: links.clone(),
-        linked: BTreeSet::new(),
+        linked: BTreeMap::new(),
     };
     let link_task = if config.coordinators.is_empty() {
         wirer.link_all();

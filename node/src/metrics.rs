@@ -61,6 +61,8 @@ pub(crate) struct NodeMetrics {
     pub coordinator_term: Gauge,
     /// Bytes of state chunks of this node's parts, by where they went.
     pub state_bytes: Family<UploadLabel, Counter>,
+    /// Messages of channels to removed members that were dropped.
+    pub removed_peer_messages: Counter,
 }
 
 impl NodeMetrics {
@@ -111,6 +113,13 @@ impl NodeMetrics {
             "cairn_node_coordinator_term",
             "The highest coordinator leadership term this daemon has seen",
             self.coordinator_term.clone(),
+        );
+        registry.register(
+            "cairn_node_removed_peer_messages",
+            "Messages dropped because their peer was removed from the cluster: queued for it or \
+             not acknowledged by it, sent to it by the application after it left, or received \
+             from it and not yet taken in",
+            self.removed_peer_messages.clone(),
         );
         registry.register(
             "cairn_node_state_upload_bytes",

@@ -75,7 +75,10 @@ impl Link {
         let mut delay = self.config.reconnect_initial;
         loop {
             match self.session(&mut state, &shutdown).await {
-                Ended::Shutdown => return,
+                Ended::Shutdown => {
+                    self.removed(&mut state);
+                    return;
+                }
                 Ended::Broken(why) => {
                     tracing::debug!(channel = %self.channel, %why, "channel down; reconnecting");
                 }
@@ -95,11 +98,41 @@ impl Link {
             }
             let jitter = rand::rng().random_range(0.5..1.5);
             tokio::select! {
-                _ = shutdown.cancelled() => return,
+                _ = shutdown.cancelled() => {
+                    self.removed(&mut state);
+                    return;
+                }
                 _ = tokio::time::sleep(delay.mul_f64(jitter)) => {}
             }
             delay = (delay * 2).min(self.config.reconnect_max);
         }
+    }
+
+    /// The task stopped: if because its peer was removed, what the peer never acknowledged
+    /// is dropped, and counted.
+    fn removed(&self, state: &mut State) {
+        if self.shared.channel(&self.channel).is_some() {
+            return; // the daemon is stopping
+        }
+        // Frames a pull made before the stream broke wait in its answer.
+        let pulled = state
+            .pull
+            .take()
+            .and_then(|mut pull| pull.try_recv().ok())
+            .map_or(0, |p| {
+                p.frames
+                    .iter()
+                    .filter(|f| matches!(f, OutFrame::Data(_)))
+                    .count()
+            });
+        let unacked = (state
+            .unacked
+            .iter()
+            .filter(|(_, f)| matches!(f, OutFrame::Data(_)))
+            .count()
+            + pulled) as u64;
+        self.shared.metrics.removed_peer_messages.inc_by(unacked);
+        tracing::warn!(channel = %self.channel, unacked, "peer removed: messages it never acknowledged dropped");
     }
 
     /// Connects to the peer at its current address (it may have moved since the last try).

@@ -99,6 +99,9 @@ pub(crate) struct Wiring {
     /// The daemon incarnation the coordinator admitted for each member (empty without a
     /// coordinator): a peer stream from any other incarnation claiming that id is refused.
     pub incarnations: BTreeMap<NodeId, u64>,
+    /// Members removed while this daemon ran (and not back since): the application's sends
+    /// to them, made before it heard, are dropped and counted rather than refused.
+    pub removed: std::collections::BTreeSet<NodeId>,
 }
 
 /// What every part of the daemon may read without asking the loop.

@@ -3,8 +3,9 @@
 //!
 //! A daemon without a coordinator is wired once, from its flags. A daemon with one starts
 //! wired to nobody and takes its members, their addresses and its channels from the
-//! coordinator's `Registered` and `Membership` messages. The membership only grows while a
-//! daemon runs: a channel is never taken away from a running daemon.
+//! coordinator's `Registered` and `Membership` messages, which add members (their channels
+//! are wired in) and remove them (their channels are dropped: the sending task stops, what
+//! was queued for the removed peer is dropped and counted).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -42,6 +43,7 @@ pub(crate) fn wiring(
         addresses,
         channels,
         incarnations: BTreeMap::new(),
+        removed: Default::default(),
     }
 }
 
@@ -54,9 +56,6 @@ pub(crate) enum MembershipError {
     /// It does not include this node.
     #[error("the coordinator's membership does not include this node ({0})")]
     NotAMember(NodeId),
-    /// It takes a channel of this node away.
-    #[error("the coordinator's topology no longer has channel {0}; restart this daemon to drop it")]
-    ChannelGone(ChannelId),
 }
 
 /// Starts sending tasks and grows the wiring.
@@ -67,8 +66,8 @@ pub(crate) struct Wirer {
     pub stop: CancellationToken,
     /// The sending tasks, awaited at shutdown.
     pub tasks: TaskTracker,
-    /// Outgoing channels whose sending task runs.
-    pub linked: std::collections::BTreeSet<ChannelId>,
+    /// Outgoing channels whose sending task runs, and what stops it.
+    pub linked: BTreeMap<ChannelId, CancellationToken>,
 }
 
 impl Wirer {
@@ -76,9 +75,11 @@ impl Wirer {
     pub(crate) fn link_all(&mut self) {
         let wiring = self.shared.wiring();
         for channel in wiring.topology.outgoing(&self.shared.node_id) {
-            if !self.linked.insert(channel.clone()) {
+            if self.linked.contains_key(&channel) {
                 continue;
             }
+            let stop = self.stop.child_token();
+            self.linked.insert(channel.clone(), stop.clone());
             let link = Link {
                 shared: self.shared.clone(),
                 loop_tx: self.loop_tx.clone(),
@@ -86,14 +87,26 @@ impl Wirer {
                 channel,
                 config: self.link_config.clone(),
             };
-            self.tasks.spawn(link.run(self.stop.clone()));
+            self.tasks.spawn(link.run(stop));
         }
     }
 
-    /// Applies a membership from the coordinator: new members and channels are wired in
-    /// (snapshots in flight here fail, as they do at the coordinator), moved members are
-    /// reached at their new address from the next connection on. A membership that would
-    /// take a channel away is refused: that needs a restart of this daemon.
+    /// Stops the sending task of every outgoing channel the current wiring no longer has.
+    fn unlink_gone(&mut self) {
+        let wiring = self.shared.wiring();
+        self.linked.retain(|channel, stop| {
+            let keep = wiring.channels.contains_key(channel);
+            if !keep {
+                stop.cancel();
+            }
+            keep
+        });
+    }
+
+    /// Applies a membership from the coordinator: new members and channels are wired in,
+    /// removed ones dropped (snapshots in flight here fail either way, as they do at the
+    /// coordinator), moved members are reached at their new address from the next
+    /// connection on.
     pub(crate) async fn apply(
         &mut self,
         membership: &pb::Membership,
@@ -116,26 +129,48 @@ impl Wirer {
         let mine =
             |t: &Topology| -> Vec<ChannelId> { t.incoming(&me).chain(t.outgoing(&me)).collect() };
         let (old_channels, new_channels) = (mine(&old.topology), mine(&topology));
-        if let Some(gone) = old_channels.iter().find(|c| !new_channels.contains(c)) {
-            return Err(MembershipError::ChannelGone(gone.clone()));
-        }
         let joined: Vec<&str> = topology
             .nodes()
             .iter()
             .filter(|n| !old.topology.contains(n))
             .map(NodeId::as_str)
             .collect();
-        let added = new_channels.len() - old_channels.len();
-        let what = if !joined.is_empty() {
-            format!("{} joined", joined.join(", "))
-        } else if added > 0 {
-            format!("{added} channels added")
-        } else {
-            // Only addresses changed (a member moved): no topology change.
-            String::new()
-        };
+        let left: Vec<&str> = old
+            .topology
+            .nodes()
+            .iter()
+            .filter(|n| !topology.contains(n))
+            .map(NodeId::as_str)
+            .collect();
+        let added = new_channels
+            .iter()
+            .filter(|c| !old_channels.contains(c))
+            .count();
+        let removed = old_channels
+            .iter()
+            .filter(|c| !new_channels.contains(c))
+            .count();
+        let mut changes = Vec::new();
+        if !joined.is_empty() {
+            changes.push(format!("{} joined", joined.join(", ")));
+        }
+        if !left.is_empty() {
+            changes.push(format!("{} removed", left.join(", ")));
+        }
+        if changes.is_empty() && added + removed > 0 {
+            changes.push(format!("{added} channels added, {removed} removed"));
+        }
+        // Empty: only addresses changed (a member moved), no topology change.
+        let what = changes.join("; ");
         let buffer = self.shared.channel_buffer;
         let mut wiring = wiring(&me, topology, addresses, buffer, Some(&old));
+        wiring.removed = old
+            .removed
+            .iter()
+            .chain(old.topology.nodes().iter())
+            .filter(|n| !wiring.topology.contains(n))
+            .cloned()
+            .collect();
         wiring.incarnations = membership
             .nodes
             .iter()
@@ -156,6 +191,7 @@ impl Wirer {
         if self.loop_tx.send(rewire).await.is_err() || done.await.is_err() {
             return Ok(()); // stopping
         }
+        self.unlink_gone();
         self.link_all();
         Ok(())
     }

@@ -110,6 +110,12 @@ impl Coordinator for Fake {
     ) -> Result<Response<pb::ListNodesResponse>, Status> {
         unimplemented()
     }
+    async fn remove_node(
+        &self,
+        _: Request<pb::RemoveNodeRequest>,
+    ) -> Result<Response<pb::ListNodesResponse>, Status> {
+        unimplemented()
+    }
     async fn get_policy(
         &self,
         _: Request<pb::GetPolicyRequest>,

@@ -103,6 +103,7 @@ const TABLE: &[(&str, Role)] = &[
     ("/cairn.v1.Coordinator/SetPolicy", Role::Operator),
     ("/cairn.v1.Coordinator/DeleteSnapshot", Role::Admin),
     ("/cairn.v1.Coordinator/RestoreSnapshot", Role::Admin),
+    ("/cairn.v1.Coordinator/RemoveNode", Role::Admin),
     ("/cairn.v1.NodeAdmin/InitiateSnapshot", Role::Admin),
     ("/cairn.v1.NodeAdmin/InjectFault", Role::Admin),
     // The example application's API, on a bank's TLS port.

@@ -303,6 +303,47 @@ impl State {
         (register.epoch, OnRegister::Nothing)
     }
 
+    /// Takes a node that is down off the roster and out of the topology: snapshots in
+    /// flight fail (planned over it), and every member is told its new membership (its
+    /// daemon drops the channels to and from the node).
+    pub(super) async fn remove_node(
+        &mut self,
+        node: &NodeId,
+    ) -> Result<pb::ListNodesResponse, Error> {
+        if !self.roster.contains(node) {
+            return Err(Error::NotAMember(node.to_string()));
+        }
+        if let Some(member) = self.members.get(node) {
+            return Err(Error::StillConnected {
+                node: node.to_string(),
+                address: member.record.address.clone(),
+            });
+        }
+        if let Some(active) = &self.restore {
+            return Err(Error::RestoreInProgress {
+                restore: active.record.id.clone(),
+                snapshot: SnapshotId(active.record.snapshot_id),
+            });
+        }
+        self.meta.delete_roster(node.as_str()).await?;
+        self.roster.remove(node);
+        let change = format!("{node} removed");
+        tracing::warn!(%node, "node removed from the cluster");
+        let ids: Vec<SnapshotId> = self.inflight.keys().copied().collect();
+        for id in ids {
+            let update = self
+                .tracker
+                .fail(id, FailureReason::MembershipChanged(change.clone()));
+            self.settle(id, update).await;
+        }
+        let membership = self.membership();
+        for member in self.members.values() {
+            let update = pb::coordinator_to_node::Kind::Membership(membership.clone());
+            self.command(&member.tx, update);
+        }
+        Ok(self.list_nodes())
+    }
+
     pub(super) async fn session_ended(&mut self, node: NodeId, session: u64) {
         if self.members.get(&node).map(|m| m.session) != Some(session) {
             return; // an older session of a node that has re-registered

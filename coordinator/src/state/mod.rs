@@ -107,6 +107,10 @@ pub(crate) enum Msg {
     ListNodes {
         reply: oneshot::Sender<pb::ListNodesResponse>,
     },
+    RemoveNode {
+        node: NodeId,
+        reply: oneshot::Sender<Result<pb::ListNodesResponse, Error>>,
+    },
     /// The record of a snapshot in flight, with its progress; `None` if it has ended.
     Live {
         id: SnapshotId,
@@ -438,6 +442,10 @@ impl State {
             }
             Msg::ListNodes { reply } => {
                 let _ = reply.send(self.list_nodes());
+            }
+            Msg::RemoveNode { node, reply } => {
+                let result = self.remove_node(&node).await;
+                let _ = reply.send(result);
             }
             Msg::Live { id, reply } => {
                 let _ = reply.send(self.live_record(id));

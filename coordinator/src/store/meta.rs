@@ -157,6 +157,11 @@ impl Metadata {
         .await
     }
 
+    /// Removes a node from the roster.
+    pub async fn delete_roster(&self, node: &str) -> Result<(), Error> {
+        Ok(self.kv.delete(&self.keys.roster_node(node)).await?)
+    }
+
     /// Stores a connected member, for as long as this coordinator lives.
     pub async fn put_member(&self, record: &MemberRecord) -> Result<(), Error> {
         let value = encode(record, Layout::Compact);

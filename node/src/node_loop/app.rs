@@ -91,10 +91,12 @@ impl NodeLoop {
         }
         let mut counts: BTreeMap<ChannelId, u64> = BTreeMap::new();
         for (channel, payload) in sends {
-            let out = self
-                .outgoing
-                .get_mut(&channel)
-                .expect("validated by the session");
+            let Some(out) = self.outgoing.get_mut(&channel) else {
+                // The peer was removed after the session checked the send.
+                tracing::warn!(%channel, "a send to a removed peer: dropped");
+                self.shared.metrics.removed_peer_messages.inc();
+                continue;
+            };
             out.queue.push_back(OutItem::Data {
                 index: out.next_index,
                 payload,
@@ -227,14 +229,17 @@ impl NodeLoop {
             else {
                 unreachable!()
             };
-            if credited {
-                self.incoming[&channel].handles.credits.add_permits(1);
+            // A channel removed since is not counted (nor credited) any more.
+            if let Some(incoming) = self.incoming.get(&channel) {
+                if credited {
+                    incoming.handles.credits.add_permits(1);
+                }
+                if incoming.generation == generation {
+                    *counts.entry(channel.clone()).or_default() += 1;
+                }
             }
             bytes += payload.len();
             count += 1;
-            if self.incoming[&channel].generation == generation {
-                *counts.entry(channel.clone()).or_default() += 1;
-            }
             if !packed {
                 messages.push(pb::Deliver {
                     from: channel.from.to_string(),

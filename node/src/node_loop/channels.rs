@@ -51,10 +51,10 @@ impl NodeLoop {
         first_seq: u64,
         items: Vec<InItem>,
     ) -> bool {
-        let incoming = self
-            .incoming
-            .get_mut(&channel)
-            .expect("validated by the peer service");
+        let Some(incoming) = self.incoming.get_mut(&channel) else {
+            // Its peer was removed while the stream was open: the stream ends.
+            return false;
+        };
         let credits = incoming.handles.clone();
         let credits = &credits.credits;
         if incoming.incarnation != incarnation || epoch != self.epoch {
@@ -172,7 +172,9 @@ impl NodeLoop {
 
     /// Answers the channel's waiting pull, if any, with what its queue holds.
     pub(super) fn serve_pull(&mut self, channel: &ChannelId) {
-        let out = self.outgoing.get_mut(channel).expect("outgoing channel");
+        let Some(out) = self.outgoing.get_mut(channel) else {
+            return; // removed
+        };
         if out.queue.is_empty() || out.pending_pull.is_none() {
             return;
         }
@@ -218,6 +220,10 @@ impl NodeLoop {
         mut requeue: Vec<Bytes>,
         lost_markers: Vec<cairn_core::SnapshotId>,
     ) {
+        if !self.outgoing.contains_key(&channel) {
+            // Its peer was removed: what the task held is dropped (it counted it).
+            return;
+        }
         if epoch != self.epoch {
             // Data of an epoch this node has left: dropped like the rest of it.
             self.outgoing[&channel].handles.release(requeue.len());

@@ -155,11 +155,53 @@ impl NodeLoop {
         }
     }
 
-    /// The membership grew: the new channels are taken up and published, and snapshots in
-    /// flight fail (they were planned over the old topology).
+    /// Drops the channels the wiring no longer has (their peer was removed): what is queued
+    /// for it and what it sent that was not taken in yet are dropped and counted; messages of
+    /// it already in the inbox are still delivered (they were received).
+    fn drop_channels(&mut self, wiring: &Wiring) {
+        let mut dropped = 0u64;
+        let gone: Vec<ChannelId> = self
+            .outgoing
+            .keys()
+            .filter(|c| !wiring.channels.contains_key(*c))
+            .cloned()
+            .collect();
+        for channel in gone {
+            let out = self.outgoing.remove(&channel).expect("listed");
+            let queued = out
+                .queue
+                .iter()
+                .filter(|i| matches!(i, OutItem::Data { .. }))
+                .count() as u64;
+            tracing::warn!(%channel, queued, "channel removed: messages queued for its peer dropped");
+            dropped += queued;
+        }
+        let gone: Vec<ChannelId> = self
+            .incoming
+            .keys()
+            .filter(|c| !wiring.channels.contains_key(*c))
+            .cloned()
+            .collect();
+        for channel in gone {
+            let incoming = self.incoming.remove(&channel).expect("listed");
+            let held = incoming
+                .held
+                .iter()
+                .filter(|i| matches!(i, InItem::Data(_)))
+                .count() as u64;
+            tracing::warn!(%channel, held, "channel removed: messages of its peer not taken in dropped");
+            dropped += held;
+        }
+        self.shared.metrics.removed_peer_messages.inc_by(dropped);
+    }
+
+    /// The membership changed: the new channels are taken up, those of removed members
+    /// dropped, the wiring published, and snapshots in flight fail (they were planned over
+    /// the old topology).
     fn rewire(&mut self, wiring: Arc<Wiring>, what: String) {
         tracing::info!(%what, channels = wiring.channels.len(), "membership changed");
         self.take_up_channels(&wiring);
+        self.drop_channels(&wiring);
         *self.shared.wiring.write().expect("wiring lock") = wiring.clone();
         self.peers_changed = self.app.is_some();
         self.feed(Event::TopologyChanged {

@@ -44,7 +44,9 @@ impl NodeLoop {
             } = item
             {
                 dropped += 1;
-                self.incoming[&channel].handles.credits.add_permits(1);
+                if let Some(incoming) = self.incoming.get(&channel) {
+                    incoming.handles.credits.add_permits(1);
+                }
             }
         }
         for incoming in self.incoming.values_mut() {

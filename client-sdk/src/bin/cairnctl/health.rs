@@ -17,6 +17,30 @@ pub(crate) async fn nodes(coordinator: &str, output: Output) -> anyhow::Result<E
         .list_nodes(pb::ListNodesRequest {})
         .await?
         .into_inner();
+    print_nodes(&nodes, output)
+}
+
+/// `cairnctl nodes remove ID`: the nodes left.
+pub(crate) async fn remove_node(
+    coordinator: &str,
+    node_id: String,
+    output: Output,
+) -> anyhow::Result<ExitCode> {
+    let mut client = crate::connect(coordinator).await?;
+    let nodes = client
+        .raw()
+        .remove_node(pb::RemoveNodeRequest {
+            node_id: node_id.clone(),
+        })
+        .await?
+        .into_inner();
+    if output == Output::Table {
+        println!("node {node_id} removed; the nodes now:");
+    }
+    print_nodes(&nodes, output)
+}
+
+fn print_nodes(nodes: &pb::ListNodesResponse, output: Output) -> anyhow::Result<ExitCode> {
     if output == Output::Json {
         let rows: Vec<_> = nodes
             .nodes

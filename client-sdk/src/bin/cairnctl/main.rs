@@ -73,12 +73,30 @@ struct Cli {
 }
 
 #[derive(Debug, Subcommand)]
+enum NodesCommand {
+    /// List the nodes: address, connected, incarnation, application (the default).
+    List,
+    /// Remove a node whose daemon is down for good (a scale-down, a machine retired): every
+    /// daemon drops its channels to and from it, and later snapshots span the rest. Refused
+    /// while its daemon is connected (stop it first; a daemon stopped with
+    /// --leave-on-shutdown removes itself) or while a restore runs. A removed node that comes
+    /// back joins as a new member. Needs the admin role.
+    Remove {
+        /// The node's id.
+        node: String,
+    },
+}
+
+#[derive(Debug, Subcommand)]
 enum Command {
     /// Start, inspect, watch, abort or delete snapshots.
     #[command(subcommand)]
     Snapshot(snapshot::SnapshotCommand),
-    /// List the registered node daemons.
-    Nodes,
+    /// List the cluster's nodes (`cairnctl nodes`), or remove one that is down.
+    Nodes {
+        #[command(subcommand)]
+        command: Option<NodesCommand>,
+    },
     /// Show or change the snapshot schedule (interval, mode, pause, jitter, tolerated
     /// failures, freshness threshold).
     #[command(subcommand)]
@@ -343,7 +361,13 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             service,
             timeout,
         } => health::health(&address, &service, timeout).await,
-        Command::Nodes => health::nodes(coordinator, cli.output).await,
+        Command::Nodes { command: None }
+        | Command::Nodes {
+            command: Some(NodesCommand::List),
+        } => health::nodes(coordinator, cli.output).await,
+        Command::Nodes {
+            command: Some(NodesCommand::Remove { node }),
+        } => health::remove_node(coordinator, node, cli.output).await,
         Command::Auth(AuthCommand::Token { role, name }) => {
             let (token, line) = cli::auth::new_token(role, name.as_deref());
             match cli.output {

@@ -301,3 +301,74 @@ async fn a_rewire_fails_snapshots_in_flight_with_membership_changed() {
     assert!(matches!(&pulled.frames[..], [m] if is_marker(m, 2)));
     node.stop().await;
 }
+
+/// A member removed: its channels are dropped live. What was queued for it is dropped and
+/// counted, frames of its stream still open are refused, a message of it already in the
+/// inbox is still delivered, a send to it that raced the removal is dropped and counted, a
+/// late pull or reset of its sending task is ignored, the application hears its new peers,
+/// and the snapshot in flight fails with "membership changed".
+#[tokio::test]
+async fn a_removed_member_s_channels_are_dropped_live() {
+    let mut node = Node::start(&["a", "b"], true);
+    let mut app = node.attach(1, 1).await; // `Attached` fills the stream: the inbox waits
+    node.opened(B).await;
+    assert!(node.frames(0, 1, vec![data("m1")]).await);
+    node.app_send(&app, "queued").await;
+    node.send(LoopMsg::InitiatePlan { plan: plan(1) }).await;
+
+    let shrunk = Arc::new(wiring(&["a"], Some(&node.shared.wiring())));
+    node.ask(|reply| LoopMsg::Rewire {
+        wiring: shrunk,
+        what: "b removed".into(),
+        reply,
+    })
+    .await;
+    let events = node.events().await;
+    assert!(
+        matches!(&events[..], [NodeEvent::Failed(SnapshotId(1), FailureReason::MembershipChanged(what))]
+            if what == "b removed"),
+        "{events:?}"
+    );
+    let dropped = || node.shared.metrics.removed_peer_messages.get();
+    assert_eq!(dropped(), 1, "the message queued for b");
+
+    // b's stream, still open, is refused; a send to b that raced the removal is dropped.
+    let kept = node
+        .ask(|kept| LoopMsg::InboundFrames {
+            channel: ch("b", "a"),
+            incarnation: B,
+            epoch: 0,
+            first_seq: 2,
+            items: vec![data("late")],
+            kept,
+        })
+        .await;
+    assert!(!kept);
+    node.send(LoopMsg::AppSend {
+        session: app.session,
+        sends: vec![(ch("a", "b"), Bytes::from_static(b"raced"))],
+    })
+    .await;
+    let _late_pull = node.pull(ch("a", "b")).await;
+    node.send(LoopMsg::OutboundReset {
+        channel: ch("a", "b"),
+        epoch: 0,
+        requeue: bytes(&["unacked"]),
+        lost_markers: Vec::new(),
+    })
+    .await;
+    node.status().await;
+    assert_eq!(dropped(), 2, "and the raced send");
+
+    // The application: its peers first, then b's message it had received.
+    assert!(matches!(app.next().await, Kind::Attached(_)));
+    match app.next().await {
+        Kind::Peers(p) => assert!(p.peers.is_empty(), "{p:?}"),
+        other => panic!("expected the new peers, got {other:?}"),
+    }
+    assert_eq!(app.delivered().await, bytes(&["m1"]));
+    node.status().await;
+    app.nothing_more(); // the aborted snapshot's record request is not handed over
+    assert!(node.status().await.snapshots_in_flight.is_empty());
+    node.stop().await;
+}

@@ -58,6 +58,7 @@ fn wiring(nodes: &[&str], old: Option<&Wiring>) -> Wiring {
         topology,
         channels,
         incarnations: BTreeMap::new(),
+        removed: Default::default(),
     }
 }
 
