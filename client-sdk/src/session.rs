@@ -302,6 +302,18 @@ impl AppSession {
         }
         loop {
             if let Some(event) = self.buffered.pop_front() {
+                if let AppEvent::Restore { restore_id, .. }
+                | AppEvent::RestorePiece {
+                    restore_id,
+                    last: true,
+                    ..
+                } = &event
+                {
+                    // Handed over whole: acknowledged when the application next asks for
+                    // an event, if it did not itself (not before: a restore superseded
+                    // mid-way leaves an abort ahead of the next one in `buffered`).
+                    *self.sender.restore.lock().expect("never poisoned") = Some(restore_id.clone());
+                }
                 return Ok(Some(event));
             }
             let Some(message) = self.inbound.message().await? else {
@@ -336,13 +348,7 @@ impl AppSession {
                         snapshot_id: r.snapshot_id,
                     }));
                 }
-                Some(Kind::Restore(r)) => {
-                    if let Some(whole) = self.staging.piece(r, &mut self.buffered) {
-                        // Acknowledged when the application next asks for an event, if it
-                        // did not itself.
-                        *self.sender.restore.lock().expect("never poisoned") = Some(whole);
-                    }
-                }
+                Some(Kind::Restore(r)) => self.staging.piece(r, &mut self.buffered),
                 Some(Kind::RestoreAborted(a)) => self.staging.aborted(a, &mut self.buffered),
                 Some(Kind::Peers(p)) => {
                     *self.sender.peers.write().expect("never poisoned") =
@@ -366,9 +372,8 @@ struct RestoreStaging {
 }
 
 impl RestoreStaging {
-    /// Takes a piece; the events it makes go to `out`. Returns the restore's id on its last
-    /// piece.
-    fn piece(&mut self, r: pb::Restore, out: &mut VecDeque<AppEvent>) -> Option<String> {
+    /// Takes a piece; the events it makes go to `out`.
+    fn piece(&mut self, r: pb::Restore, out: &mut VecDeque<AppEvent>) {
         let mut staged = match self.current.take() {
             Some((id, staged)) if id == r.restore_id => staged,
             Some((id, _)) => {
@@ -383,7 +388,6 @@ impl RestoreStaging {
             }
             None => BytesMut::new(),
         };
-        let done = r.last.then(|| r.restore_id.clone());
         if self.in_pieces {
             if !r.last {
                 self.current = Some((r.restore_id.clone(), staged));
@@ -394,19 +398,18 @@ impl RestoreStaging {
                 piece: r.chunk,
                 last: r.last,
             });
-            return done;
+            return;
         }
         staged.extend_from_slice(&r.chunk);
         if !r.last {
             self.current = Some((r.restore_id, staged));
-            return None;
+            return;
         }
         out.push_back(AppEvent::Restore {
             restore_id: r.restore_id,
             snapshot_id: r.snapshot_id,
             state: staged.freeze(),
         });
-        done
     }
 
     /// The daemon aborted a restore whose pieces were coming: what came is dropped (and the
@@ -540,13 +543,10 @@ mod tests {
     fn pieces_are_gathered_into_one_restore_and_a_broken_one_is_dropped() {
         let mut staging = RestoreStaging::default();
         let mut out = VecDeque::new();
-        assert_eq!(staging.piece(piece("r1", "ab", false), &mut out), None);
-        assert_eq!(staging.piece(piece("r1", "cd", false), &mut out), None);
+        staging.piece(piece("r1", "ab", false), &mut out);
+        staging.piece(piece("r1", "cd", false), &mut out);
         assert!(out.is_empty());
-        assert_eq!(
-            staging.piece(piece("r1", "e", true), &mut out),
-            Some("r1".into())
-        );
+        staging.piece(piece("r1", "e", true), &mut out);
         assert_eq!(
             out.pop_front(),
             Some(AppEvent::Restore {
@@ -584,11 +584,8 @@ mod tests {
             piece: Bytes::from_static(p.as_bytes()),
             last,
         };
-        assert_eq!(staging.piece(piece("r1", "ab", false), &mut out), None);
-        assert_eq!(
-            staging.piece(piece("r1", "c", true), &mut out),
-            Some("r1".into())
-        );
+        staging.piece(piece("r1", "ab", false), &mut out);
+        staging.piece(piece("r1", "c", true), &mut out);
         staging.aborted(aborted("r1"), &mut out); // done already: nothing to abort
         staging.piece(piece("r2", "x", false), &mut out);
         staging.aborted(aborted("r2"), &mut out);

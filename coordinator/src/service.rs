@@ -618,7 +618,10 @@ impl pb::coordinator_server::Coordinator for CoordinatorService {
                     }
                 }
             }
-            let counts = pb::ReplayCounts { outgoing: counts };
+            let counts = pb::ReplayCounts {
+                outgoing: counts,
+                end_follows: true,
+            };
             if tx.send(piece(Kind::Counts(counts))).await.is_err() {
                 return;
             }

@@ -490,9 +490,10 @@ async fn retention_racing_snapshots_and_a_restore_keeps_every_retained_snapshot_
 async fn a_restore_broken_off_mid_stream_is_aborted_at_the_application_and_the_next_completes() {
     use cairn_sdk::{AppEvent, AppSession};
     use rand::Rng;
-    // Far more than the pieces the daemon and the streams between hold: the fetch stalls
-    // until the application takes pieces.
-    const STATE: usize = 16 << 20;
+    // Far more than the pieces the daemon's loop and the streams between hold (8 pieces, and
+    // the 16 MiB HTTP/2 window of its connection to the coordinator): the fetch stalls until
+    // the application takes pieces.
+    const STATE: usize = 64 << 20;
     let mut s3 = S3Server::start().await.unwrap();
     let blob = s3_args(&s3, "midway");
     let mut cluster =

@@ -56,6 +56,14 @@ pub(crate) enum MembershipError {
     /// It does not include this node.
     #[error("the coordinator's membership does not include this node ({0})")]
     NotAMember(NodeId),
+    /// It lacks a channel of this node whose peer it does not say was removed: a
+    /// coordinator that is still hearing its members again (it lost its metadata). The
+    /// session ends and registers again, until the membership is whole.
+    #[error(
+        "the coordinator's membership lacks channel {0} without saying its peer was removed; \
+         registering again"
+    )]
+    ChannelGone(ChannelId),
 }
 
 /// Starts sending tasks and grows the wiring.
@@ -129,6 +137,17 @@ impl Wirer {
         let mine =
             |t: &Topology| -> Vec<ChannelId> { t.incoming(&me).chain(t.outgoing(&me)).collect() };
         let (old_channels, new_channels) = (mine(&old.topology), mine(&topology));
+        let removed_nodes: std::collections::BTreeSet<NodeId> = membership
+            .removed
+            .iter()
+            .map(|n| NodeId::new(n.clone()))
+            .collect();
+        if let Some(gone) = old_channels.iter().find(|c| {
+            let peer = if c.from == me { &c.to } else { &c.from };
+            !new_channels.contains(c) && !removed_nodes.contains(peer)
+        }) {
+            return Err(MembershipError::ChannelGone(gone.clone()));
+        }
         let joined: Vec<&str> = topology
             .nodes()
             .iter()
@@ -164,13 +183,7 @@ impl Wirer {
         let what = changes.join("; ");
         let buffer = self.shared.channel_buffer;
         let mut wiring = wiring(&me, topology, addresses, buffer, Some(&old));
-        wiring.removed = old
-            .removed
-            .iter()
-            .chain(old.topology.nodes().iter())
-            .filter(|n| !wiring.topology.contains(n))
-            .cloned()
-            .collect();
+        wiring.removed = removed_nodes;
         wiring.incarnations = membership
             .nodes
             .iter()

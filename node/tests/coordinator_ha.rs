@@ -302,6 +302,7 @@ impl Daemon {
             nodes: vec![n1],
             channels: Vec::new(),
             epoch: 0,
+            removed: Vec::new(),
         };
         pb::CoordinatorToNode {
             kind: Some(pb::coordinator_to_node::Kind::Registered(membership)),

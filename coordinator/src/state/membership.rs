@@ -59,6 +59,7 @@ impl State {
             nodes,
             channels,
             epoch: self.epoch,
+            removed: self.removed.iter().map(ToString::to_string).collect(),
         }
     }
 
@@ -109,6 +110,10 @@ impl State {
         if let Some(record) = enrollment.record {
             self.meta.put_roster(&record).await?;
             self.roster.insert(record);
+        }
+        if self.removed.remove(node) {
+            // Back after a removal: a new member (the roster record above says so first).
+            self.meta.delete_removed(node.as_str()).await?;
         }
         let Some(change) = enrollment.change else {
             return Ok((None, enrollment.restarted));
@@ -325,8 +330,13 @@ impl State {
                 snapshot: SnapshotId(active.record.snapshot_id),
             });
         }
-        self.meta.delete_roster(node.as_str()).await?;
+        let record = crate::store::RemovedRecord {
+            node: node.to_string(),
+            removed_at_ms: now_ms(),
+        };
+        self.meta.remove_node(&record).await?;
         self.roster.remove(node);
+        self.removed.insert(node.clone());
         let change = format!("{node} removed");
         tracing::warn!(%node, "node removed from the cluster");
         let ids: Vec<SnapshotId> = self.inflight.keys().copied().collect();

@@ -2,7 +2,7 @@
 //! change to a snapshot's lifecycle happens here, in order, and is written to the
 //! metadata store before anyone is told.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::hash::BuildHasher;
 use std::time::Duration;
 
@@ -170,6 +170,9 @@ pub(crate) struct State {
     blobs: BlobStore,
     /// Every node of the cluster, connected or not (persisted), and the topology rules.
     roster: Roster,
+    /// Nodes removed and not back (every membership names them: daemons drop their
+    /// channels).
+    removed: BTreeSet<NodeId>,
     /// The nodes with a session now.
     members: BTreeMap<NodeId, Member>,
     tracker: SnapshotTracker,
@@ -230,6 +233,7 @@ impl State {
             leadership: settings.leadership.clone(),
             metrics,
             roster: Roster::new(settings.topology.clone()),
+            removed: BTreeSet::new(),
             settings,
             meta,
             blobs,
@@ -253,7 +257,20 @@ impl State {
             FailureReason::CoordinatorRestarted
         };
         self.roster.load(self.meta.roster().await?);
-        tracing::info!(nodes = self.roster.nodes().count(), "roster loaded");
+        for removed in self.meta.removed().await? {
+            let node = NodeId::new(removed.node);
+            if self.roster.contains(&node) {
+                // A removal that did not finish, or a return not yet recorded: on the roster.
+                self.meta.delete_removed(node.as_str()).await?;
+            } else {
+                self.removed.insert(node);
+            }
+        }
+        tracing::info!(
+            nodes = self.roster.nodes().count(),
+            removed = self.removed.len(),
+            "roster loaded"
+        );
         self.load_policy().await?;
         self.recover_restores().await?;
         let mut newest_completed = None;

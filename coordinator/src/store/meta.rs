@@ -10,8 +10,8 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use super::{
-    AnyKv, Keys, Kv, MemberRecord, PartRecord, PolicyRecord, RestoreRecord, RosterRecord,
-    SnapshotRecord,
+    AnyKv, Keys, Kv, MemberRecord, PartRecord, PolicyRecord, RemovedRecord, RestoreRecord,
+    RosterRecord, SnapshotRecord,
 };
 use crate::error::Error;
 
@@ -157,9 +157,27 @@ impl Metadata {
         .await
     }
 
-    /// Removes a node from the roster.
-    pub async fn delete_roster(&self, node: &str) -> Result<(), Error> {
-        Ok(self.kv.delete(&self.keys.roster_node(node)).await?)
+    /// Removes a node: its tombstone first, then its roster record. A crash between the two
+    /// leaves both; at start the roster record wins (the removal did not happen: its caller
+    /// saw no success, and `RemoveNode` again finishes it).
+    pub async fn remove_node(&self, record: &RemovedRecord) -> Result<(), Error> {
+        self.put(
+            &self.keys.removed_node(&record.node),
+            record,
+            Layout::Compact,
+        )
+        .await?;
+        Ok(self.kv.delete(&self.keys.roster_node(&record.node)).await?)
+    }
+
+    /// Every node removed and not back (unparsable ones skipped).
+    pub async fn removed(&self) -> Result<Vec<RemovedRecord>, Error> {
+        self.list(&self.keys.removed()).await
+    }
+
+    /// A removed node is back: its tombstone goes.
+    pub async fn delete_removed(&self, node: &str) -> Result<(), Error> {
+        Ok(self.kv.delete(&self.keys.removed_node(node)).await?)
     }
 
     /// Stores a connected member, for as long as this coordinator lives.

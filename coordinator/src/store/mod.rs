@@ -24,8 +24,8 @@ pub use file::FileKv;
 pub use memory::MemoryKv;
 pub use meta::Metadata;
 pub use records::{
-    ChunkList, FailureRecord, MemberRecord, PartRecord, PolicyRecord, RestoreRecord, RestoreStatus,
-    RosterRecord, SnapshotRecord, SnapshotStatus, VerdictRecord,
+    ChunkList, FailureRecord, MemberRecord, PartRecord, PolicyRecord, RemovedRecord, RestoreRecord,
+    RestoreStatus, RosterRecord, SnapshotRecord, SnapshotStatus, VerdictRecord,
 };
 
 /// A metadata store that cannot be reached or answered wrongly.
@@ -186,6 +186,14 @@ impl Keys {
     /// One node of the roster.
     pub fn roster_node(&self, node: &str) -> String {
         format!("{}roster/{node}", self.root)
+    }
+    /// Every node removed and not back.
+    pub fn removed(&self) -> String {
+        format!("{}removed/", self.root)
+    }
+    /// One removed node.
+    pub fn removed_node(&self, node: &str) -> String {
+        format!("{}removed/{node}", self.root)
     }
     /// Every member.
     pub fn members(&self) -> String {

@@ -199,6 +199,16 @@ pub struct MemberRecord {
     pub registered_at_ms: u64,
 }
 
+/// A node removed from the cluster (`RemoveNode`) and not back since: daemons drop their
+/// channels to it when a membership names it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RemovedRecord {
+    /// The node's id.
+    pub node: String,
+    /// Milliseconds since the Unix epoch of its removal.
+    pub removed_at_ms: u64,
+}
+
 /// A node of the cluster's roster: every node that has ever registered (and was not
 /// removed). The topology spans the roster, connected or not.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

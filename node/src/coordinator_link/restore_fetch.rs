@@ -12,6 +12,7 @@
 //! fails the restore naming this node).
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use bytes::Bytes;
 use cairn_proto::convert::channel_from_pb;
@@ -26,6 +27,9 @@ use crate::node_loop::{LoopMsg, RestoreData, RestoreFeed};
 /// for the application to take them.
 pub(crate) const PIECES_AHEAD: usize = 8;
 
+/// Numbers the fetches of this process (a restore sent twice may be fetched twice).
+static FETCHES: AtomicU64 = AtomicU64::new(1);
+
 /// Fetches this node's share of a restore from the coordinator and streams it into the
 /// loop; a failure is reported to the coordinator, which fails the restore naming this node.
 pub(super) async fn fetch_and_restore(
@@ -38,7 +42,7 @@ pub(super) async fn fetch_and_restore(
     let restore_id = restore.restore_id.clone();
     let mut fetch = Fetch {
         loop_tx,
-        restore_id: restore_id.clone(),
+        id: FETCHES.fetch_add(1, Ordering::Relaxed),
         room: Arc::new(Semaphore::new(PIECES_AHEAD)),
         entered: false,
     };
@@ -56,7 +60,7 @@ pub(super) async fn fetch_and_restore(
         let _ = fetch
             .loop_tx
             .send(LoopMsg::RestoreAborted {
-                restore_id: restore_id.clone(),
+                fetch: fetch.id,
                 reason: message.clone(),
             })
             .await;
@@ -69,7 +73,8 @@ pub(super) async fn fetch_and_restore(
 
 struct Fetch {
     loop_tx: mpsc::Sender<LoopMsg>,
-    restore_id: String,
+    /// This fetch, among the process's.
+    id: u64,
     /// Room for pieces in the loop: a permit per piece on its way, given back by the loop
     /// when the application takes it, and closed when the loop drops the restore.
     room: Arc<Semaphore>,
@@ -100,9 +105,10 @@ impl Fetch {
             epoch: restore.epoch,
             incoming: Default::default(),
             outgoing: Default::default(),
-            feed: RestoreFeed::new(self.room.clone()),
+            feed: RestoreFeed::new(self.id, self.room.clone()),
         });
         let mut counted = false;
+        let mut end_follows = false;
         // A coordinator from before `RestoreEnd` sends the state first and the counts last:
         // its share is collected whole, then handed over as one.
         let mut early: Option<Vec<Bytes>> = None;
@@ -128,6 +134,7 @@ impl Fetch {
                         data.outgoing.insert(channel, c.messages);
                     }
                     counted = true;
+                    end_follows = counts.end_follows;
                 }
                 Some(Kind::LocalState(bytes)) => {
                     received = received.saturating_add(bytes.len() as u64);
@@ -153,6 +160,9 @@ impl Fetch {
                     if let Some(data) = data.take() {
                         self.enter(data).await?;
                     }
+                    for piece in early.take().unwrap_or_default() {
+                        self.piece(piece).await?;
+                    }
                     return self.end().await;
                 }
                 None => {}
@@ -160,15 +170,15 @@ impl Fetch {
         }
         match data {
             // The old order (or an empty state from an old coordinator): all here.
-            Some(data) if counted => {
+            Some(data) if counted && !end_follows => {
                 self.enter(data).await?;
                 for piece in early.unwrap_or_default() {
                     self.piece(piece).await?;
                 }
                 self.end().await
             }
-            Some(_) => Err(LinkError::NoReplayCounts),
-            None => Err(LinkError::NoRestoreEnd { received }),
+            Some(_) if !counted => Err(LinkError::NoReplayCounts),
+            _ => Err(LinkError::NoRestoreEnd { received }),
         }
     }
 
@@ -187,13 +197,13 @@ impl Fetch {
             .map_err(|_| LinkError::RestoreDropped)?;
         // Given back by the loop when the application takes the piece.
         permit.forget();
-        let restore_id = self.restore_id.clone();
-        self.send(LoopMsg::RestorePiece { restore_id, piece }).await
+        let fetch = self.id;
+        self.send(LoopMsg::RestorePiece { fetch, piece }).await
     }
 
     async fn end(&mut self) -> Result<(), LinkError> {
-        let restore_id = self.restore_id.clone();
-        self.send(LoopMsg::RestoreEnd { restore_id }).await
+        let fetch = self.id;
+        self.send(LoopMsg::RestoreEnd { fetch }).await
     }
 
     async fn send(&self, msg: LoopMsg) -> Result<(), LinkError> {

@@ -112,12 +112,15 @@ pub(crate) enum LoopMsg {
     /// pieces follow as `RestorePiece`s) and replay the recorded messages ahead of any new
     /// traffic.
     Restore(Box<RestoreData>),
-    /// The next piece of a restore's state (it took a permit of the restore's feed room).
-    RestorePiece { restore_id: String, piece: Bytes },
+    /// The next piece of a restore's state, from fetch `fetch` (it took a permit of the
+    /// restore's feed room). Pieces, ends and aborts name the fetch, not only the restore:
+    /// a restore sent twice (a node that registered again) may be fetched twice, and only
+    /// the fetch the loop took may feed it.
+    RestorePiece { fetch: u64, piece: Bytes },
     /// A restore's state is whole: its last piece is the one before.
-    RestoreEnd { restore_id: String },
+    RestoreEnd { fetch: u64 },
     /// A restore's state broke off after the loop entered its epoch.
-    RestoreAborted { restore_id: String, reason: String },
+    RestoreAborted { fetch: u64, reason: String },
     /// The coordinator's epoch differs from this node's at registration: enter it.
     AdoptEpoch { epoch: u64 },
     /// Start a snapshot here (NodeAdmin).
@@ -191,6 +194,8 @@ pub(crate) struct RestoreData {
 /// superseded, abandoned or done) closes the room, which stops the fetch.
 #[derive(Debug)]
 pub(crate) struct RestoreFeed {
+    /// The fetch feeding it (unique in this process).
+    pub(crate) fetch: u64,
     room: Arc<Semaphore>,
     pieces: VecDeque<Bytes>,
     /// The fetch sent the last piece.
@@ -198,8 +203,9 @@ pub(crate) struct RestoreFeed {
 }
 
 impl RestoreFeed {
-    pub(crate) fn new(room: Arc<Semaphore>) -> Self {
+    pub(crate) fn new(fetch: u64, room: Arc<Semaphore>) -> Self {
         Self {
+            fetch,
             room,
             pieces: VecDeque::new(),
             ended: false,
@@ -209,7 +215,7 @@ impl RestoreFeed {
     /// A whole state that is here already (tests).
     #[cfg(test)]
     pub(crate) fn whole(pieces: Vec<Bytes>) -> Self {
-        let mut feed = Self::new(Arc::new(Semaphore::new(0)));
+        let mut feed = Self::new(0, Arc::new(Semaphore::new(0)));
         feed.pieces.extend(pieces);
         feed.ended = true;
         feed

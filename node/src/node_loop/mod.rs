@@ -99,6 +99,8 @@ struct RestorePending {
     restore_id: String,
     /// The application session that was handed the state, once it was.
     session: Option<u64>,
+    /// The fetch feeding its state.
+    fetch: u64,
     /// Its state broke off (and the coordinator was told): nothing is delivered until a
     /// later restore, since the application runs on a state of no epoch of this one.
     aborted: bool,
@@ -320,11 +322,9 @@ impl NodeLoop {
                 restore_id,
             } => self.on_restore_applied(session, restore_id),
             LoopMsg::Restore(data) => self.restore(*data),
-            LoopMsg::RestorePiece { restore_id, piece } => self.restore_piece(&restore_id, piece),
-            LoopMsg::RestoreEnd { restore_id } => self.restore_end(&restore_id),
-            LoopMsg::RestoreAborted { restore_id, reason } => {
-                self.restore_aborted(restore_id, reason)
-            }
+            LoopMsg::RestorePiece { fetch, piece } => self.restore_piece(fetch, piece),
+            LoopMsg::RestoreEnd { fetch } => self.restore_end(fetch),
+            LoopMsg::RestoreAborted { fetch, reason } => self.restore_aborted(fetch, reason),
             LoopMsg::AdoptEpoch { epoch } => self.adopt_epoch(epoch),
             LoopMsg::Initiate {
                 id,

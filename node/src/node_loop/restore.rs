@@ -116,6 +116,7 @@ impl NodeLoop {
             });
         }
         self.enter_epoch(data.epoch);
+        let fetch = data.feed.fetch;
         self.inbox.push_back(InboxItem::Restore {
             restore_id: data.restore_id.clone(),
             snapshot_id: data.snapshot_id,
@@ -171,33 +172,31 @@ impl NodeLoop {
         self.restore_pending = Some(RestorePending {
             restore_id: data.restore_id,
             session: None,
+            fetch,
             aborted: false,
         });
     }
 
-    /// The restore's feed, while its state is still on its way to the application.
-    fn feed_of(&mut self, restore_id: &str) -> Option<&mut super::RestoreFeed> {
+    /// The feed of fetch `fetch`, while its state is still on its way to the application.
+    fn feed_of(&mut self, fetch: u64) -> Option<&mut super::RestoreFeed> {
         self.inbox.iter_mut().find_map(|item| match item {
-            InboxItem::Restore {
-                restore_id: id,
-                feed,
-                ..
-            } if id == restore_id => Some(feed),
+            InboxItem::Restore { feed, .. } if feed.fetch == fetch => Some(feed),
             _ => None,
         })
     }
 
     /// The next piece of a restore's state.
-    pub(super) fn restore_piece(&mut self, restore_id: &str, piece: Bytes) {
-        // None: the restore was dropped since (its fetch stops at its next piece).
-        if let Some(feed) = self.feed_of(restore_id) {
+    pub(super) fn restore_piece(&mut self, fetch: u64, piece: Bytes) {
+        // None: the restore was dropped since (its fetch stops at its next piece), or this
+        // fetch was not the one the loop took.
+        if let Some(feed) = self.feed_of(fetch) {
             feed.push(piece);
         }
     }
 
     /// A restore's state is whole.
-    pub(super) fn restore_end(&mut self, restore_id: &str) {
-        if let Some(feed) = self.feed_of(restore_id) {
+    pub(super) fn restore_end(&mut self, fetch: u64) {
+        if let Some(feed) = self.feed_of(fetch) {
             feed.end();
         }
     }
@@ -205,13 +204,14 @@ impl NodeLoop {
     /// A restore's state broke off after this node entered its epoch (the fetch has told
     /// the coordinator). The application drops what it was handed of it, and nothing more is
     /// delivered until a later restore.
-    pub(super) fn restore_aborted(&mut self, restore_id: String, reason: String) {
+    pub(super) fn restore_aborted(&mut self, fetch: u64, reason: String) {
         let Some(pending) = &mut self.restore_pending else {
             return;
         };
-        if pending.restore_id != restore_id || pending.aborted {
+        if pending.fetch != fetch || pending.aborted {
             return;
         }
+        let restore_id = pending.restore_id.clone();
         pending.aborted = true;
         let handed = pending.session.is_some();
         self.inbox
@@ -265,12 +265,14 @@ impl NodeLoop {
     /// The application left before applying a restored state it was handed: the restore
     /// fails here (its state is gone with that session).
     pub(super) fn restore_abandoned(&mut self, session: u64) {
-        if let Some(p) = &self.restore_pending
+        if let Some(p) = &mut self.restore_pending
             && p.session == Some(session)
             && !p.aborted
         {
+            // As a restore broken off: the next application gets nothing until a later
+            // restore, since this node is in an epoch whose state it never applied.
             let restore_id = p.restore_id.clone();
-            self.restore_pending = None;
+            p.aborted = true;
             self.inbox
                 .retain(|item| !matches!(item, InboxItem::Restore { .. }));
             tracing::error!(restore = %restore_id, "the application detached before applying the restored state");

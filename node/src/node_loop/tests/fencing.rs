@@ -130,12 +130,13 @@ async fn a_restored_state_streams_in_pieces_and_one_broken_off_is_aborted() {
         restore_id: id.into(),
         snapshot_id: 5,
         epoch,
-        feed: RestoreFeed::new(room.clone()),
+        // The fetch is numbered by the epoch here.
+        feed: RestoreFeed::new(epoch, room.clone()),
         incoming: BTreeMap::from([(ch("b", "a"), bytes(&[replayed]))]),
         outgoing: BTreeMap::new(),
     };
-    let piece = |id: &str, piece: &'static str| LoopMsg::RestorePiece {
-        restore_id: id.into(),
+    let piece = |fetch: u64, piece: &'static str| LoopMsg::RestorePiece {
+        fetch,
         piece: Bytes::from_static(piece.as_bytes()),
     };
     let chunk = |kind: Kind| match kind {
@@ -150,7 +151,7 @@ async fn a_restored_state_streams_in_pieces_and_one_broken_off_is_aborted() {
     app.nothing_more(); // no piece yet: nothing, not even the replayed message
     for p in ["S1", "S2"] {
         room.acquire().await.unwrap().forget();
-        node.send(piece("r1", p)).await;
+        node.send(piece(1, p)).await;
     }
     assert_eq!(
         chunk(app.next().await),
@@ -167,10 +168,7 @@ async fn a_restored_state_streams_in_pieces_and_one_broken_off_is_aborted() {
         2,
         "pieces taken give their room back"
     );
-    node.send(LoopMsg::RestoreEnd {
-        restore_id: "r1".into(),
-    })
-    .await;
+    node.send(LoopMsg::RestoreEnd { fetch: 1 }).await;
     assert_eq!(chunk(app.next().await), ("r1".into(), Bytes::new(), true));
     assert_eq!(app.delivered().await, bytes(&["m0"]));
     assert!(
@@ -193,13 +191,13 @@ async fn a_restored_state_streams_in_pieces_and_one_broken_off_is_aborted() {
     node.send(LoopMsg::Restore(Box::new(restore("r2", 2, &room, "x0"))))
         .await;
     room.acquire().await.unwrap().forget();
-    node.send(piece("r2", "T1")).await;
+    node.send(piece(2, "T1")).await;
     assert_eq!(
         chunk(app.next().await),
         ("r2".into(), Bytes::from("T1"), false)
     );
     node.send(LoopMsg::RestoreAborted {
-        restore_id: "r2".into(),
+        fetch: 2,
         reason: "the stream broke".into(),
     })
     .await;
@@ -246,11 +244,18 @@ async fn a_restored_state_streams_in_pieces_and_one_broken_off_is_aborted() {
             if restore_id == "r3" && message.contains("superseded by restore r4")),
         "{events:?}"
     );
-    node.send(piece("r3", "late")).await; // a late piece of r3 is dropped
-    node.send(LoopMsg::RestoreEnd {
-        restore_id: "r4".into(),
+    node.send(piece(3, "late")).await; // a late piece of r3 is dropped
+    // A second fetch of r4 (sent twice): its pieces, end and abort touch nothing.
+    node.send(piece(40, "twice")).await;
+    node.send(LoopMsg::RestoreEnd { fetch: 40 }).await;
+    node.send(LoopMsg::RestoreAborted {
+        fetch: 40,
+        reason: "the second fetch broke".into(),
     })
     .await;
+    node.status().await;
+    app.nothing_more();
+    node.send(LoopMsg::RestoreEnd { fetch: 4 }).await;
     assert_eq!(chunk(app.next().await), ("r4".into(), Bytes::new(), true));
     assert_eq!(app.delivered().await, bytes(&["z0"]));
     node.stop().await;
