@@ -21,6 +21,8 @@ pub struct CoordinatorConfig {
     /// Chunks and manifests no record refers to are collected only once they are this old (a
     /// daemon may have written them for a snapshot whose record is not stored yet).
     pub gc_grace: Duration,
+    /// Remove a node whose daemon has been down this long; `None`: never by itself.
+    pub remove_after: Option<Duration>,
     /// The timeout of a snapshot that names none.
     pub default_timeout: Duration,
     /// Most snapshots in flight at once.
@@ -75,6 +77,7 @@ impl CoordinatorConfig {
             data_dir: data_dir.into(),
             blob: cairn_blob::BlobArgs::default(),
             gc_grace: Duration::from_secs(300),
+            remove_after: None,
             default_timeout: Duration::from_secs(30),
             max_concurrent: 4,
             retention: 0,

@@ -376,6 +376,7 @@ impl Terms {
                 cluster: config.cluster.clone(),
                 retention: config.retention,
                 gc_grace: config.gc_grace,
+                remove_after: config.remove_after,
                 topology: config.topology.clone(),
                 policy: config.policy.clone(),
                 auto_restore: config.auto_restore,

@@ -56,6 +56,12 @@ struct Args {
     /// old: a daemon may have written them for a snapshot still uploading.
     #[arg(long, env = "CAIRN_GC_GRACE", default_value = "5m", value_parser = humantime::parse_duration)]
     gc_grace: Duration,
+    /// Remove a node whose daemon has been down this long (e.g. 10m), as `cairnctl nodes
+    /// remove` would: snapshots go on without it. Off by default: a removed node's state is
+    /// in no later snapshot, so a node that is only slow to come back (a long restart, a
+    /// partition) would lose its place. At least 10s.
+    #[arg(long, env = "CAIRN_REMOVE_AFTER", value_parser = humantime::parse_duration)]
+    remove_after: Option<Duration>,
     /// Timeout of a snapshot that names none (e.g. 30s).
     #[arg(long, env = "CAIRN_SNAPSHOT_TIMEOUT", default_value = "30s", value_parser = humantime::parse_duration)]
     snapshot_timeout: Duration,
@@ -284,6 +290,14 @@ fn main() -> ExitCode {
         Ok(etcd) => etcd,
         Err(e) => return cli::usage_error(e),
     };
+    if args
+        .remove_after
+        .is_some_and(|d| d < Duration::from_secs(10))
+    {
+        return cli::usage_error(
+            "--remove-after must be at least 10s (a daemon's restart takes a few seconds)",
+        );
+    }
     let tls = match args.tls.load_daemon() {
         Ok(tls) => tls,
         Err(e) => return cli::usage_error(e),
@@ -310,6 +324,7 @@ fn main() -> ExitCode {
             config.blob.blob_store = Some(cairn_blob::Location::Dir(dir));
         }
         config.gc_grace = args.gc_grace;
+        config.remove_after = args.remove_after;
         config.default_timeout = args.snapshot_timeout;
         config.max_concurrent = args.max_concurrent;
         config.retention = args.retention;

@@ -909,6 +909,7 @@ fn session_msg(node: &NodeId, kind: pb::node_to_coordinator::Kind) -> Option<Msg
             restore_id: failed.restore_id,
             message: failed.message,
         },
+        Kind::Leave(_) => Msg::Leave { node },
         Kind::Register(_) => return None,
     })
 }

@@ -506,6 +506,16 @@ impl CoordinatedCluster {
         Ok(())
     }
 
+    /// Stops node `i`'s bank, then its daemon with SIGTERM (a graceful stop: it drains, and
+    /// leaves with `--leave-on-shutdown`); the daemon's exit status.
+    pub fn stop_node(&mut self, i: usize) -> Option<std::process::ExitStatus> {
+        if let Some(mut p) = self.nodes[i].bank_process.take() {
+            p.terminate(Duration::from_secs(15));
+        }
+        let mut p = self.nodes[i].node.take()?;
+        p.terminate(Duration::from_secs(30))
+    }
+
     /// Kills node `i`'s daemon and bank (SIGKILL).
     pub fn kill_node(&mut self, i: usize) {
         if let Some(mut p) = self.nodes[i].bank_process.take() {

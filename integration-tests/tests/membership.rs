@@ -383,3 +383,86 @@ fn metric(text: &str) -> f64 {
         None,
     )
 }
+
+/// A daemon stopped (SIGTERM) with `--leave-on-shutdown` drains and leaves: the coordinator
+/// removes it and snapshots go on without it. One stopped without it — a restart, a rolling
+/// update — stays a member: snapshots are refused naming it until it is back, and then
+/// complete over every node again. `--remove-after` removes a node down longer than that.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leave_on_shutdown_removes_the_node_and_a_plain_stop_keeps_it() {
+    let mut cluster = CoordinatedCluster::start(
+        2,
+        Store::Embedded,
+        &[],
+        &["--schedule-interval", "200ms", "--remove-after", "10s"],
+    )
+    .await
+    .unwrap();
+    let leaving = cluster.add_node(true, &["--leave-on-shutdown"]).unwrap(); // n3
+    cluster.wait_registered(3).await.unwrap();
+    spanning(&cluster, &["n1", "n2", "n3"], 0).await;
+
+    // A plain stop: n2 stays a member; snapshots are refused naming it.
+    let status = cluster.stop_node(1).unwrap();
+    assert!(status.success(), "n2 exited with {status:?}");
+    let err = eventually(
+        "a start refused naming n2",
+        Duration::from_secs(10),
+        || async {
+            match cluster
+                .start_snapshot(pb::StartSnapshotRequest::default())
+                .await
+            {
+                Ok(id) => anyhow::bail!("snapshot {id} started"),
+                Err(e) => Ok(e),
+            }
+        },
+    )
+    .await
+    .unwrap();
+    assert!(err.to_string().contains("n2"), "{err}");
+    let listed = nodes(&cluster).await;
+    assert!(
+        listed
+            .nodes
+            .iter()
+            .any(|n| n.node_id == "n2" && !n.connected),
+        "{listed:?}"
+    );
+    let back = now_ms();
+    cluster.start_node(1).unwrap();
+    spanning(&cluster, &["n1", "n2", "n3"], back).await;
+
+    // With --leave-on-shutdown: n3 drains, leaves, and snapshots go on without it.
+    let left_at = now_ms();
+    let status = cluster.stop_node(leaving).unwrap();
+    assert!(status.success(), "n3 exited with {status:?}");
+    let log = cluster.log_of("n3");
+    assert!(log.contains("left the cluster"), "{log}");
+    let listed = nodes(&cluster).await;
+    let ids: Vec<&str> = listed.nodes.iter().map(|n| n.node_id.as_str()).collect();
+    assert_eq!(ids, ["n1", "n2"]);
+    let after = spanning(&cluster, &["n1", "n2"], left_at).await;
+    assert_eq!(after.status, pb::SnapshotStatus::Completed as i32);
+
+    // --remove-after: n2 killed stays a member for a while, then is removed.
+    let killed = now_ms();
+    cluster.kill_node(1);
+    let removed = eventually("n2 removed after 10 s", Duration::from_secs(40), || async {
+        let listed = nodes(&cluster).await;
+        anyhow::ensure!(
+            listed.nodes.iter().all(|n| n.node_id != "n2"),
+            "still {:?}",
+            listed.nodes.iter().map(|n| &n.node_id).collect::<Vec<_>>()
+        );
+        Ok(now_ms())
+    })
+    .await
+    .unwrap();
+    assert!(
+        removed - killed >= 10_000,
+        "removed {} ms after it went down",
+        removed - killed
+    );
+    spanning(&cluster, &["n1"], removed).await;
+}

@@ -28,6 +28,9 @@ pub struct NodeConfig {
     pub fault_injection: bool,
     /// How long shutdown waits for in-flight work before it stops anyway.
     pub grace_period: Duration,
+    /// With a coordinator: at shutdown, after draining, leave the cluster (the coordinator
+    /// removes this node).
+    pub leave_on_shutdown: bool,
     /// First reconnect delay to a peer; doubled up to `reconnect_max`, with jitter.
     pub reconnect_initial: Duration,
     /// Longest reconnect delay.
@@ -70,6 +73,7 @@ impl NodeConfig {
             max_payload: 4 << 20,
             fault_injection: false,
             grace_period: Duration::from_secs(10),
+            leave_on_shutdown: false,
             reconnect_initial: Duration::from_millis(50),
             reconnect_max: Duration::from_secs(2),
             keep_parts: 256,

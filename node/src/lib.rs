@@ -179,6 +179,7 @@ pub async fn run(
         tasks: links.clone(),
         linked: BTreeMap::new(),
     };
+    let (leave_tx, leave_rx) = mpsc::channel(1);
     let link_task = if config.coordinators.is_empty() {
         wirer.link_all();
         None
@@ -194,6 +195,8 @@ pub async fn run(
             uploads: std::collections::BTreeMap::new(),
             highest_snapshot: 0,
             applied_restore: String::new(),
+            leave: leave_rx,
+            leaving: None,
         };
         Some(tokio::spawn(link.run(stop.clone())))
     };
@@ -362,6 +365,9 @@ pub async fn run(
     }
     accepting.cancel();
     drain(&loop_tx, config.grace_period).await;
+    if config.leave_on_shutdown {
+        leave(&leave_tx).await;
+    }
     stop.cancel();
     let _ = loop_task.await;
     if let Some(task) = link_task {
@@ -382,6 +388,35 @@ pub async fn run(
 
 fn reflection_error(e: impl std::fmt::Display) -> RunError {
     RunError::Reflection(e.to_string())
+}
+
+/// How long a leaving daemon waits for the coordinator's answer.
+const LEAVE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Asks the coordinator to remove this node, and waits for its answer (bounded).
+async fn leave(leave: &mpsc::Sender<oneshot::Sender<Result<(), String>>>) {
+    let (reply, answer) = oneshot::channel();
+    let asked = async {
+        leave
+            .send(reply)
+            .await
+            .map_err(|_| "the coordinator link has stopped".to_owned())?;
+        answer
+            .await
+            .map_err(|_| "the session with the coordinator ended before it answered".to_owned())?
+    };
+    match tokio::time::timeout(LEAVE_TIMEOUT, asked).await {
+        Ok(Ok(())) => tracing::info!("left the cluster: the coordinator removed this node"),
+        Ok(Err(why)) => tracing::error!(
+            "could not leave the cluster ({why}): this node stays a member; remove it with \
+             `cairnctl nodes remove`"
+        ),
+        Err(_) => tracing::error!(
+            "the coordinator did not answer Leave within {}s: this node may stay a member; \
+             remove it with `cairnctl nodes remove`",
+            LEAVE_TIMEOUT.as_secs()
+        ),
+    }
 }
 
 /// Waits until every outgoing channel is empty and acknowledged, or the grace period ends.

@@ -71,6 +71,13 @@ struct Args {
     /// How long shutdown may take to drain outgoing channels (e.g. 10s, 500ms).
     #[arg(long, env = "CAIRN_GRACE_PERIOD", default_value = "10s", value_parser = humantime::parse_duration)]
     grace_period: Duration,
+    /// On SIGTERM/SIGINT, after draining the outgoing channels, leave the cluster: the
+    /// coordinator removes this node (as `cairnctl nodes remove`), so later snapshots span
+    /// the rest. For a scale-down; not for a restart or a rolling update, where the node is
+    /// to come back (without it, a stopped node stays a member and snapshots wait for it).
+    /// Needs --coordinator.
+    #[arg(long, env = "CAIRN_LEAVE_ON_SHUTDOWN")]
+    leave_on_shutdown: bool,
     /// Address of the Prometheus /metrics endpoint; none: no endpoint.
     #[arg(long, env = "CAIRN_METRICS_LISTEN")]
     metrics_listen: Option<SocketAddr>,
@@ -188,6 +195,13 @@ fn config(args: &Args) -> Result<NodeConfig, cairn_node::ConfigError> {
         ));
     }
     config.blob = args.blob.clone();
+    if args.leave_on_shutdown && config.coordinators.is_empty() {
+        return Err(cairn_node::ConfigError::Invalid(
+            "--leave-on-shutdown needs --coordinator (a static daemon has no cluster to leave)"
+                .into(),
+        ));
+    }
+    config.leave_on_shutdown = args.leave_on_shutdown;
     config.topology()?;
     Ok(config)
 }

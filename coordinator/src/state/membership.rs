@@ -354,6 +354,36 @@ impl State {
         Ok(self.list_nodes())
     }
 
+    /// A connected node leaves for good: it is disconnected and removed
+    /// ([`Self::remove_node`]), and told whether it was.
+    pub(super) async fn leave(&mut self, node: &NodeId) {
+        let Some(member) = self.members.get(node) else {
+            return;
+        };
+        let tx = member.tx.clone();
+        let error = if let Some(active) = &self.restore {
+            Some(Error::RestoreInProgress {
+                restore: active.record.id.clone(),
+                snapshot: SnapshotId(active.record.snapshot_id),
+            })
+        } else {
+            self.members.remove(node);
+            self.metrics.members.set(self.members.len() as i64);
+            if let Err(e) = self.meta.delete_member(node.as_str()).await {
+                tracing::warn!("{e}");
+            }
+            tracing::info!(%node, "node leaving the cluster");
+            self.remove_node(node).await.err()
+        };
+        if let Some(e) = &error {
+            tracing::warn!(%node, "node asked to leave and stays on the roster: {e}");
+        }
+        let answer = pb::LeaveAnswer {
+            error: error.map(|e| e.to_string()).unwrap_or_default(),
+        };
+        self.command(&tx, pb::coordinator_to_node::Kind::Left(answer));
+    }
+
     pub(super) async fn session_ended(&mut self, node: NodeId, session: u64) {
         if self.members.get(&node).map(|m| m.session) != Some(session) {
             return; // an older session of a node that has re-registered
@@ -374,6 +404,38 @@ impl State {
         }
         for (id, update) in self.tracker.node_lost(node) {
             self.settle(id, update).await;
+        }
+    }
+
+    /// `--remove-after`: removes the roster nodes down longer than that.
+    pub(super) async fn remove_long_gone(&mut self) {
+        let Some(after) = self.settings.remove_after else {
+            return;
+        };
+        let now = Instant::now();
+        let roster: Vec<NodeId> = self.roster.nodes().cloned().collect();
+        self.down_since.retain(|n, _| roster.contains(n));
+        let mut due = Vec::new();
+        for node in roster {
+            if self.members.contains_key(&node) {
+                self.down_since.remove(&node);
+                continue;
+            }
+            let since = *self.down_since.entry(node.clone()).or_insert(now);
+            if now.duration_since(since) >= after {
+                due.push(node);
+            }
+        }
+        for node in due {
+            match self.remove_node(&node).await {
+                Ok(_) => tracing::warn!(
+                    %node,
+                    "removed: down for more than --remove-after ({})",
+                    humantime::format_duration(after)
+                ),
+                // A restore under way: tried again at a later tick.
+                Err(e) => tracing::debug!(%node, "not removed yet: {e}"),
+            }
         }
     }
 

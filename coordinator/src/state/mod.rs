@@ -111,6 +111,10 @@ pub(crate) enum Msg {
         node: NodeId,
         reply: oneshot::Sender<Result<pb::ListNodesResponse, Error>>,
     },
+    /// A node's daemon leaves for good (`--leave-on-shutdown`).
+    Leave {
+        node: NodeId,
+    },
     /// The record of a snapshot in flight, with its progress; `None` if it has ended.
     Live {
         id: SnapshotId,
@@ -147,6 +151,8 @@ pub(crate) struct Settings {
     pub retention: usize,
     /// How old an unreferenced chunk must be to be collected.
     pub gc_grace: Duration,
+    /// Remove a node down this long (`--remove-after`).
+    pub remove_after: Option<Duration>,
     /// A fixed topology (`--topology`); `None`: a full mesh of the roster.
     pub topology: Option<Topology>,
     /// The snapshot policy of the flags (a stored one set through the API wins).
@@ -173,6 +179,9 @@ pub(crate) struct State {
     /// Nodes removed and not back (every membership names them: daemons drop their
     /// channels).
     removed: BTreeSet<NodeId>,
+    /// Since when each roster node is not connected (from this term's start for one never
+    /// seen in it), for `--remove-after`.
+    down_since: BTreeMap<NodeId, tokio::time::Instant>,
     /// The nodes with a session now.
     members: BTreeMap<NodeId, Member>,
     tracker: SnapshotTracker,
@@ -234,6 +243,7 @@ impl State {
             metrics,
             roster: Roster::new(settings.topology.clone()),
             removed: BTreeSet::new(),
+            down_since: BTreeMap::new(),
             settings,
             meta,
             blobs,
@@ -322,6 +332,7 @@ impl State {
                 () = sleep_until(due) => self.scheduled().await,
                 _ = refresh.tick() => {
                     self.drop_silent_members().await;
+                    self.remove_long_gone().await;
                     self.maybe_auto_restore().await;
                     self.refresh().await;
                 }
@@ -464,6 +475,7 @@ impl State {
                 let result = self.remove_node(&node).await;
                 let _ = reply.send(result);
             }
+            Msg::Leave { node } => self.leave(&node).await,
             Msg::Live { id, reply } => {
                 let _ = reply.send(self.live_record(id));
             }

@@ -53,6 +53,7 @@ impl Harness {
             cluster: "t".into(),
             retention: 0,
             gc_grace: Duration::ZERO,
+            remove_after: None,
             topology: None,
             policy: Policy::default(),
             auto_restore: false,

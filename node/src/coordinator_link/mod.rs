@@ -20,7 +20,7 @@ use cairn_core::{FailureReason, SnapshotId};
 use cairn_proto::convert::ConvertError;
 use cairn_proto::v1 as pb;
 use rand::Rng;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, oneshot};
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
 use tonic::transport::Channel;
@@ -160,6 +160,7 @@ fn what(kind: &pb::coordinator_to_node::Kind) -> &'static str {
         Kind::Abort(_) => "abort",
         Kind::Membership(_) => "membership",
         Kind::Restore(_) => "restore",
+        Kind::Left(_) => "left",
     }
 }
 
@@ -182,6 +183,10 @@ pub(crate) struct CoordinatorLink {
     pub highest_snapshot: u64,
     /// The last restore the application applied ("" if none).
     pub applied_restore: String,
+    /// Shutdown asks to leave the cluster here, and is answered once the coordinator has.
+    pub leave: mpsc::Receiver<oneshot::Sender<Result<(), String>>>,
+    /// A `Leave` sent, waiting for the coordinator's answer (dropped with its session).
+    pub leaving: Option<oneshot::Sender<Result<(), String>>>,
 }
 
 impl CoordinatorLink {
@@ -192,6 +197,7 @@ impl CoordinatorLink {
                 Ok(()) => return,
                 Err(why) => why,
             };
+            self.leaving = None;
             // A live replica saying UNAVAILABLE is an election or a redirect: keep asking at
             // a short pace. Any other refusal (a held id, a wrong cluster) backs off.
             if let LinkError::Refused(status) | LinkError::Stream(status) = &why
@@ -378,6 +384,13 @@ impl CoordinatorLink {
                     Some(event) => self.report(event, &tx, &client).await?,
                     None => return Ok(()),
                 },
+                Some(reply) = self.leave.recv() => {
+                    let leave = pb::NodeToCoordinator {
+                        kind: Some(pb::node_to_coordinator::Kind::Leave(pb::Leave {})),
+                    };
+                    tx.send(leave).await.map_err(|_| LinkError::SessionClosed)?;
+                    self.leaving = Some(reply);
+                }
             }
         }
     }
@@ -407,6 +420,15 @@ impl CoordinatorLink {
                 self.wirer.apply(&m).await?;
             }
             Kind::Registered(_) => {}
+            Kind::Left(answer) => {
+                if let Some(reply) = self.leaving.take() {
+                    let _ = reply.send(if answer.error.is_empty() {
+                        Ok(())
+                    } else {
+                        Err(answer.error)
+                    });
+                }
+            }
             Kind::Restore(restore) => {
                 tracing::info!(
                     restore = %restore.restore_id,
