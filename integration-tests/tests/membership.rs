@@ -7,11 +7,12 @@
 use std::time::Duration;
 
 use cairn_integration_tests::coordinated::{
-    CoordinatedCluster, Store, assert_completed, channel_fault,
+    CoordinatedCluster, Store, assert_completed, channel_fault, health_of,
 };
 use cairn_integration_tests::processes::{ChildGuard, binary, eventually, free_port};
 use cairn_proto::v1 as pb;
 use tonic::Code;
+use tonic_health::pb::health_check_response::ServingStatus as Serving;
 
 async fn nodes(cluster: &CoordinatedCluster) -> pb::ListNodesResponse {
     let mut client = cluster.client().await.unwrap();
@@ -401,6 +402,30 @@ async fn leave_on_shutdown_removes_the_node_and_a_plain_stop_keeps_it() {
     let leaving = cluster.add_node(true, &["--leave-on-shutdown"]).unwrap(); // n3
     cluster.wait_registered(3).await.unwrap();
     spanning(&cluster, &["n1", "n2", "n3"], 0).await;
+    // Readiness (`cairn.v1.Wired`, the Kubernetes probe's): registered and connected to
+    // every peer it sends to.
+    let n1 = cluster.nodes[0].peer.clone();
+    let wired = |serving: bool| {
+        let address = n1.clone();
+        let want = if serving {
+            Serving::Serving
+        } else {
+            Serving::NotServing
+        } as i32;
+        eventually(
+            if serving { "n1 wired" } else { "n1 not wired" },
+            Duration::from_secs(10),
+            move || {
+                let address = address.clone();
+                async move {
+                    let status = health_of(&address, "cairn.v1.Wired", None).await?;
+                    anyhow::ensure!(status == want, "status {status}");
+                    Ok(())
+                }
+            },
+        )
+    };
+    wired(true).await.unwrap();
 
     // A plain stop: n2 stays a member; snapshots are refused naming it.
     let status = cluster.stop_node(1).unwrap();
@@ -429,9 +454,11 @@ async fn leave_on_shutdown_removes_the_node_and_a_plain_stop_keeps_it() {
             .any(|n| n.node_id == "n2" && !n.connected),
         "{listed:?}"
     );
+    wired(false).await.unwrap();
     let back = now_ms();
     cluster.start_node(1).unwrap();
     spanning(&cluster, &["n1", "n2", "n3"], back).await;
+    wired(true).await.unwrap();
 
     // With --leave-on-shutdown: n3 drains, leaves, and snapshots go on without it.
     let left_at = now_ms();

@@ -149,6 +149,7 @@ pub async fn run(
         tls: config.tls.clone(),
         epoch: tokio::sync::watch::Sender::new(0),
         highest_term: AtomicU64::new(0),
+        registered: std::sync::atomic::AtomicBool::new(config.coordinators.is_empty()),
     });
 
     let stop = CancellationToken::new();
@@ -202,7 +203,13 @@ pub async fn run(
     };
 
     let (health, health_service) = tonic_health::server::health_reporter();
-    for name in ["", "cairn.v1.Peer", "cairn.v1.App", "cairn.v1.NodeAdmin"] {
+    for name in [
+        "",
+        "cairn.v1.Peer",
+        "cairn.v1.App",
+        "cairn.v1.NodeAdmin",
+        WIRED,
+    ] {
         health
             .set_service_status(name, tonic_health::ServingStatus::NotServing)
             .await;
@@ -355,10 +362,17 @@ pub async fn run(
             .await;
     }
     tracing::info!(node = %me, cluster = %config.cluster, incarnation, "node daemon serving");
+    tokio::spawn(report_wired(shared.clone(), health.clone(), stop.clone()));
 
     shutdown.cancelled().await;
     tracing::info!("shutting down: no new application messages; draining outgoing channels");
-    for name in ["", "cairn.v1.Peer", "cairn.v1.App", "cairn.v1.NodeAdmin"] {
+    for name in [
+        "",
+        "cairn.v1.Peer",
+        "cairn.v1.App",
+        "cairn.v1.NodeAdmin",
+        WIRED,
+    ] {
         health
             .set_service_status(name, tonic_health::ServingStatus::NotServing)
             .await;
@@ -388,6 +402,44 @@ pub async fn run(
 
 fn reflection_error(e: impl std::fmt::Display) -> RunError {
     RunError::Reflection(e.to_string())
+}
+
+/// The health service that says the daemon is ready: registered with its coordinator (if it
+/// has one) and connected to every peer it sends to. A Kubernetes readiness probe asks it.
+pub const WIRED: &str = "cairn.v1.Wired";
+
+/// Keeps [`WIRED`] up to date (every 500 ms) until `stop`.
+async fn report_wired(
+    shared: Arc<Shared>,
+    health: tonic_health::server::HealthReporter,
+    stop: CancellationToken,
+) {
+    use std::sync::atomic::Ordering;
+    let mut last = None;
+    let mut tick = tokio::time::interval(Duration::from_millis(500));
+    loop {
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = tick.tick() => {}
+        }
+        let wiring = shared.wiring();
+        let wired = shared.registered.load(Ordering::Acquire)
+            && wiring.topology.outgoing(&shared.node_id).all(|c| {
+                wiring
+                    .channels
+                    .get(&c)
+                    .is_some_and(|h| h.stats.connected.load(Ordering::Relaxed))
+            });
+        if last != Some(wired) {
+            last = Some(wired);
+            let status = if wired {
+                tonic_health::ServingStatus::Serving
+            } else {
+                tonic_health::ServingStatus::NotServing
+            };
+            health.set_service_status(WIRED, status).await;
+        }
+    }
 }
 
 /// How long a leaving daemon waits for the coordinator's answer.

@@ -130,6 +130,9 @@ pub(crate) struct Shared {
     /// message of a lower term comes from a deposed leader and is refused
     /// (`coordinator_link::term`). Written only by the coordinator link.
     pub highest_term: AtomicU64,
+    /// Registered with the coordinator now (always true without one): half of readiness,
+    /// with every outgoing channel connected (health service `cairn.v1.Wired`).
+    pub registered: std::sync::atomic::AtomicBool,
 }
 
 impl Shared {

@@ -198,6 +198,9 @@ impl CoordinatorLink {
                 Err(why) => why,
             };
             self.leaving = None;
+            self.shared
+                .registered
+                .store(false, std::sync::atomic::Ordering::Release);
             // A live replica saying UNAVAILABLE is an election or a redirect: keep asking at
             // a short pace. Any other refusal (a held id, a wrong cluster) backs off.
             if let LinkError::Refused(status) | LinkError::Stream(status) = &why
@@ -350,6 +353,9 @@ impl CoordinatorLink {
                 // sees it go, and the daemon tries again later.
                 self.wirer.apply(&m).await?;
                 self.coordinators.registered();
+                self.shared
+                    .registered
+                    .store(true, std::sync::atomic::Ordering::Release);
             }
             other => return Err(LinkError::NotRegistered(Box::new(other))),
         }

@@ -94,6 +94,7 @@ impl Node {
             tls: None,
             epoch: tokio::sync::watch::Sender::new(0),
             highest_term: Default::default(),
+            registered: std::sync::atomic::AtomicBool::new(true),
         });
         let (tx, rx) = mpsc::channel(64);
         let (events_tx, events_rx) = mpsc::unbounded_channel();
