@@ -374,6 +374,19 @@ async fn members_are_removed_and_added_under_load_and_snapshots_go_on() {
     total -= held["n4"] + held["n6"];
     let shrunk = spanning(&cluster, &["n1", "n2", "n3"], removed_at).await;
     assert_completed(&shrunk, total);
+
+    // A removed node that comes back registers as a new member (its bank starts afresh).
+    let back_at = now_ms();
+    cluster.start_node(3).unwrap();
+    total += cluster.initial_balance;
+    let rejoined = spanning(&cluster, &["n1", "n2", "n3", "n4"], back_at).await;
+    assert_completed(&rejoined, total);
+    let log = cluster.log_of("coordinator");
+    assert_eq!(
+        log.matches("node n4 joined").count(),
+        2,
+        "joined again, as new"
+    );
 }
 
 /// `cairn_node_removed_peer_messages_total` in a daemon's metrics.
