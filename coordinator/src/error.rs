@@ -118,6 +118,12 @@ pub enum Error {
     /// A counter (snapshot ids, epochs) at its largest value.
     #[error("the {0} counter is exhausted")]
     CounterExhausted(&'static str),
+    /// A daemon process whose node was removed while it ran, registering again.
+    #[error(
+        "node {0} was removed from the cluster while this daemon ran: its peers dropped their \
+         channels to it; restart the daemon (a new process joins as a new member)"
+    )]
+    Removed(String),
     /// `RemoveNode` of a node not on the roster.
     #[error("node {0} is not a member of the cluster (ListNodes shows the members)")]
     NotAMember(String),
@@ -197,7 +203,8 @@ impl From<Error> for Status {
             | Error::NotAParticipant { .. }
             | Error::NoPart { .. }
             | Error::CounterExhausted(_)
-            | Error::StillConnected { .. } => Code::FailedPrecondition,
+            | Error::StillConnected { .. }
+            | Error::Removed(_) => Code::FailedPrecondition,
             Error::NotAMember(_) => Code::NotFound,
             Error::TooManyInFlight(_) => Code::ResourceExhausted,
             Error::Store(_) | Error::ShuttingDown => Code::Unavailable,

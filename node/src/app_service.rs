@@ -264,6 +264,7 @@ impl SessionReader {
             checked.push((channel, payload));
         }
         let mut ready: Vec<(ChannelId, Bytes)> = Vec::with_capacity(checked.len());
+        let mut removed = false;
         for (channel, payload) in checked {
             let handles = &wiring.channels[&channel];
             let credits = &handles.credits;
@@ -289,13 +290,26 @@ impl SessionReader {
                         }
                         tokio::select! {
                             permit = credits.acquire() => {
-                                permit.map_err(|_| Status::from(Error::ShuttingDown))?.forget();
+                                match permit {
+                                    Ok(permit) => permit.forget(),
+                                    // Closed: the peer was removed while this send waited
+                                    // for room (the loop dropped the channel).
+                                    Err(_) if self.shared.wiring().removed.contains(&channel.to) => {
+                                        tracing::warn!(%channel, "a send to a removed member: dropped");
+                                        self.shared.metrics.removed_peer_messages.inc();
+                                        removed = true;
+                                    }
+                                    Err(_) => return Err(Error::ShuttingDown.into()),
+                                }
                                 break;
                             }
                             _ = woken => {}
                         }
                     }
                 }
+            }
+            if std::mem::take(&mut removed) {
+                continue;
             }
             ready.push((channel, payload));
         }

@@ -405,7 +405,8 @@ fn reflection_error(e: impl std::fmt::Display) -> RunError {
 }
 
 /// The health service that says the daemon is ready: registered with its coordinator (if it
-/// has one) and connected to every peer it sends to. A Kubernetes readiness probe asks it.
+/// has one) and connected to every peer it sends to that the coordinator has not reported
+/// down. A Kubernetes readiness probe asks it.
 pub const WIRED: &str = "cairn.v1.Wired";
 
 /// Keeps [`WIRED`] up to date (every 500 ms) until `stop`.
@@ -425,10 +426,13 @@ async fn report_wired(
         let wiring = shared.wiring();
         let wired = shared.registered.load(Ordering::Acquire)
             && wiring.topology.outgoing(&shared.node_id).all(|c| {
-                wiring
-                    .channels
-                    .get(&c)
-                    .is_some_and(|h| h.stats.connected.load(Ordering::Relaxed))
+                // A peer the coordinator says is down is not waited for: one crashed node
+                // must not make every other pod NotReady (and wedge the PDB).
+                wiring.down.contains(&c.to)
+                    || wiring
+                        .channels
+                        .get(&c)
+                        .is_some_and(|h| h.stats.connected.load(Ordering::Relaxed))
             });
         if last != Some(wired) {
             last = Some(wired);

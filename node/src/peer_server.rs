@@ -318,7 +318,8 @@ impl Reader {
         {
             return Err(Status::aborted(format!(
                 "{}: this stream (incarnation {}, epoch {}) was replaced by another \
-                 incarnation or epoch; its frames were not kept and are not acknowledged",
+                 incarnation or epoch, or its sender was removed from the cluster; its frames \
+                 were not kept and are not acknowledged",
                 self.channel, self.incarnation, self.epoch
             )));
         }

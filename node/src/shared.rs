@@ -102,6 +102,9 @@ pub(crate) struct Wiring {
     /// Members removed while this daemon ran (and not back since): the application's sends
     /// to them, made before it heard, are dropped and counted rather than refused.
     pub removed: std::collections::BTreeSet<NodeId>,
+    /// Members the coordinator last said are not connected to it: readiness does not wait
+    /// for the links to them.
+    pub down: std::collections::BTreeSet<NodeId>,
 }
 
 /// What every part of the daemon may read without asking the loop.

@@ -44,6 +44,7 @@ pub(crate) fn wiring(
         channels,
         incarnations: BTreeMap::new(),
         removed: Default::default(),
+        down: Default::default(),
     }
 }
 
@@ -184,6 +185,12 @@ impl Wirer {
         let buffer = self.shared.channel_buffer;
         let mut wiring = wiring(&me, topology, addresses, buffer, Some(&old));
         wiring.removed = removed_nodes;
+        wiring.down = membership
+            .nodes
+            .iter()
+            .filter(|n| !n.connected)
+            .map(|n| NodeId::new(n.node_id.clone()))
+            .collect();
         wiring.incarnations = membership
             .nodes
             .iter()

@@ -59,7 +59,7 @@ impl State {
             nodes,
             channels,
             epoch: self.epoch,
-            removed: self.removed.iter().map(ToString::to_string).collect(),
+            removed: self.removed.keys().map(ToString::to_string).collect(),
         }
     }
 
@@ -111,7 +111,7 @@ impl State {
             self.meta.put_roster(&record).await?;
             self.roster.insert(record);
         }
-        if self.removed.remove(node) {
+        if self.removed.remove(node).is_some() {
             // Back after a removal: a new member (the roster record above says so first).
             self.meta.delete_removed(node.as_str()).await?;
         }
@@ -173,6 +173,15 @@ impl State {
             )));
         }
         self.roster.admits(&node).map_err(Error::NotInTopology)?;
+        // The process that was removed may not come back as it is: its peers dropped their
+        // channels to it and would meet its old sequence numbers and state. A new process
+        // (a restart) joins as a new member.
+        if let Some(&removed) = self.removed.get(&node)
+            && removed != 0
+            && removed == register.incarnation
+        {
+            return Err(Error::Removed(node.to_string()));
+        }
         // A daemon that saw higher ids or epochs than the store holds: the metadata was
         // lost or rolled back. Never hand out what the daemons already know.
         if register.highest_snapshot_id > self.id_floor {
@@ -333,10 +342,11 @@ impl State {
         let record = crate::store::RemovedRecord {
             node: node.to_string(),
             removed_at_ms: now_ms(),
+            incarnation: self.roster.get(node).map_or(0, |r| r.incarnation),
         };
         self.meta.remove_node(&record).await?;
         self.roster.remove(node);
-        self.removed.insert(node.clone());
+        self.removed.insert(node.clone(), record.incarnation);
         let change = format!("{node} removed");
         tracing::warn!(%node, "node removed from the cluster");
         let ids: Vec<SnapshotId> = self.inflight.keys().copied().collect();
@@ -397,6 +407,12 @@ impl State {
     pub(super) async fn member_gone(&mut self, node: &NodeId, why: &str) {
         tracing::warn!(%node, "node disconnected: {why}");
         self.members.remove(node);
+        // The others hear it is down (their readiness stops waiting for their link to it).
+        let membership = self.membership();
+        for member in self.members.values() {
+            let update = pb::coordinator_to_node::Kind::Membership(membership.clone());
+            self.command(&member.tx, update);
+        }
         self.restore_node_failed(node, None, why).await;
         self.metrics.members.set(self.members.len() as i64);
         if let Err(e) = self.meta.delete_member(node.as_str()).await {
@@ -415,6 +431,11 @@ impl State {
         let now = Instant::now();
         let roster: Vec<NodeId> = self.roster.nodes().cloned().collect();
         self.down_since.retain(|n, _| roster.contains(n));
+        // Only while most of the roster is connected: a coordinator cut off from its nodes
+        // (a partition, daemons slow to come back after an outage) must not remove them all.
+        if self.members.len() * 2 <= roster.len() {
+            return;
+        }
         let mut due = Vec::new();
         for node in roster {
             if self.members.contains_key(&node) {

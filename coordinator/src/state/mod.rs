@@ -2,7 +2,7 @@
 //! change to a snapshot's lifecycle happens here, in order, and is written to the
 //! metadata store before anyone is told.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::hash::BuildHasher;
 use std::time::Duration;
 
@@ -178,7 +178,7 @@ pub(crate) struct State {
     roster: Roster,
     /// Nodes removed and not back (every membership names them: daemons drop their
     /// channels).
-    removed: BTreeSet<NodeId>,
+    removed: BTreeMap<NodeId, u64>,
     /// Since when each roster node is not connected (from this term's start for one never
     /// seen in it), for `--remove-after`.
     down_since: BTreeMap<NodeId, tokio::time::Instant>,
@@ -242,7 +242,7 @@ impl State {
             leadership: settings.leadership.clone(),
             metrics,
             roster: Roster::new(settings.topology.clone()),
-            removed: BTreeSet::new(),
+            removed: BTreeMap::new(),
             down_since: BTreeMap::new(),
             settings,
             meta,
@@ -273,7 +273,7 @@ impl State {
                 // A removal that did not finish, or a return not yet recorded: on the roster.
                 self.meta.delete_removed(node.as_str()).await?;
             } else {
-                self.removed.insert(node);
+                self.removed.insert(node, removed.incarnation);
             }
         }
         tracing::info!(

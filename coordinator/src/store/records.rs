@@ -207,6 +207,10 @@ pub struct RemovedRecord {
     pub node: String,
     /// Milliseconds since the Unix epoch of its removal.
     pub removed_at_ms: u64,
+    /// The daemon incarnation it last registered with: that process may not register again
+    /// (its channels are gone at every peer); a new process joins as a new member.
+    #[serde(default)]
+    pub incarnation: u64,
 }
 
 /// A node of the cluster's roster: every node that has ever registered (and was not

@@ -221,7 +221,12 @@ impl NodeLoop {
         lost_markers: Vec<cairn_core::SnapshotId>,
     ) {
         if !self.outgoing.contains_key(&channel) {
-            // Its peer was removed: what the task held is dropped (it counted it).
+            // Its peer was removed: what the task held, and handed back here, is dropped.
+            tracing::warn!(%channel, dropped = requeue.len(), "peer removed: messages it never acknowledged dropped");
+            self.shared
+                .metrics
+                .removed_peer_messages
+                .inc_by(requeue.len() as u64);
             return;
         }
         if epoch != self.epoch {

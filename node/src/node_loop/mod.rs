@@ -170,6 +170,8 @@ impl NodeLoop {
             .collect();
         for channel in gone {
             let out = self.outgoing.remove(&channel).expect("listed");
+            // A send waiting for room on it wakes and drops its message (counted there).
+            out.handles.credits.close();
             let queued = out
                 .queue
                 .iter()
@@ -186,6 +188,8 @@ impl NodeLoop {
             .collect();
         for channel in gone {
             let incoming = self.incoming.remove(&channel).expect("listed");
+            // The peer stream's reader, if it waits for room, ends.
+            incoming.handles.credits.close();
             let held = incoming
                 .held
                 .iter()

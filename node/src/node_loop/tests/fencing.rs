@@ -363,7 +363,11 @@ async fn a_removed_member_s_channels_are_dropped_live() {
     })
     .await;
     node.status().await;
-    assert_eq!(dropped(), 2, "and the raced send");
+    assert_eq!(
+        dropped(),
+        3,
+        "and the raced send, and what the link handed back"
+    );
 
     // The application: its peers first, then b's message it had received.
     assert!(matches!(app.next().await, Kind::Attached(_)));

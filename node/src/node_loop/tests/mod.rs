@@ -59,6 +59,7 @@ fn wiring(nodes: &[&str], old: Option<&Wiring>) -> Wiring {
         channels,
         incarnations: BTreeMap::new(),
         removed: Default::default(),
+        down: Default::default(),
     }
 }
 
