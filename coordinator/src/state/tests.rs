@@ -436,3 +436,66 @@ async fn a_watcher_and_a_reader_see_the_progress_the_tracker_has() {
     assert_eq!(next.reported, vec!["b".to_owned()], "{next:?}");
     h.stop().await;
 }
+
+/// The first membership update a node's session gets that `holds`.
+async fn membership(
+    session: &mut Session,
+    holds: impl Fn(&pb::Membership) -> bool,
+) -> pb::Membership {
+    loop {
+        let next = tokio::time::timeout(Duration::from_secs(5), session.recv())
+            .await
+            .expect("a membership")
+            .unwrap()
+            .unwrap();
+        if let Command::Membership(m) = next.kind.unwrap()
+            && holds(&m)
+        {
+            return m;
+        }
+    }
+}
+
+/// Removing a node: refused while it is connected or for a node not on the roster; once it
+/// is gone its tombstone is stored and memberships name it; the removed process may not
+/// register again, and a new process joins as a new member (the tombstone goes).
+#[tokio::test]
+async fn a_removed_node_is_named_in_memberships_and_only_a_new_process_may_return() {
+    let mut h = Harness::start().await;
+    let mut a = h.register("a").await;
+    let _b = h.register("b").await; // session 2, incarnation 1
+    let remove = |node: &str| {
+        let node = NodeId::new(node);
+        move |reply| Msg::RemoveNode { node, reply }
+    };
+    let err = h.ask(remove("b")).await.unwrap_err();
+    assert!(matches!(err, Error::StillConnected { .. }), "{err}");
+    let err = h.ask(remove("z")).await.unwrap_err();
+    assert!(matches!(err, Error::NotAMember(_)), "{err}");
+
+    h.tx.send(Msg::SessionEnded {
+        node: NodeId::new("b"),
+        session: 2,
+    })
+    .await
+    .unwrap();
+    // The others hear it is down.
+    membership(&mut a, |m| {
+        m.nodes.iter().any(|n| n.node_id == "b" && !n.connected)
+    })
+    .await;
+    let left = h.ask(remove("b")).await.unwrap();
+    assert_eq!(left.nodes.len(), 1);
+    let told = membership(&mut a, |m| !m.removed.is_empty()).await;
+    assert_eq!(told.removed, ["b"]);
+    assert!(told.nodes.iter().all(|n| n.node_id != "b"));
+    assert_eq!(h.meta.removed().await.unwrap().len(), 1);
+
+    let refused = h.register_as("b", 1, 0).await.unwrap_err();
+    assert!(matches!(refused, Error::Removed(_)), "{refused}");
+    let _b2 = h.register_as("b", 2, 0).await.unwrap();
+    let joined = membership(&mut a, |m| m.nodes.iter().any(|n| n.node_id == "b")).await;
+    assert!(joined.removed.is_empty(), "{joined:?}");
+    assert!(h.meta.removed().await.unwrap().is_empty());
+    h.stop().await;
+}
