@@ -203,13 +203,7 @@ pub async fn run(
     };
 
     let (health, health_service) = tonic_health::server::health_reporter();
-    for name in [
-        "",
-        "cairn.v1.Peer",
-        "cairn.v1.App",
-        "cairn.v1.NodeAdmin",
-        WIRED,
-    ] {
+    for name in HEALTH_SERVICES {
         health
             .set_service_status(name, tonic_health::ServingStatus::NotServing)
             .await;
@@ -356,7 +350,7 @@ pub async fn run(
         ));
     }
 
-    for name in ["", "cairn.v1.Peer", "cairn.v1.App", "cairn.v1.NodeAdmin"] {
+    for name in &HEALTH_SERVICES[..4] {
         health
             .set_service_status(name, tonic_health::ServingStatus::Serving)
             .await;
@@ -366,13 +360,7 @@ pub async fn run(
 
     shutdown.cancelled().await;
     tracing::info!("shutting down: no new application messages; draining outgoing channels");
-    for name in [
-        "",
-        "cairn.v1.Peer",
-        "cairn.v1.App",
-        "cairn.v1.NodeAdmin",
-        WIRED,
-    ] {
+    for name in HEALTH_SERVICES {
         health
             .set_service_status(name, tonic_health::ServingStatus::NotServing)
             .await;
@@ -408,6 +396,16 @@ fn reflection_error(e: impl std::fmt::Display) -> RunError {
 /// has one) and connected to every peer it sends to that the coordinator has not reported
 /// down. A Kubernetes readiness probe asks it.
 pub const WIRED: &str = "cairn.v1.Wired";
+
+/// Every health service a daemon reports (NOT_SERVING at start and at shutdown; all but
+/// [`WIRED`] SERVING once it serves).
+const HEALTH_SERVICES: [&str; 5] = [
+    "",
+    "cairn.v1.Peer",
+    "cairn.v1.App",
+    "cairn.v1.NodeAdmin",
+    WIRED,
+];
 
 /// Keeps [`WIRED`] up to date (every 500 ms) until `stop`.
 async fn report_wired(

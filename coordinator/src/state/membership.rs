@@ -91,6 +91,16 @@ impl State {
         (nodes, channels)
     }
 
+    /// Sends `membership` to every connected member but `except`.
+    fn tell_members(&self, membership: &pb::Membership, except: Option<&NodeId>) {
+        for (id, member) in &self.members {
+            if Some(id) != except {
+                let update = pb::coordinator_to_node::Kind::Membership(membership.clone());
+                self.command(&member.tx, update);
+            }
+        }
+    }
+
     pub(super) fn list_nodes(&self) -> pb::ListNodesResponse {
         let (nodes, channels) = self.list_nodes_parts();
         pb::ListNodesResponse { nodes, channels }
@@ -257,12 +267,7 @@ impl State {
             return Err(Error::ShuttingDown);
         }
         // Every member learns who holds each id now (peers admit streams from it only).
-        for (id, member) in &self.members {
-            if *id != node {
-                let update = pb::coordinator_to_node::Kind::Membership(membership.clone());
-                self.command(&member.tx, update);
-            }
-        }
+        self.tell_members(&membership, Some(&node));
         match next {
             OnRegister::Nothing => {}
             OnRegister::Applied(restore_id) => self.restore_applied(&node, &restore_id).await,
@@ -356,11 +361,7 @@ impl State {
                 .fail(id, FailureReason::MembershipChanged(change.clone()));
             self.settle(id, update).await;
         }
-        let membership = self.membership();
-        for member in self.members.values() {
-            let update = pb::coordinator_to_node::Kind::Membership(membership.clone());
-            self.command(&member.tx, update);
-        }
+        self.tell_members(&self.membership(), None);
         Ok(self.list_nodes())
     }
 
@@ -408,11 +409,7 @@ impl State {
         tracing::warn!(%node, "node disconnected: {why}");
         self.members.remove(node);
         // The others hear it is down (their readiness stops waiting for their link to it).
-        let membership = self.membership();
-        for member in self.members.values() {
-            let update = pb::coordinator_to_node::Kind::Membership(membership.clone());
-            self.command(&member.tx, update);
-        }
+        self.tell_members(&self.membership(), None);
         self.restore_node_failed(node, None, why).await;
         self.metrics.members.set(self.members.len() as i64);
         if let Err(e) = self.meta.delete_member(node.as_str()).await {
