@@ -5,7 +5,7 @@ use std::sync::{Arc, RwLock};
 
 use bytes::{Bytes, BytesMut};
 use cairn_proto::v1 as pb;
-use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, watch};
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::Streaming;
 
@@ -20,6 +20,9 @@ const SEND_BATCH: usize = 256;
 const SEND_BATCH_BYTES: usize = 64 << 10;
 /// Messages a session may have on its way to the daemon.
 const SEND_ROOM: usize = 1024;
+/// Consumed messages after which the session acknowledges them even with more buffered
+/// (it always does before it waits for more).
+const ACK_EVERY: u64 = 256;
 
 /// Something the daemon asks of, or hands to, the application.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -198,6 +201,11 @@ pub struct AppSession {
     attached: pb::Attached,
     /// The pieces of the restored state coming.
     staging: RestoreStaging,
+    /// Messages (and bytes) the application has taken, and the count the daemon was last
+    /// told (on the `App/Consumed` stream, apart from the sends).
+    consumed: (u64, u64),
+    acknowledged: u64,
+    acks: watch::Sender<(u64, u64)>,
 }
 
 impl AppSession {
@@ -222,10 +230,10 @@ impl AppSession {
         let channel = crate::tls::endpoint(address, tls)
             .map_err(|e| connect_error(crate::error::with_causes(&e)))?
             .tcp_nodelay(true)
-            // Small windows: what waits in HTTP/2 buffers stays small, so the daemon's
-            // backpressure reaches the application quickly.
-            .initial_stream_window_size(64 << 10)
-            .initial_connection_window_size(1 << 20)
+            // What waits for the application is bounded by the daemon's delivery window
+            // (about 50 ms of the application's work, at most 8 MiB), not by HTTP/2.
+            .initial_stream_window_size(8 << 20)
+            .initial_connection_window_size(16 << 20)
             .connect()
             .await
             .map_err(|e| connect_error(crate::error::with_causes(&e)))?;
@@ -236,6 +244,7 @@ impl AppSession {
             kind: Some(pb::app_to_node::Kind::Attach(pb::Attach {
                 application: application.to_owned(),
                 packed_deliveries: true,
+                acknowledges_deliveries: true,
             })),
         };
         wire_tx
@@ -256,6 +265,31 @@ impl AppSession {
         let (tx, rx) = mpsc::unbounded_channel();
         let room = Arc::new(Semaphore::new(SEND_ROOM));
         tokio::spawn(write_loop(rx, wire_tx, room.clone()));
+        // Acknowledgements travel on their own stream, so that sends the daemon is not
+        // reading (a slow peer) never hold them up; only the latest count matters.
+        let (acks, mut latest) = watch::channel((0u64, 0u64));
+        let (ack_tx, ack_rx) = mpsc::channel::<pb::Consumption>(1);
+        let session = attached.session;
+        tokio::spawn(async move {
+            while latest.changed().await.is_ok() {
+                let (messages, bytes) = *latest.borrow_and_update();
+                let consumption = pb::Consumption {
+                    session,
+                    messages,
+                    bytes,
+                };
+                if ack_tx.send(consumption).await.is_err() {
+                    return;
+                }
+            }
+        });
+        let mut acks_client = client.clone();
+        tokio::spawn(async move {
+            if let Err(status) = acks_client.consumed(ReceiverStream::new(ack_rx)).await {
+                // The session itself reports why the daemon went away.
+                tracing::debug!(%status, "delivery acknowledgements ended");
+            }
+        });
         Ok(Self {
             sender: AppSender {
                 tx,
@@ -267,7 +301,19 @@ impl AppSession {
             buffered: VecDeque::new(),
             attached,
             staging: RestoreStaging::default(),
+            consumed: (0, 0),
+            acknowledged: 0,
+            acks,
         })
+    }
+
+    /// Tells the daemon what the application has taken (it keeps at most a window of
+    /// messages handed over and not taken).
+    fn acknowledge(&mut self) {
+        if self.consumed.0 != self.acknowledged {
+            self.acknowledged = self.consumed.0;
+            let _ = self.acks.send(self.consumed);
+        }
     }
 
     /// From now on, hand restored states over as [`AppEvent::RestorePiece`]s as they come
@@ -314,8 +360,17 @@ impl AppSession {
                     // mid-way leaves an abort ahead of the next one in `buffered`).
                     *self.sender.restore.lock().expect("never poisoned") = Some(restore_id.clone());
                 }
+                if let AppEvent::Message { payload, .. } = &event {
+                    self.consumed.0 += 1;
+                    self.consumed.1 += payload.len() as u64;
+                    if self.consumed.0 - self.acknowledged >= ACK_EVERY {
+                        self.acknowledge();
+                    }
+                }
                 return Ok(Some(event));
             }
+            // Everything taken: say so before waiting for more.
+            self.acknowledge();
             let Some(message) = self.inbound.message().await? else {
                 return Ok(None);
             };

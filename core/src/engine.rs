@@ -48,6 +48,8 @@ struct InCut {
 struct OutCut {
     marker_at: Option<u64>,
     sent: Option<u64>,
+    /// The marker left the queue for the wire.
+    transmitted: bool,
 }
 
 #[derive(Debug)]
@@ -56,6 +58,10 @@ struct LocalSnapshot {
     phase: Phase,
     /// Record and send markers by overtaking (unaligned mode, or aligned after timeout).
     overtake: bool,
+    /// Aligned with a timeout that passed after the state was recorded: markers not yet
+    /// on the wire overtake their queues (Flink's timeout at the senders' output buffers,
+    /// FLINK-27251).
+    timed_out: bool,
     /// Incoming channels this process does not wait on (aligned mode).
     feedback: BTreeSet<ChannelId>,
     incoming: BTreeMap<ChannelId, InCut>,
@@ -145,6 +151,7 @@ impl SnapshotEngine {
             },
             Event::StateRecorded { id } => self.on_state_recorded(id),
             Event::AlignmentTimedOut { id } => self.on_alignment_timed_out(id),
+            Event::MarkerTransmitted { channel, id } => self.on_marker_transmitted(&channel, id),
             Event::ChannelReset { channel } => self.on_channel_reset(channel),
             Event::SnapshotAborted { id, reason } => self.on_snapshot_aborted(id, reason),
             Event::TopologyChanged { topology, what } => self.on_topology_changed(topology, what),
@@ -172,8 +179,16 @@ impl SnapshotEngine {
                 .collect(),
             _ => BTreeSet::new(),
         };
+        // An aligned snapshot's timeout runs from when this process joins it: it acts at
+        // the alignment (markers still missing) and at the senders' queues (markers still
+        // waiting there).
+        if let (SnapshotMode::Aligned, Some(after)) = (plan.mode, plan.alignment_timeout) {
+            self.commands
+                .push_back(Command::ScheduleAlignmentTimeout { id, after });
+        }
         let snapshot = LocalSnapshot {
             overtake: plan.mode == SnapshotMode::Unaligned,
+            timed_out: false,
             plan,
             phase: Phase::Aligning,
             feedback,
@@ -218,8 +233,13 @@ impl SnapshotEngine {
         if self.is_finished(id) {
             return Outcome::Ignored(Ignored::FinishedSnapshot);
         }
+        // Carried by a marker that overtook because the timeout passed at its sender.
+        let timed_out = plan.timed_out && plan.mode == SnapshotMode::Aligned;
         if !self.snapshots.contains_key(&id) {
-            self.begin(plan);
+            self.begin(Plan {
+                timed_out: false,
+                ..plan
+            });
         }
         let snapshot = self.snapshots.get_mut(&id).expect("begun above");
         let cut = snapshot
@@ -230,25 +250,23 @@ impl SnapshotEngine {
             return Outcome::Ignored(Ignored::DuplicateMarker);
         }
         cut.marker_at = Some(inbound.received);
+        if timed_out && snapshot.phase == Phase::Aligning {
+            // The timeout passed upstream: record by overtaking now, as if it had here.
+            snapshot.overtake = true;
+        }
         if snapshot.phase == Phase::Aligning {
             let waits = snapshot.plan.mode == SnapshotMode::Aligned && !snapshot.overtake;
             if !waits || Self::aligned(snapshot) {
                 self.record_local_state(id);
             } else {
-                let first = snapshot
-                    .incoming
-                    .values()
-                    .filter(|c| c.marker_at.is_some())
-                    .count()
-                    == 1;
-                if let (true, Some(after)) = (first, snapshot.plan.alignment_timeout) {
-                    self.commands
-                        .push_back(Command::ScheduleAlignmentTimeout { id, after });
-                }
                 // Messages behind the marker belong after the cut: hold them until this
                 // process records (feedback channels too, though it never waits on them).
                 self.block(channel, id);
             }
+        }
+        if timed_out {
+            // Past the alignment already: markers still queued here overtake too.
+            let _ = self.on_alignment_timed_out(id);
         }
         self.check_done(id);
         Outcome::Applied
@@ -262,18 +280,61 @@ impl SnapshotEngine {
             .all(|(c, cut)| cut.marker_at.is_some() || snapshot.feedback.contains(c))
     }
 
-    /// Aligned mode with a timeout: stop waiting and record by overtaking.
+    /// Aligned mode with a timeout: stop waiting and record by overtaking; or, with the
+    /// state recorded, let the markers still waiting in outgoing queues overtake them.
     fn on_alignment_timed_out(&mut self, id: SnapshotId) -> Outcome {
-        match self.snapshots.get_mut(&id) {
-            Some(snapshot) if snapshot.phase == Phase::Aligning => {
+        let Some(snapshot) = self.snapshots.get_mut(&id) else {
+            return Outcome::Ignored(Ignored::UnknownSnapshot);
+        };
+        if snapshot.overtake || snapshot.timed_out {
+            return Outcome::Ignored(Ignored::NotAligning);
+        }
+        match snapshot.phase {
+            Phase::Aligning => {
                 snapshot.overtake = true;
                 self.record_local_state(id);
-                self.check_done(id);
-                Outcome::Applied
             }
-            Some(_) => Outcome::Ignored(Ignored::NotAligning),
-            None => Outcome::Ignored(Ignored::UnknownSnapshot),
+            // The markers go when the state is recorded: at the front (`send_markers`).
+            Phase::AwaitingState => snapshot.timed_out = true,
+            Phase::StateRecorded => {
+                snapshot.timed_out = true;
+                for (channel, cut) in &mut snapshot.outgoing {
+                    let (Some(marker_at), false) = (cut.marker_at, cut.transmitted) else {
+                        continue;
+                    };
+                    let transmitted = self.outgoing[channel].transmitted;
+                    if transmitted < marker_at {
+                        // Overtaken by the marker, yet sent before the application's state
+                        // (copied first, while they are certainly in the queue).
+                        self.commands.push_back(Command::RecordChannelMessages {
+                            id,
+                            channel: channel.clone(),
+                            indices: transmitted..marker_at,
+                        });
+                    }
+                    self.commands.push_back(Command::OvertakeMarker {
+                        id,
+                        channel: channel.clone(),
+                    });
+                    cut.marker_at = Some(transmitted);
+                }
+            }
         }
+        self.check_done(id);
+        Outcome::Applied
+    }
+
+    fn on_marker_transmitted(&mut self, channel: &ChannelId, id: SnapshotId) -> Outcome {
+        let Some(cut) = self
+            .snapshots
+            .get_mut(&id)
+            .and_then(|s| s.outgoing.get_mut(channel))
+        else {
+            return Outcome::Ignored(Ignored::UnknownSnapshot);
+        };
+        cut.transmitted = true;
+        self.check_done(id);
+        Outcome::Applied
     }
 
     /// Asks the application for its state and fixes each incoming channel's recording
@@ -321,7 +382,10 @@ impl SnapshotEngine {
     /// Marker-Sending Rule: one marker on every outgoing channel.
     fn send_markers(&mut self, id: SnapshotId) {
         let snapshot = self.snapshots.get_mut(&id).expect("in flight");
-        let front = snapshot.overtake;
+        let front = snapshot.overtake || snapshot.timed_out;
+        // An aligned snapshot's markers that overtake say why: its timeout passed.
+        let mut plan = snapshot.plan.clone();
+        plan.timed_out = front && plan.mode == SnapshotMode::Aligned;
         for (channel, cut) in &mut snapshot.outgoing {
             let outbound = self.outgoing[channel];
             let marker_at = if front {
@@ -331,7 +395,7 @@ impl SnapshotEngine {
             };
             self.commands.push_back(Command::SendMarker {
                 channel: channel.clone(),
-                plan: snapshot.plan.clone(),
+                plan: plan.clone(),
                 front,
             });
             if marker_at < outbound.queued {
@@ -483,13 +547,18 @@ impl SnapshotEngine {
         self.finish(id);
     }
 
-    /// The part is done when the state is recorded and every incoming marker arrived.
+    /// The part is done when the state is recorded and every incoming marker arrived —
+    /// and, for an aligned snapshot with a timeout, every outgoing marker is on the wire
+    /// (until then its timeout may still move one, and the channel state with it).
     fn check_done(&mut self, id: SnapshotId) {
         let Some(snapshot) = self.snapshots.get(&id) else {
             return;
         };
+        let may_overtake = snapshot.plan.mode == SnapshotMode::Aligned
+            && snapshot.plan.alignment_timeout.is_some();
         if snapshot.phase != Phase::StateRecorded
             || snapshot.incoming.values().any(|c| c.marker_at.is_none())
+            || (may_overtake && snapshot.outgoing.values().any(|c| !c.transmitted))
         {
             return;
         }

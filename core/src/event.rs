@@ -64,6 +64,13 @@ pub enum Event {
         /// The snapshot.
         id: SnapshotId,
     },
+    /// A marker left an outgoing queue for the wire: it can no longer overtake anything.
+    MarkerTransmitted {
+        /// The outgoing channel.
+        channel: ChannelId,
+        /// The marker's snapshot.
+        id: SnapshotId,
+    },
     /// The alignment timeout scheduled by [`Command::ScheduleAlignmentTimeout`] passed.
     AlignmentTimedOut {
         /// The snapshot.
@@ -132,6 +139,18 @@ pub enum Command {
     /// Resume the channel's frames, starting with the held ones.
     UnblockChannel {
         /// The incoming channel.
+        channel: ChannelId,
+    },
+    /// Move snapshot `id`'s marker, still in the channel's outgoing queue, to the front,
+    /// and mark its plan [`Plan::timed_out`] (an aligned snapshot's alignment timeout
+    /// passed while it waited there: it overtakes, and the messages it overtook are
+    /// recorded as channel state).
+    ///
+    /// [`Plan::timed_out`]: crate::Plan::timed_out
+    OvertakeMarker {
+        /// The snapshot.
+        id: SnapshotId,
+        /// The outgoing channel.
         channel: ChannelId,
     },
     /// Send [`Event::AlignmentTimedOut`] after this long.

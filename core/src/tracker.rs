@@ -184,6 +184,7 @@ impl SnapshotTracker {
             alignment_timeout: request
                 .alignment_timeout
                 .filter(|_| request.mode == SnapshotMode::Aligned),
+            timed_out: false,
         };
         self.in_flight.insert(
             id,

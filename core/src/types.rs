@@ -112,6 +112,11 @@ pub struct Plan {
     pub initiators: BTreeSet<NodeId>,
     /// Aligned mode: after this long aligning, a process switches to unaligned recording.
     pub alignment_timeout: Option<Duration>,
+    /// Carried by a marker that overtook because the alignment timeout passed at its
+    /// sender: the snapshot has taken longer than its timeout, so the receiver stops
+    /// aligning at once rather than start its own timeout (the timeout runs from the
+    /// snapshot's start, as Flink's does, without comparing clocks).
+    pub timed_out: bool,
 }
 
 impl Plan {
@@ -122,6 +127,7 @@ impl Plan {
             mode,
             initiators: BTreeSet::from([initiator.into()]),
             alignment_timeout: None,
+            timed_out: false,
         }
     }
 }

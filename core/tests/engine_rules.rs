@@ -67,6 +67,14 @@ fn record(id: u64, c: ChannelId, indices: std::ops::Range<u64>) -> Command {
     }
 }
 
+/// The plan an overtaking marker of an aligned snapshot carries.
+fn timed(p: &Plan) -> Plan {
+    Plan {
+        timed_out: true,
+        ..p.clone()
+    }
+}
+
 fn marker_out(to: &str, p: &Plan, front: bool) -> Command {
     Command::SendMarker {
         channel: ch("b", to),
@@ -407,13 +415,141 @@ fn alignment_timeout_switches_to_unaligned_recording() {
             Command::UnblockChannel {
                 channel: ch("a", "b")
             },
-            marker_out("a", &p, true),
+            marker_out("a", &timed(&p), true),
             record(6, ch("b", "a"), 0..1),
         ]
     );
     assert_eq!(
         e.handle(Event::AlignmentTimedOut { id: SnapshotId(6) }),
         Outcome::Ignored(Ignored::NotAligning)
+    );
+}
+
+#[test]
+fn alignment_timeout_after_the_state_moves_markers_still_queued_to_the_front() {
+    // b is an initiator of an aligned snapshot with a timeout; its marker to a waits
+    // behind 5 queued messages (2 already on the wire) when the timeout passes.
+    let mut e = mesh_b();
+    let mut p = plan(9, SnapshotMode::Aligned, "b");
+    p.alignment_timeout = Some(Duration::from_millis(100));
+    feed(&mut e, queued(ch("b", "a"), 5));
+    feed(&mut e, transmitted(ch("b", "a"), 2));
+    assert_eq!(
+        feed(&mut e, Event::SnapshotInitiated { plan: p.clone() }),
+        vec![
+            Command::ScheduleAlignmentTimeout {
+                id: SnapshotId(9),
+                after: Duration::from_millis(100)
+            },
+            Command::EnqueueRecordState {
+                id: SnapshotId(9),
+                front: false
+            },
+        ]
+    );
+    assert_eq!(
+        feed(&mut e, Event::StateRecorded { id: SnapshotId(9) }),
+        vec![marker_out("a", &p, false), marker_out("c", &p, false)]
+    );
+    feed(&mut e, marker("a", &p));
+    // b->c's marker left at once; every incoming marker is in: the part still waits for
+    // b->a's marker, which the timeout may yet move.
+    assert_eq!(
+        feed(
+            &mut e,
+            Event::MarkerTransmitted {
+                channel: ch("b", "c"),
+                id: SnapshotId(9)
+            }
+        ),
+        vec![]
+    );
+    assert_eq!(feed(&mut e, marker("c", &p)), vec![]);
+    feed(&mut e, transmitted(ch("b", "a"), 1));
+    assert_eq!(
+        feed(&mut e, Event::AlignmentTimedOut { id: SnapshotId(9) }),
+        vec![
+            record(9, ch("b", "a"), 3..5),
+            Command::OvertakeMarker {
+                id: SnapshotId(9),
+                channel: ch("b", "a")
+            },
+        ]
+    );
+    let done = feed(
+        &mut e,
+        Event::MarkerTransmitted {
+            channel: ch("b", "a"),
+            id: SnapshotId(9),
+        },
+    );
+    let [Command::ReportLocalDone { report }] = &done[..] else {
+        panic!("expected the part: {done:?}");
+    };
+    assert_eq!(
+        report.outgoing[&ch("b", "a")],
+        OutgoingCut {
+            sent: 5,
+            marker_at: 3
+        },
+        "the marker now precedes the 2 messages it overtook, recorded by b"
+    );
+    assert_eq!(
+        report.outgoing[&ch("b", "c")],
+        OutgoingCut {
+            sent: 0,
+            marker_at: 0
+        }
+    );
+}
+
+#[test]
+fn alignment_timeout_while_the_state_is_awaited_sends_the_markers_in_front() {
+    let mut e = mesh_b();
+    let mut p = plan(10, SnapshotMode::Aligned, "b");
+    p.alignment_timeout = Some(Duration::from_millis(100));
+    feed(&mut e, queued(ch("b", "a"), 4));
+    feed(&mut e, Event::SnapshotInitiated { plan: p.clone() });
+    assert_eq!(
+        feed(&mut e, Event::AlignmentTimedOut { id: SnapshotId(10) }),
+        vec![]
+    );
+    assert_eq!(
+        feed(&mut e, Event::StateRecorded { id: SnapshotId(10) }),
+        vec![
+            marker_out("a", &timed(&p), true),
+            record(10, ch("b", "a"), 0..4),
+            marker_out("c", &timed(&p), true),
+        ]
+    );
+    assert_eq!(
+        e.handle(Event::AlignmentTimedOut { id: SnapshotId(10) }),
+        Outcome::Ignored(Ignored::NotAligning)
+    );
+}
+
+#[test]
+fn a_marker_that_timed_out_upstream_ends_the_alignment_at_once() {
+    let mut e = dag_b();
+    let mut p = plan(11, SnapshotMode::Aligned, "a");
+    p.alignment_timeout = Some(Duration::from_millis(100));
+    feed(&mut e, received(ch("c", "b"), 3));
+    assert_eq!(
+        feed(&mut e, marker("a", &timed(&p))),
+        vec![
+            Command::ScheduleAlignmentTimeout {
+                id: SnapshotId(11),
+                after: Duration::from_millis(100)
+            },
+            // No alignment: it records at once, overtaking its inbox, and c->b's
+            // messages so far are channel state until c's marker.
+            Command::EnqueueRecordState {
+                id: SnapshotId(11),
+                front: true
+            },
+            record(11, ch("c", "b"), 0..3),
+            marker_out("a", &timed(&p), true),
+        ]
     );
 }
 

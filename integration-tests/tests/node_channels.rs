@@ -240,6 +240,7 @@ fn marker(mode: i32) -> pb::frame::Kind {
             initiators: vec!["a".into()],
             alignment_timeout_ms: 0,
             epoch: 0,
+            alignment_timed_out: false,
         }),
     })
 }
@@ -460,4 +461,139 @@ async fn a_peer_restart_resets_the_channel_and_fails_the_snapshot_in_flight_nami
         "{message}"
     );
     cluster.stop().await.unwrap();
+}
+
+/// A stalled application behind a full channel: the record request of an overtaking
+/// snapshot waits behind the delivery window only (not the inbox, nor frames stuck in the
+/// peer stream), the overtaken backlog is recorded, and every message still arrives once
+/// and in order. `alignment_timeout_ms` > 0: an aligned snapshot whose marker, queued
+/// behind the backlog at the sender, overtakes it once the timeout passes there.
+async fn record_request_waits_behind_the_window_only(mode: pb::SnapshotMode, alignment_ms: u64) {
+    const N: u64 = 20_000;
+    const BUFFER: usize = 4_096;
+    // The daemon's delivery window before it has measured the application's pace
+    // (`node_loop::flow::APP_INITIAL`).
+    const INITIAL_WINDOW: u64 = 1_024;
+    let cluster = bind(&["a", "b"])
+        .await
+        .unwrap()
+        .start(|_, config| config.channel_buffer = BUFFER);
+    let a = AppSession::connect(&cluster.nodes[&NodeId::from("a")].app.to_string(), "sender")
+        .await
+        .unwrap();
+    let mut b = AppSession::connect(
+        &cluster.nodes[&NodeId::from("b")].app.to_string(),
+        "stalled",
+    )
+    .await
+    .unwrap();
+    let sender = a.sender();
+    tokio::spawn(answer_snapshots(a));
+    let flood = tokio::spawn(async move {
+        for i in 0..N {
+            sender
+                .send("b", Bytes::copy_from_slice(&i.to_be_bytes()))
+                .await?;
+        }
+        anyhow::Ok(())
+    });
+    // b's application reads nothing: the window goes to it, then b's inbox fills to the
+    // credits granted (its buffer: no pace measured yet), and a's sends back up.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    let inbox = loop {
+        let inbox = cluster.status("b").await.unwrap().inbox_depth;
+        assert!(
+            inbox <= BUFFER as u64,
+            "b's inbox holds {inbox}, over its buffer"
+        );
+        if inbox == BUFFER as u64 {
+            break inbox;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "b's inbox never filled (at {inbox})"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    cluster
+        .admin("a")
+        .await
+        .unwrap()
+        .initiate_snapshot(pb::InitiateSnapshotRequest {
+            snapshot_id: 1,
+            mode: mode as i32,
+            alignment_timeout_ms: alignment_ms,
+        })
+        .await
+        .unwrap();
+    // The marker reaches b while its application still reads nothing: it overtook a's
+    // queue (at once when unaligned, once the timeout passed at a when aligned), and b's
+    // inbox, which can only drain through the application.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    while !cluster
+        .status("b")
+        .await
+        .unwrap()
+        .snapshots_in_flight
+        .contains(&1)
+    {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the marker never reached b past the backlog"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // Now b's application reads: what precedes the record request is what the daemon had
+    // handed it before the marker came — the window, not the thousands queued.
+    let mut next = 0u64;
+    let mut before_record = None;
+    while next < N {
+        match b.next_event().await.unwrap() {
+            Some(AppEvent::Message { payload, .. }) => {
+                let got = u64::from_be_bytes(payload.as_ref().try_into().unwrap());
+                assert_eq!(got, next, "out of order");
+                next += 1;
+            }
+            Some(AppEvent::RecordState { snapshot_id: 1 }) => {
+                before_record = Some(next);
+                b.sender()
+                    .state_recorded(1, Bytes::from(next.to_be_bytes().to_vec()))
+                    .unwrap();
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    let before_record = before_record.expect("b was asked to record its state");
+    assert!(
+        before_record <= INITIAL_WINDOW,
+        "{before_record} messages were handed to b's application ahead of its record \
+         request: more than the delivery window ({INITIAL_WINDOW})"
+    );
+    flood.await.unwrap().unwrap();
+    let (code, message) = part_outcome(&cluster, "b", 1).await;
+    assert_eq!(code, Code::Ok, "{message}");
+    let part = cluster
+        .admin("b")
+        .await
+        .unwrap()
+        .get_local_snapshot(pb::GetLocalSnapshotRequest { snapshot_id: 1 })
+        .await
+        .unwrap()
+        .into_inner();
+    let recorded: usize = part.channel_states.iter().map(|c| c.messages.len()).sum();
+    assert!(
+        recorded as u64 >= inbox,
+        "b recorded {recorded} messages; its inbox of {inbox} was overtaken"
+    );
+    cluster.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unaligned_record_request_waits_behind_the_delivery_window_only() {
+    record_request_waits_behind_the_window_only(pb::SnapshotMode::Unaligned, 0).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_aligned_marker_overtakes_the_senders_queue_once_its_timeout_passes() {
+    record_request_waits_behind_the_window_only(pb::SnapshotMode::Aligned, 100).await;
 }

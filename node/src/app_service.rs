@@ -60,6 +60,7 @@ impl pb::app_server::App for AppService {
             .send(LoopMsg::AppAttach {
                 session,
                 packed: attach.packed_deliveries,
+                acks: attach.acknowledges_deliveries,
                 tx: tx.clone(),
                 records: records.clone(),
                 reply,
@@ -85,6 +86,43 @@ impl pb::app_server::App for AppService {
             let _ = reader.loop_tx.send(LoopMsg::AppDetached { session }).await;
         });
         Ok(Response::new(ReceiverStream::new(rx)))
+    }
+
+    async fn consumed(
+        &self,
+        request: Request<Streaming<pb::Consumption>>,
+    ) -> Result<Response<pb::ConsumedEnd>, Status> {
+        let peer = Peer::of(&request);
+        check_node(
+            peer.as_ref(),
+            self.shared.node_id.as_str(),
+            "acknowledge deliveries",
+        )?;
+        let mut inbound = request.into_inner();
+        let mut session = None;
+        loop {
+            let message = tokio::select! {
+                _ = self.shutdown.cancelled() => return Err(Error::ShuttingDown.into()),
+                m = inbound.message() => m,
+            };
+            let Some(consumption) = message? else {
+                return Ok(Response::new(pb::ConsumedEnd {}));
+            };
+            // Every message names the session the first one named.
+            let named = *session.get_or_insert(consumption.session);
+            if consumption.session != named || named == 0 {
+                return Err(invalid("a Consumed stream names one session, not 0").into());
+            }
+            // A session already gone: the loop ignores what it does not know.
+            self.loop_tx
+                .send(LoopMsg::AppConsumed {
+                    session: named,
+                    messages: consumption.messages,
+                    bytes: consumption.bytes,
+                })
+                .await
+                .map_err(|_| Error::ShuttingDown)?;
+        }
     }
 }
 

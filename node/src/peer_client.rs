@@ -268,6 +268,17 @@ impl Link {
             self.shared.metrics.reconnects.inc();
         }
         state.peer_incarnation = Some(accepted.incarnation);
+        // Credit-based flow control (a peer that grants none bounds nothing: the window of
+        // unacknowledged frames does). Sent after any reset above: the loop starts the
+        // channel's credits over there.
+        let credited = accepted.credit_limit > 0;
+        let mut credit = accepted.credit_limit;
+        if !self
+            .grant(state, if credited { credit } else { u64::MAX })
+            .await
+        {
+            return Ended::Shutdown;
+        }
         self.handles.stats.connected.store(true, Relaxed);
         // Resend what the peer does not have, in order.
         let resend: Vec<(u64, OutFrame)> = state.unacked.iter().cloned().collect();
@@ -277,9 +288,15 @@ impl Link {
             }
         }
         loop {
-            if state.pull.is_none() && state.unacked.len() < self.config.window {
+            // With credits a pull is always waiting (the loop answers within them, and a
+            // marker at once); without, only while the window has room.
+            if state.pull.is_none() && (credited || state.unacked.len() < self.config.window) {
                 let (reply, rx) = oneshot::channel();
-                let max = PULL_MAX.min(self.config.window - state.unacked.len());
+                let max = if credited {
+                    PULL_MAX
+                } else {
+                    PULL_MAX.min(self.config.window - state.unacked.len())
+                };
                 let pull = LoopMsg::Pull {
                     channel: self.channel.clone(),
                     max,
@@ -306,6 +323,12 @@ impl Link {
                 ack = acks.message() => match ack {
                     Ok(Some(pb::PeerAck { kind: Some(pb::peer_ack::Kind::Ack(ack)) })) => {
                         self.acknowledge(state, ack.seq);
+                        if credited && ack.credit_limit > credit {
+                            credit = ack.credit_limit;
+                            if !self.grant(state, credit).await {
+                                return Ended::Shutdown;
+                            }
+                        }
                     }
                     Ok(Some(_)) => return Ended::Broken("unexpected message from peer".into()),
                     Ok(None) => return Ended::Broken("peer closed the stream".into()),
@@ -347,6 +370,16 @@ impl Link {
                 }
             }
         }
+    }
+
+    /// Tells the loop how far the peer's credits reach. False: the loop is gone.
+    async fn grant(&self, state: &State, limit: u64) -> bool {
+        let credit = LoopMsg::Credit {
+            channel: self.channel.clone(),
+            epoch: state.epoch,
+            limit,
+        };
+        self.loop_tx.send(credit).await.is_ok()
     }
 
     /// Returns the credits of frames that will never be sent.

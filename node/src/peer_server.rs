@@ -4,6 +4,7 @@
 //! HTTP/2 flow control pushes back on the sender), and acknowledges cumulatively.
 
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 
 use bytes::Bytes;
 use cairn_core::ChannelId;
@@ -62,10 +63,13 @@ impl pb::peer_server::Peer for PeerService {
         let acked = opened.await.map_err(|_| Error::ShuttingDown)?;
         tracing::debug!(%channel, incarnation = handshake.incarnation, acked, "channel opened");
         let (tx, rx) = mpsc::channel(64);
+        // Read after the loop took the stream in: a reset there restarted the credits.
+        let granted = handles.grant.load(Ordering::Acquire);
         let accepted = pb::PeerAck {
             kind: Some(pb::peer_ack::Kind::Accepted(pb::HandshakeAccepted {
                 incarnation: self.shared.incarnation,
                 acked_seq: acked,
+                credit_limit: granted,
             })),
         };
         tx.send(Ok(accepted))
@@ -79,6 +83,7 @@ impl pb::peer_server::Peer for PeerService {
             incarnation: handshake.incarnation,
             epoch: handshake.epoch,
             expected: acked + 1,
+            granted,
         };
         let shutdown = self.shutdown.clone();
         tokio::spawn(async move {
@@ -159,6 +164,8 @@ struct Reader {
     epoch: u64,
     /// The next sequence number this stream has not forwarded yet.
     expected: u64,
+    /// The credit limit last sent on this stream.
+    granted: u64,
 }
 
 impl Reader {
@@ -173,6 +180,13 @@ impl Reader {
             let frame = tokio::select! {
                 _ = shutdown.cancelled() => return Ok(()),
                 _ = cut.notified() => return Err(Status::unavailable(format!("{}: cut by fault injection", self.channel))),
+                // Messages were delivered: the sender may send more (credits).
+                _ = self.handles.granted.notified() => {
+                    if !self.ack(tx).await {
+                        return Ok(());
+                    }
+                    continue;
+                }
                 frame = frames.message() => frame,
             };
             let batch = match frame {
@@ -204,7 +218,6 @@ impl Reader {
                 }));
             }
             let items = self.decode(&batch).map_err(|e| self.fail(e))?;
-            let last = batch.first_seq + items.len() as u64 - 1;
             if items.is_empty() {
                 continue;
             }
@@ -212,13 +225,23 @@ impl Reader {
             let skip = (self.expected - batch.first_seq) as usize;
             let fresh: Vec<InItem> = items.into_iter().skip(skip).collect();
             self.forward(fresh).await?;
-            let ack = pb::PeerAck {
-                kind: Some(pb::peer_ack::Kind::Ack(pb::Ack { seq: last })),
-            };
-            if tx.send(Ok(ack)).await.is_err() {
+            if !self.ack(tx).await {
                 return Ok(());
             }
         }
+    }
+
+    /// Acknowledges every frame forwarded and passes on the current credit limit (never
+    /// lower than one sent before on this stream). False: the stream is gone.
+    async fn ack(&mut self, tx: &mpsc::Sender<Result<pb::PeerAck, Status>>) -> bool {
+        self.granted = self.granted.max(self.handles.grant.load(Ordering::Acquire));
+        let ack = pb::PeerAck {
+            kind: Some(pb::peer_ack::Kind::Ack(pb::Ack {
+                seq: self.expected - 1,
+                credit_limit: self.granted,
+            })),
+        };
+        tx.send(Ok(ack)).await.is_ok()
     }
 
     fn fail(&self, error: Error) -> Status {

@@ -59,6 +59,13 @@ pub(crate) struct ChannelHandles {
     /// Outgoing only: messages taken in without a credit (read ahead of a recorded state);
     /// credits coming back pay this off first.
     pub debt: AtomicU64,
+    /// The channel's buffer (`--channel-buffer`): the credits it started with.
+    pub buffer: u64,
+    /// Incoming only: the credit limit granted to the sender (data index below which it may
+    /// transmit), raised by the node loop as it delivers; the stream's reader passes it on.
+    pub grant: AtomicU64,
+    /// Incoming only: `grant` was raised.
+    pub granted: tokio::sync::Notify,
 }
 
 impl ChannelHandles {
@@ -68,6 +75,16 @@ impl ChannelHandles {
             stats: LinkStats::default(),
             faults: ChannelFaults::default(),
             debt: AtomicU64::new(0),
+            buffer: buffer as u64,
+            grant: AtomicU64::new(buffer as u64),
+            granted: tokio::sync::Notify::new(),
+        }
+    }
+
+    /// Incoming: grants the sender credits up to data index `limit`.
+    pub(crate) fn set_grant(&self, limit: u64) {
+        if self.grant.swap(limit, Ordering::AcqRel) != limit {
+            self.granted.notify_one();
         }
     }
 

@@ -382,9 +382,15 @@ impl World {
                 link.next_seq += 1;
                 link.unacked.push_back((link.next_seq, frame.clone()));
                 link.in_transit.push_back((link.next_seq, frame.clone()));
-                if let Frame::Data(_) = frame {
-                    let from = channel.from.clone();
-                    self.feed(&from, Event::DataTransmitted { channel, count: 1 })?;
+                let from = channel.from.clone();
+                match frame {
+                    Frame::Data(_) => {
+                        self.feed(&from, Event::DataTransmitted { channel, count: 1 })?;
+                    }
+                    Frame::Marker(plan) => {
+                        let id = plan.id;
+                        self.feed(&from, Event::MarkerTransmitted { channel, id })?;
+                    }
                 }
             }
             Action::Deliver(i) => {
@@ -554,6 +560,17 @@ impl World {
             }
             Command::UnblockChannel { channel } => {
                 self.links.get_mut(&channel).expect("channel").blocked = false;
+            }
+            Command::OvertakeMarker { id, channel } => {
+                let link = self.links.get_mut(&channel).expect("channel");
+                let at = link
+                    .outbox
+                    .iter()
+                    .position(|f| matches!(f, Frame::Marker(p) if p.id == id));
+                if let Some(Frame::Marker(mut plan)) = at.and_then(|at| link.outbox.remove(at)) {
+                    plan.timed_out = true;
+                    link.outbox.push_front(Frame::Marker(plan));
+                }
             }
             Command::ScheduleAlignmentTimeout { id, .. } => {
                 self.procs.get_mut(node).expect("member").timers.push(id);

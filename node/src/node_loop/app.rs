@@ -21,6 +21,7 @@ impl NodeLoop {
         &mut self,
         session: u64,
         packed: bool,
+        acks: bool,
         tx: AppTx,
         records: std::sync::Arc<super::RecordsDue>,
     ) -> Result<(), Error> {
@@ -32,6 +33,7 @@ impl NodeLoop {
             cluster: self.shared.cluster.clone(),
             peers: self.outgoing.keys().map(|c| c.to.to_string()).collect(),
             incarnation: self.shared.incarnation,
+            session,
         };
         let hello = pb::NodeToApp {
             kind: Some(pb::node_to_app::Kind::Attached(attached)),
@@ -42,6 +44,7 @@ impl NodeLoop {
             session,
             packed,
             tx,
+            window: super::flow::DeliveryWindow::new(acks),
             records,
         });
         self.peers_changed = false;
@@ -113,6 +116,23 @@ impl NodeLoop {
                 count,
             });
             self.serve_pull(&channel);
+        }
+    }
+
+    /// The application consumed deliveries: the window moves on, and its size (and the
+    /// incoming channels' credits) follow the application's measured pace.
+    pub(super) fn on_app_consumed(&mut self, session: u64, messages: u64, bytes: u64) {
+        let Some(app) = self.app.as_mut().filter(|a| a.session == session) else {
+            return; // a session already replaced
+        };
+        let before = app.window.peer_room(u64::MAX, 1);
+        app.window
+            .consumed(messages, bytes, std::time::Instant::now());
+        if app.window.peer_room(u64::MAX, 1) != before {
+            let channels: Vec<ChannelId> = self.incoming.keys().cloned().collect();
+            for channel in &channels {
+                self.regrant(channel, false);
+            }
         }
     }
 
@@ -209,12 +229,22 @@ impl NodeLoop {
             return;
         }
         let packed = self.app.as_ref().is_some_and(|a| a.packed);
+        // Within the delivery window (only called with room in it; see `deliverable`).
+        let (most, most_bytes) = self.app.as_ref().and_then(|a| a.window.room()).map_or(
+            (DELIVER_BATCH, DELIVER_BATCH_BYTES),
+            |(m, b)| {
+                (
+                    DELIVER_BATCH.min(m as usize).max(1),
+                    DELIVER_BATCH_BYTES.min(b as usize),
+                )
+            },
+        );
         let mut messages = Vec::new();
         let mut runs: Vec<(ChannelId, bytes::BytesMut, Vec<u32>)> = Vec::new();
         let mut count = 0usize;
         let mut counts: BTreeMap<ChannelId, u64> = BTreeMap::new();
         let mut bytes = 0;
-        while count < DELIVER_BATCH && bytes < DELIVER_BATCH_BYTES {
+        while count < most && (count == 0 || bytes < most_bytes) {
             match self.inbox.front() {
                 Some(InboxItem::Deliver { .. }) => {}
                 _ => break,
@@ -222,20 +252,21 @@ impl NodeLoop {
             let Some(InboxItem::Deliver {
                 channel,
                 generation,
+                index,
                 payload,
                 credited,
-                ..
             }) = self.inbox.pop_front()
             else {
                 unreachable!()
             };
             // A channel removed since is not counted (nor credited) any more.
-            if let Some(incoming) = self.incoming.get(&channel) {
+            if let Some(incoming) = self.incoming.get_mut(&channel) {
                 if credited {
                     incoming.handles.credits.add_permits(1);
                 }
                 if incoming.generation == generation {
                     *counts.entry(channel.clone()).or_default() += 1;
+                    incoming.delivered_next = index + 1;
                 }
             }
             bytes += payload.len();
@@ -275,7 +306,11 @@ impl NodeLoop {
             .metrics
             .app_queue_depth
             .set(self.inbox.len() as i64);
+        if let Some(app) = self.app.as_mut() {
+            app.window.handed(count as u64, bytes as u64);
+        }
         for (channel, count) in counts {
+            self.regrant(&channel, false);
             self.feed(Event::DataDelivered { channel, count });
         }
     }

@@ -31,9 +31,11 @@ impl NodeLoop {
             incoming.received_seq = 0;
             incoming.generation += 1;
             incoming.next_index = 0;
+            incoming.delivered_next = 0;
             incoming.blocked = false;
             incoming.incarnation = incarnation;
             incoming.handles.credits.add_permits(held);
+            self.regrant(channel, true);
             self.feed(Event::ChannelReset {
                 channel: channel.clone(),
             });
@@ -170,25 +172,76 @@ impl NodeLoop {
         }
     }
 
-    /// Answers the channel's waiting pull, if any, with what its queue holds.
+    /// Credits of an incoming channel: the sender may transmit data up to `delivered` plus
+    /// the room the application's pace allows (`flow`). Within one life of the channel the
+    /// limit only grows; a `reset` (new incarnation or epoch) starts it over.
+    pub(super) fn regrant(&mut self, channel: &ChannelId, reset: bool) {
+        let Some(incoming) = self.incoming.get(channel) else {
+            return;
+        };
+        let handles = &incoming.handles;
+        let channels = self.incoming.len();
+        let room = self.app.as_ref().map_or(handles.buffer, |app| {
+            app.window.peer_room(handles.buffer, channels)
+        });
+        let mut limit = incoming.delivered_next.saturating_add(room);
+        if !reset {
+            limit = limit.max(handles.grant.load(std::sync::atomic::Ordering::Acquire));
+        }
+        handles.set_grant(limit);
+    }
+
+    /// The sender's end of credit-based flow control: the peer granted data up to index
+    /// `limit` (`u64::MAX`: a peer without credits).
+    pub(super) fn on_credit(&mut self, channel: &ChannelId, epoch: u64, limit: u64) {
+        if epoch != self.epoch {
+            return; // granted in an epoch this node has left
+        }
+        if let Some(out) = self.outgoing.get_mut(channel) {
+            out.credit_limit = limit;
+            out.credited = limit != u64::MAX;
+            self.serve_pull(channel);
+        }
+    }
+
+    /// Answers the channel's waiting pull, if any, with what its queue holds: markers
+    /// always, data only within the peer's credits.
     pub(super) fn serve_pull(&mut self, channel: &ChannelId) {
         let Some(out) = self.outgoing.get_mut(channel) else {
             return; // removed
         };
-        if out.queue.is_empty() || out.pending_pull.is_none() {
+        if out.pending_pull.is_none() {
             return;
         }
-        let (max, reply) = out.pending_pull.take().expect("checked");
-        let n = max.min(out.queue.len());
+        let limit = out.credit_limit;
+        let sendable = |item: &OutItem| match item {
+            OutItem::Data { index, .. } => *index < limit,
+            OutItem::Marker(_) => true,
+        };
+        let max = out.pending_pull.as_ref().expect("checked").0;
+        let n = out
+            .queue
+            .iter()
+            .take(max)
+            .take_while(|item| sendable(item))
+            .count();
+        if n == 0 {
+            return;
+        }
+        let (_, reply) = out.pending_pull.take().expect("checked");
         let mut frames = Vec::with_capacity(n);
         let mut data = 0u64;
+        let mut markers = Vec::new();
         for item in out.queue.drain(..n) {
             frames.push(match item {
                 OutItem::Data { payload, .. } => {
                     data += 1;
                     OutFrame::Data(payload)
                 }
-                OutItem::Marker(plan) => OutFrame::Marker(plan),
+                OutItem::Marker(plan) => {
+                    markers.push(plan.id);
+                    OutFrame::Marker(plan)
+                }
             });
         }
         if reply
@@ -205,6 +258,12 @@ impl NodeLoop {
             self.feed(Event::DataTransmitted {
                 channel: channel.clone(),
                 count: data,
+            });
+        }
+        for id in markers {
+            self.feed(Event::MarkerTransmitted {
+                channel: channel.clone(),
+                id,
             });
         }
     }
@@ -258,6 +317,10 @@ impl NodeLoop {
             })
             .collect();
         out.next_index = 0;
+        if out.credited {
+            // The restarted peer grants its credits afresh (its handshake's answer).
+            out.credit_limit = 0;
+        }
         for payload in requeue.into_iter().chain(queued) {
             out.queue.push_back(OutItem::Data {
                 index: out.next_index,
@@ -323,6 +386,9 @@ pub(super) struct Incoming {
     pub(super) generation: u64,
     /// Data index of the next message.
     pub(super) next_index: u64,
+    /// Data index of the next message to hand to the application (credits are granted
+    /// from here).
+    pub(super) delivered_next: u64,
     pub(super) blocked: bool,
     pub(super) held: VecDeque<InItem>,
     pub(super) data_messages: u64,
@@ -340,6 +406,7 @@ impl Incoming {
             received_seq: 0,
             generation: 0,
             next_index: 0,
+            delivered_next: 0,
             blocked: false,
             held: VecDeque::new(),
             data_messages: 0,
@@ -373,6 +440,10 @@ pub(super) struct Outgoing {
     pub(super) next_index: u64,
     pub(super) pending_pull: Option<(usize, oneshot::Sender<Pulled>)>,
     pub(super) data_messages: u64,
+    /// Data with an index below this may go on the wire (the peer's credits).
+    pub(super) credit_limit: u64,
+    /// The peer grants credits (else `credit_limit` is `u64::MAX`).
+    pub(super) credited: bool,
 }
 
 impl Outgoing {
@@ -383,6 +454,8 @@ impl Outgoing {
             next_index: 0,
             pending_pull: None,
             data_messages: 0,
+            credit_limit: u64::MAX,
+            credited: false,
         }
     }
 }

@@ -73,6 +73,13 @@ pub(crate) enum LoopMsg {
     },
     /// An outgoing channel's task withdraws its waiting pull (before a reset).
     CancelPull { channel: ChannelId },
+    /// An outgoing channel's peer granted credits up to data index `limit` (`u64::MAX`: a
+    /// peer without credit-based flow control), in `epoch`.
+    Credit {
+        channel: ChannelId,
+        epoch: u64,
+        limit: u64,
+    },
     /// An outgoing channel's peer restarted; `requeue` is the data it never acknowledged,
     /// `lost_markers` the snapshots whose markers it never acknowledged.
     OutboundReset {
@@ -88,6 +95,9 @@ pub(crate) enum LoopMsg {
         session: u64,
         /// Deliveries as runs (`DeliverBatch.runs`).
         packed: bool,
+        /// The application acknowledges what it consumes (`App/Consumed`): a delivery
+        /// window applies.
+        acks: bool,
         tx: AppTx,
         records: Arc<RecordsDue>,
         reply: oneshot::Sender<Result<(), Error>>,
@@ -106,6 +116,12 @@ pub(crate) enum LoopMsg {
     },
     /// The application's session ended.
     AppDetached { session: u64 },
+    /// The application has consumed this many delivered messages (and bytes) so far.
+    AppConsumed {
+        session: u64,
+        messages: u64,
+        bytes: u64,
+    },
     /// The application applied a restored state: its sends count again.
     AppRestoreApplied { session: u64, restore_id: String },
     /// Restore a snapshot: enter its epoch, hand the application the recorded state (its

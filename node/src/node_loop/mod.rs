@@ -5,6 +5,7 @@
 mod app;
 mod channels;
 mod events;
+mod flow;
 mod messages;
 mod recording;
 mod restore;
@@ -62,6 +63,8 @@ struct App {
     /// Deliveries as runs.
     packed: bool,
     tx: AppTx,
+    /// Messages handed over and not consumed yet, and how many may be.
+    window: flow::DeliveryWindow,
     /// Record requests handed to the application and not answered yet (shared with its
     /// session reader, which reads ahead of blocked sends while there are any).
     records: Arc<RecordsDue>,
@@ -85,6 +88,8 @@ pub(crate) struct NodeLoop {
     /// The newest snapshot ids this node has met, so an initiation cannot reuse one.
     seen: BTreeSet<SnapshotId>,
     pending: VecDeque<Event>,
+    /// `feed` is executing commands.
+    feeding: bool,
     /// The epoch this loop is in (published in `Shared::epoch`).
     epoch: u64,
     /// A restore whose state the application has not applied yet: until it has, what it
@@ -131,6 +136,7 @@ impl NodeLoop {
             recordings: Recordings::new(keep_parts, events.clone()),
             seen: BTreeSet::new(),
             pending: VecDeque::new(),
+            feeding: false,
             epoch,
             restore_pending: None,
             events,
@@ -244,14 +250,23 @@ impl NodeLoop {
     }
 
     /// The application's stream, if there is something to hand it.
-    fn deliverable(&self) -> Option<AppTx> {
-        let app = self.app.as_ref()?;
+    fn deliverable(&mut self) -> Option<AppTx> {
+        let aborted = self.restore_pending.as_ref().is_some_and(|p| p.aborted);
+        let app = self.app.as_mut()?;
         let ready = match self.inbox.front() {
             None => false,
             // The restored state's next piece has not come yet: everything waits behind it.
             Some(InboxItem::Restore { feed, .. }) => feed.ready(),
             Some(InboxItem::RestoreAborted { .. }) => true,
-            Some(_) => !self.restore_pending.as_ref().is_some_and(|p| p.aborted),
+            // Messages wait while the delivery window is full.
+            Some(InboxItem::Deliver { .. }) if !aborted => match app.window.room() {
+                Some((0, _)) => {
+                    app.window.full_with_backlog();
+                    false
+                }
+                _ => true,
+            },
+            Some(_) => !aborted,
         };
         (ready || self.peers_changed).then(|| app.tx.clone())
     }
@@ -298,6 +313,11 @@ impl NodeLoop {
                     out.pending_pull = None;
                 }
             }
+            LoopMsg::Credit {
+                channel,
+                epoch,
+                limit,
+            } => self.on_credit(&channel, epoch, limit),
             LoopMsg::OutboundReset {
                 channel,
                 epoch,
@@ -307,11 +327,12 @@ impl NodeLoop {
             LoopMsg::AppAttach {
                 session,
                 packed,
+                acks,
                 tx,
                 records,
                 reply,
             } => {
-                let _ = reply.send(self.attach_app(session, packed, tx, records));
+                let _ = reply.send(self.attach_app(session, packed, acks, tx, records));
             }
             LoopMsg::AppSend { session, sends } => self.on_app_send(session, sends),
             LoopMsg::AppState {
@@ -321,6 +342,11 @@ impl NodeLoop {
                 last,
             } => self.on_app_state(session, id, chunk, last),
             LoopMsg::AppDetached { session } => self.detach_app(Some(session)),
+            LoopMsg::AppConsumed {
+                session,
+                messages,
+                bytes,
+            } => self.on_app_consumed(session, messages, bytes),
             LoopMsg::AppRestoreApplied {
                 session,
                 restore_id,
@@ -344,6 +370,7 @@ impl NodeLoop {
                         mode,
                         initiators: BTreeSet::from([self.shared.node_id.clone()]),
                         alignment_timeout,
+                        timed_out: false,
                     };
                     self.remember(id);
                     self.feed(Event::SnapshotInitiated { plan: plan.clone() });
@@ -388,8 +415,14 @@ impl NodeLoop {
     }
 
     /// Feeds one event, then every event its commands cause, executing commands in order.
+    /// Feeds the engine and executes its commands, in order. An event raised while
+    /// commands execute (a pull served on `SendMarker`) waits until they all have.
     fn feed(&mut self, event: Event) {
         self.pending.push_back(event);
+        if self.feeding {
+            return;
+        }
+        self.feeding = true;
         while let Some(event) = self.pending.pop_front() {
             self.engine.handle(event);
             let commands: Vec<Command> = self.engine.drain_commands().collect();
@@ -397,6 +430,7 @@ impl NodeLoop {
                 self.execute(command);
             }
         }
+        self.feeding = false;
     }
 
     fn execute(&mut self, command: Command) {
@@ -447,6 +481,21 @@ impl NodeLoop {
                 }
             }
             Command::UnblockChannel { channel } => self.unblock(channel),
+            Command::OvertakeMarker { id, channel } => {
+                let out = self.outgoing.get_mut(&channel).expect("outgoing channel");
+                if let Some(at) = out
+                    .queue
+                    .iter()
+                    .position(|item| matches!(item, OutItem::Marker(plan) if plan.id == id))
+                {
+                    if let Some(OutItem::Marker(mut plan)) = out.queue.remove(at) {
+                        plan.timed_out = true;
+                        out.queue.push_front(OutItem::Marker(plan));
+                    }
+                    tracing::debug!(snapshot = %id, %channel, overtaken = at, "alignment timeout: the marker overtakes the queue");
+                }
+                self.serve_pull(&channel);
+            }
             Command::ScheduleAlignmentTimeout { id, after } => {
                 let tx = self.self_tx.clone();
                 tokio::spawn(async move {

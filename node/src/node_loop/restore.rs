@@ -17,7 +17,7 @@
 //! epoch of this one.
 
 use bytes::Bytes;
-use cairn_core::{Event, FailureReason, SnapshotEngine};
+use cairn_core::{ChannelId, Event, FailureReason, SnapshotEngine};
 
 use super::events::NodeEvent;
 use super::{InboxItem, NodeLoop, OutItem, RestoreData, RestorePending};
@@ -60,6 +60,7 @@ impl NodeLoop {
             incoming.received_seq = 0;
             incoming.generation += 1;
             incoming.next_index = 0;
+            incoming.delivered_next = 0;
             incoming.blocked = false;
             // Whoever opens the channel first in the new epoch is not a restart of the
             // sender met before it (that would reset the replayed count).
@@ -74,6 +75,14 @@ impl NodeLoop {
             out.handles.release(queued);
             dropped += queued as u64;
             out.next_index = 0;
+            if out.credited {
+                // The peer grants its credits afresh in the new epoch's handshake.
+                out.credit_limit = 0;
+            }
+        }
+        let channels: Vec<ChannelId> = self.incoming.keys().cloned().collect();
+        for channel in &channels {
+            self.regrant(channel, true);
         }
         self.shared.metrics.app_queue_depth.set(0);
         tracing::info!(

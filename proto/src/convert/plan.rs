@@ -16,6 +16,7 @@ pub fn plan_to_pb(plan: &Plan, epoch: u64) -> pb::SnapshotPlan {
         initiators: plan.initiators.iter().map(ToString::to_string).collect(),
         alignment_timeout_ms: plan.alignment_timeout.map_or(0, |d| d.as_millis() as u64),
         epoch,
+        alignment_timed_out: plan.timed_out,
     }
 }
 
@@ -46,6 +47,7 @@ impl TryFrom<&pb::SnapshotPlan> for Plan {
                 .collect(),
             alignment_timeout: (plan.alignment_timeout_ms > 0)
                 .then(|| Duration::from_millis(plan.alignment_timeout_ms)),
+            timed_out: plan.alignment_timed_out,
         })
     }
 }
@@ -61,6 +63,7 @@ mod tests {
         let mut plan = Plan::new(7, SnapshotMode::Aligned, "a");
         plan.initiators.insert("b".into());
         plan.alignment_timeout = Some(Duration::from_millis(250));
+        plan.timed_out = true;
         let wire = plan_to_pb(&plan, 3);
         assert_eq!(wire.epoch, 3);
         assert_eq!(Plan::try_from(&wire), Ok(plan));

@@ -140,6 +140,7 @@ impl Node {
         self.ask(|reply| LoopMsg::AppAttach {
             session,
             packed: false,
+            acks: false,
             tx,
             records,
             reply,
