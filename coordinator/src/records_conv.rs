@@ -98,6 +98,7 @@ pub fn snapshot_pb(record: &SnapshotRecord) -> pb::Snapshot {
             initiators: record.initiators.clone(),
             alignment_timeout_ms: record.alignment_timeout_ms,
             epoch: 0,
+            alignment_timed_out: false,
         }),
         status: status_pb(record.status) as i32,
         failure: record.failure.as_ref().map(failure_pb),
