@@ -17,7 +17,7 @@ const STATE_CHUNK: usize = 256 << 10;
 const SEND_BATCH: usize = 256;
 /// Most payload bytes coalesced into one `SendBatch`: well under the daemon's HTTP/2
 /// window, so a batch never waits for a window update in the middle.
-const SEND_BATCH_BYTES: usize = 64 << 10;
+const SEND_BATCH_BYTES: usize = 256 << 10;
 /// Messages a session may have on its way to the daemon.
 const SEND_ROOM: usize = 1024;
 /// Consumed messages after which the session acknowledges them even with more buffered
@@ -234,6 +234,7 @@ impl AppSession {
             // (about 50 ms of the application's work, at most 8 MiB), not by HTTP/2.
             .initial_stream_window_size(8 << 20)
             .initial_connection_window_size(16 << 20)
+            .max_frame_size(cairn_proto::limits::MAX_FRAME)
             .connect()
             .await
             .map_err(|e| connect_error(crate::error::with_causes(&e)))?;
@@ -509,23 +510,16 @@ async fn write_loop(
             }
             Outgoing::Send(to, payload) => {
                 // Consecutive sends to one node share a run: one blob plus lengths.
-                let mut runs: Vec<(String, BytesMut, Vec<u32>)> = Vec::new();
-                let mut add = |to: String, payload: Bytes| match runs.last_mut() {
-                    Some((t, blob, lengths)) if *t == to => {
-                        blob.extend_from_slice(&payload);
-                        lengths.push(payload.len() as u32);
-                    }
-                    _ => runs.push((to, BytesMut::from(&payload[..]), vec![payload.len() as u32])),
-                };
+                let mut runs = cairn_proto::runs::RunBuilder::default();
                 let mut n = 1;
                 let mut bytes = payload.len();
-                add(to, payload);
+                runs.push(to, payload);
                 while n < SEND_BATCH && bytes < SEND_BATCH_BYTES {
                     match rx.try_recv() {
                         Ok(Outgoing::Send(to, payload)) => {
                             n += 1;
                             bytes += payload.len();
-                            add(to, payload);
+                            runs.push(to, payload);
                         }
                         Ok(other) => {
                             next = Some(other);
@@ -535,10 +529,10 @@ async fn write_loop(
                     }
                 }
                 let runs = runs
-                    .into_iter()
-                    .map(|(to, blob, lengths)| pb::SendRun {
+                    .finish()
+                    .map(|(to, payloads, lengths)| pb::SendRun {
                         to,
-                        payloads: blob.freeze(),
+                        payloads,
                         lengths,
                     })
                     .collect();

@@ -76,7 +76,7 @@ const APP_PORT_STREAMS: u32 = 16;
 /// Most unacknowledged frames per outgoing channel (fewer if the channel buffer is smaller).
 const LINK_WINDOW: usize = 4096;
 /// HTTP/2 stream window of the application session, in bytes.
-const APP_STREAM_WINDOW: u32 = 256 << 10;
+const APP_STREAM_WINDOW: u32 = 1 << 20;
 
 /// The sockets a daemon serves on, bound by the caller (so tests can bind port 0).
 pub struct Listeners {

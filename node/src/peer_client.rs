@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::Duration;
 
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use cairn_core::ChannelId;
 use cairn_proto::v1 as pb;
 use rand::Rng;
@@ -152,6 +152,7 @@ impl Link {
             .tcp_nodelay(true)
             .initial_stream_window_size(16 << 20)
             .initial_connection_window_size(32 << 20)
+            .max_frame_size(cairn_proto::limits::MAX_FRAME)
             .connect()
             .await
             .map_err(|e| format!("connect to {address}: {e}"))
@@ -449,23 +450,20 @@ fn batches(frames: Vec<(u64, OutFrame)>, epoch: u64) -> Vec<pb::PeerFrame> {
                     });
                 }
                 Some((_, OutFrame::Data(_))) => {
-                    let mut blob = BytesMut::new();
-                    let mut lengths = Vec::new();
+                    let mut runs = cairn_proto::runs::RunBuilder::default();
                     while let Some((_, OutFrame::Data(p))) = iter.peek() {
                         if bytes > 0 && bytes + p.len() > BATCH_BYTES {
                             break;
                         }
                         bytes += p.len();
-                        blob.extend_from_slice(p);
-                        lengths.push(p.len() as u32);
+                        runs.push((), p.clone());
                         iter.next();
                     }
-                    batch.frames.push(pb::Frame {
-                        kind: Some(pb::frame::Kind::Data(pb::DataRun {
-                            payloads: blob.freeze(),
-                            lengths,
-                        })),
-                    });
+                    for ((), payloads, lengths) in runs.finish() {
+                        batch.frames.push(pb::Frame {
+                            kind: Some(pb::frame::Kind::Data(pb::DataRun { payloads, lengths })),
+                        });
+                    }
                     if matches!(iter.peek(), Some((_, OutFrame::Data(_)))) {
                         break; // full: the rest goes into the next batch
                     }

@@ -14,6 +14,7 @@
 //! - [`reflection`]: the reflection services (v1 and v1alpha) every cairn server adds, so
 //!   `grpcurl` works with no proto files.
 //! - [`limits`]: the message sizes, stalls and HTTP/2 settings every cairn server bounds.
+//! - [`runs`]: payloads packed as runs (one blob plus lengths), large ones uncopied.
 //! - [`convert`]: every conversion between these messages and `cairn-core`'s domain
 //!   types, with the one [`ConvertError`](convert::ConvertError) a message that cannot
 //!   become a domain value gives.
@@ -39,6 +40,7 @@ pub const FILE_DESCRIPTOR_SET: &[u8] =
 
 pub mod convert;
 pub mod limits;
+pub mod runs;
 
 /// Server reflection for every cairn server, in both `grpc.reflection.v1` and `v1alpha`
 /// (grpcurl 1.8 asks v1alpha). Each server lists only what it serves: the services it is

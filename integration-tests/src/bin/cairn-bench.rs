@@ -377,21 +377,42 @@ async fn cost_and_stop_the_world(
 }
 
 /// c. One slow application (a fixed delay per message) behind a backlog: each mode's
-/// latency and recorded channel state. The modes alternate in rounds (the backlog drifts);
-/// the backlog is measured as each snapshot starts.
+/// latency and recorded channel state, at two channel buffers (the backlog grows with the
+/// buffer). The modes alternate in rounds (the backlog drifts); the backlog is measured as
+/// each snapshot starts; the daemons' peak resident sets are read at the end.
 async fn backpressure(args: &Args, store: &Store, report: &mut Report) -> anyhow::Result<()> {
-    let (buffer, rounds, delay) = if args.quick {
-        ("300", 1, Duration::from_micros(100))
+    let (buffers, rounds, delay) = if args.quick {
+        (&[300u64][..], 1, Duration::from_micros(100))
     } else {
-        ("2000", 3, Duration::from_micros(250))
+        (&[2_000u64, 8_000][..], 3, Duration::from_micros(250))
     };
-    let cluster = BenchCluster::start(3, store, &[], &["--channel-buffer", buffer], 1024).await?;
+    for &buffer in buffers {
+        backpressure_at(buffer, rounds, delay, store, report).await?;
+    }
+    Ok(())
+}
+
+async fn backpressure_at(
+    buffer: u64,
+    rounds: usize,
+    delay: Duration,
+    store: &Store,
+    report: &mut Report,
+) -> anyhow::Result<()> {
+    let cluster = BenchCluster::start(
+        3,
+        store,
+        &[],
+        &["--channel-buffer", &buffer.to_string()],
+        1024,
+    )
+    .await?;
     // n1 and n2 flood n3, whose application spends `delay` on each message.
     *cluster.apps[2].delay.lock().expect("never poisoned") = delay;
     cluster.apps[0].set_load(Load::Flood);
     cluster.apps[1].set_load(Load::Flood);
-    // Wait until the backlog is built: n3 lags the others by at least the buffer.
-    let want: u64 = buffer.parse::<u64>()? * 2;
+    // Wait until the backlog is built: n3 lags the others by at least twice the buffer.
+    let want = buffer * 2;
     let deadline = Instant::now() + Duration::from_secs(60);
     while cluster.sent() - cluster.received() < want && Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(50)).await;
@@ -430,9 +451,20 @@ async fn backpressure(args: &Args, store: &Store, report: &mut Report) -> anyhow
             results[i].2.push(backlog);
         }
     }
+    // Memory: the slow node's daemon and a flooding one's, at their peaks.
+    let peak = |i: usize| -> anyhow::Result<u64> {
+        let pid = cluster
+            .cluster
+            .node_pid(i)
+            .ok_or_else(|| anyhow::anyhow!("no daemon n{}", i + 1))?;
+        peak_rss(pid)
+    };
+    let (sender_peak, receiver_peak) = (peak(0)?, peak(2)?);
     report.section(
         &format!(
-            "c. Backpressure (n3's app takes {delay:?} per message; n1, n2 flood it; --channel-buffer {buffer}; {rounds} round(s) of the four)"
+            "c. Backpressure (n3's app takes {delay:?} per message; n1, n2 flood it; --channel-buffer {buffer}; {rounds} round(s) of the four; daemon peaks: n1 {} MiB, n3 {} MiB)",
+            mib(sender_peak),
+            mib(receiver_peak)
         ),
         &["mode", "backlog at start (mean)", "p50 ms", "max ms", "recorded messages (mean)", "recorded bytes (mean)"],
     );
@@ -449,9 +481,11 @@ async fn backpressure(args: &Args, store: &Store, report: &mut Report) -> anyhow
                 format!("{recorded:.0}"),
                 format!("{:.0}", recorded * payload),
             ],
-            json!({"scenario": "c", "mode": name, "backlog": mean(backlog), "p50_ms": quantile(lat, 0.5),
+            json!({"scenario": "c", "buffer": buffer, "mode": name, "backlog": mean(backlog),
+                   "p50_ms": quantile(lat, 0.5),
                    "max_ms": lat.iter().copied().fold(0.0, f64::max), "recorded_messages": recorded,
-                   "recorded_bytes": recorded * payload}),
+                   "recorded_bytes": recorded * payload,
+                   "daemon_peak_bytes": {"n1": sender_peak, "n3": receiver_peak}}),
         );
     }
     Ok(())

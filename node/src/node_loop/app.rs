@@ -240,7 +240,7 @@ impl NodeLoop {
             },
         );
         let mut messages = Vec::new();
-        let mut runs: Vec<(ChannelId, bytes::BytesMut, Vec<u32>)> = Vec::new();
+        let mut runs = cairn_proto::runs::RunBuilder::default();
         let mut count = 0usize;
         let mut counts: BTreeMap<ChannelId, u64> = BTreeMap::new();
         let mut bytes = 0;
@@ -279,23 +279,13 @@ impl NodeLoop {
                 continue;
             }
             // Consecutive messages from one node share a run: one blob plus lengths.
-            match runs.last_mut() {
-                Some((c, blob, lengths)) if c.from == channel.from => {
-                    blob.extend_from_slice(&payload);
-                    lengths.push(payload.len() as u32);
-                }
-                _ => runs.push((
-                    channel,
-                    bytes::BytesMut::from(&payload[..]),
-                    vec![payload.len() as u32],
-                )),
-            }
+            runs.push(channel.from, payload);
         }
         let runs = runs
-            .into_iter()
-            .map(|(channel, blob, lengths)| pb::DeliverRun {
-                from: channel.from.to_string(),
-                payloads: blob.freeze(),
+            .finish()
+            .map(|(from, payloads, lengths)| pb::DeliverRun {
+                from: from.to_string(),
+                payloads,
                 lengths,
             })
             .collect();

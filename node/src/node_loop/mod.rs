@@ -31,7 +31,7 @@ use recording::Recordings;
 /// Most messages handed to the application in one `DeliverBatch`.
 const DELIVER_BATCH: usize = 256;
 /// Most payload bytes in one `DeliverBatch`: well under the application's HTTP/2 window.
-const DELIVER_BATCH_BYTES: usize = 32 << 10;
+const DELIVER_BATCH_BYTES: usize = 256 << 10;
 
 enum InboxItem {
     Deliver {
