@@ -1,6 +1,7 @@
 //! The application's session with its local node daemon.
 
 use std::collections::{BTreeSet, VecDeque};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 
 use bytes::{Bytes, BytesMut};
@@ -18,8 +19,10 @@ const SEND_BATCH: usize = 256;
 /// Most payload bytes coalesced into one `SendBatch`: well under the daemon's HTTP/2
 /// window, so a batch never waits for a window update in the middle.
 const SEND_BATCH_BYTES: usize = 256 << 10;
-/// Messages a session may have on its way to the daemon.
-const SEND_ROOM: usize = 1024;
+/// Messages a session may have on its way to the daemon and not taken by it yet: few
+/// enough that a recorded state sent behind them is not held up, whatever their size
+/// (the daemon's 1 MiB HTTP/2 window bounds their bytes).
+const SEND_ROOM: usize = 8192;
 /// Consumed messages after which the session acknowledges them even with more buffered
 /// (it always does before it waits for more).
 const ACK_EVERY: u64 = 256;
@@ -265,32 +268,59 @@ impl AppSession {
         };
         let (tx, rx) = mpsc::unbounded_channel();
         let room = Arc::new(Semaphore::new(SEND_ROOM));
-        tokio::spawn(write_loop(rx, wire_tx, room.clone()));
-        // Acknowledgements travel on their own stream, so that sends the daemon is not
-        // reading (a slow peer) never hold them up; only the latest count matters.
-        let (acks, mut latest) = watch::channel((0u64, 0u64));
-        let (ack_tx, ack_rx) = mpsc::channel::<pb::Consumption>(1);
+        // Flow control travels on its own stream (`App/Consumed`), so that it never waits
+        // behind the session's traffic: what the application consumed goes to the daemon,
+        // and the sends the daemon took off the session come back as room. A daemon that
+        // names no session has no such stream: room comes back as sends are written.
         let session = attached.session;
-        tokio::spawn(async move {
-            while latest.changed().await.is_ok() {
-                let (messages, bytes) = *latest.borrow_and_update();
-                let consumption = pb::Consumption {
-                    session,
-                    messages,
-                    bytes,
-                };
-                if ack_tx.send(consumption).await.is_err() {
-                    return;
+        let written = Arc::new(AtomicU64::new(0));
+        tokio::spawn(write_loop(
+            rx,
+            wire_tx,
+            (session == 0).then(|| room.clone()),
+            written.clone(),
+        ));
+        let (acks, mut latest) = watch::channel((0u64, 0u64));
+        if session != 0 {
+            let (ack_tx, ack_rx) = mpsc::channel::<pb::Consumption>(1);
+            tokio::spawn(async move {
+                // The first message names the session; then only the latest count matters.
+                let mut counts = (0, 0);
+                loop {
+                    let (messages, bytes) = counts;
+                    let consumption = pb::Consumption {
+                        session,
+                        messages,
+                        bytes,
+                    };
+                    if ack_tx.send(consumption).await.is_err() || latest.changed().await.is_err() {
+                        return;
+                    }
+                    counts = *latest.borrow_and_update();
                 }
-            }
-        });
-        let mut acks_client = client.clone();
-        tokio::spawn(async move {
-            if let Err(status) = acks_client.consumed(ReceiverStream::new(ack_rx)).await {
-                // The session itself reports why the daemon went away.
-                tracing::debug!(%status, "delivery acknowledgements ended");
-            }
-        });
+            });
+            let mut flow = client.clone();
+            let room = room.clone();
+            tokio::spawn(async move {
+                let mut taken = match flow.consumed(ReceiverStream::new(ack_rx)).await {
+                    Ok(response) => response.into_inner(),
+                    Err(status) => {
+                        // The session itself reports why the daemon went away.
+                        tracing::debug!(%status, "the session's flow control ended");
+                        return;
+                    }
+                };
+                let mut released = 0u64;
+                while let Ok(Some(pb::Taken { messages })) = taken.message().await {
+                    // Never more than was written (a confused daemon cannot inflate it).
+                    let messages = messages.min(written.load(Ordering::Acquire));
+                    if messages > released {
+                        room.add_permits((messages - released) as usize);
+                        released = messages;
+                    }
+                }
+            });
+        }
         Ok(Self {
             sender: AppSender {
                 tx,
@@ -486,11 +516,14 @@ impl RestoreStaging {
 }
 
 /// Coalesces consecutive sends into batches, keeping the order of everything sent, and
-/// splits states into chunks.
+/// splits states into chunks. Counts the messages `written`; gives their `room` back as
+/// it writes them only for a daemon without flow control (else the daemon says when it
+/// took them).
 async fn write_loop(
     mut rx: mpsc::UnboundedReceiver<Outgoing>,
     wire: mpsc::Sender<pb::AppToNode>,
-    room: Arc<Semaphore>,
+    room: Option<Arc<Semaphore>>,
+    written: Arc<AtomicU64>,
 ) {
     use pb::app_to_node::Kind;
     let mut next = rx.recv().await;
@@ -540,10 +573,14 @@ async fn write_loop(
                     messages: Vec::new(),
                     runs,
                 });
+                // Counted before they can be taken.
+                written.fetch_add(n as u64, Ordering::AcqRel);
                 if wire.send(pb::AppToNode { kind: Some(kind) }).await.is_err() {
                     return;
                 }
-                room.add_permits(n);
+                if let Some(room) = &room {
+                    room.add_permits(n);
+                }
                 Vec::new()
             }
         };

@@ -24,11 +24,32 @@ pub(crate) struct AppService {
     pub loop_tx: mpsc::Sender<LoopMsg>,
     pub shutdown: CancellationToken,
     pub sessions: AtomicU64,
+    /// The newest session and what its flow-control stream tells the application.
+    pub current: std::sync::Mutex<Option<(u64, Arc<SendsTaken>)>>,
+}
+
+/// How many of the application's sends a session has taken off its stream, for the
+/// session's `Consumed` stream to pass on (the application keeps a window of sends not
+/// taken yet).
+#[derive(Debug, Default)]
+pub(crate) struct SendsTaken {
+    messages: AtomicU64,
+    changed: tokio::sync::Notify,
+    /// The session ended.
+    ended: CancellationToken,
+}
+
+impl SendsTaken {
+    fn took(&self, n: u64) {
+        self.messages.fetch_add(n, Ordering::AcqRel);
+        self.changed.notify_one();
+    }
 }
 
 #[tonic::async_trait]
 impl pb::app_server::App for AppService {
     type SessionStream = ReceiverStream<Result<pb::NodeToApp, Status>>;
+    type ConsumedStream = ReceiverStream<Result<pb::Taken, Status>>;
 
     async fn session(
         &self,
@@ -51,6 +72,8 @@ impl pb::app_server::App for AppService {
             return Err(invalid("the first message of a session must be Attach").into());
         };
         let session = self.sessions.fetch_add(1, Ordering::Relaxed) + 1;
+        let taken = Arc::new(SendsTaken::default());
+        *self.current.lock().expect("never poisoned") = Some((session, taken.clone()));
         // Few batches wait here: what is handed to the application can no longer be
         // overtaken by an unaligned snapshot's record request.
         let (tx, rx) = mpsc::channel(2);
@@ -75,10 +98,12 @@ impl pb::app_server::App for AppService {
             session,
             records,
             read_ahead: AtomicU64::new(0),
+            taken,
         };
         let shutdown = self.shutdown.clone();
         tokio::spawn(async move {
             let result = reader.run(inbound, shutdown).await;
+            reader.taken.ended.cancel();
             if let Err(status) = result {
                 tracing::warn!(session, "closing application session: {}", status.message());
                 let _ = tx.send(Err(status)).await;
@@ -91,7 +116,7 @@ impl pb::app_server::App for AppService {
     async fn consumed(
         &self,
         request: Request<Streaming<pb::Consumption>>,
-    ) -> Result<Response<pb::ConsumedEnd>, Status> {
+    ) -> Result<Response<Self::ConsumedStream>, Status> {
         let peer = Peer::of(&request);
         check_node(
             peer.as_ref(),
@@ -99,30 +124,61 @@ impl pb::app_server::App for AppService {
             "acknowledge deliveries",
         )?;
         let mut inbound = request.into_inner();
-        let mut session = None;
-        loop {
-            let message = tokio::select! {
-                _ = self.shutdown.cancelled() => return Err(Error::ShuttingDown.into()),
-                m = inbound.message() => m,
-            };
-            let Some(consumption) = message? else {
-                return Ok(Response::new(pb::ConsumedEnd {}));
-            };
-            // Every message names the session the first one named.
-            let named = *session.get_or_insert(consumption.session);
-            if consumption.session != named || named == 0 {
-                return Err(invalid("a Consumed stream names one session, not 0").into());
+        let first = inbound
+            .message()
+            .await?
+            .ok_or_else(|| invalid("the Consumed stream ended before naming its session"))?;
+        let session = first.session;
+        let taken = match &*self.current.lock().expect("never poisoned") {
+            Some((s, taken)) if *s == session => taken.clone(),
+            _ => {
+                return Err(Status::not_found(format!(
+                    "no application session {session} on node {}",
+                    self.shared.node_id
+                )));
             }
-            // A session already gone: the loop ignores what it does not know.
-            self.loop_tx
-                .send(LoopMsg::AppConsumed {
-                    session: named,
-                    messages: consumption.messages,
-                    bytes: consumption.bytes,
-                })
-                .await
-                .map_err(|_| Error::ShuttingDown)?;
-        }
+        };
+        let (tx, rx) = mpsc::channel(4);
+        let loop_tx = self.loop_tx.clone();
+        let shutdown = self.shutdown.clone();
+        tokio::spawn(async move {
+            let mut consumption = Some(first);
+            let mut told = 0;
+            loop {
+                if let Some(c) = consumption.take() {
+                    if c.session != session {
+                        let bad = invalid("a Consumed stream names one session");
+                        let _ = tx.send(Err(bad.into())).await;
+                        return;
+                    }
+                    let consumed = LoopMsg::AppConsumed {
+                        session,
+                        messages: c.messages,
+                        bytes: c.bytes,
+                    };
+                    if loop_tx.send(consumed).await.is_err() {
+                        return;
+                    }
+                }
+                let now = taken.messages.load(Ordering::Acquire);
+                if now != told {
+                    told = now;
+                    if tx.send(Ok(pb::Taken { messages: now })).await.is_err() {
+                        return;
+                    }
+                }
+                tokio::select! {
+                    _ = shutdown.cancelled() => return,
+                    _ = taken.ended.cancelled() => return,
+                    _ = taken.changed.notified() => {}
+                    m = inbound.message() => match m {
+                        Ok(Some(c)) => consumption = Some(c),
+                        Ok(None) | Err(_) => return,
+                    },
+                }
+            }
+        });
+        Ok(Response::new(ReceiverStream::new(rx)))
     }
 }
 
@@ -142,6 +198,8 @@ struct SessionReader {
     shared: Arc<Shared>,
     loop_tx: mpsc::Sender<LoopMsg>,
     session: u64,
+    /// Sends taken off the stream, for the application's window.
+    taken: Arc<SendsTaken>,
 }
 
 impl SessionReader {
@@ -166,7 +224,16 @@ impl SessionReader {
                 }
             };
             match kind {
-                Kind::Send(batch) => self.send(batch).await?,
+                Kind::Send(batch) => {
+                    let n = batch.messages.len() as u64
+                        + batch
+                            .runs
+                            .iter()
+                            .map(|r| r.lengths.len() as u64)
+                            .sum::<u64>();
+                    self.send(batch).await?;
+                    self.taken.took(n);
+                }
                 Kind::StateRecorded(state) => {
                     if state.snapshot_id == 0 {
                         return Err(invalid("StateRecorded for snapshot 0").into());

@@ -384,7 +384,7 @@ async fn backpressure(args: &Args, store: &Store, report: &mut Report) -> anyhow
     let (buffers, rounds, delay) = if args.quick {
         (&[300u64][..], 1, Duration::from_micros(100))
     } else {
-        (&[2_000u64, 8_000][..], 3, Duration::from_micros(250))
+        (&[2_000u64, 50_000][..], 3, Duration::from_micros(250))
     };
     for &buffer in buffers {
         backpressure_at(buffer, rounds, delay, store, report).await?;
