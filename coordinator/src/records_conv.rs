@@ -99,6 +99,7 @@ pub fn snapshot_pb(record: &SnapshotRecord) -> pb::Snapshot {
             alignment_timeout_ms: record.alignment_timeout_ms,
             epoch: 0,
             alignment_timed_out: false,
+            started_at_ms: 0,
         }),
         status: status_pb(record.status) as i32,
         failure: record.failure.as_ref().map(failure_pb),

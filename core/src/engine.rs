@@ -183,8 +183,11 @@ impl SnapshotEngine {
         // the alignment (markers still missing) and at the senders' queues (markers still
         // waiting there).
         if let (SnapshotMode::Aligned, Some(after)) = (plan.mode, plan.alignment_timeout) {
-            self.commands
-                .push_back(Command::ScheduleAlignmentTimeout { id, after });
+            self.commands.push_back(Command::ScheduleAlignmentTimeout {
+                id,
+                after,
+                since_ms: plan.started_at_ms,
+            });
         }
         let snapshot = LocalSnapshot {
             overtake: plan.mode == SnapshotMode::Unaligned,

@@ -153,12 +153,15 @@ pub enum Command {
         /// The outgoing channel.
         channel: ChannelId,
     },
-    /// Send [`Event::AlignmentTimedOut`] after this long.
+    /// Send [`Event::AlignmentTimedOut`] this long after `since_ms` (the plan's
+    /// `started_at_ms`; 0: from now).
     ScheduleAlignmentTimeout {
         /// The snapshot.
         id: SnapshotId,
         /// The delay.
         after: Duration,
+        /// Wall-clock milliseconds the delay counts from; 0: from now.
+        since_ms: u64,
     },
     /// This process's part is complete: report it with the local state and the recorded
     /// messages.

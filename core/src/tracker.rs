@@ -185,6 +185,7 @@ impl SnapshotTracker {
                 .alignment_timeout
                 .filter(|_| request.mode == SnapshotMode::Aligned),
             timed_out: false,
+            started_at_ms: 0,
         };
         self.in_flight.insert(
             id,

@@ -117,6 +117,11 @@ pub struct Plan {
     /// aligning at once rather than start its own timeout (the timeout runs from the
     /// snapshot's start, as Flink's does, without comparing clocks).
     pub timed_out: bool,
+    /// When the snapshot started, in milliseconds since the Unix epoch by the clock of
+    /// whoever started it (0: not known). A node counts its alignment timeout from here
+    /// rather than from when it joined, as Flink counts from the checkpoint's start; a
+    /// clock that disagrees only moves the timeout, never the cut.
+    pub started_at_ms: u64,
 }
 
 impl Plan {
@@ -128,6 +133,7 @@ impl Plan {
             initiators: BTreeSet::from([initiator.into()]),
             alignment_timeout: None,
             timed_out: false,
+            started_at_ms: 0,
         }
     }
 }

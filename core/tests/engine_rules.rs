@@ -385,7 +385,8 @@ fn aligned_first_marker_schedules_the_alignment_timeout() {
         vec![
             Command::ScheduleAlignmentTimeout {
                 id: SnapshotId(6),
-                after: Duration::from_millis(100)
+                after: Duration::from_millis(100),
+                since_ms: 0,
             },
             Command::BlockChannel {
                 channel: ch("a", "b")
@@ -439,7 +440,8 @@ fn alignment_timeout_after_the_state_moves_markers_still_queued_to_the_front() {
         vec![
             Command::ScheduleAlignmentTimeout {
                 id: SnapshotId(9),
-                after: Duration::from_millis(100)
+                after: Duration::from_millis(100),
+                since_ms: 0,
             },
             Command::EnqueueRecordState {
                 id: SnapshotId(9),
@@ -539,7 +541,8 @@ fn a_marker_that_timed_out_upstream_ends_the_alignment_at_once() {
         vec![
             Command::ScheduleAlignmentTimeout {
                 id: SnapshotId(11),
-                after: Duration::from_millis(100)
+                after: Duration::from_millis(100),
+                since_ms: 0,
             },
             // No alignment: it records at once, overtaking its inbox, and c->b's
             // messages so far are channel state until c's marker.

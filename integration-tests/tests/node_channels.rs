@@ -241,6 +241,7 @@ fn marker(mode: i32) -> pb::frame::Kind {
             alignment_timeout_ms: 0,
             epoch: 0,
             alignment_timed_out: false,
+            started_at_ms: 0,
         }),
     })
 }

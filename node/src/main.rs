@@ -59,7 +59,9 @@ struct Args {
     advertise: Option<String>,
     #[command(flatten)]
     blob: cairn_blob::BlobArgs,
-    /// Messages each channel may hold in this daemon before the sender is pushed back.
+    /// Messages each channel may hold in this daemon before the sender is pushed back: the
+    /// most credits an incoming channel grants (fewer once the application's pace is
+    /// measured: about 100 ms of its work) and the longest an outgoing queue grows.
     #[arg(long, env = "CAIRN_CHANNEL_BUFFER", default_value_t = 16_384)]
     channel_buffer: usize,
     /// Largest application payload, in bytes.

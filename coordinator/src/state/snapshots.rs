@@ -95,10 +95,12 @@ impl State {
         // Every check before an id is spent.
         self.tracker.check(&request, &topology).map_err(refused)?;
         let id = self.next_snapshot_id().await?;
-        let plan = self
+        let mut plan = self
             .tracker
             .start(id, request, &topology)
             .map_err(refused)?;
+        // Nodes count an alignment timeout from here.
+        plan.started_at_ms = now_ms();
         let record = SnapshotRecord {
             id: id.0,
             mode: mode_name(plan.mode),
@@ -107,7 +109,7 @@ impl State {
             status: SnapshotStatus::InProgress,
             failure: None,
             verdict: None,
-            started_at_ms: now_ms(),
+            started_at_ms: plan.started_at_ms,
             finished_at_ms: 0,
             timeout_ms: timeout.as_millis() as u64,
             labels,

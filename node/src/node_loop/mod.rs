@@ -371,6 +371,7 @@ impl NodeLoop {
                         initiators: BTreeSet::from([self.shared.node_id.clone()]),
                         alignment_timeout,
                         timed_out: false,
+                        started_at_ms: now_ms(),
                     };
                     self.remember(id);
                     self.feed(Event::SnapshotInitiated { plan: plan.clone() });
@@ -496,7 +497,19 @@ impl NodeLoop {
                 }
                 self.serve_pull(&channel);
             }
-            Command::ScheduleAlignmentTimeout { id, after } => {
+            Command::ScheduleAlignmentTimeout {
+                id,
+                after,
+                since_ms,
+            } => {
+                // Counted from the snapshot's start where known (a clock behind or far
+                // ahead of the starter's only shortens or lengthens it, up to `after`).
+                let elapsed = now_ms().saturating_sub(since_ms);
+                let after = if since_ms == 0 {
+                    after
+                } else {
+                    after.saturating_sub(std::time::Duration::from_millis(elapsed))
+                };
                 let tx = self.self_tx.clone();
                 tokio::spawn(async move {
                     tokio::time::sleep(after).await;
@@ -567,3 +580,10 @@ impl NodeLoop {
 
 #[cfg(test)]
 mod tests;
+
+/// Milliseconds since the Unix epoch by this machine's clock.
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}

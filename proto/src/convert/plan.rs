@@ -17,6 +17,7 @@ pub fn plan_to_pb(plan: &Plan, epoch: u64) -> pb::SnapshotPlan {
         alignment_timeout_ms: plan.alignment_timeout.map_or(0, |d| d.as_millis() as u64),
         epoch,
         alignment_timed_out: plan.timed_out,
+        started_at_ms: plan.started_at_ms,
     }
 }
 
@@ -48,6 +49,7 @@ impl TryFrom<&pb::SnapshotPlan> for Plan {
             alignment_timeout: (plan.alignment_timeout_ms > 0)
                 .then(|| Duration::from_millis(plan.alignment_timeout_ms)),
             timed_out: plan.alignment_timed_out,
+            started_at_ms: plan.started_at_ms,
         })
     }
 }
@@ -64,6 +66,7 @@ mod tests {
         plan.initiators.insert("b".into());
         plan.alignment_timeout = Some(Duration::from_millis(250));
         plan.timed_out = true;
+        plan.started_at_ms = 1_700_000_000_000;
         let wire = plan_to_pb(&plan, 3);
         assert_eq!(wire.epoch, 3);
         assert_eq!(Plan::try_from(&wire), Ok(plan));
