@@ -1,7 +1,7 @@
 //! The application's session with its local node daemon.
 
 use std::collections::{BTreeSet, VecDeque};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 
 use bytes::{Bytes, BytesMut};
@@ -274,10 +274,12 @@ impl AppSession {
         // names no session has no such stream: room comes back as sends are written.
         let session = attached.session;
         let written = Arc::new(AtomicU64::new(0));
+        let on_write = Arc::new(AtomicBool::new(session == 0));
         tokio::spawn(write_loop(
             rx,
             wire_tx,
-            (session == 0).then(|| room.clone()),
+            room.clone(),
+            on_write.clone(),
             written.clone(),
         ));
         let (acks, mut latest) = watch::channel((0u64, 0u64));
@@ -302,22 +304,29 @@ impl AppSession {
             let mut flow = client.clone();
             let room = room.clone();
             tokio::spawn(async move {
-                let mut taken = match flow.consumed(ReceiverStream::new(ack_rx)).await {
-                    Ok(response) => response.into_inner(),
-                    Err(status) => {
-                        // The session itself reports why the daemon went away.
-                        tracing::debug!(%status, "the session's flow control ended");
-                        return;
-                    }
-                };
                 let mut released = 0u64;
-                while let Ok(Some(pb::Taken { messages })) = taken.message().await {
-                    // Never more than was written (a confused daemon cannot inflate it).
-                    let messages = messages.min(written.load(Ordering::Acquire));
-                    if messages > released {
-                        room.add_permits((messages - released) as usize);
-                        released = messages;
+                match flow.consumed(ReceiverStream::new(ack_rx)).await {
+                    Ok(response) => {
+                        let mut taken = response.into_inner();
+                        while let Ok(Some(pb::Taken { messages })) = taken.message().await {
+                            // Never more than was written (a confused daemon cannot
+                            // inflate it).
+                            let messages = messages.min(written.load(Ordering::Acquire));
+                            if messages > released {
+                                room.add_permits((messages - released) as usize);
+                                released = messages;
+                            }
+                        }
                     }
+                    // The session itself reports it if the daemon went away.
+                    Err(status) => tracing::debug!(%status, "no flow-control stream"),
+                }
+                // Without the daemon's counts, room comes back as sends are written (no
+                // send window), rather than never: what is written already goes back now.
+                on_write.store(true, Ordering::Release);
+                let written = written.load(Ordering::Acquire);
+                if written > released {
+                    room.add_permits((written - released) as usize);
                 }
             });
         }
@@ -522,7 +531,8 @@ impl RestoreStaging {
 async fn write_loop(
     mut rx: mpsc::UnboundedReceiver<Outgoing>,
     wire: mpsc::Sender<pb::AppToNode>,
-    room: Option<Arc<Semaphore>>,
+    room: Arc<Semaphore>,
+    on_write: Arc<AtomicBool>,
     written: Arc<AtomicU64>,
 ) {
     use pb::app_to_node::Kind;
@@ -578,7 +588,7 @@ async fn write_loop(
                 if wire.send(pb::AppToNode { kind: Some(kind) }).await.is_err() {
                     return;
                 }
-                if let Some(room) = &room {
+                if on_write.load(Ordering::Acquire) {
                     room.add_permits(n);
                 }
                 Vec::new()

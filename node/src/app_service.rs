@@ -24,8 +24,9 @@ pub(crate) struct AppService {
     pub loop_tx: mpsc::Sender<LoopMsg>,
     pub shutdown: CancellationToken,
     pub sessions: AtomicU64,
-    /// The newest session and what its flow-control stream tells the application.
-    pub current: std::sync::Mutex<Option<(u64, Arc<SendsTaken>)>>,
+    /// The sessions attaching or attached, and what their flow-control streams tell the
+    /// application (a refused attach removes its own entry only).
+    pub sessions_taken: Arc<std::sync::Mutex<std::collections::BTreeMap<u64, Arc<SendsTaken>>>>,
 }
 
 /// How many of the application's sends a session has taken off its stream, for the
@@ -73,13 +74,25 @@ impl pb::app_server::App for AppService {
         };
         let session = self.sessions.fetch_add(1, Ordering::Relaxed) + 1;
         let taken = Arc::new(SendsTaken::default());
-        *self.current.lock().expect("never poisoned") = Some((session, taken.clone()));
+        // Registered before the loop answers `Attached`: the application opens its
+        // `Consumed` stream as soon as it has that answer.
+        self.sessions_taken
+            .lock()
+            .expect("never poisoned")
+            .insert(session, taken.clone());
+        let forget = || {
+            self.sessions_taken
+                .lock()
+                .expect("never poisoned")
+                .remove(&session);
+        };
         // Few batches wait here: what is handed to the application can no longer be
         // overtaken by an unaligned snapshot's record request.
         let (tx, rx) = mpsc::channel(2);
         let (reply, attached) = oneshot::channel();
         let records = Arc::new(RecordsDue::default());
-        self.loop_tx
+        let asked = self
+            .loop_tx
             .send(LoopMsg::AppAttach {
                 session,
                 packed: attach.packed_deliveries,
@@ -88,9 +101,15 @@ impl pb::app_server::App for AppService {
                 records: records.clone(),
                 reply,
             })
-            .await
-            .map_err(|_| Error::ShuttingDown)?;
-        attached.await.map_err(|_| Error::ShuttingDown)??;
+            .await;
+        let answer = match asked {
+            Ok(()) => attached.await.map_err(|_| Error::ShuttingDown),
+            Err(_) => Err(Error::ShuttingDown),
+        };
+        if let Err(e) | Ok(Err(e)) = answer {
+            forget();
+            return Err(e.into());
+        }
         tracing::info!(session, application = %attach.application, "session opened");
         let reader = SessionReader {
             shared: self.shared.clone(),
@@ -101,9 +120,14 @@ impl pb::app_server::App for AppService {
             taken,
         };
         let shutdown = self.shutdown.clone();
+        let sessions_taken = self.sessions_taken.clone();
         tokio::spawn(async move {
             let result = reader.run(inbound, shutdown).await;
             reader.taken.ended.cancel();
+            sessions_taken
+                .lock()
+                .expect("never poisoned")
+                .remove(&session);
             if let Err(status) = result {
                 tracing::warn!(session, "closing application session: {}", status.message());
                 let _ = tx.send(Err(status)).await;
@@ -129,56 +153,75 @@ impl pb::app_server::App for AppService {
             .await?
             .ok_or_else(|| invalid("the Consumed stream ended before naming its session"))?;
         let session = first.session;
-        let taken = match &*self.current.lock().expect("never poisoned") {
-            Some((s, taken)) if *s == session => taken.clone(),
-            _ => {
-                return Err(Status::not_found(format!(
-                    "no application session {session} on node {}",
-                    self.shared.node_id
-                )));
-            }
+        let Some(taken) = self
+            .sessions_taken
+            .lock()
+            .expect("never poisoned")
+            .get(&session)
+            .cloned()
+        else {
+            return Err(Status::not_found(format!(
+                "no application session {session} on node {}",
+                self.shared.node_id
+            )));
         };
         let (tx, rx) = mpsc::channel(4);
         let loop_tx = self.loop_tx.clone();
         let shutdown = self.shutdown.clone();
         tokio::spawn(async move {
-            let mut consumption = Some(first);
-            let mut told = 0;
-            loop {
-                if let Some(c) = consumption.take() {
-                    if c.session != session {
-                        let bad = invalid("a Consumed stream names one session");
-                        let _ = tx.send(Err(bad.into())).await;
-                        return;
-                    }
-                    let consumed = LoopMsg::AppConsumed {
-                        session,
-                        messages: c.messages,
-                        bytes: c.bytes,
-                    };
-                    if loop_tx.send(consumed).await.is_err() {
-                        return;
-                    }
-                }
-                let now = taken.messages.load(Ordering::Acquire);
-                if now != told {
-                    told = now;
-                    if tx.send(Ok(pb::Taken { messages: now })).await.is_err() {
-                        return;
-                    }
-                }
-                tokio::select! {
-                    _ = shutdown.cancelled() => return,
-                    _ = taken.ended.cancelled() => return,
-                    _ = taken.changed.notified() => {}
-                    m = inbound.message() => match m {
-                        Ok(Some(c)) => consumption = Some(c),
-                        Ok(None) | Err(_) => return,
-                    },
-                }
-            }
+            flow(first, session, inbound, taken, tx, &loop_tx, shutdown).await;
+            // However it ended: the session, if still attached, goes on without a delivery
+            // window rather than wait for counts that will not come.
+            let _ = loop_tx.send(LoopMsg::AppWindowOff { session }).await;
         });
         Ok(Response::new(ReceiverStream::new(rx)))
+    }
+}
+
+/// A session's flow-control stream: consumed counts to the loop, taken counts back.
+async fn flow(
+    first: pb::Consumption,
+    session: u64,
+    mut inbound: Streaming<pb::Consumption>,
+    taken: Arc<SendsTaken>,
+    tx: mpsc::Sender<Result<pb::Taken, Status>>,
+    loop_tx: &mpsc::Sender<LoopMsg>,
+    shutdown: CancellationToken,
+) {
+    let mut consumption = Some(first);
+    let mut told = 0;
+    loop {
+        if let Some(c) = consumption.take() {
+            if c.session != session {
+                let bad = invalid("a Consumed stream names one session");
+                let _ = tx.send(Err(bad.into())).await;
+                return;
+            }
+            let consumed = LoopMsg::AppConsumed {
+                session,
+                messages: c.messages,
+                bytes: c.bytes,
+            };
+            if loop_tx.send(consumed).await.is_err() {
+                return;
+            }
+        }
+        let now = taken.messages.load(Ordering::Acquire);
+        if now != told {
+            told = now;
+            if tx.send(Ok(pb::Taken { messages: now })).await.is_err() {
+                return;
+            }
+        }
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = taken.ended.cancelled() => return,
+            _ = taken.changed.notified() => {}
+            m = inbound.message() => match m {
+                Ok(Some(c)) => consumption = Some(c),
+                Ok(None) | Err(_) => return,
+            },
+        }
     }
 }
 

@@ -227,7 +227,7 @@ pub async fn run(
         loop_tx: loop_tx.clone(),
         shutdown: stop.clone(),
         sessions: AtomicU64::new(0),
-        current: std::sync::Mutex::new(None),
+        sessions_taken: Default::default(),
     };
     if let Some(tls) = &config.tls {
         // New certificates go in force for new handshakes and for this daemon's new

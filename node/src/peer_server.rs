@@ -4,7 +4,6 @@
 //! HTTP/2 flow control pushes back on the sender), and acknowledges cumulatively.
 
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 
 use bytes::Bytes;
 use cairn_core::ChannelId;
@@ -64,7 +63,8 @@ impl pb::peer_server::Peer for PeerService {
         tracing::debug!(%channel, incarnation = handshake.incarnation, acked, "channel opened");
         let (tx, rx) = mpsc::channel(64);
         // Read after the loop took the stream in: a reset there restarted the credits.
-        let granted = handles.grant.load(Ordering::Acquire);
+        let mut grants = handles.grant.subscribe();
+        let granted = *grants.borrow_and_update();
         let accepted = pb::PeerAck {
             kind: Some(pb::peer_ack::Kind::Accepted(pb::HandshakeAccepted {
                 incarnation: self.shared.incarnation,
@@ -84,6 +84,7 @@ impl pb::peer_server::Peer for PeerService {
             epoch: handshake.epoch,
             expected: acked + 1,
             granted,
+            grants,
         };
         let shutdown = self.shutdown.clone();
         tokio::spawn(async move {
@@ -166,6 +167,8 @@ struct Reader {
     expected: u64,
     /// The credit limit last sent on this stream.
     granted: u64,
+    /// The channel's grant, as the node loop raises it.
+    grants: tokio::sync::watch::Receiver<u64>,
 }
 
 impl Reader {
@@ -181,7 +184,10 @@ impl Reader {
                 _ = shutdown.cancelled() => return Ok(()),
                 _ = cut.notified() => return Err(Status::unavailable(format!("{}: cut by fault injection", self.channel))),
                 // Messages were delivered: the sender may send more (credits).
-                _ = self.handles.granted.notified() => {
+                changed = self.grants.changed() => {
+                    if changed.is_err() {
+                        return Ok(()); // the channel is gone
+                    }
                     if !self.ack(tx).await {
                         return Ok(());
                     }
@@ -234,7 +240,7 @@ impl Reader {
     /// Acknowledges every frame forwarded and passes on the current credit limit (never
     /// lower than one sent before on this stream). False: the stream is gone.
     async fn ack(&mut self, tx: &mpsc::Sender<Result<pb::PeerAck, Status>>) -> bool {
-        self.granted = self.granted.max(self.handles.grant.load(Ordering::Acquire));
+        self.granted = self.granted.max(*self.grants.borrow_and_update());
         let ack = pb::PeerAck {
             kind: Some(pb::peer_ack::Kind::Ack(pb::Ack {
                 seq: self.expected - 1,

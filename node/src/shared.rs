@@ -62,10 +62,10 @@ pub(crate) struct ChannelHandles {
     /// The channel's buffer (`--channel-buffer`): the credits it started with.
     pub buffer: u64,
     /// Incoming only: the credit limit granted to the sender (data index below which it may
-    /// transmit), raised by the node loop as it delivers; the stream's reader passes it on.
-    pub grant: AtomicU64,
-    /// Incoming only: `grant` was raised.
-    pub granted: tokio::sync::Notify,
+    /// transmit), raised by the node loop as it delivers; each stream's reader watches it and
+    /// passes it on (a watch, not a notification: a stream replaced but not yet closed
+    /// cannot take a wake-up meant for the live one).
+    pub grant: tokio::sync::watch::Sender<u64>,
 }
 
 impl ChannelHandles {
@@ -76,16 +76,17 @@ impl ChannelHandles {
             faults: ChannelFaults::default(),
             debt: AtomicU64::new(0),
             buffer: buffer as u64,
-            grant: AtomicU64::new(buffer as u64),
-            granted: tokio::sync::Notify::new(),
+            grant: tokio::sync::watch::Sender::new(buffer as u64),
         }
     }
 
     /// Incoming: grants the sender credits up to data index `limit`.
     pub(crate) fn set_grant(&self, limit: u64) {
-        if self.grant.swap(limit, Ordering::AcqRel) != limit {
-            self.granted.notify_one();
-        }
+        self.grant.send_if_modified(|grant| {
+            let changed = *grant != limit;
+            *grant = limit;
+            changed
+        });
     }
 
     /// Gives back `n` credits of an outgoing channel, paying off its debt first.

@@ -186,7 +186,7 @@ impl NodeLoop {
         });
         let mut limit = incoming.delivered_next.saturating_add(room);
         if !reset {
-            limit = limit.max(handles.grant.load(std::sync::atomic::Ordering::Acquire));
+            limit = limit.max(*handles.grant.borrow());
         }
         handles.set_grant(limit);
     }
@@ -261,7 +261,7 @@ impl NodeLoop {
             });
         }
         for id in markers {
-            self.feed(Event::MarkerTransmitted {
+            self.after_commands(Event::MarkerTransmitted {
                 channel: channel.clone(),
                 id,
             });

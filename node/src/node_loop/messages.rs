@@ -116,6 +116,9 @@ pub(crate) enum LoopMsg {
     },
     /// The application's session ended.
     AppDetached { session: u64 },
+    /// The application's flow-control stream ended (or never opened properly): its
+    /// session, if still attached, goes on without a delivery window.
+    AppWindowOff { session: u64 },
     /// The application has consumed this many delivered messages (and bytes) so far.
     AppConsumed {
         session: u64,

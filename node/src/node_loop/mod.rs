@@ -88,8 +88,10 @@ pub(crate) struct NodeLoop {
     /// The newest snapshot ids this node has met, so an initiation cannot reuse one.
     seen: BTreeSet<SnapshotId>,
     pending: VecDeque<Event>,
-    /// `feed` is executing commands.
-    feeding: bool,
+    /// How deep `feed` calls are nested (commands feed events too).
+    depth: u32,
+    /// Events held until the outermost `feed` has executed its commands.
+    deferred: VecDeque<Event>,
     /// The epoch this loop is in (published in `Shared::epoch`).
     epoch: u64,
     /// A restore whose state the application has not applied yet: until it has, what it
@@ -136,7 +138,8 @@ impl NodeLoop {
             recordings: Recordings::new(keep_parts, events.clone()),
             seen: BTreeSet::new(),
             pending: VecDeque::new(),
-            feeding: false,
+            depth: 0,
+            deferred: VecDeque::new(),
             epoch,
             restore_pending: None,
             events,
@@ -342,6 +345,19 @@ impl NodeLoop {
                 last,
             } => self.on_app_state(session, id, chunk, last),
             LoopMsg::AppDetached { session } => self.detach_app(Some(session)),
+            LoopMsg::AppWindowOff { session } => {
+                if let Some(app) = self.app.as_mut().filter(|a| a.session == session) {
+                    tracing::warn!(
+                        session,
+                        "the application's flow-control stream ended: no delivery window from now on"
+                    );
+                    app.window = flow::DeliveryWindow::new(false);
+                    let channels: Vec<ChannelId> = self.incoming.keys().cloned().collect();
+                    for channel in &channels {
+                        self.regrant(channel, false);
+                    }
+                }
+            }
             LoopMsg::AppConsumed {
                 session,
                 messages,
@@ -417,21 +433,36 @@ impl NodeLoop {
 
     /// Feeds one event, then every event its commands cause, executing commands in order.
     /// Feeds the engine and executes its commands, in order. An event raised while
-    /// commands execute (a pull served on `SendMarker`) waits until they all have.
+    /// commands execute is handled at once (a marker taken in by `UnblockChannel` must block
+    /// its channel before the next frame is taken), except a marker's transmission, which
+    /// could complete a part while commands that record into it have not run yet: those
+    /// wait for the outermost feed ([`Self::after_commands`]).
     fn feed(&mut self, event: Event) {
         self.pending.push_back(event);
-        if self.feeding {
-            return;
-        }
-        self.feeding = true;
-        while let Some(event) = self.pending.pop_front() {
-            self.engine.handle(event);
-            let commands: Vec<Command> = self.engine.drain_commands().collect();
-            for command in commands {
-                self.execute(command);
+        self.depth += 1;
+        loop {
+            while let Some(event) = self.pending.pop_front() {
+                self.engine.handle(event);
+                let commands: Vec<Command> = self.engine.drain_commands().collect();
+                for command in commands {
+                    self.execute(command);
+                }
             }
+            if self.depth > 1 || self.deferred.is_empty() {
+                break;
+            }
+            self.pending.extend(self.deferred.drain(..));
         }
-        self.feeding = false;
+        self.depth -= 1;
+    }
+
+    /// Feeds `event` once every command being executed has run (at once if none is).
+    fn after_commands(&mut self, event: Event) {
+        if self.depth > 0 {
+            self.deferred.push_back(event);
+        } else {
+            self.feed(event);
+        }
     }
 
     fn execute(&mut self, command: Command) {
