@@ -439,13 +439,22 @@ async fn expired_early_and_foreign_certificates_are_refused_saying_which() {
                 "{log} {reason}: {error}"
             );
             let label = format!("reason=\"{reason}\"");
-            let count = metric_at(
-                &cluster,
-                metrics,
-                "cairn_tls_handshake_refused_total",
-                Some(&label),
-            )
-            .await;
+            // The server counts the refusal in its handshake task, which may finish after
+            // the client has seen the connection close: wait for the count.
+            let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+            let count = loop {
+                let count = metric_at(
+                    &cluster,
+                    metrics,
+                    "cairn_tls_handshake_refused_total",
+                    Some(&label),
+                )
+                .await;
+                if count >= 1.0 || tokio::time::Instant::now() >= deadline {
+                    break count;
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            };
             assert!(count >= 1.0, "{log}: {reason} counted {count}");
             let text = cluster.log_of(log);
             assert!(
