@@ -301,25 +301,33 @@ impl AppSession {
                     counts = *latest.borrow_and_update();
                 }
             });
-            let mut flow = client.clone();
+            // Opened before `connect` returns: the daemon's window is in force (or known
+            // to be off) before the application sends or reads anything.
+            let opened = client.clone().consumed(ReceiverStream::new(ack_rx)).await;
+            if let Err(status) = &opened {
+                // The daemon then keeps no delivery window for the session; sends are
+                // paced as they are written.
+                tracing::warn!(
+                    code = ?status.code(),
+                    "the daemon refused the flow-control stream (App/Consumed): {}; \
+                     going on without windows",
+                    status.message()
+                );
+            }
             let room = room.clone();
             tokio::spawn(async move {
                 let mut released = 0u64;
-                match flow.consumed(ReceiverStream::new(ack_rx)).await {
-                    Ok(response) => {
-                        let mut taken = response.into_inner();
-                        while let Ok(Some(pb::Taken { messages })) = taken.message().await {
-                            // Never more than was written (a confused daemon cannot
-                            // inflate it).
-                            let messages = messages.min(written.load(Ordering::Acquire));
-                            if messages > released {
-                                room.add_permits((messages - released) as usize);
-                                released = messages;
-                            }
+                if let Ok(response) = opened {
+                    let mut taken = response.into_inner();
+                    while let Ok(Some(pb::Taken { messages })) = taken.message().await {
+                        // Never more than was written (a confused daemon cannot inflate
+                        // it).
+                        let messages = messages.min(written.load(Ordering::Acquire));
+                        if messages > released {
+                            room.add_permits((messages - released) as usize);
+                            released = messages;
                         }
                     }
-                    // The session itself reports it if the daemon went away.
-                    Err(status) => tracing::debug!(%status, "no flow-control stream"),
                 }
                 // Without the daemon's counts, room comes back as sends are written (no
                 // send window), rather than never: what is written already goes back now.

@@ -68,7 +68,16 @@ active=("${compose[@]}")
 cleanup() {
   status=$?
   if [ "$status" -ne 0 ]; then
-    echo "--- compose logs (last 40 lines per service) ---" >&2
+    # Every line of every service kept for a post-mortem; the last 40 of each shown.
+    full="${TMPDIR:-/tmp}/cairn-compose-test-$project.log"
+    "${active[@]}" logs --no-color --timestamps >"$full" 2>&1 || true
+    # And each daemon's own account of its channels, inbox and snapshots in flight.
+    for port in "${CAIRN_NODE1_PORT:-}" "${CAIRN_NODE2_PORT:-}" "${CAIRN_NODE3_PORT:-}"; do
+      [ -n "$port" ] && [ -n "${token:-}" ] || continue
+      echo "--- NodeAdmin/GetNodeStatus 127.0.0.1:$port ---"
+      gc -d '{}' "127.0.0.1:$port" cairn.v1.NodeAdmin/GetNodeStatus 2>&1 || true
+    done >>"$full"
+    echo "--- compose logs (last 40 lines per service; all of them in $full) ---" >&2
     "${active[@]}" logs --no-color --tail 40 >&2 2>/dev/null || true
   fi
   "${compose[@]}" down --volumes --remove-orphans --timeout 5 >/dev/null 2>&1 || true
@@ -286,6 +295,14 @@ status=$(wait_final "$id")
 money=$(money_of "$id")
 [ "$money" = 3000 ] || fail "snapshot $id holds $money, not 3000"
 say "snapshot $id completed, verified, and holds all 3000"
+# Each bank's flow-control stream (App/Consumed) is open over the TLS application port:
+# its daemon keeps a delivery window and hears what the bank consumed.
+for port in "$p3" "$p4" "$p5"; do
+  status=$(gc -d '{}' "127.0.0.1:$port" cairn.v1.NodeAdmin/GetNodeStatus) || fail "GetNodeStatus 127.0.0.1:$port"
+  ok=$(json "d.get('deliveryWindow', {}).get('acknowledges') is True and int(d['deliveryWindow'].get('consumed', 0)) > 0" <<<"$status")
+  [ "$ok" = True ] || fail "the bank beside 127.0.0.1:$port acknowledges nothing: $status"
+done
+say "each bank acknowledges its deliveries (GetNodeStatus deliveryWindow)"
 # etcd serves mutual TLS only: etcdctl with a certificate of the CA (the admin's).
 ectl() { etcdctl --endpoints "https://127.0.0.1:$p2" --cacert "$certs/ca.pem" --cert "$certs/admin.pem" \
   --key "$certs/admin-key.pem" --dial-timeout 3s --command-timeout 5s "$@"; }

@@ -36,12 +36,17 @@ async fn list_nodes(address: &str, tls: Option<&Tls>) -> anyhow::Result<()> {
 
 /// Calls NodeAdmin/GetNodeStatus on the daemon's peer port `address`: `Ok` if served.
 async fn node_status(address: &str, tls: Option<&Tls>) -> anyhow::Result<()> {
+    status_of(address, tls).await.map(drop)
+}
+
+/// NodeAdmin/GetNodeStatus of the daemon at `address`.
+async fn status_of(address: &str, tls: Option<&Tls>) -> anyhow::Result<pb::NodeStatus> {
     let call = async {
         let channel = endpoint(address, tls)?.connect().await?;
-        pb::node_admin_client::NodeAdminClient::new(channel)
+        let status = pb::node_admin_client::NodeAdminClient::new(channel)
             .get_node_status(pb::GetNodeStatusRequest {})
             .await?;
-        anyhow::Ok(())
+        anyhow::Ok(status.into_inner())
     };
     tokio::time::timeout(Duration::from_secs(10), call)
         .await
@@ -137,6 +142,35 @@ async fn a_tls_cluster_snapshots_in_every_mode_and_refuses_other_clients() {
     let ca = certs.join("ca.pem");
     let tester = user(&certs, &ca);
     let peer = cluster.nodes[0].peer.clone();
+
+    // Each bank's flow-control stream (App/Consumed, beside App/Session on the TLS
+    // application port) is open: its daemon keeps a delivery window and hears what the bank
+    // consumed. (A refused stream once left the window on with nothing acknowledged: after
+    // 1,024 deliveries the bank got nothing more, record requests included.)
+    cluster.set_workload(50.0).await.unwrap();
+    for node in &cluster.nodes {
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        loop {
+            let status = status_of(&node.peer, Some(&tester)).await.unwrap();
+            let window = status
+                .delivery_window
+                .unwrap_or_else(|| panic!("{}: no application attached", status.node_id));
+            assert!(
+                window.acknowledges,
+                "{}: the bank's Consumed stream is not open: {window:?}",
+                status.node_id
+            );
+            if window.consumed > 0 && window.consumed_bytes > 0 {
+                break;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{}: nothing acknowledged in 20 s: {window:?}",
+                status.node_id
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
     // The harness's user is served on both ports.
     list_nodes(&cluster.coordinator, Some(&tester))
         .await

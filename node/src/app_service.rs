@@ -38,6 +38,11 @@ pub(crate) struct SendsTaken {
     changed: tokio::sync::Notify,
     /// The session ended.
     ended: CancellationToken,
+    /// The session attached with `acknowledges_deliveries`: it may open its `Consumed`
+    /// stream...
+    acknowledges: bool,
+    /// ...once.
+    flow_opened: std::sync::atomic::AtomicBool,
 }
 
 impl SendsTaken {
@@ -73,7 +78,10 @@ impl pb::app_server::App for AppService {
             return Err(invalid("the first message of a session must be Attach").into());
         };
         let session = self.sessions.fetch_add(1, Ordering::Relaxed) + 1;
-        let taken = Arc::new(SendsTaken::default());
+        let taken = Arc::new(SendsTaken {
+            acknowledges: attach.acknowledges_deliveries,
+            ..SendsTaken::default()
+        });
         // Registered before the loop answers `Attached`: the application opens its
         // `Consumed` stream as soon as it has that answer.
         self.sessions_taken
@@ -96,7 +104,6 @@ impl pb::app_server::App for AppService {
             .send(LoopMsg::AppAttach {
                 session,
                 packed: attach.packed_deliveries,
-                acks: attach.acknowledges_deliveries,
                 tx: tx.clone(),
                 records: records.clone(),
                 reply,
@@ -165,14 +172,33 @@ impl pb::app_server::App for AppService {
                 self.shared.node_id
             )));
         };
+        if !taken.acknowledges {
+            return Err(Status::failed_precondition(format!(
+                "application session {session} attached without acknowledges_deliveries: \
+                 it has no Consumed stream"
+            )));
+        }
+        if taken.flow_opened.swap(true, Ordering::AcqRel) {
+            return Err(Status::already_exists(format!(
+                "application session {session} already opened its Consumed stream"
+            )));
+        }
+        // The window applies while this stream is open, and only then: counts that cannot
+        // come never hold deliveries back. On before the answer, so that the application
+        // knows it is in force when its stream opens.
+        let on = LoopMsg::AppWindow { session, on: true };
+        self.loop_tx
+            .send(on)
+            .await
+            .map_err(|_| Status::from(Error::ShuttingDown))?;
         let (tx, rx) = mpsc::channel(4);
         let loop_tx = self.loop_tx.clone();
         let shutdown = self.shutdown.clone();
         tokio::spawn(async move {
             flow(first, session, inbound, taken, tx, &loop_tx, shutdown).await;
-            // However it ended: the session, if still attached, goes on without a delivery
-            // window rather than wait for counts that will not come.
-            let _ = loop_tx.send(LoopMsg::AppWindowOff { session }).await;
+            let _ = loop_tx
+                .send(LoopMsg::AppWindow { session, on: false })
+                .await;
         });
         Ok(Response::new(ReceiverStream::new(rx)))
     }

@@ -294,8 +294,8 @@ pub async fn run(
     let app_server = limits::server(APP_PORT_STREAMS)
         .initial_stream_window_size(APP_STREAM_WINDOW)
         .initial_connection_window_size(APP_STREAM_WINDOW * 4)
-        // App/Session is open to the layer; with TLS it records the certificate's identity
-        // for the session's check that the application holds this node's.
+        // App/Session and App/Consumed are open to the layer; with TLS it records the
+        // certificate's identity for their check that the application holds this node's.
         .layer(config.auth.layer(&config.cluster))
         .layer(
             limits::MessageLimits::new(limits::CONTROL_MESSAGE)

@@ -123,13 +123,15 @@ const NODE_RPCS: &[&str] = &[
 ];
 
 /// What the method at `path` (`/package.Service/Method`) needs. Health, reflection and
-/// the application's session are open, the node RPCs need a node; a method in no table
+/// the application's session and its flow-control stream are open (their handlers check,
+/// with TLS, that the application holds its node's certificate), the node RPCs need a node; a method in no table
 /// needs `admin` (deny by default).
 pub fn required(path: &str) -> Required {
     if path.starts_with("/grpc.health.v1.Health/")
         || path.starts_with("/grpc.reflection.v1.ServerReflection/")
         || path.starts_with("/grpc.reflection.v1alpha.ServerReflection/")
         || path == "/cairn.v1.App/Session"
+        || path == "/cairn.v1.App/Consumed"
     {
         return Required::Open;
     }
@@ -676,6 +678,7 @@ mod tests {
             ("/cairn.v1.Coordinator/FetchRestorePart", Node),
             ("/cairn.v1.Peer/Channel", Node),
             ("/cairn.v1.App/Session", Open),
+            ("/cairn.v1.App/Consumed", Open),
             // Deny by default.
             (
                 "/cairn.v1.Coordinator/SomethingNew",

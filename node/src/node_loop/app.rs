@@ -21,7 +21,6 @@ impl NodeLoop {
         &mut self,
         session: u64,
         packed: bool,
-        acks: bool,
         tx: AppTx,
         records: std::sync::Arc<super::RecordsDue>,
     ) -> Result<(), Error> {
@@ -44,7 +43,8 @@ impl NodeLoop {
             session,
             packed,
             tx,
-            window: super::flow::DeliveryWindow::new(acks),
+            // No window until the application's `Consumed` stream opens.
+            window: super::flow::DeliveryWindow::new(false),
             records,
         });
         self.peers_changed = false;
@@ -116,6 +116,30 @@ impl NodeLoop {
                 count,
             });
             self.serve_pull(&channel);
+        }
+    }
+
+    /// The session's `Consumed` stream opened or ended: the delivery window applies from
+    /// now on, or no more (the counts so far stay; the application's are cumulative).
+    pub(super) fn app_window(&mut self, session: u64, on: bool) {
+        let Some(app) = self.app.as_mut().filter(|a| a.session == session) else {
+            return; // a session already replaced
+        };
+        if on {
+            tracing::debug!(
+                session,
+                "the application acknowledges deliveries: a delivery window applies"
+            );
+        } else {
+            tracing::warn!(
+                session,
+                "the application's flow-control stream ended: no delivery window from now on"
+            );
+        }
+        app.window.acknowledged(on);
+        let channels: Vec<ChannelId> = self.incoming.keys().cloned().collect();
+        for channel in &channels {
+            self.regrant(channel, false);
         }
     }
 

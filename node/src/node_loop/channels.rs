@@ -348,6 +348,9 @@ impl NodeLoop {
                 data_messages: incoming.data_messages,
                 reconnects: 0,
                 held: incoming.blocked || incoming.fault_hold,
+                queued: incoming.held.len() as u64,
+                credit_limit: *incoming.handles.grant.borrow(),
+                next_index: incoming.delivered_next,
             });
         }
         for (channel, out) in &self.outgoing {
@@ -360,6 +363,9 @@ impl NodeLoop {
                 data_messages: out.data_messages,
                 reconnects: stats.reconnects.load(Relaxed),
                 held: false,
+                queued: out.queue.len() as u64,
+                credit_limit: out.credit_limit,
+                next_index: out.next_index,
             });
         }
         pb::NodeStatus {
@@ -371,6 +377,13 @@ impl NodeLoop {
             inbox_depth: self.inbox.len() as u64,
             channels,
             snapshots_in_flight: self.engine.in_flight().map(|id| id.0).collect(),
+            delivery_window: self.app.as_ref().map(|app| pb::DeliveryWindowStatus {
+                records_pending: app
+                    .records
+                    .pending
+                    .load(std::sync::atomic::Ordering::Acquire),
+                ..app.window.status()
+            }),
         }
     }
 }

@@ -93,6 +93,27 @@ impl DeliveryWindow {
         Some((messages - out, bytes - out_bytes))
     }
 
+    /// Whether the application acknowledges what it consumes (its `Consumed` stream is
+    /// open): without, there is no window. The counts so far stay.
+    pub(crate) fn acknowledged(&mut self, on: bool) {
+        self.acks = on;
+    }
+
+    /// The window for `GetNodeStatus` (`records_pending` is the caller's to fill in).
+    pub(crate) fn status(&self) -> cairn_proto::v1::DeliveryWindowStatus {
+        let (size_messages, size_bytes) = self.size();
+        cairn_proto::v1::DeliveryWindowStatus {
+            acknowledges: self.acks,
+            size_messages,
+            size_bytes,
+            handed: self.handed,
+            handed_bytes: self.handed_bytes,
+            consumed: self.consumed,
+            consumed_bytes: self.consumed_bytes,
+            records_pending: 0,
+        }
+    }
+
     /// The window is full while messages wait: note that the application sets the pace.
     pub(crate) fn full_with_backlog(&mut self) {
         self.limited = true;

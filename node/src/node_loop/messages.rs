@@ -95,9 +95,6 @@ pub(crate) enum LoopMsg {
         session: u64,
         /// Deliveries as runs (`DeliverBatch.runs`).
         packed: bool,
-        /// The application acknowledges what it consumes (`App/Consumed`): a delivery
-        /// window applies.
-        acks: bool,
         tx: AppTx,
         records: Arc<RecordsDue>,
         reply: oneshot::Sender<Result<(), Error>>,
@@ -116,9 +113,11 @@ pub(crate) enum LoopMsg {
     },
     /// The application's session ended.
     AppDetached { session: u64 },
-    /// The application's flow-control stream ended (or never opened properly): its
-    /// session, if still attached, goes on without a delivery window.
-    AppWindowOff { session: u64 },
+    /// The application's flow-control stream (`App/Consumed`) opened (`on`) or ended: a
+    /// delivery window applies exactly while it is open. A session whose stream never
+    /// opens (refused, or an application without one) has no window, rather than one that
+    /// fills and is never acknowledged.
+    AppWindow { session: u64, on: bool },
     /// The application has consumed this many delivered messages (and bytes) so far.
     AppConsumed {
         session: u64,

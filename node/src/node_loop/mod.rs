@@ -330,12 +330,11 @@ impl NodeLoop {
             LoopMsg::AppAttach {
                 session,
                 packed,
-                acks,
                 tx,
                 records,
                 reply,
             } => {
-                let _ = reply.send(self.attach_app(session, packed, acks, tx, records));
+                let _ = reply.send(self.attach_app(session, packed, tx, records));
             }
             LoopMsg::AppSend { session, sends } => self.on_app_send(session, sends),
             LoopMsg::AppState {
@@ -345,19 +344,7 @@ impl NodeLoop {
                 last,
             } => self.on_app_state(session, id, chunk, last),
             LoopMsg::AppDetached { session } => self.detach_app(Some(session)),
-            LoopMsg::AppWindowOff { session } => {
-                if let Some(app) = self.app.as_mut().filter(|a| a.session == session) {
-                    tracing::warn!(
-                        session,
-                        "the application's flow-control stream ended: no delivery window from now on"
-                    );
-                    app.window = flow::DeliveryWindow::new(false);
-                    let channels: Vec<ChannelId> = self.incoming.keys().cloned().collect();
-                    for channel in &channels {
-                        self.regrant(channel, false);
-                    }
-                }
-            }
+            LoopMsg::AppWindow { session, on } => self.app_window(session, on),
             LoopMsg::AppConsumed {
                 session,
                 messages,

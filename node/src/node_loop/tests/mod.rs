@@ -26,6 +26,7 @@ use crate::shared::{ChannelHandles, Shared, StateChunk, Wiring};
 
 mod fencing;
 mod snapshots;
+mod window;
 
 /// Messages each channel may hold in the daemon.
 const BUFFER: usize = 16;
@@ -140,7 +141,6 @@ impl Node {
         self.ask(|reply| LoopMsg::AppAttach {
             session,
             packed: false,
-            acks: false,
             tx,
             records,
             reply,
