@@ -427,10 +427,11 @@ async fn backpressure_at(
             100,
         ),
     ];
-    let mut results: Vec<(Vec<f64>, Vec<u64>, Vec<u64>)> = vec![Default::default(); cases.len()];
+    let mut results: Vec<Samples> = vec![Default::default(); cases.len()];
     for _ in 0..rounds {
         for (i, (name, mode, alignment)) in cases.iter().enumerate() {
             let backlog = cluster.sent() - cluster.received();
+            let buffers = buffers_to_n3(&cluster).await?;
             let (ms, s) = cluster
                 .snapshot(pb::StartSnapshotRequest {
                     mode: *mode as i32,
@@ -449,6 +450,7 @@ async fn backpressure_at(
                 .1
                 .push(s.verdict.map_or(0, |v| v.recorded_messages));
             results[i].2.push(backlog);
+            results[i].3.push(buffers);
         }
     }
     // Memory: the slow node's daemon and a flooding one's, at their peaks.
@@ -466,12 +468,21 @@ async fn backpressure_at(
             mib(sender_peak),
             mib(receiver_peak)
         ),
-        &["mode", "backlog at start (mean)", "p50 ms", "max ms", "recorded messages (mean)", "recorded bytes (mean)"],
+        &["mode", "backlog at start (mean)", "p50 ms", "max ms", "recorded messages (mean)", "recorded bytes (mean)",
+          "at start (mean): senders' send windows · senders' queues · wire + held · n3's inbox · n3's app window"],
     );
     let mean = |v: &[u64]| v.iter().sum::<u64>() as f64 / v.len().max(1) as f64;
-    for ((name, _, _), (lat, recorded, backlog)) in cases.iter().zip(&results) {
+    for ((name, _, _), (lat, recorded, backlog, buffers)) in cases.iter().zip(&results) {
         let payload = 16.0;
         let recorded = mean(recorded);
+        let of = |f: fn(&Buffers) -> u64| mean(&buffers.iter().map(f).collect::<Vec<_>>());
+        let (sending, queues, wire, inbox, window) = (
+            of(|b| b.sending),
+            of(|b| b.queues),
+            of(|b| b.wire),
+            of(|b| b.inbox),
+            of(|b| b.window),
+        );
         report.row(
             vec![
                 (*name).into(),
@@ -480,15 +491,100 @@ async fn backpressure_at(
                 f1(lat.iter().copied().fold(0.0, f64::max)),
                 format!("{recorded:.0}"),
                 format!("{:.0}", recorded * payload),
+                format!("{sending:.0} · {queues:.0} · {wire:.0} · {inbox:.0} · {window:.0}"),
             ],
             json!({"scenario": "c", "buffer": buffer, "mode": name, "backlog": mean(backlog),
                    "p50_ms": quantile(lat, 0.5),
                    "max_ms": lat.iter().copied().fold(0.0, f64::max), "recorded_messages": recorded,
                    "recorded_bytes": recorded * payload,
+                   "buffers_at_start": {"send_windows": sending, "sender_queues": queues, "wire_and_held": wire, "inbox": inbox,
+                                        "app_window": window},
                    "daemon_peak_bytes": {"n1": sender_peak, "n3": receiver_peak}}),
         );
     }
     Ok(())
+}
+
+/// One mode's samples in scenario c: latencies (ms), recorded messages, backlogs at start,
+/// and where the backlog waited at start.
+type Samples = (Vec<f64>, Vec<u64>, Vec<u64>, Vec<Buffers>);
+
+/// Where scenario c's backlog towards n3 waits, read from the daemons' `GetNodeStatus`
+/// (one daemon after another, so the parts are approximate while the flood goes on).
+#[derive(Debug, Clone, Copy, Default)]
+struct Buffers {
+    /// Messages n1's and n2's applications sent that their daemons have not taken yet: in
+    /// the SDK's send window (at most 8,192 each) and the session's stream.
+    sending: u64,
+    /// Items in n1's and n2's outgoing queues to n3 (an unaligned marker overtakes them; an
+    /// aligned one, once its timeout passes there).
+    queues: u64,
+    /// Messages pulled off those queues and not yet in n3's inbox: on the wire, in the peer
+    /// streams, or received and held (bounded by the credits n3 grants).
+    wire: u64,
+    /// n3's inbox (a record request goes ahead of it).
+    inbox: u64,
+    /// Messages handed to n3's application and not yet consumed: what a record request
+    /// waits behind.
+    window: u64,
+}
+
+async fn buffers_to_n3(cluster: &BenchCluster) -> anyhow::Result<Buffers> {
+    let status = |i: usize| async move {
+        let mut admin = cluster.cluster.admin(i).await?;
+        anyhow::Ok(
+            admin
+                .get_node_status(pb::GetNodeStatusRequest {})
+                .await?
+                .into_inner(),
+        )
+    };
+    let (n1, n2, n3) = (status(0).await?, status(1).await?, status(2).await?);
+    let to_n3 = |s: &pb::NodeStatus| {
+        s.channels
+            .iter()
+            .find(|c| {
+                c.channel
+                    .as_ref()
+                    .is_some_and(|c| c.from == s.node_id && c.to == "n3")
+            })
+            .cloned()
+            .unwrap_or_default()
+    };
+    let (c1, c2) = (to_n3(&n1), to_n3(&n2));
+    // What the two senders' daemons took off their sessions, on every outgoing channel.
+    let taken: u64 = [&n1, &n2]
+        .iter()
+        .flat_map(|s| {
+            s.channels
+                .iter()
+                .filter(move |c| c.channel.as_ref().is_some_and(|c| c.from == s.node_id))
+        })
+        .map(|c| c.next_index)
+        .sum();
+    let sent = cluster.apps[0].sent.load(Relaxed) + cluster.apps[1].sent.load(Relaxed);
+    // Data indices the senders pulled off their queues (queued items are data but for a
+    // marker or two), against what n3 has handed its application.
+    let pulled =
+        (c1.next_index.saturating_sub(c1.queued)) + (c2.next_index.saturating_sub(c2.queued));
+    let delivered: u64 = n3
+        .channels
+        .iter()
+        .filter(|c| c.channel.as_ref().is_some_and(|c| c.to == "n3"))
+        .map(|c| c.next_index)
+        .sum();
+    let window = n3
+        .delivery_window
+        .map_or(0, |w| w.handed.saturating_sub(w.consumed));
+    Ok(Buffers {
+        sending: sent.saturating_sub(taken),
+        queues: c1.queued + c2.queued,
+        wire: pulled
+            .saturating_sub(delivered)
+            .saturating_sub(n3.inbox_depth),
+        inbox: n3.inbox_depth,
+        window,
+    })
 }
 
 /// d. Messages/s and MB/s between two daemons against raw TCP and plain tonic.
