@@ -1,6 +1,7 @@
 //! Fault injection through NodeAdmin: refused unless enabled; a held channel holds a
 //! snapshot's marker back, and the snapshot completes once the channel is released, with
-//! the held messages recorded in it; a cut connection resumes without loss.
+//! the held messages recorded in it; a cut connection resumes without loss; the held-channel
+//! counters of `GetNodeStatus` move exactly, frame by frame.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -234,5 +235,249 @@ async fn a_marker_held_behind_a_held_channel_completes_its_snapshot_once_release
     .unwrap();
     assert_eq!(cut.total(), 3000);
     shutdown.cancel();
+    cluster.stop().await.unwrap();
+}
+
+/// Answers every record request; forwards the payloads delivered to `delivered`.
+async fn app(
+    mut session: cairn_sdk::AppSession,
+    delivered: tokio::sync::mpsc::UnboundedSender<bytes::Bytes>,
+) {
+    let sender = session.sender();
+    while let Ok(Some(event)) = session.next_event().await {
+        match event {
+            cairn_sdk::AppEvent::RecordState { snapshot_id } => {
+                let _ = sender.state_recorded(snapshot_id, bytes::Bytes::from_static(b"s"));
+            }
+            cairn_sdk::AppEvent::Message { payload, .. } => {
+                let _ = delivered.send(payload);
+            }
+            _ => {}
+        }
+    }
+}
+
+/// Channel `from -> to`'s entry in `node`'s status.
+async fn channel_status(
+    cluster: &LocalCluster,
+    node: &str,
+    from: &str,
+    to: &str,
+) -> pb::ChannelStatus {
+    let status = cluster.status(node).await.unwrap();
+    status
+        .channels
+        .into_iter()
+        .find(|c| {
+            c.channel
+                .as_ref()
+                .is_some_and(|r| r.from == from && r.to == to)
+        })
+        .unwrap_or_else(|| panic!("{node} has no channel {from}->{to}"))
+}
+
+/// The held-channel counters of `GetNodeStatus` move exactly with each frame: a fault hold
+/// and an aligned snapshot's block are told apart, held frames are counted with the kind of
+/// the next one, the release budget goes down frame by frame, markers are counted at both
+/// ends — and `InjectFault` answers once the fault is in force (each status below is read
+/// right after it, without waiting).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn held_channel_counters_move_exactly_frame_by_frame() {
+    use pb::inject_fault_request::Fault;
+    let cluster = bind(&["a", "b", "c"])
+        .await
+        .unwrap()
+        .start(|_, config| config.fault_injection = true);
+    let (delivered_tx, mut delivered) = tokio::sync::mpsc::unbounded_channel();
+    let mut senders = BTreeMap::new();
+    for (id, node) in &cluster.nodes {
+        let session = cairn_sdk::AppSession::connect(&node.app.to_string(), "counters")
+            .await
+            .unwrap();
+        senders.insert(id.to_string(), session.sender());
+        // Only b's deliveries matter here.
+        let (tx, _) = tokio::sync::mpsc::unbounded_channel();
+        let tx = if id.as_str() == "b" {
+            delivered_tx.clone()
+        } else {
+            tx
+        };
+        tokio::spawn(app(session, tx));
+    }
+    let mut b = cluster.admin("b").await.unwrap();
+    // Waits (polling the status) until a->b holds `n` frames at b.
+    let held_frames = |n: u64| {
+        let cluster = &cluster;
+        async move {
+            let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+            loop {
+                let s = channel_status(cluster, "b", "a", "b").await;
+                if s.queued == n {
+                    return s;
+                }
+                assert!(
+                    tokio::time::Instant::now() < deadline,
+                    "a->b holds {} frames, not {n}",
+                    s.queued
+                );
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        }
+    };
+
+    b.inject_fault(channel_fault("a", "b", Fault::Hold(pb::Hold {})))
+        .await
+        .unwrap();
+    let s = channel_status(&cluster, "b", "a", "b").await;
+    assert!(s.held && s.fault_held && !s.alignment_blocked, "{s:?}");
+    assert_eq!((s.queued, s.release_budget, s.markers), (0, 0, 0), "{s:?}");
+    assert_eq!(s.next_held, pb::FrameKind::None as i32);
+
+    // Three messages, then a's marker of a Chandy–Lamport snapshot: four held frames.
+    for m in ["m0", "m1", "m2"] {
+        senders["a"]
+            .send("b", bytes::Bytes::from_static(m.as_bytes()))
+            .await
+            .unwrap();
+    }
+    let s = held_frames(3).await;
+    assert_eq!(s.next_held, pb::FrameKind::Data as i32);
+    let mut a = cluster.admin("a").await.unwrap();
+    a.initiate_snapshot(pb::InitiateSnapshotRequest {
+        snapshot_id: 1,
+        mode: pb::SnapshotMode::ChandyLamport as i32,
+        alignment_timeout_ms: 0,
+    })
+    .await
+    .unwrap();
+    held_frames(4).await;
+    assert_eq!(
+        channel_status(&cluster, "a", "a", "b").await.markers,
+        1,
+        "a put its marker on the wire"
+    );
+
+    // Frame by frame.
+    b.inject_fault(channel_fault(
+        "a",
+        "b",
+        Fault::Release(pb::Release { frames: 1 }),
+    ))
+    .await
+    .unwrap();
+    let s = channel_status(&cluster, "b", "a", "b").await;
+    assert_eq!((s.queued, s.release_budget, s.markers), (3, 0, 0), "{s:?}");
+    assert_eq!(s.next_held, pb::FrameKind::Data as i32);
+    b.inject_fault(channel_fault(
+        "a",
+        "b",
+        Fault::Release(pb::Release { frames: 2 }),
+    ))
+    .await
+    .unwrap();
+    let s = channel_status(&cluster, "b", "a", "b").await;
+    assert_eq!((s.queued, s.release_budget, s.markers), (1, 0, 0), "{s:?}");
+    assert_eq!(s.next_held, pb::FrameKind::Marker as i32);
+    for want in ["m0", "m1", "m2"] {
+        let got = tokio::time::timeout(Duration::from_secs(10), delivered.recv())
+            .await
+            .expect("a released message is delivered")
+            .unwrap();
+        assert_eq!(got, want.as_bytes());
+    }
+    // b joined the snapshot by c's marker, but its part waits for a's, still held.
+    assert_eq!(
+        part(&cluster, "b", 1).await.unwrap_err().code(),
+        Code::NotFound,
+        "the marker is still held"
+    );
+    b.inject_fault(channel_fault(
+        "a",
+        "b",
+        Fault::Release(pb::Release { frames: 1 }),
+    ))
+    .await
+    .unwrap();
+    let s = channel_status(&cluster, "b", "a", "b").await;
+    assert_eq!((s.queued, s.release_budget, s.markers), (0, 0, 1), "{s:?}");
+    assert_eq!(s.next_held, pb::FrameKind::None as i32);
+    // A budget with nothing held to spend it on stays.
+    b.inject_fault(channel_fault(
+        "a",
+        "b",
+        Fault::Release(pb::Release { frames: 5 }),
+    ))
+    .await
+    .unwrap();
+    assert_eq!(
+        channel_status(&cluster, "b", "a", "b").await.release_budget,
+        5
+    );
+    b.inject_fault(channel_fault("a", "b", Fault::Resume(pb::Resume {})))
+        .await
+        .unwrap();
+    let s = channel_status(&cluster, "b", "a", "b").await;
+    assert!(!s.held && !s.fault_held && !s.alignment_blocked, "{s:?}");
+    assert_eq!(s.release_budget, 0);
+    wait_part(&cluster, "b", 1).await;
+
+    // An aligned snapshot from a, with b->c held by a fault at c. From a, b->c and a->c are
+    // the channels c aligns on (c->b is b's feedback channel: b records on a's marker): a's
+    // marker blocks a->c — the engine's hold — until b's, held behind the fault, comes in.
+    let mut c = cluster.admin("c").await.unwrap();
+    c.inject_fault(channel_fault("b", "c", Fault::Hold(pb::Hold {})))
+        .await
+        .unwrap();
+    a.initiate_snapshot(pb::InitiateSnapshotRequest {
+        snapshot_id: 2,
+        mode: pb::SnapshotMode::Aligned as i32,
+        alignment_timeout_ms: 0,
+    })
+    .await
+    .unwrap();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    let blocked = loop {
+        let s = channel_status(&cluster, "c", "a", "c").await;
+        if s.alignment_blocked {
+            break s;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "a->c never blocked for alignment: {s:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+    assert!(blocked.held && !blocked.fault_held, "{blocked:?}");
+    assert_eq!(blocked.markers, 2, "{blocked:?}");
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    let held = loop {
+        let s = channel_status(&cluster, "c", "b", "c").await;
+        if s.next_held == pb::FrameKind::Marker as i32 {
+            break s;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "b's marker never came to c: {s:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+    assert!(
+        held.held && held.fault_held && !held.alignment_blocked,
+        "{held:?}"
+    );
+    assert_eq!((held.queued, held.markers), (1, 1), "{held:?}");
+    c.inject_fault(channel_fault("b", "c", Fault::Resume(pb::Resume {})))
+        .await
+        .unwrap();
+    let (ac, bc) = (
+        channel_status(&cluster, "c", "a", "c").await,
+        channel_status(&cluster, "c", "b", "c").await,
+    );
+    assert!(
+        !ac.held && !ac.alignment_blocked,
+        "aligned once b's marker came: {ac:?}"
+    );
+    assert!(!bc.held && bc.queued == 0 && bc.markers == 2, "{bc:?}");
+    wait_part(&cluster, "c", 2).await;
     cluster.stop().await.unwrap();
 }

@@ -102,9 +102,11 @@ impl pb::node_admin_server::NodeAdmin for AdminService {
         };
         let incoming = channel.to == *me;
         let invalid = |what: &str| -> Status { Error::Malformed(what.to_owned()).into() };
+        let (reply, applied) = tokio::sync::oneshot::channel();
         let hold = |fault: HoldFault| LoopMsg::Fault {
             channel: channel.clone(),
             fault,
+            reply,
         };
         let message = match request.fault {
             None => return Err(invalid("no fault given")),
@@ -148,10 +150,12 @@ impl pb::node_admin_server::NodeAdmin for AdminService {
             Some(Fault::Resume(_)) => Some(hold(HoldFault::Resume)),
         };
         if let Some(message) = message {
+            // Answered once the loop applied it: a status read after this shows it.
             self.loop_tx
                 .send(message)
                 .await
                 .map_err(|_| Error::ShuttingDown)?;
+            applied.await.map_err(|_| Error::ShuttingDown)?;
         }
         Ok(Response::new(pb::InjectFaultResponse {}))
     }

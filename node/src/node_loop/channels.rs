@@ -113,6 +113,7 @@ impl NodeLoop {
             let marker = match incoming.held.front() {
                 Some(InItem::Marker(_)) if incoming.may_take() => {
                     incoming.took();
+                    incoming.markers += 1;
                     match incoming.held.pop_front() {
                         Some(InItem::Marker(plan)) => Some(plan),
                         _ => unreachable!(),
@@ -240,6 +241,7 @@ impl NodeLoop {
                 }
                 OutItem::Marker(plan) => {
                     markers.push(plan.id);
+                    out.markers += 1;
                     OutFrame::Marker(plan)
                 }
             });
@@ -351,6 +353,19 @@ impl NodeLoop {
                 queued: incoming.held.len() as u64,
                 credit_limit: *incoming.handles.grant.borrow(),
                 next_index: incoming.delivered_next,
+                markers: incoming.markers,
+                alignment_blocked: incoming.blocked,
+                fault_held: incoming.fault_hold,
+                release_budget: if incoming.fault_hold {
+                    incoming.release
+                } else {
+                    0
+                },
+                next_held: match incoming.held.front() {
+                    None => pb::FrameKind::None,
+                    Some(InItem::Data(_)) => pb::FrameKind::Data,
+                    Some(InItem::Marker(_)) => pb::FrameKind::Marker,
+                } as i32,
             });
         }
         for (channel, out) in &self.outgoing {
@@ -366,6 +381,8 @@ impl NodeLoop {
                 queued: out.queue.len() as u64,
                 credit_limit: out.credit_limit,
                 next_index: out.next_index,
+                markers: out.markers,
+                ..Default::default()
             });
         }
         pb::NodeStatus {
@@ -405,6 +422,8 @@ pub(super) struct Incoming {
     pub(super) blocked: bool,
     pub(super) held: VecDeque<InItem>,
     pub(super) data_messages: u64,
+    /// Markers taken in since the daemon started.
+    pub(super) markers: u64,
     /// Fault injection holds the channel...
     pub(super) fault_hold: bool,
     /// ...except for this many more frames.
@@ -423,6 +442,7 @@ impl Incoming {
             blocked: false,
             held: VecDeque::new(),
             data_messages: 0,
+            markers: 0,
             fault_hold: false,
             release: 0,
         }
@@ -453,6 +473,8 @@ pub(super) struct Outgoing {
     pub(super) next_index: u64,
     pub(super) pending_pull: Option<(usize, oneshot::Sender<Pulled>)>,
     pub(super) data_messages: u64,
+    /// Markers put on the wire since the daemon started.
+    pub(super) markers: u64,
     /// Data with an index below this may go on the wire (the peer's credits).
     pub(super) credit_limit: u64,
     /// The peer grants credits (else `credit_limit` is `u64::MAX`).
@@ -467,6 +489,7 @@ impl Outgoing {
             next_index: 0,
             pending_pull: None,
             data_messages: 0,
+            markers: 0,
             credit_limit: u64::MAX,
             credited: false,
         }

@@ -66,10 +66,11 @@ pub(crate) enum LoopMsg {
         max: usize,
         reply: oneshot::Sender<Pulled>,
     },
-    /// Fault injection on an incoming channel.
+    /// Fault injection on an incoming channel; answered once it is in force.
     Fault {
         channel: ChannelId,
         fault: HoldFault,
+        reply: oneshot::Sender<()>,
     },
     /// An outgoing channel's task withdraws its waiting pull (before a reset).
     CancelPull { channel: ChannelId },

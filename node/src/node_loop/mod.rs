@@ -310,7 +310,14 @@ impl NodeLoop {
                     self.serve_pull(&channel);
                 }
             }
-            LoopMsg::Fault { channel, fault } => self.fault(&channel, fault),
+            LoopMsg::Fault {
+                channel,
+                fault,
+                reply,
+            } => {
+                self.fault(&channel, fault);
+                let _ = reply.send(());
+            }
             LoopMsg::CancelPull { channel } => {
                 if let Some(out) = self.outgoing.get_mut(&channel) {
                     out.pending_pull = None;
