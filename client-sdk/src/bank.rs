@@ -187,6 +187,9 @@ impl pb::bank_server::Bank for BankService {
     ) -> Result<Response<pb::TransferResponse>, Status> {
         let request = request.into_inner();
         let balance = self.0.transfer(&request.to, request.amount).await?;
+        if request.wait_queued {
+            self.0.sender.flushed().await.map_err(unavailable)?;
+        }
         Ok(Response::new(pb::TransferResponse { balance }))
     }
 

@@ -102,6 +102,11 @@ pub struct AppSender {
     peers: Arc<RwLock<BTreeSet<String>>>,
     /// A restore handed to the application and not yet acknowledged.
     restore: Arc<std::sync::Mutex<Option<String>>>,
+    /// Messages sent through this session so far...
+    sends: Arc<AtomicU64>,
+    /// ...and how many of them the daemon took off the session (as its `Consumed` stream
+    /// reports; without that stream, how many were written to the session's stream).
+    confirmed: watch::Receiver<u64>,
 }
 
 /// Room for one message, reserved by [`AppSender::reserve`]. Sending through it does not
@@ -118,6 +123,7 @@ impl SendPermit {
         if !self.sender.knows(to) {
             return Err(Error::UnknownPeer(to.to_owned()));
         }
+        self.sender.sends.fetch_add(1, Ordering::AcqRel);
         self.sender
             .tx
             .send(Outgoing::Send(to.to_owned(), payload))
@@ -153,11 +159,27 @@ impl AppSender {
             .acquire()
             .await
             .map_err(|_| Error::SessionClosed)?;
+        self.sends.fetch_add(1, Ordering::AcqRel);
         self.tx
             .send(Outgoing::Send(to.to_owned(), payload))
             .map_err(|_| Error::SessionClosed)?;
         permit.forget(); // returned by the writer once the message is on the wire
         Ok(())
+    }
+
+    /// Waits until the daemon has taken every message sent through this session before
+    /// the call off the session and queued it for its peer: a `NodeAdmin/GetNodeStatus`
+    /// read after it counts them in the channels' `dataMessages`. A daemon that does not
+    /// report what it takes (no `Consumed` stream) is waited for only until they are
+    /// written to the session's stream. `SessionClosed` if the session ends first.
+    pub async fn flushed(&self) -> Result<(), Error> {
+        let target = self.sends.load(Ordering::Acquire);
+        let mut confirmed = self.confirmed.clone();
+        confirmed
+            .wait_for(|n| *n >= target)
+            .await
+            .map(drop)
+            .map_err(|_| Error::SessionClosed)
     }
 
     /// Answers [`AppEvent::RecordState`] with the local state (sent in chunks). Never
@@ -275,12 +297,17 @@ impl AppSession {
         let session = attached.session;
         let written = Arc::new(AtomicU64::new(0));
         let on_write = Arc::new(AtomicBool::new(session == 0));
+        let (confirmed_tx, confirmed) = watch::channel(0u64);
+        let confirmed_tx = Arc::new(confirmed_tx);
         tokio::spawn(write_loop(
             rx,
             wire_tx,
-            room.clone(),
-            on_write.clone(),
-            written.clone(),
+            Written {
+                room: room.clone(),
+                on_write: on_write.clone(),
+                written: written.clone(),
+                confirmed: confirmed_tx.clone(),
+            },
         ));
         let (acks, mut latest) = watch::channel((0u64, 0u64));
         if session != 0 {
@@ -326,6 +353,7 @@ impl AppSession {
                         if messages > released {
                             room.add_permits((messages - released) as usize);
                             released = messages;
+                            confirm(&confirmed_tx, released);
                         }
                     }
                 }
@@ -336,6 +364,7 @@ impl AppSession {
                 if written > released {
                     room.add_permits((written - released) as usize);
                 }
+                confirm(&confirmed_tx, written);
             });
         }
         Ok(Self {
@@ -344,6 +373,8 @@ impl AppSession {
                 room,
                 peers: Arc::new(RwLock::new(attached.peers.iter().cloned().collect())),
                 restore: Arc::default(),
+                sends: Arc::default(),
+                confirmed,
             },
             inbound,
             buffered: VecDeque::new(),
@@ -536,14 +567,42 @@ impl RestoreStaging {
 /// splits states into chunks. Counts the messages `written`; gives their `room` back as
 /// it writes them only for a daemon without flow control (else the daemon says when it
 /// took them).
+/// What the writer counts as it writes sends, and what it gives back.
+struct Written {
+    /// The application's send window.
+    room: Arc<Semaphore>,
+    /// Room comes back as sends are written (no `Consumed` stream), not as taken.
+    on_write: Arc<AtomicBool>,
+    /// Sends written so far.
+    written: Arc<AtomicU64>,
+    /// Sends confirmed so far ([`AppSender::flushed`]).
+    confirmed: Arc<watch::Sender<u64>>,
+}
+
+/// Raises the confirmed count to `n` (never lowers it: the writer and the flow task both
+/// confirm, and may race).
+fn confirm(confirmed: &watch::Sender<u64>, n: u64) {
+    confirmed.send_if_modified(|c| {
+        let raise = n > *c;
+        if raise {
+            *c = n;
+        }
+        raise
+    });
+}
+
 async fn write_loop(
     mut rx: mpsc::UnboundedReceiver<Outgoing>,
     wire: mpsc::Sender<pb::AppToNode>,
-    room: Arc<Semaphore>,
-    on_write: Arc<AtomicBool>,
-    written: Arc<AtomicU64>,
+    counts: Written,
 ) {
     use pb::app_to_node::Kind;
+    let Written {
+        room,
+        on_write,
+        written,
+        confirmed,
+    } = counts;
     let mut next = rx.recv().await;
     while let Some(item) = next.take() {
         let messages: Vec<Kind> = match item {
@@ -598,6 +657,7 @@ async fn write_loop(
                 }
                 if on_write.load(Ordering::Acquire) {
                     room.add_permits(n);
+                    confirm(&confirmed, written.load(Ordering::Acquire));
                 }
                 Vec::new()
             }

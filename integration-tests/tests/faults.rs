@@ -17,17 +17,19 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tonic::Code;
 
-/// Starts a bank beside every node; returns their addresses by node.
+/// Starts a bank beside every node, making `rate` random transfers a second; returns
+/// their addresses by node.
 async fn start_banks(
     cluster: &LocalCluster,
     shutdown: &CancellationToken,
+    rate: f64,
 ) -> BTreeMap<NodeId, String> {
     let mut addresses = BTreeMap::new();
     for (id, node) in &cluster.nodes {
         let config = BankConfig {
             node_address: node.app.to_string(),
             initial_balance: 1000,
-            workload_rate: 300.0,
+            workload_rate: rate,
             max_amount: 10,
             connect_timeout: Duration::from_secs(10),
             tls: None,
@@ -103,7 +105,7 @@ async fn a_marker_held_behind_a_held_channel_completes_its_snapshot_once_release
         .unwrap()
         .start(|_, config| config.fault_injection = true);
     let shutdown = CancellationToken::new();
-    let banks = start_banks(&cluster, &shutdown).await;
+    let banks = start_banks(&cluster, &shutdown, 300.0).await;
     let mut b = cluster.admin("b").await.unwrap();
 
     // Faults only make sense at the right end of a channel.
@@ -146,6 +148,7 @@ async fn a_marker_held_behind_a_held_channel_completes_its_snapshot_once_release
         .transfer(bank_pb::TransferRequest {
             to: "b".into(),
             amount: 1,
+            ..Default::default()
         })
         .await
         .unwrap();
@@ -479,5 +482,79 @@ async fn held_channel_counters_move_exactly_frame_by_frame() {
     );
     assert!(!bc.held && bc.queued == 0 && bc.markers == 2, "{bc:?}");
     wait_part(&cluster, "c", 2).await;
+    cluster.stop().await.unwrap();
+}
+
+/// The bank's `Transfer` with `wait_queued` answers once its daemon has queued the message:
+/// the sender's channel counts it in a status read right after, every time; and while the
+/// daemon cannot take it (the channel held at b, a's buffer full) the call waits — until
+/// the channel resumes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_transfer_that_waits_is_queued_at_the_daemon_when_it_answers() {
+    use pb::inject_fault_request::Fault;
+    let cluster = bind(&["a", "b"]).await.unwrap().start(|_, config| {
+        config.fault_injection = true;
+        config.channel_buffer = 2;
+    });
+    let shutdown = CancellationToken::new();
+    let banks = start_banks(&cluster, &shutdown, 0.0).await;
+    let bank_a =
+        bank_pb::bank_client::BankClient::connect(format!("http://{}", banks[&NodeId::from("a")]))
+            .await
+            .unwrap();
+    let mut b = cluster.admin("b").await.unwrap();
+    b.inject_fault(channel_fault("a", "b", Fault::Hold(pb::Hold {})))
+        .await
+        .unwrap();
+    let mut answered = 0u64;
+    let mut blocked = loop {
+        let mut client = bank_a.clone();
+        let mut call = tokio::spawn(async move {
+            client
+                .transfer(bank_pb::TransferRequest {
+                    to: "b".into(),
+                    amount: 1,
+                    wait_queued: true,
+                })
+                .await
+        });
+        // A transfer the daemon can take answers within milliseconds; one it cannot take
+        // does not answer at all.
+        match tokio::time::timeout(Duration::from_secs(2), &mut call).await {
+            Ok(result) => {
+                result.unwrap().unwrap();
+                answered += 1;
+                let queued = channel_status(&cluster, "a", "a", "b").await.data_messages;
+                assert_eq!(
+                    queued, answered,
+                    "transfer {answered} answered before it was queued"
+                );
+            }
+            Err(_) => break call,
+        }
+        assert!(
+            answered < 50,
+            "a's daemon took {answered} transfers with a->b held and a buffer of 2"
+        );
+    };
+    assert!(answered >= 1, "not even the first transfer was taken");
+    assert_eq!(
+        channel_status(&cluster, "a", "a", "b").await.data_messages,
+        answered,
+        "the waiting transfer is not queued yet"
+    );
+    b.inject_fault(channel_fault("a", "b", Fault::Resume(pb::Resume {})))
+        .await
+        .unwrap();
+    tokio::time::timeout(Duration::from_secs(10), &mut blocked)
+        .await
+        .expect("the waiting transfer answers once the channel resumes")
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        channel_status(&cluster, "a", "a", "b").await.data_messages,
+        answered + 1
+    );
+    shutdown.cancel();
     cluster.stop().await.unwrap();
 }

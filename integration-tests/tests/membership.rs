@@ -319,6 +319,7 @@ async fn members_are_removed_and_added_under_load_and_snapshots_go_on() {
         .transfer(bank::TransferRequest {
             to: "n5".into(),
             amount: 7,
+            ..Default::default()
         })
         .await
         .unwrap();
@@ -575,6 +576,7 @@ async fn removing_a_peer_frees_an_application_blocked_on_its_full_channel() {
     let transfer = |to: &str| bank::TransferRequest {
         to: to.into(),
         amount: 1,
+        ..Default::default()
     };
     // Four fill the channel to n3, the fifth waits for room; the one to n2 waits behind it.
     for _ in 0..5 {

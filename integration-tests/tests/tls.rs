@@ -303,6 +303,7 @@ async fn a_tls_cluster_snapshots_in_every_mode_and_refuses_other_clients() {
                 .transfer(cairn_proto::bank::v1::TransferRequest {
                     to: "n2".into(),
                     amount: 1,
+                    ..Default::default()
                 })
                 .await
                 .map(drop)
