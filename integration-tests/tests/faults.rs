@@ -469,6 +469,77 @@ async fn held_channel_counters_move_exactly_frame_by_frame() {
         "{held:?}"
     );
     assert_eq!((held.queued, held.markers), (1, 1), "{held:?}");
+    // `cairnctl nodes status` says the same, as JSON and as a table.
+    let peer = cluster.nodes[&NodeId::from("c")].peer.to_string();
+    let cairnctl = |args: &[&str]| {
+        let out = std::process::Command::new(
+            cairn_integration_tests::processes::binary("cairnctl").unwrap(),
+        )
+        .args(args)
+        .output()
+        .unwrap();
+        assert!(
+            out.status.success(),
+            "cairnctl {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let json: serde_json::Value =
+        serde_json::from_str(&cairnctl(&["-o", "json", "nodes", "status", &peer])).unwrap();
+    assert_eq!(json["node_id"], "c");
+    assert!(
+        json["snapshots_in_flight"]
+            .as_array()
+            .unwrap()
+            .contains(&2.into()),
+        "{json}"
+    );
+    let row = |from: &str| {
+        json["channels"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["from"] == from && c["to"] == "c")
+            .cloned()
+            .unwrap_or_else(|| panic!("no {from}->c in {json}"))
+    };
+    let (bc, ac) = (row("b"), row("a"));
+    assert_eq!(
+        (
+            &bc["fault_held"],
+            &bc["alignment_blocked"],
+            &bc["next_held"],
+            &bc["queued"],
+            &bc["markers"]
+        ),
+        (
+            &true.into(),
+            &false.into(),
+            &"marker".into(),
+            &1.into(),
+            &1.into()
+        ),
+        "{bc}"
+    );
+    assert_eq!(
+        (&ac["alignment_blocked"], &ac["fault_held"]),
+        (&true.into(), &false.into()),
+        "{ac}"
+    );
+    let table = cairnctl(&["nodes", "status", &peer]);
+    assert!(
+        table
+            .lines()
+            .any(|l| l.starts_with("b->c") && l.contains("fault") && l.contains("marker")),
+        "{table}"
+    );
+    assert!(
+        table
+            .lines()
+            .any(|l| l.starts_with("a->c") && l.contains("alignment")),
+        "{table}"
+    );
     c.inject_fault(channel_fault("b", "c", Fault::Resume(pb::Resume {})))
         .await
         .unwrap();

@@ -40,6 +40,154 @@ pub(crate) async fn remove_node(
     print_nodes(&nodes, output)
 }
 
+/// `cairnctl nodes status ADDRESS`: one daemon's status, from its NodeAdmin.
+pub(crate) async fn node_status(address: &str, output: Output) -> anyhow::Result<ExitCode> {
+    use anyhow::Context;
+    let bearer = cairn_sdk::coordinator::BearerToken::new(crate::token())?;
+    let channel = cairn_sdk::tls::endpoint(address, crate::tls())?
+        .connect()
+        .await
+        .with_context(|| format!("cannot reach the daemon at {address}"))?;
+    let status = pb::node_admin_client::NodeAdminClient::with_interceptor(channel, bearer)
+        .get_node_status(pb::GetNodeStatusRequest {})
+        .await
+        .with_context(|| format!("GetNodeStatus at {address}"))?
+        .into_inner();
+    let kind = |k: i32| match pb::FrameKind::try_from(k).unwrap_or(pb::FrameKind::None) {
+        pb::FrameKind::None => "",
+        pb::FrameKind::Data => "data",
+        pb::FrameKind::Marker => "marker",
+    };
+    let channels = || {
+        status.channels.iter().map(|c| {
+            let r = c.channel.clone().unwrap_or_default();
+            let incoming = r.to == status.node_id;
+            (r, incoming, c)
+        })
+    };
+    if output == Output::Json {
+        let window = status.delivery_window.as_ref().map(|w| {
+            serde_json::json!({"acknowledges": w.acknowledges, "size_messages": w.size_messages,
+                "size_bytes": w.size_bytes, "handed": w.handed, "handed_bytes": w.handed_bytes,
+                "consumed": w.consumed, "consumed_bytes": w.consumed_bytes,
+                "records_pending": w.records_pending})
+        });
+        let rows: Vec<_> = channels()
+            .map(|(r, incoming, c)| {
+                serde_json::json!({"from": r.from, "to": r.to,
+                    "direction": if incoming { "in" } else { "out" },
+                    "connected": c.connected, "data_messages": c.data_messages,
+                    "markers": c.markers, "queued": c.queued, "next_held": kind(c.next_held),
+                    "alignment_blocked": c.alignment_blocked, "fault_held": c.fault_held,
+                    "release_budget": c.release_budget, "credit_limit": c.credit_limit,
+                    "next_index": c.next_index, "unacked_frames": c.unacked_frames,
+                    "reconnects": c.reconnects})
+            })
+            .collect();
+        let out = serde_json::json!({"node_id": status.node_id, "cluster": status.cluster,
+            "incarnation": status.incarnation, "epoch": status.epoch,
+            "application_attached": status.application_attached,
+            "inbox_depth": status.inbox_depth, "snapshots_in_flight": status.snapshots_in_flight,
+            "delivery_window": window, "channels": rows});
+        println!("{}", serde_json::to_string_pretty(&out)?);
+        return Ok(ExitCode::SUCCESS);
+    }
+    println!(
+        "node {} of cluster {} (incarnation {}, epoch {})",
+        status.node_id, status.cluster, status.incarnation, status.epoch
+    );
+    let in_flight: Vec<String> = status
+        .snapshots_in_flight
+        .iter()
+        .map(u64::to_string)
+        .collect();
+    println!(
+        "inbox {}; snapshots in flight: {}",
+        status.inbox_depth,
+        if in_flight.is_empty() {
+            "none".into()
+        } else {
+            in_flight.join(", ")
+        }
+    );
+    match &status.delivery_window {
+        None => println!("application: none attached"),
+        Some(w) if !w.acknowledges => println!(
+            "application: attached, no delivery window (handed {}, record requests unanswered {})",
+            w.handed, w.records_pending
+        ),
+        Some(w) => println!(
+            "application: window {} messages / {} bytes; handed {}, consumed {} ({} out); record requests unanswered {}",
+            w.size_messages,
+            w.size_bytes,
+            w.handed,
+            w.consumed,
+            w.handed.saturating_sub(w.consumed),
+            w.records_pending
+        ),
+    }
+    let limit = |l: u64| {
+        if l == u64::MAX {
+            "none".to_owned()
+        } else {
+            l.to_string()
+        }
+    };
+    table(
+        &[
+            "CHANNEL",
+            "DIR",
+            "CONNECTED",
+            "DATA",
+            "MARKERS",
+            "QUEUED",
+            "HELD",
+            "NEXT HELD",
+            "RELEASE",
+            "CREDIT LIMIT",
+            "NEXT INDEX",
+            "UNACKED",
+            "RECONNECTS",
+        ],
+        channels().map(|(r, incoming, c)| {
+            let held = match (c.alignment_blocked, c.fault_held) {
+                (true, true) => "alignment+fault",
+                (true, false) => "alignment",
+                (false, true) => "fault",
+                (false, false) => "",
+            };
+            vec![
+                format!("{}->{}", r.from, r.to),
+                if incoming { "in" } else { "out" }.into(),
+                if c.connected { "yes" } else { "no" }.into(),
+                c.data_messages.to_string(),
+                c.markers.to_string(),
+                c.queued.to_string(),
+                held.into(),
+                kind(c.next_held).into(),
+                if c.fault_held {
+                    c.release_budget.to_string()
+                } else {
+                    String::new()
+                },
+                limit(c.credit_limit),
+                c.next_index.to_string(),
+                if incoming {
+                    String::new()
+                } else {
+                    c.unacked_frames.to_string()
+                },
+                if incoming {
+                    String::new()
+                } else {
+                    c.reconnects.to_string()
+                },
+            ]
+        }),
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
 fn print_nodes(nodes: &pb::ListNodesResponse, output: Output) -> anyhow::Result<ExitCode> {
     if output == Output::Json {
         let rows: Vec<_> = nodes

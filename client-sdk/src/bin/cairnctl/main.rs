@@ -85,6 +85,14 @@ enum NodesCommand {
         /// The node's id.
         node: String,
     },
+    /// One daemon's own account (NodeAdmin/GetNodeStatus on its peer port, not through the
+    /// coordinator): its epoch, inbox, snapshots in flight, the application's delivery
+    /// window, and per channel what is queued, held and why, markers, credits. README
+    /// "Fault injection" defines each field. Needs the viewer role.
+    Status {
+        /// The daemon's peer address (HOST:PORT, its --peer-listen / --advertise).
+        address: String,
+    },
 }
 
 #[derive(Debug, Subcommand)]
@@ -195,6 +203,11 @@ pub(crate) async fn connect(
         });
     }
     cairn_sdk::CoordinatorClient::connect_with(address, token, tls()).await
+}
+
+/// The `--token` (or `--token-file`) of this run, if any.
+pub(crate) fn token() -> Option<&'static str> {
+    TOKEN.get().and_then(|t| t.as_deref())
 }
 
 /// Whether `address` (HOST:PORT) is on this machine: a loopback (or unspecified) IP, or
@@ -368,6 +381,9 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Nodes {
             command: Some(NodesCommand::Remove { node }),
         } => health::remove_node(coordinator, node, cli.output).await,
+        Command::Nodes {
+            command: Some(NodesCommand::Status { address }),
+        } => health::node_status(&address, cli.output).await,
         Command::Auth(AuthCommand::Token { role, name }) => {
             let (token, line) = cli::auth::new_token(role, name.as_deref());
             match cli.output {
