@@ -188,7 +188,13 @@ impl pb::bank_server::Bank for BankService {
         let request = request.into_inner();
         let balance = self.0.transfer(&request.to, request.amount).await?;
         if request.wait_queued {
-            self.0.sender.flushed().await.map_err(unavailable)?;
+            // Not UNAVAILABLE: a client would retry, and the transfer is already made.
+            self.0.sender.flushed().await.map_err(|e| {
+                Status::aborted(format!(
+                    "the transfer was made (balance now {balance}) but its queueing at the \
+                     node daemon is not confirmed: {e}; do not retry it"
+                ))
+            })?;
         }
         Ok(Response::new(pb::TransferResponse { balance }))
     }

@@ -23,6 +23,8 @@ const SEND_BATCH_BYTES: usize = 256 << 10;
 /// enough that a recorded state sent behind them is not held up, whatever their size
 /// (the daemon's 1 MiB HTTP/2 window bounds their bytes).
 const SEND_ROOM: usize = 8192;
+/// How long `connect` waits for the daemon to open the `App/Consumed` stream.
+const CONSUMED_OPEN_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 /// Consumed messages after which the session acknowledges them even with more buffered
 /// (it always does before it waits for more).
 const ACK_EVERY: u64 = 256;
@@ -105,8 +107,9 @@ pub struct AppSender {
     /// Messages sent through this session so far...
     sends: Arc<AtomicU64>,
     /// ...and how many of them the daemon took off the session (as its `Consumed` stream
-    /// reports; without that stream, how many were written to the session's stream).
-    confirmed: watch::Receiver<u64>,
+    /// reports; without that stream, how many were written to the session's stream), and
+    /// whether no more will be confirmed (the stream, or the session, ended).
+    confirmed: watch::Receiver<(u64, bool)>,
 }
 
 /// Room for one message, reserved by [`AppSender::reserve`]. Sending through it does not
@@ -171,15 +174,20 @@ impl AppSender {
     /// the call off the session and queued it for its peer: a `NodeAdmin/GetNodeStatus`
     /// read after it counts them in the channels' `dataMessages`. A daemon that does not
     /// report what it takes (no `Consumed` stream) is waited for only until they are
-    /// written to the session's stream. `SessionClosed` if the session ends first.
+    /// written to the session's stream. `SessionClosed` if the session (or its `Consumed`
+    /// stream) ends first: then they may or may not have been taken.
     pub async fn flushed(&self) -> Result<(), Error> {
         let target = self.sends.load(Ordering::Acquire);
         let mut confirmed = self.confirmed.clone();
-        confirmed
-            .wait_for(|n| *n >= target)
+        let (n, _) = *confirmed
+            .wait_for(|(n, closed)| *n >= target || *closed)
             .await
-            .map(drop)
-            .map_err(|_| Error::SessionClosed)
+            .map_err(|_| Error::SessionClosed)?;
+        if n >= target {
+            Ok(())
+        } else {
+            Err(Error::SessionClosed)
+        }
     }
 
     /// Answers [`AppEvent::RecordState`] with the local state (sent in chunks). Never
@@ -297,7 +305,8 @@ impl AppSession {
         let session = attached.session;
         let written = Arc::new(AtomicU64::new(0));
         let on_write = Arc::new(AtomicBool::new(session == 0));
-        let (confirmed_tx, confirmed) = watch::channel(0u64);
+        let confirm_on_write = Arc::new(AtomicBool::new(session == 0));
+        let (confirmed_tx, confirmed) = watch::channel((0u64, false));
         let confirmed_tx = Arc::new(confirmed_tx);
         tokio::spawn(write_loop(
             rx,
@@ -306,6 +315,7 @@ impl AppSession {
                 room: room.clone(),
                 on_write: on_write.clone(),
                 written: written.clone(),
+                confirm_on_write: confirm_on_write.clone(),
                 confirmed: confirmed_tx.clone(),
             },
         ));
@@ -329,11 +339,24 @@ impl AppSession {
                 }
             });
             // Opened before `connect` returns: the daemon's window is in force (or known
-            // to be off) before the application sends or reads anything.
-            let opened = client.clone().consumed(ReceiverStream::new(ack_rx)).await;
+            // to be off) before the application sends or reads anything. A daemon that
+            // does not answer in time is left without it (dropping the call ends the
+            // stream there, which turns its window off).
+            let opened = match tokio::time::timeout(
+                CONSUMED_OPEN_TIMEOUT,
+                client.clone().consumed(ReceiverStream::new(ack_rx)),
+            )
+            .await
+            {
+                Ok(opened) => opened,
+                Err(_) => Err(tonic::Status::deadline_exceeded(format!(
+                    "no answer within {CONSUMED_OPEN_TIMEOUT:?}"
+                ))),
+            };
             if let Err(status) = &opened {
                 // The daemon then keeps no delivery window for the session; sends are
-                // paced as they are written.
+                // paced, and confirmed, as they are written.
+                confirm_on_write.store(true, Ordering::Release);
                 tracing::warn!(
                     code = ?status.code(),
                     "the daemon refused the flow-control stream (App/Consumed): {}; \
@@ -344,6 +367,7 @@ impl AppSession {
             let room = room.clone();
             tokio::spawn(async move {
                 let mut released = 0u64;
+                let reported = opened.is_ok();
                 if let Ok(response) = opened {
                     let mut taken = response.into_inner();
                     while let Ok(Some(pb::Taken { messages })) = taken.message().await {
@@ -364,7 +388,10 @@ impl AppSession {
                 if written > released {
                     room.add_permits((written - released) as usize);
                 }
-                confirm(&confirmed_tx, written);
+                if reported {
+                    // What the daemon did not report taking is not confirmed now.
+                    close(&confirmed_tx);
+                }
             });
         }
         Ok(Self {
@@ -575,20 +602,27 @@ struct Written {
     on_write: Arc<AtomicBool>,
     /// Sends written so far.
     written: Arc<AtomicU64>,
+    /// Sends are confirmed as written (the daemon does not report what it takes).
+    confirm_on_write: Arc<AtomicBool>,
     /// Sends confirmed so far ([`AppSender::flushed`]).
-    confirmed: Arc<watch::Sender<u64>>,
+    confirmed: Arc<watch::Sender<(u64, bool)>>,
 }
 
 /// Raises the confirmed count to `n` (never lowers it: the writer and the flow task both
 /// confirm, and may race).
-fn confirm(confirmed: &watch::Sender<u64>, n: u64) {
-    confirmed.send_if_modified(|c| {
-        let raise = n > *c;
+fn confirm(confirmed: &watch::Sender<(u64, bool)>, n: u64) {
+    confirmed.send_if_modified(|(c, closed)| {
+        let raise = n > *c && !*closed;
         if raise {
             *c = n;
         }
         raise
     });
+}
+
+/// No more sends will be confirmed: [`AppSender::flushed`] stops waiting.
+fn close(confirmed: &watch::Sender<(u64, bool)>) {
+    confirmed.send_if_modified(|(_, closed)| !std::mem::replace(closed, true));
 }
 
 async fn write_loop(
@@ -601,6 +635,7 @@ async fn write_loop(
         room,
         on_write,
         written,
+        confirm_on_write,
         confirmed,
     } = counts;
     let mut next = rx.recv().await;
@@ -657,6 +692,8 @@ async fn write_loop(
                 }
                 if on_write.load(Ordering::Acquire) {
                     room.add_permits(n);
+                }
+                if confirm_on_write.load(Ordering::Acquire) {
                     confirm(&confirmed, written.load(Ordering::Acquire));
                 }
                 Vec::new()

@@ -272,6 +272,43 @@ async fn a_tls_cluster_snapshots_in_every_mode_and_refuses_other_clients() {
             "{name} on n1's application port: {text}"
         );
     }
+    // Nor may it open the flow-control stream of n1's live session (session 1, its bank's),
+    // to acknowledge deliveries in its name or hold its window.
+    for (name, who) in [
+        (TLS_TEST_USER, "tester (admin) of cluster cairn"),
+        ("n2", "node n2 of cluster cairn"),
+    ] {
+        let call = async {
+            let channel = endpoint(&node.app, Some(&node_tls(name)))?
+                .connect()
+                .await?;
+            let first = pb::Consumption {
+                session: 1,
+                messages: u64::MAX,
+                bytes: u64::MAX,
+            };
+            pb::app_client::AppClient::new(channel)
+                .consumed(tokio_stream::iter([first]))
+                .await?;
+            anyhow::Ok(())
+        };
+        let error = tokio::time::timeout(Duration::from_secs(10), call)
+            .await
+            .expect("an answer within 10 s")
+            .expect_err(name);
+        let status = error.downcast_ref::<tonic::Status>().expect("a status");
+        assert_eq!(
+            status.code(),
+            tonic::Code::PermissionDenied,
+            "{name}: {status}"
+        );
+        assert!(
+            status
+                .message()
+                .contains(&format!("the certificate is {who}")),
+            "{name} on n1's Consumed: {status}"
+        );
+    }
     let bank = node.bank.clone().expect("n1 has a bank");
     let bank_call = |tls: Option<Tls>| {
         let bank = bank.clone();

@@ -155,7 +155,9 @@ impl pb::node_admin_server::NodeAdmin for AdminService {
                 .send(message)
                 .await
                 .map_err(|_| Error::ShuttingDown)?;
-            applied.await.map_err(|_| Error::ShuttingDown)?;
+            if !applied.await.map_err(|_| Error::ShuttingDown)? {
+                return Err(Error::Unknown(format!("node {me} has no channel {channel}")).into());
+            }
         }
         Ok(Response::new(pb::InjectFaultResponse {}))
     }

@@ -235,8 +235,12 @@ async fn flow(
         let now = taken.messages.load(Ordering::Acquire);
         if now != told {
             told = now;
-            if tx.send(Ok(pb::Taken { messages: now })).await.is_err() {
-                return;
+            // An application that stops reading its counts holds only this stream up,
+            // never past its session's end or the daemon's shutdown.
+            tokio::select! {
+                _ = shutdown.cancelled() => return,
+                _ = taken.ended.cancelled() => return,
+                sent = tx.send(Ok(pb::Taken { messages: now })) => if sent.is_err() { return },
             }
         }
         tokio::select! {

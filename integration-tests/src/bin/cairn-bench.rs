@@ -539,7 +539,10 @@ async fn buffers_to_n3(cluster: &BenchCluster) -> anyhow::Result<Buffers> {
                 .into_inner(),
         )
     };
-    let (n1, n2, n3) = (status(0).await?, status(1).await?, status(2).await?);
+    let (n1, n2) = (status(0).await?, status(1).await?);
+    // Read between the senders' statuses and n3's, closest to the former it is compared with.
+    let sent = cluster.apps[0].sent.load(Relaxed) + cluster.apps[1].sent.load(Relaxed);
+    let n3 = status(2).await?;
     let to_n3 = |s: &pb::NodeStatus| {
         s.channels
             .iter()
@@ -552,7 +555,8 @@ async fn buffers_to_n3(cluster: &BenchCluster) -> anyhow::Result<Buffers> {
             .unwrap_or_default()
     };
     let (c1, c2) = (to_n3(&n1), to_n3(&n2));
-    // What the two senders' daemons took off their sessions, on every outgoing channel.
+    // What the two senders' daemons took off their sessions, on every outgoing channel,
+    // since they started (as the applications' counts are).
     let taken: u64 = [&n1, &n2]
         .iter()
         .flat_map(|s| {
@@ -560,9 +564,8 @@ async fn buffers_to_n3(cluster: &BenchCluster) -> anyhow::Result<Buffers> {
                 .iter()
                 .filter(move |c| c.channel.as_ref().is_some_and(|c| c.from == s.node_id))
         })
-        .map(|c| c.next_index)
+        .map(|c| c.data_messages)
         .sum();
-    let sent = cluster.apps[0].sent.load(Relaxed) + cluster.apps[1].sent.load(Relaxed);
     // Data indices the senders pulled off their queues (queued items are data but for a
     // marker or two), against what n3 has handed its application.
     let pulled =

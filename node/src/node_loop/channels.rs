@@ -147,16 +147,17 @@ impl NodeLoop {
     }
 
     /// Fault injection on an incoming channel: hold its frames, let `n` through, resume.
-    pub(super) fn fault(&mut self, channel: &ChannelId, fault: HoldFault) {
+    /// False if the loop has no such channel (its peer was removed meanwhile).
+    pub(super) fn fault(&mut self, channel: &ChannelId, fault: HoldFault) -> bool {
         let Some(incoming) = self.incoming.get_mut(channel) else {
-            return;
+            return false;
         };
         match fault {
             HoldFault::Hold => {
                 incoming.fault_hold = true;
                 incoming.release = 0;
             }
-            HoldFault::Release(n) => incoming.release += n,
+            HoldFault::Release(n) => incoming.release = incoming.release.saturating_add(n),
             HoldFault::Resume => {
                 incoming.fault_hold = false;
                 incoming.release = 0;
@@ -164,6 +165,7 @@ impl NodeLoop {
         }
         tracing::info!(%channel, ?fault, "fault injected");
         self.take_in(channel);
+        true
     }
 
     pub(super) fn unblock(&mut self, channel: ChannelId) {

@@ -66,11 +66,12 @@ pub(crate) enum LoopMsg {
         max: usize,
         reply: oneshot::Sender<Pulled>,
     },
-    /// Fault injection on an incoming channel; answered once it is in force.
+    /// Fault injection on an incoming channel; answered once it is in force (false: the
+    /// loop has no such channel).
     Fault {
         channel: ChannelId,
         fault: HoldFault,
-        reply: oneshot::Sender<()>,
+        reply: oneshot::Sender<bool>,
     },
     /// An outgoing channel's task withdraws its waiting pull (before a reset).
     CancelPull { channel: ChannelId },

@@ -315,8 +315,7 @@ impl NodeLoop {
                 fault,
                 reply,
             } => {
-                self.fault(&channel, fault);
-                let _ = reply.send(());
+                let _ = reply.send(self.fault(&channel, fault));
             }
             LoopMsg::CancelPull { channel } => {
                 if let Some(out) = self.outgoing.get_mut(&channel) {
