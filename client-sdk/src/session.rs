@@ -303,6 +303,7 @@ impl AppSession {
         // and the sends the daemon took off the session come back as room. A daemon that
         // names no session has no such stream: room comes back as sends are written.
         let session = attached.session;
+        let flow_key = attached.flow_key;
         let written = Arc::new(AtomicU64::new(0));
         let on_write = Arc::new(AtomicBool::new(session == 0));
         let confirm_on_write = Arc::new(AtomicBool::new(session == 0));
@@ -331,6 +332,7 @@ impl AppSession {
                         session,
                         messages,
                         bytes,
+                        flow_key,
                     };
                     if ack_tx.send(consumption).await.is_err() || latest.changed().await.is_err() {
                         return;

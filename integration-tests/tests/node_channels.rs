@@ -598,3 +598,55 @@ async fn an_unaligned_record_request_waits_behind_the_delivery_window_only() {
 async fn an_aligned_marker_overtakes_the_senders_queue_once_its_timeout_passes() {
     record_request_waits_behind_the_window_only(pb::SnapshotMode::Aligned, 100).await;
 }
+
+/// Only the application holding a session may open its `Consumed` stream: another client
+/// naming the session (ids are sequential) without the session's `flow_key` is refused, and
+/// the session's own window goes on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sessions_consumed_stream_needs_its_flow_key() {
+    let cluster = bind(&["a", "b"]).await.unwrap().start(|_, _| {});
+    let app = cluster.nodes[&NodeId::from("a")].app.to_string();
+    let _session = AppSession::connect(&app, "real").await.unwrap();
+    let guess = |session: u64, flow_key: u64| {
+        let app = app.clone();
+        async move {
+            let channel = tonic::transport::Endpoint::from_shared(format!("http://{app}"))
+                .unwrap()
+                .connect()
+                .await
+                .unwrap();
+            let first = pb::Consumption {
+                session,
+                messages: u64::MAX,
+                bytes: u64::MAX,
+                flow_key,
+            };
+            pb::app_client::AppClient::new(channel)
+                .consumed(tokio_stream::iter([first]))
+                .await
+                .map(drop)
+        }
+    };
+    for key in [0, 1, 12_345] {
+        let refused = guess(1, key).await.expect_err("a guessed key");
+        assert_eq!(refused.code(), tonic::Code::PermissionDenied, "{refused}");
+        assert!(refused.message().contains("flow_key"), "{refused}");
+    }
+    let unknown = guess(2, 1).await.expect_err("no session 2");
+    assert_eq!(unknown.code(), tonic::Code::NotFound, "{unknown}");
+    let window = cluster
+        .status("a")
+        .await
+        .unwrap()
+        .delivery_window
+        .expect("attached");
+    assert!(
+        window.acknowledges,
+        "the real session keeps its window: {window:?}"
+    );
+    assert_eq!(
+        window.consumed, 0,
+        "nothing acknowledged in its name: {window:?}"
+    );
+    cluster.stop().await.unwrap();
+}

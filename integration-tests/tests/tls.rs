@@ -286,6 +286,7 @@ async fn a_tls_cluster_snapshots_in_every_mode_and_refuses_other_clients() {
                 session: 1,
                 messages: u64::MAX,
                 bytes: u64::MAX,
+                flow_key: 0,
             };
             pb::app_client::AppClient::new(channel)
                 .consumed(tokio_stream::iter([first]))

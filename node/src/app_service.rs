@@ -41,8 +41,28 @@ pub(crate) struct SendsTaken {
     /// The session attached with `acknowledges_deliveries`: it may open its `Consumed`
     /// stream...
     acknowledges: bool,
-    /// ...once.
+    /// ...once...
     flow_opened: std::sync::atomic::AtomicBool,
+    /// ...presenting this key (`Attached.flow_key`).
+    flow_key: u64,
+}
+
+/// A session's entry in `sessions_taken`: removed, and the session marked ended, when this
+/// drops.
+struct Registered {
+    sessions: Arc<std::sync::Mutex<std::collections::BTreeMap<u64, Arc<SendsTaken>>>>,
+    session: u64,
+    taken: Arc<SendsTaken>,
+}
+
+impl Drop for Registered {
+    fn drop(&mut self) {
+        self.taken.ended.cancel();
+        self.sessions
+            .lock()
+            .expect("never poisoned")
+            .remove(&self.session);
+    }
 }
 
 impl SendsTaken {
@@ -80,19 +100,21 @@ impl pb::app_server::App for AppService {
         let session = self.sessions.fetch_add(1, Ordering::Relaxed) + 1;
         let taken = Arc::new(SendsTaken {
             acknowledges: attach.acknowledges_deliveries,
+            // Never 0 (what a client that knows no key sends).
+            flow_key: rand::random::<u64>().max(1),
             ..SendsTaken::default()
         });
         // Registered before the loop answers `Attached`: the application opens its
-        // `Consumed` stream as soon as it has that answer.
+        // `Consumed` stream as soon as it has that answer. Unregistered (and ended) when
+        // this guard drops, however the session ends — a handler cancelled half-way too.
         self.sessions_taken
             .lock()
             .expect("never poisoned")
             .insert(session, taken.clone());
-        let forget = || {
-            self.sessions_taken
-                .lock()
-                .expect("never poisoned")
-                .remove(&session);
+        let registered = Registered {
+            sessions: self.sessions_taken.clone(),
+            session,
+            taken: taken.clone(),
         };
         // Few batches wait here: what is handed to the application can no longer be
         // overtaken by an unaligned snapshot's record request.
@@ -104,6 +126,7 @@ impl pb::app_server::App for AppService {
             .send(LoopMsg::AppAttach {
                 session,
                 packed: attach.packed_deliveries,
+                flow_key: taken.flow_key,
                 tx: tx.clone(),
                 records: records.clone(),
                 reply,
@@ -114,8 +137,7 @@ impl pb::app_server::App for AppService {
             Err(_) => Err(Error::ShuttingDown),
         };
         if let Err(e) | Ok(Err(e)) = answer {
-            forget();
-            return Err(e.into());
+            return Err(e.into()); // `registered` drops: unregistered
         }
         tracing::info!(session, application = %attach.application, "session opened");
         let reader = SessionReader {
@@ -127,14 +149,9 @@ impl pb::app_server::App for AppService {
             taken,
         };
         let shutdown = self.shutdown.clone();
-        let sessions_taken = self.sessions_taken.clone();
         tokio::spawn(async move {
             let result = reader.run(inbound, shutdown).await;
-            reader.taken.ended.cancel();
-            sessions_taken
-                .lock()
-                .expect("never poisoned")
-                .remove(&session);
+            drop(registered);
             if let Err(status) = result {
                 tracing::warn!(session, "closing application session: {}", status.message());
                 let _ = tx.send(Err(status)).await;
@@ -172,6 +189,14 @@ impl pb::app_server::App for AppService {
                 self.shared.node_id
             )));
         };
+        // The key the daemon gave the session's application in `Attached`: only that
+        // application may acknowledge in the session's name (ids are sequential).
+        if first.flow_key != taken.flow_key {
+            return Err(Status::permission_denied(format!(
+                "the Consumed stream of application session {session} must present the \
+                 session's flow_key (from its Attached)"
+            )));
+        }
         if !taken.acknowledges {
             return Err(Status::failed_precondition(format!(
                 "application session {session} attached without acknowledges_deliveries: \

@@ -21,6 +21,7 @@ impl NodeLoop {
         &mut self,
         session: u64,
         packed: bool,
+        flow_key: u64,
         tx: AppTx,
         records: std::sync::Arc<super::RecordsDue>,
     ) -> Result<(), Error> {
@@ -33,6 +34,7 @@ impl NodeLoop {
             peers: self.outgoing.keys().map(|c| c.to.to_string()).collect(),
             incarnation: self.shared.incarnation,
             session,
+            flow_key,
         };
         let hello = pb::NodeToApp {
             kind: Some(pb::node_to_app::Kind::Attached(attached)),

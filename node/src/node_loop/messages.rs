@@ -97,6 +97,8 @@ pub(crate) enum LoopMsg {
         session: u64,
         /// Deliveries as runs (`DeliverBatch.runs`).
         packed: bool,
+        /// The key its `Consumed` stream must present (told in `Attached`).
+        flow_key: u64,
         tx: AppTx,
         records: Arc<RecordsDue>,
         reply: oneshot::Sender<Result<(), Error>>,

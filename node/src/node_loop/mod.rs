@@ -336,11 +336,12 @@ impl NodeLoop {
             LoopMsg::AppAttach {
                 session,
                 packed,
+                flow_key,
                 tx,
                 records,
                 reply,
             } => {
-                let _ = reply.send(self.attach_app(session, packed, tx, records));
+                let _ = reply.send(self.attach_app(session, packed, flow_key, tx, records));
             }
             LoopMsg::AppSend { session, sends } => self.on_app_send(session, sends),
             LoopMsg::AppState {

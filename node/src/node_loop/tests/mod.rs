@@ -141,6 +141,7 @@ impl Node {
         self.ask(|reply| LoopMsg::AppAttach {
             session,
             packed: false,
+            flow_key: 1,
             tx,
             records,
             reply,
