@@ -434,6 +434,19 @@ async fn run(args: &Args) -> anyhow::Result<(Vec<String>, serde_json::Value)> {
         .filter(|s| s.status == pb::SnapshotStatus::Completed as i32)
         .count();
     println!("\nsnapshots by outcome: {by_status:?}");
+    // Why the failed ones failed, each reason once with its count and first snapshot (the
+    // node and channel names kept, so that a pattern shows).
+    let mut reasons: BTreeMap<String, (u64, u64)> = BTreeMap::new();
+    for s in &snapshots {
+        if let Some(f) = &s.failure {
+            let id = s.plan.as_ref().map_or(0, |p| p.snapshot_id);
+            let entry = reasons.entry(f.message.clone()).or_insert((0, id));
+            entry.0 += 1;
+        }
+    }
+    for (reason, (count, first)) in &reasons {
+        println!("  failed {count}× (first: snapshot {first}): {reason}");
+    }
     println!("nemesis: {:?}", run.counts);
     if completed < 10 {
         violations.push(format!(
