@@ -168,13 +168,7 @@ async fn a_marker_held_behind_a_held_channel_completes_its_snapshot_once_release
         Code::NotFound
     );
     // One frame through (a message: the marker follows the transfer), the rest still held.
-    b.inject_fault(channel_fault(
-        "a",
-        "b",
-        Fault::Release(pb::Release { frames: 1 }),
-    ))
-    .await
-    .unwrap();
+    release(&mut b, 1).await;
     let status = cluster.status("b").await.unwrap();
     assert!(status.snapshots_in_flight.contains(&1), "{status:?}");
 
@@ -279,6 +273,42 @@ async fn channel_status(
         .unwrap_or_else(|| panic!("{node} has no channel {from}->{to}"))
 }
 
+/// Polls `node`'s status of channel `from -> to` (every 10 ms, up to 10 s) until `ready`
+/// holds; returns that status. `what` names the awaited state in the failure.
+async fn channel_until(
+    cluster: &LocalCluster,
+    (node, from, to): (&str, &str, &str),
+    what: &str,
+    ready: impl Fn(&pb::ChannelStatus) -> bool,
+) -> pb::ChannelStatus {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let s = channel_status(cluster, node, from, to).await;
+        if ready(&s) {
+            return s;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{from}->{to} at {node}: never {what}: {s:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// A daemon's NodeAdmin client.
+type NodeAdmin = pb::node_admin_client::NodeAdminClient<tonic::transport::Channel>;
+
+/// Lets `frames` more frames of the held channel `a -> b` through at b.
+async fn release(b: &mut NodeAdmin, frames: u64) {
+    b.inject_fault(channel_fault(
+        "a",
+        "b",
+        pb::inject_fault_request::Fault::Release(pb::Release { frames }),
+    ))
+    .await
+    .unwrap();
+}
+
 /// The held-channel counters of `GetNodeStatus` move exactly with each frame: a fault hold
 /// and an aligned snapshot's block are told apart, held frames are counted with the kind of
 /// the next one, the release budget goes down frame by frame, markers are counted at both
@@ -308,25 +338,6 @@ async fn held_channel_counters_move_exactly_frame_by_frame() {
         tokio::spawn(app(session, tx));
     }
     let mut b = cluster.admin("b").await.unwrap();
-    // Waits (polling the status) until a->b holds `n` frames at b.
-    let held_frames = |n: u64| {
-        let cluster = &cluster;
-        async move {
-            let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-            loop {
-                let s = channel_status(cluster, "b", "a", "b").await;
-                if s.queued == n {
-                    return s;
-                }
-                assert!(
-                    tokio::time::Instant::now() < deadline,
-                    "a->b holds {} frames, not {n}",
-                    s.queued
-                );
-                tokio::time::sleep(Duration::from_millis(10)).await;
-            }
-        }
-    };
 
     b.inject_fault(channel_fault("a", "b", Fault::Hold(pb::Hold {})))
         .await
@@ -343,7 +354,10 @@ async fn held_channel_counters_move_exactly_frame_by_frame() {
             .await
             .unwrap();
     }
-    let s = held_frames(3).await;
+    let s = channel_until(&cluster, ("b", "a", "b"), "holding 3 frames", |s| {
+        s.queued == 3
+    })
+    .await;
     assert_eq!(s.next_held, pb::FrameKind::Data as i32);
     let mut a = cluster.admin("a").await.unwrap();
     a.initiate_snapshot(pb::InitiateSnapshotRequest {
@@ -353,7 +367,10 @@ async fn held_channel_counters_move_exactly_frame_by_frame() {
     })
     .await
     .unwrap();
-    held_frames(4).await;
+    channel_until(&cluster, ("b", "a", "b"), "holding 4 frames", |s| {
+        s.queued == 4
+    })
+    .await;
     assert_eq!(
         channel_status(&cluster, "a", "a", "b").await.markers,
         1,
@@ -361,23 +378,11 @@ async fn held_channel_counters_move_exactly_frame_by_frame() {
     );
 
     // Frame by frame.
-    b.inject_fault(channel_fault(
-        "a",
-        "b",
-        Fault::Release(pb::Release { frames: 1 }),
-    ))
-    .await
-    .unwrap();
+    release(&mut b, 1).await;
     let s = channel_status(&cluster, "b", "a", "b").await;
     assert_eq!((s.queued, s.release_budget, s.markers), (3, 0, 0), "{s:?}");
     assert_eq!(s.next_held, pb::FrameKind::Data as i32);
-    b.inject_fault(channel_fault(
-        "a",
-        "b",
-        Fault::Release(pb::Release { frames: 2 }),
-    ))
-    .await
-    .unwrap();
+    release(&mut b, 2).await;
     let s = channel_status(&cluster, "b", "a", "b").await;
     assert_eq!((s.queued, s.release_budget, s.markers), (1, 0, 0), "{s:?}");
     assert_eq!(s.next_held, pb::FrameKind::Marker as i32);
@@ -394,24 +399,12 @@ async fn held_channel_counters_move_exactly_frame_by_frame() {
         Code::NotFound,
         "the marker is still held"
     );
-    b.inject_fault(channel_fault(
-        "a",
-        "b",
-        Fault::Release(pb::Release { frames: 1 }),
-    ))
-    .await
-    .unwrap();
+    release(&mut b, 1).await;
     let s = channel_status(&cluster, "b", "a", "b").await;
     assert_eq!((s.queued, s.release_budget, s.markers), (0, 0, 1), "{s:?}");
     assert_eq!(s.next_held, pb::FrameKind::None as i32);
     // A budget with nothing held to spend it on stays.
-    b.inject_fault(channel_fault(
-        "a",
-        "b",
-        Fault::Release(pb::Release { frames: 5 }),
-    ))
-    .await
-    .unwrap();
+    release(&mut b, 5).await;
     assert_eq!(
         channel_status(&cluster, "b", "a", "b").await.release_budget,
         5
@@ -438,32 +431,16 @@ async fn held_channel_counters_move_exactly_frame_by_frame() {
     })
     .await
     .unwrap();
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    let blocked = loop {
-        let s = channel_status(&cluster, "c", "a", "c").await;
-        if s.alignment_blocked {
-            break s;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "a->c never blocked for alignment: {s:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    };
+    let blocked = channel_until(&cluster, ("c", "a", "c"), "blocked for alignment", |s| {
+        s.alignment_blocked
+    })
+    .await;
     assert!(blocked.held && !blocked.fault_held, "{blocked:?}");
     assert_eq!(blocked.markers, 2, "{blocked:?}");
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    let held = loop {
-        let s = channel_status(&cluster, "c", "b", "c").await;
-        if s.next_held == pb::FrameKind::Marker as i32 {
-            break s;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "b's marker never came to c: {s:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    };
+    let held = channel_until(&cluster, ("c", "b", "c"), "holding b's marker next", |s| {
+        s.next_held == pb::FrameKind::Marker as i32
+    })
+    .await;
     assert!(
         held.held && held.fault_held && !held.alignment_blocked,
         "{held:?}"
