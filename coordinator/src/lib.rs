@@ -18,6 +18,7 @@
 #![forbid(unsafe_code)]
 
 pub mod config;
+mod console;
 mod election;
 pub mod error;
 mod limits;
@@ -171,14 +172,6 @@ pub async fn run(
     config
         .auth
         .start("the coordinator's API", config.tls.is_some(), stop.clone());
-    if let Some(listener) = metrics_listener {
-        tokio::spawn(cairn_sdk::cli::metrics::serve(
-            listener,
-            Arc::new(registry),
-            stop.clone(),
-            config.tls.clone().map(|tls| (tls, tls_metrics.clone())),
-        ));
-    }
     let (health, health_service) = tonic_health::server::health_reporter();
     health
         .set_service_status(LEADER_HEALTH, ServingStatus::NotServing)
@@ -220,7 +213,7 @@ pub async fn run(
     }
     let mut state_task = Some(tokio::spawn(terms.lead(first, shutdown.clone())));
 
-    let service = service::CoordinatorService {
+    let service = Arc::new(service::CoordinatorService {
         replica: replica.clone(),
         meta: store::Metadata::new(kv, keys),
         blobs,
@@ -230,7 +223,18 @@ pub async fn run(
         flags_policy: config.policy.clone(),
         max_in_flight: config.max_concurrent.max(1),
         follows: Arc::new(tokio::sync::Semaphore::new(service::MAX_FOLLOWS)),
-    };
+    });
+    if let Some(listener) = metrics_listener {
+        // The console and its API beside /metrics, calling the gRPC methods they mirror.
+        let console = console::router(service.clone(), config.auth.clone(), config.cluster.clone());
+        tokio::spawn(cairn_sdk::cli::metrics::serve(
+            listener,
+            Arc::new(registry),
+            stop.clone(),
+            config.tls.clone().map(|tls| (tls, tls_metrics.clone())),
+            Some(console),
+        ));
+    }
     health
         .set_serving::<pb::coordinator_server::CoordinatorServer<service::CoordinatorService>>()
         .await;
@@ -267,7 +271,7 @@ pub async fn run(
                 .map_err(|e| RunError::Reflection(e.to_string()))?,
         )
         .add_service(
-            pb::coordinator_server::CoordinatorServer::new(service)
+            pb::coordinator_server::CoordinatorServer::from_arc(service)
                 .max_decoding_message_size(UPLOAD_MESSAGE),
         );
     // With TLS, the handshakes run in cairn_sdk's accept loop (mutual TLS: a client without

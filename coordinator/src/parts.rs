@@ -20,7 +20,7 @@ use cairn_blob::{BlobStore, Chunk, ChunkList, MAX_CHUNK, Manifest, check_chunk};
 
 use crate::error::Error;
 use crate::store::records::CutRecord;
-use crate::store::{PartRecord, SnapshotRecord};
+use crate::store::{PartRecord, RecordedChannelRecord, SnapshotRecord};
 
 /// Most chunks in one part's state: its manifest stays under the blob store's manifest
 /// bound (about 28 GiB of state at the average chunk size).
@@ -80,6 +80,8 @@ pub(crate) async fn store_upload(
     let mut short = false;
     let mut channel_states = blobs.writer();
     let mut recorded: BTreeMap<ChannelId, Vec<u64>> = BTreeMap::new();
+    // Per channel: messages and payload bytes recorded, for the console and `snapshot diff`.
+    let mut sizes: BTreeMap<ChannelId, (u64, u64)> = BTreeMap::new();
     let mut messages = 0u64;
     let mut cut = None;
     while let Some(chunk) = chunks.message().await.map_err(Error::Stream)? {
@@ -143,10 +145,16 @@ pub(crate) async fn store_upload(
                 let channel = channel_from_pb(state.channel.as_ref()).map_err(invalid)?;
                 touches(&node, &channel, "recorded messages of")?;
                 recorded
-                    .entry(channel)
+                    .entry(channel.clone())
                     .or_default()
                     .extend(state.messages.iter().map(|m| m.index));
                 messages += state.messages.len() as u64;
+                let size = sizes.entry(channel).or_default();
+                size.0 = size.0.saturating_add(state.messages.len() as u64);
+                size.1 = state
+                    .messages
+                    .iter()
+                    .fold(size.1, |n, m| n.saturating_add(m.payload.len() as u64));
                 channel_states
                     .write(&state.encode_length_delimited_to_vec())
                     .await
@@ -220,6 +228,14 @@ pub(crate) async fn store_upload(
         recorded_messages: messages,
         bytes_new,
         bytes_reused,
+        recorded_channels: sizes
+            .iter()
+            .map(|(channel, &(messages, bytes))| RecordedChannelRecord {
+                channel: channel.to_string(),
+                messages,
+                bytes,
+            })
+            .collect(),
     };
     let part = NodePart {
         report: LocalReport {
@@ -241,9 +257,14 @@ fn cut_record(channel: &ChannelId, count: u64, marker_at: u64) -> CutRecord {
     }
 }
 
-/// The channel of a stored cut (`from->to`).
+/// The channel of a stored cut.
 fn cut_channel(cut: &CutRecord) -> ChannelId {
-    let (from, to) = cut.channel.split_once("->").unwrap_or_default();
+    stored_channel(&cut.channel)
+}
+
+/// A channel as records store it (`from->to`).
+fn stored_channel(channel: &str) -> ChannelId {
+    let (from, to) = channel.split_once("->").unwrap_or_default();
     ChannelId::new(from, to)
 }
 
@@ -279,6 +300,15 @@ pub(crate) async fn read_part(
                     marker_at: c.marker_at,
                 };
                 pb::OutgoingCut::from((&cut_channel(c), &cut))
+            })
+            .collect(),
+        recorded_channels: part
+            .recorded_channels
+            .iter()
+            .map(|r| pb::RecordedChannel {
+                channel: Some(pb::ChannelRef::from(&stored_channel(&r.channel))),
+                messages: r.messages,
+                bytes: r.bytes,
             })
             .collect(),
         ..Default::default()

@@ -6,7 +6,9 @@ use cairn_core::{FailureReason, SnapshotMode};
 use cairn_proto::convert::{kind_from_word, kind_word};
 use cairn_proto::v1 as pb;
 
-use crate::store::{FailureRecord, SnapshotRecord, SnapshotStatus, VerdictRecord};
+use crate::store::{
+    EventKind, EventRecord, FailureRecord, SnapshotRecord, SnapshotStatus, VerdictRecord,
+};
 
 /// Milliseconds since the Unix epoch.
 pub fn now_ms() -> u64 {
@@ -120,6 +122,7 @@ pub fn snapshot_pb(record: &SnapshotRecord) -> pb::Snapshot {
         bytes_new: record.bytes_new,
         bytes_reused: record.bytes_reused,
         term: record.term,
+        events: record.events.iter().map(event_pb).collect(),
         channels: record
             .channels
             .iter()
@@ -131,6 +134,29 @@ pub fn snapshot_pb(record: &SnapshotRecord) -> pb::Snapshot {
                 })
             })
             .collect(),
+    }
+}
+
+/// A stored event for the wire.
+pub fn event_pb(event: &EventRecord) -> pb::SnapshotEvent {
+    use pb::snapshot_event::Kind;
+    let kind = match event.kind {
+        EventKind::Started => Kind::Started,
+        EventKind::StateRecorded => Kind::StateRecorded,
+        EventKind::PartStored => Kind::PartStored,
+        EventKind::NodeFailed => Kind::NodeFailed,
+        EventKind::Verified => Kind::Verified,
+        EventKind::Ended => Kind::Ended,
+    };
+    pb::SnapshotEvent {
+        at_ms: event.at_ms,
+        kind: kind as i32,
+        node_id: event.node.clone(),
+        local_state_bytes: event.local_state_bytes,
+        recorded_messages: event.recorded_messages,
+        bytes_new: event.bytes_new,
+        bytes_reused: event.bytes_reused,
+        detail: event.detail.clone(),
     }
 }
 

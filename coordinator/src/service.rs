@@ -19,9 +19,9 @@ use crate::error::Error;
 use crate::limits;
 use crate::parts;
 use crate::policy;
-use crate::records_conv::{progress_pb, snapshot_pb, status_from_pb};
+use crate::records_conv::{mode_pb, progress_pb, snapshot_pb, status_from_pb};
 use crate::replica::Replica;
-use crate::state::{Msg, mode_of, restore_epoch, restore_pb};
+use crate::state::{Msg, PartSizes, mode_of, restore_epoch, restore_pb};
 use crate::store::{
     MemberRecord, Metadata, PartRecord, RestoreRecord, SnapshotRecord, SnapshotStatus,
 };
@@ -275,6 +275,9 @@ impl pb::coordinator_server::Coordinator for CoordinatorService {
         let status = pb::SnapshotStatus::try_from(r.status)
             .map_err(|_| Error::InvalidArgument(format!("unknown status {}", r.status)))?;
         let wanted = status_from_pb(status);
+        let mode = pb::SnapshotMode::try_from(r.mode)
+            .map_err(|_| Error::InvalidArgument(format!("unknown mode {}", r.mode)))?;
+        let mode = (mode != pb::SnapshotMode::Unspecified).then_some(mode);
         let page_size = if r.page_size == 0 {
             100
         } else {
@@ -294,6 +297,7 @@ impl pb::coordinator_server::Coordinator for CoordinatorService {
             .into_iter()
             .filter(|r| r.id < before)
             .filter(|r| wanted.is_none_or(|w| r.status == w))
+            .filter(|r| mode.is_none_or(|m| mode_pb(&r.mode) == m))
             .collect();
         records.sort_by_key(|r| std::cmp::Reverse(r.id));
         let more = records.len() > page_size;
@@ -871,12 +875,17 @@ impl pb::coordinator_server::Coordinator for CoordinatorService {
         };
         leading.meta.put_part(id, &stored.record).await?;
         let (bytes_new, bytes_reused) = (stored.record.bytes_new, stored.record.bytes_reused);
+        let sizes = PartSizes {
+            bytes_new,
+            bytes_reused,
+            local_state_bytes: stored.record.local_state_bytes,
+            recorded_messages: stored.record.recorded_messages,
+        };
         leading
             .tx
             .send(Msg::PartStored {
                 part: stored.part,
-                bytes_new,
-                bytes_reused,
+                sizes,
                 epoch: header.epoch,
                 applied_restore_id: header.applied_restore_id,
             })

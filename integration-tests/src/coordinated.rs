@@ -871,13 +871,35 @@ pub async fn scrape(address: &str) -> anyhow::Result<String> {
 /// As [`scrape`]; with `tls` (a directory of [`certs_init`] and the name of a certificate
 /// in it), over mutual TLS as the endpoints of a TLS daemon serve it.
 pub async fn scrape_with(address: &str, tls: Option<(&Path, &str)>) -> anyhow::Result<String> {
+    let (status, response) = http_get_with(address, "/metrics", tls).await?;
+    anyhow::ensure!(status == 200, "{response}");
+    Ok(response)
+}
+
+/// `GET http://{address}{path}` (HTTP/1.1, one connection): the status code and the body.
+pub async fn http_get(address: &str, path: &str) -> anyhow::Result<(u16, String)> {
+    let (status, response) = http_get_with(address, path, None).await?;
+    let body = response
+        .split_once("\r\n\r\n")
+        .map_or(String::new(), |(_, body)| body.to_owned());
+    Ok((status, body))
+}
+
+/// `GET {path}` at `address`, over mutual TLS with `tls` as [`scrape_with`]: the status
+/// code and the whole response (headers and body).
+async fn http_get_with(
+    address: &str,
+    path: &str,
+    tls: Option<(&Path, &str)>,
+) -> anyhow::Result<(u16, String)> {
     use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
     async fn get(
         mut stream: impl AsyncRead + AsyncWrite + Unpin,
         address: &str,
-    ) -> anyhow::Result<String> {
+        path: &str,
+    ) -> anyhow::Result<(u16, String)> {
         let request =
-            format!("GET /metrics HTTP/1.1\r\nHost: {address}\r\nConnection: close\r\n\r\n");
+            format!("GET {path} HTTP/1.1\r\nHost: {address}\r\nConnection: close\r\n\r\n");
         stream.write_all(request.as_bytes()).await?;
         let mut response = Vec::new();
         // A TLS server may close without close_notify once it has answered.
@@ -886,12 +908,16 @@ pub async fn scrape_with(address: &str, tls: Option<(&Path, &str)>) -> anyhow::R
         if response.is_empty() {
             read?;
         }
-        anyhow::ensure!(response.starts_with("HTTP/1.1 200"), "{response}");
-        Ok(response)
+        let status = response
+            .strip_prefix("HTTP/1.1 ")
+            .and_then(|r| r.get(..3))
+            .and_then(|code| code.parse().ok())
+            .ok_or_else(|| anyhow::anyhow!("not an HTTP/1.1 response: {response}"))?;
+        Ok((status, response))
     }
     let stream = tokio::net::TcpStream::connect(address).await?;
     let Some((dir, name)) = tls else {
-        return get(stream, address).await;
+        return get(stream, address, path).await;
     };
     use rustls::pki_types::pem::PemObject;
     use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
@@ -910,7 +936,7 @@ pub async fn scrape_with(address: &str, tls: Option<(&Path, &str)>) -> anyhow::R
     let stream = tokio_rustls::TlsConnector::from(std::sync::Arc::new(config))
         .connect(ServerName::try_from(host)?, stream)
         .await?;
-    get(stream, address).await
+    get(stream, address, path).await
 }
 
 /// Asserts that a snapshot of banks completed, verified, and accounts for `total`.

@@ -90,6 +90,7 @@ async fn lifecycle(store: Store) -> CoordinatedCluster {
             status: pb::SnapshotStatus::Completed as i32,
             page_size: 4,
             page_token: String::new(),
+            mode: 0,
         })
         .await
         .unwrap()
@@ -436,6 +437,7 @@ async fn retention_keeps_the_newest_completed_snapshots_and_their_chunks() {
             status: pb::SnapshotStatus::Completed as i32,
             page_size: 0,
             page_token: String::new(),
+            mode: 0,
         })
         .await
         .unwrap()

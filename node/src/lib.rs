@@ -348,6 +348,7 @@ pub async fn run(
             Arc::new(registry),
             stop.clone(),
             config.tls.clone().map(|tls| (tls, tls_metrics.clone())),
+            None,
         ));
     }
 

@@ -23,6 +23,9 @@
 #[allow(missing_docs, clippy::large_enum_variant)]
 pub mod v1 {
     tonic::include_proto!("cairn.v1");
+    // serde in the protobuf JSON mapping (pbjson): field names in lowerCamelCase, enums
+    // by name, 64-bit integers as strings, bytes in base64, defaults omitted.
+    include!(concat!(env!("OUT_DIR"), "/cairn.v1.serde.rs"));
 }
 
 /// Package `cairn.bank`.

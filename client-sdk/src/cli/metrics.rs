@@ -1,9 +1,12 @@
-//! The `/metrics` endpoint both daemons serve: a Prometheus registry as text over HTTP.
+//! The `/metrics` endpoint both daemons serve: a Prometheus registry as text over HTTP,
+//! beside whatever other routes a daemon adds (the coordinator's console and API).
 
 use std::net::SocketAddr;
 use std::sync::Arc;
 
+use axum::extract::connect_info::Connected;
 use axum::response::IntoResponse;
+use axum::serve::IncomingStream;
 use prometheus_client::registry::Registry;
 use tokio::net::{TcpListener, TcpStream};
 use tokio_rustls::server::TlsStream;
@@ -14,17 +17,37 @@ use tokio_util::sync::CancellationToken;
 use super::tls::TlsMetrics;
 use crate::tls::Tls;
 
-/// Serves `registry` as Prometheus text at `GET /metrics` until `shutdown`; with `tls`
-/// (the daemon's `--tls-*`), over mutual TLS like its gRPC ports (a scraper presents a
-/// certificate of the CA: Prometheus' `tls_config` `cert_file`/`key_file`), refusals
-/// counted in the same metrics.
+/// The certificate (DER) an HTTP client presented, `None` on plaintext: what a handler of
+/// the routes given to [`serve`] takes as `ConnectInfo<ClientCert>` to check a role.
+#[derive(Debug, Clone, Default)]
+pub struct ClientCert(pub Option<Arc<[u8]>>);
+
+impl Connected<IncomingStream<'_, TcpListener>> for ClientCert {
+    fn connect_info(_: IncomingStream<'_, TcpListener>) -> Self {
+        ClientCert(None)
+    }
+}
+
+impl Connected<IncomingStream<'_, TlsListener>> for ClientCert {
+    fn connect_info(stream: IncomingStream<'_, TlsListener>) -> Self {
+        let (_, connection) = stream.io().get_ref();
+        let first = connection.peer_certificates().and_then(|c| c.first());
+        ClientCert(first.map(|c| Arc::from(c.as_ref())))
+    }
+}
+
+/// Serves `registry` as Prometheus text at `GET /metrics`, and `routes` beside it, until
+/// `shutdown`; with `tls` (the daemon's `--tls-*`), over mutual TLS like its gRPC ports (a
+/// scraper presents a certificate of the CA: Prometheus' `tls_config`
+/// `cert_file`/`key_file`), refusals counted in the same metrics.
 pub async fn serve(
     listener: TcpListener,
     registry: Arc<Registry>,
     shutdown: CancellationToken,
     tls: Option<(Tls, TlsMetrics)>,
+    routes: Option<axum::Router>,
 ) -> std::io::Result<()> {
-    let app = axum::Router::new().route(
+    let app = routes.unwrap_or_default().route(
         "/metrics",
         axum::routing::get(move || {
             let registry = registry.clone();
@@ -50,6 +73,7 @@ pub async fn serve(
     );
     match tls {
         None => {
+            let app = app.into_make_service_with_connect_info::<ClientCert>();
             axum::serve(listener, app)
                 .with_graceful_shutdown(shutdown.cancelled_owned())
                 .await
@@ -57,6 +81,7 @@ pub async fn serve(
         Some((tls, metrics)) => {
             let local = listener.local_addr()?;
             let incoming = super::tls::incoming(listener, tls, metrics, shutdown.clone());
+            let app = app.into_make_service_with_connect_info::<ClientCert>();
             axum::serve(TlsListener { incoming, local }, app)
                 .with_graceful_shutdown(shutdown.cancelled_owned())
                 .await
@@ -65,7 +90,7 @@ pub async fn serve(
 }
 
 /// The connections of [`super::tls::incoming`] as an axum listener.
-struct TlsListener {
+pub struct TlsListener {
     incoming: ReceiverStream<Result<TlsStream<TcpStream>, std::io::Error>>,
     local: SocketAddr,
 }

@@ -9,7 +9,7 @@ use std::time::Duration;
 use cairn_core::schedule::{Policy, Schedule};
 use cairn_core::{
     FailureReason, NodeId, NodePart, SnapshotId, SnapshotMode, SnapshotTracker, StartRequest,
-    Topology,
+    Topology, tracker,
 };
 use cairn_proto::v1 as pb;
 use tokio::sync::{mpsc, oneshot};
@@ -22,7 +22,7 @@ use crate::policy;
 use crate::records_conv::{failure_record, now_ms};
 use crate::roster::Roster;
 use crate::store::Metadata;
-use crate::store::{RestoreRecord, SnapshotRecord, SnapshotStatus};
+use crate::store::{EventKind, EventRecord, RestoreRecord, SnapshotRecord, SnapshotStatus};
 use cairn_blob::BlobStore;
 
 mod membership;
@@ -42,6 +42,19 @@ pub(crate) type NodeTx = mpsc::Sender<Result<pb::CoordinatorToNode, Status>>;
 pub(crate) type WatchTx = mpsc::Sender<Result<pb::SnapshotProgress, Status>>;
 
 /// A request to the coordinator task.
+/// What a stored part weighs, for the snapshot's record and its event.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct PartSizes {
+    /// Bytes it stored anew.
+    pub bytes_new: u64,
+    /// Bytes it shares with earlier snapshots.
+    pub bytes_reused: u64,
+    /// Bytes of the node's local state.
+    pub local_state_bytes: u64,
+    /// Messages the node recorded.
+    pub recorded_messages: u64,
+}
+
 pub(crate) enum Msg {
     Register {
         register: pb::Register,
@@ -68,8 +81,7 @@ pub(crate) enum Msg {
     },
     PartStored {
         part: NodePart,
-        bytes_new: u64,
-        bytes_reused: u64,
+        sizes: PartSizes,
         /// The epoch the node recorded the part in.
         epoch: u64,
         /// The last restore the node's application applied.
@@ -405,8 +417,7 @@ impl State {
             }
             Msg::PartStored {
                 part,
-                bytes_new,
-                bytes_reused,
+                sizes,
                 epoch,
                 applied_restore_id,
             } => {
@@ -431,11 +442,23 @@ impl State {
                     self.settle(id, update).await;
                     return;
                 }
-                if let Some(record) = self.inflight.get_mut(&id) {
-                    record.bytes_new = record.bytes_new.saturating_add(bytes_new);
-                    record.bytes_reused = record.bytes_reused.saturating_add(bytes_reused);
-                }
                 let update = self.tracker.part_reported(part);
+                if !matches!(update, tracker::Update::Ignored) {
+                    if let Some(record) = self.inflight.get_mut(&id) {
+                        record.bytes_new = record.bytes_new.saturating_add(sizes.bytes_new);
+                        record.bytes_reused =
+                            record.bytes_reused.saturating_add(sizes.bytes_reused);
+                    }
+                    let event = EventRecord {
+                        node,
+                        local_state_bytes: sizes.local_state_bytes,
+                        recorded_messages: sizes.recorded_messages,
+                        bytes_new: sizes.bytes_new,
+                        bytes_reused: sizes.bytes_reused,
+                        ..EventRecord::new(now_ms(), EventKind::PartStored)
+                    };
+                    self.node_event_record(id, event);
+                }
                 self.settle(id, update).await;
             }
             Msg::Start {

@@ -11,7 +11,7 @@ use tokio::time::Instant;
 use super::{Msg, State, WatchTx};
 use crate::error::Error;
 use crate::records_conv::{failure_record, mode_name, now_ms, progress_pb};
-use crate::store::{SnapshotRecord, SnapshotStatus, VerdictRecord};
+use crate::store::{EventKind, EventRecord, SnapshotRecord, SnapshotStatus, VerdictRecord};
 
 /// Who recorded and who reported, as the tracker — the one place that follows progress —
 /// says.
@@ -60,10 +60,19 @@ impl State {
         match event.kind {
             Some(Kind::StateRecorded(_)) => {
                 let update = self.tracker.state_recorded(id, &node);
+                if !matches!(update, tracker::Update::Ignored) {
+                    self.event(id, &node, EventKind::StateRecorded, String::new());
+                }
                 self.settle(id, update).await;
             }
             Some(Kind::Failed(reason)) => {
-                let update = self.tracker.fail(id, node_failure(&node, &reason));
+                let reason = node_failure(&node, &reason);
+                let detail = reason.to_string();
+                let update = self.tracker.fail(id, reason);
+                // Only a failure that counted (the first of a participant ends it).
+                if !matches!(update, tracker::Update::Ignored) {
+                    self.event(id, &node, EventKind::NodeFailed, detail);
+                }
                 self.settle(id, update).await;
             }
             Some(Kind::PartUploaded(_)) | None => {}
@@ -125,6 +134,7 @@ impl State {
             bytes_reused: 0,
             epoch: self.epoch,
             term: self.leadership.term(),
+            events: vec![EventRecord::new(plan.started_at_ms, EventKind::Started)],
         };
         if let Err(e) = self.put_record(&record).await {
             self.tracker.fail(
@@ -222,6 +232,29 @@ impl State {
         Some(record)
     }
 
+    /// Adds a node's event to the timeline of snapshot `id`, if it is in flight: once per
+    /// node and kind (a repeated report adds nothing, so a timeline holds at most two events
+    /// per node and four more).
+    pub(super) fn node_event_record(&mut self, id: SnapshotId, event: EventRecord) {
+        if let Some(record) = self.inflight.get_mut(&id)
+            && !record
+                .events
+                .iter()
+                .any(|e| e.kind == event.kind && e.node == event.node)
+        {
+            record.events.push(event);
+        }
+    }
+
+    fn event(&mut self, id: SnapshotId, node: &NodeId, kind: EventKind, detail: String) {
+        let event = EventRecord {
+            node: node.to_string(),
+            detail,
+            ..EventRecord::new(now_ms(), kind)
+        };
+        self.node_event_record(id, event);
+    }
+
     /// Applies a tracker update: progress is published; an end is stored, published, and
     /// (if failed) sent to every node so that their engines drop the snapshot.
     pub(super) async fn settle(&mut self, id: SnapshotId, update: tracker::Update) {
@@ -270,6 +303,21 @@ impl State {
                         tracing::warn!(snapshot = id.0, %reason, "snapshot did not complete");
                     }
                 }
+                if let Some(verdict) = &record.verdict {
+                    record.events.push(EventRecord {
+                        recorded_messages: verdict.recorded_messages,
+                        detail: verdict.violation.clone(),
+                        ..EventRecord::new(record.finished_at_ms, EventKind::Verified)
+                    });
+                }
+                let ended = match &outcome {
+                    tracker::Outcome::Completed(_) => record.status.to_string(),
+                    tracker::Outcome::Failed(reason) => format!("{}: {reason}", record.status),
+                };
+                record.events.push(EventRecord {
+                    detail: ended,
+                    ..EventRecord::new(record.finished_at_ms, EventKind::Ended)
+                });
                 // Stored, then retention applied, then told: whoever sees it end sees the
                 // store as it is after it. The nodes are told to drop a failed one after the
                 // store (a fenced write) has confirmed the term.

@@ -16,7 +16,7 @@ use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 use tonic::Status;
 
-use super::{Msg, Settings, State};
+use super::{Msg, PartSizes, Settings, State};
 use crate::error::Error;
 use crate::store::{
     AnyKv, ChunkList, Keys, MemoryKv, Metadata, PartRecord, RestoreStatus, SnapshotStatus,
@@ -164,8 +164,7 @@ impl Harness {
         self.tx
             .send(Msg::PartStored {
                 part,
-                bytes_new: 0,
-                bytes_reused: 0,
+                sizes: PartSizes::default(),
                 epoch: 0,
                 applied_restore_id: String::new(),
             })
@@ -234,6 +233,77 @@ async fn a_started_snapshot_completes_when_every_part_is_stored() {
     let record = h.ended(id).await;
     assert_eq!(record.status, SnapshotStatus::Completed, "{record:?}");
     assert!(record.verdict.unwrap().consistent);
+    h.stop().await;
+}
+
+/// The stored timeline: started, each node's state recorded and part stored once (a
+/// repeated report adds nothing), verified, ended; a node's failure is named in it.
+#[tokio::test]
+async fn a_snapshot_keeps_its_timeline_once_per_node_and_step() {
+    use crate::store::EventKind::*;
+    let mut h = Harness::start().await;
+    let _a = h.register("a").await;
+    let _b = h.register("b").await;
+    let id = h.start_snapshot().await.unwrap();
+    for node in ["a", "b", "a"] {
+        let event = pb::NodeSnapshotEvent {
+            snapshot_id: id,
+            kind: Some(pb::node_snapshot_event::Kind::StateRecorded(pb::Empty {})),
+        };
+        h.tx.send(Msg::NodeEvent {
+            node: NodeId::new(node),
+            event,
+        })
+        .await
+        .unwrap();
+    }
+    h.part(id, "a", "b").await;
+    h.part(id, "a", "b").await;
+    h.part(id, "b", "a").await;
+    let record = h.ended(id).await;
+    let steps: Vec<_> = record
+        .events
+        .iter()
+        .map(|e| (e.kind, e.node.as_str()))
+        .collect();
+    assert_eq!(
+        steps,
+        [
+            (Started, ""),
+            (StateRecorded, "a"),
+            (StateRecorded, "b"),
+            (PartStored, "a"),
+            (PartStored, "b"),
+            (Verified, ""),
+            (Ended, ""),
+        ]
+    );
+    assert!(record.events.windows(2).all(|w| w[0].at_ms <= w[1].at_ms));
+    assert_eq!(record.events.last().unwrap().detail, "COMPLETED");
+
+    let id = h.start_snapshot().await.unwrap();
+    let reason = cairn_core::FailureReason::NoApplication(NodeId::new("b"));
+    for _ in 0..2 {
+        let event = pb::NodeSnapshotEvent {
+            snapshot_id: id,
+            kind: Some(pb::node_snapshot_event::Kind::Failed((&reason).into())),
+        };
+        h.tx.send(Msg::NodeEvent {
+            node: NodeId::new("b"),
+            event,
+        })
+        .await
+        .unwrap();
+    }
+    let record = h.ended(id).await;
+    let steps: Vec<_> = record.events.iter().map(|e| e.kind).collect();
+    assert_eq!(steps, [Started, NodeFailed, Ended]);
+    assert!(record.events[1].detail.contains("b"), "{:?}", record.events);
+    assert!(
+        record.events[2].detail.starts_with("FAILED: "),
+        "{:?}",
+        record.events
+    );
     h.stop().await;
 }
 
@@ -316,6 +386,7 @@ async fn a_restore_fences_snapshots_until_every_node_applied_it() {
             bytes_reused: 0,
             epoch: 0,
             applied_restore_id: String::new(),
+            recorded_channels: Vec::new(),
         };
         h.meta.put_part(SnapshotId(id), &part).await.unwrap();
     }

@@ -273,6 +273,7 @@ mod tests {
             bytes_reused: 5,
             epoch: 0,
             term: 0,
+            events: Vec::new(),
         };
         meta.put_snapshot(&snapshot).await.unwrap();
         let raw = kv

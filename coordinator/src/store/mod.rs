@@ -24,8 +24,9 @@ pub use file::FileKv;
 pub use memory::MemoryKv;
 pub use meta::Metadata;
 pub use records::{
-    ChunkList, FailureRecord, MemberRecord, PartRecord, PolicyRecord, RemovedRecord, RestoreRecord,
-    RestoreStatus, RosterRecord, SnapshotRecord, SnapshotStatus, VerdictRecord,
+    ChunkList, EventKind, EventRecord, FailureRecord, MemberRecord, PartRecord, PolicyRecord,
+    RecordedChannelRecord, RemovedRecord, RestoreRecord, RestoreStatus, RosterRecord,
+    SnapshotRecord, SnapshotStatus, VerdictRecord,
 };
 
 /// A metadata store that cannot be reached or answered wrongly.

@@ -107,6 +107,81 @@ pub struct SnapshotRecord {
     /// absent in records of before high availability).
     #[serde(default, skip_serializing_if = "is_zero")]
     pub term: u64,
+    /// Its timeline, oldest first (absent in records of before events).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub events: Vec<EventRecord>,
+}
+
+/// What a snapshot event is; stored as `STARTED`, `STATE_RECORDED`, …
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum EventKind {
+    /// Started and sent to the initiators.
+    Started,
+    /// A node's application recorded its local state.
+    StateRecorded,
+    /// A node's part is stored.
+    PartStored,
+    /// A node reported a failure.
+    NodeFailed,
+    /// The cut was checked.
+    Verified,
+    /// It ended.
+    Ended,
+}
+
+/// One step of a snapshot's life (`SnapshotEvent` on the wire).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EventRecord {
+    /// Milliseconds since the Unix epoch.
+    pub at_ms: u64,
+    /// What happened.
+    pub kind: EventKind,
+    /// The node concerned, for a node's events.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub node: String,
+    /// PART_STORED: the local state's bytes.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub local_state_bytes: u64,
+    /// PART_STORED: messages the node recorded; VERIFIED: over all channels.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub recorded_messages: u64,
+    /// PART_STORED: bytes stored anew.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub bytes_new: u64,
+    /// PART_STORED: bytes shared with earlier snapshots.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub bytes_reused: u64,
+    /// NODE_FAILED, VERIFIED, ENDED: in words.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub detail: String,
+}
+
+impl EventRecord {
+    /// An event of `kind` at `at_ms`, every other field empty.
+    pub fn new(at_ms: u64, kind: EventKind) -> Self {
+        Self {
+            at_ms,
+            kind,
+            node: String::new(),
+            local_state_bytes: 0,
+            recorded_messages: 0,
+            bytes_new: 0,
+            bytes_reused: 0,
+            detail: String::new(),
+        }
+    }
+}
+
+/// The messages a node recorded of one channel.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RecordedChannelRecord {
+    /// The channel, as `from->to`.
+    pub channel: String,
+    /// Messages recorded.
+    pub messages: u64,
+    /// Their payload bytes.
+    pub bytes: u64,
 }
 
 /// Why a snapshot failed.
@@ -184,6 +259,10 @@ pub struct PartRecord {
     /// The last restore the node's application had applied ("" if none).
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub applied_restore_id: String,
+    /// Per channel it recorded messages of: how many, how many bytes (absent in parts
+    /// stored before this was counted).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub recorded_channels: Vec<RecordedChannelRecord>,
 }
 
 /// A registered node daemon.

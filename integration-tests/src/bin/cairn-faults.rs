@@ -123,6 +123,7 @@ impl Run {
                 status: pb::SnapshotStatus::Completed as i32,
                 page_size: 10,
                 page_token: String::new(),
+                mode: 0,
             })
             .await
             .ok()?
@@ -234,6 +235,7 @@ async fn list_all(cluster: &CoordinatedCluster) -> anyhow::Result<Vec<pb::Snapsh
                 status: 0,
                 page_size: 1000,
                 page_token,
+                mode: 0,
             })
             .await?
             .into_inner();

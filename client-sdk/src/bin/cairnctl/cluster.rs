@@ -143,7 +143,13 @@ fn shell_word(text: &str) -> String {
 
 /// What a user needs to call the secure cluster at `coordinator`, ready to paste, under
 /// `heading`: the files, the token, cairnctl's variables and a grpcurl line.
-fn access(heading: &str, coordinator: &str, security: &Security, token: &str) -> String {
+fn access(
+    heading: &str,
+    coordinator: &str,
+    console: &str,
+    security: &Security,
+    token: &str,
+) -> String {
     let path = |p: &Path| shell_word(&p.display().to_string());
     let (ca, cert, key) = (
         path(&security.ca),
@@ -159,7 +165,10 @@ fn access(heading: &str, coordinator: &str, security: &Security, token: &str) ->
          cairnctl:\n  \
          export CAIRN_COORDINATOR={coordinator} CAIRN_TLS_CA={ca} CAIRN_TLS_CERT={cert} CAIRN_TLS_KEY={key} CAIRN_TOKEN={token}\n\
          grpcurl:\n  \
-         grpcurl -cacert {ca} -cert {cert} -key {key} -H \"authorization: Bearer {token}\" {coordinator} cairn.v1.Coordinator/ListSnapshots",
+         grpcurl -cacert {ca} -cert {cert} -key {key} -H \"authorization: Bearer {token}\" {coordinator} cairn.v1.Coordinator/ListSnapshots\n\
+         web console (a browser with the certificate imported, or curl):\n  \
+         https://{console}/\n  \
+         curl --cacert {ca} --cert {cert} --key {key} https://{console}/api/v1/snapshots",
         path(&security.token_file),
     )
 }
@@ -213,6 +222,7 @@ async fn cluster_up(
             access(
                 "mutual TLS and bearer tokens are on (--insecure turns them off); to call the cluster:",
                 &cluster.addresses.coordinator,
+                &cluster.addresses.coordinator_metrics,
                 security,
                 token
             )
@@ -261,6 +271,7 @@ pub(crate) async fn demo(
     coordinator: Option<String>,
     dir: Option<PathBuf>,
     insecure: bool,
+    stay: bool,
 ) -> anyhow::Result<ExitCode> {
     anyhow::ensure!(nodes >= 2, "the demo needs at least 2 nodes");
     let temporary = dir.is_none();
@@ -294,6 +305,18 @@ pub(crate) async fn demo(
     );
     let cluster = LocalCluster::start(&spec).await?;
     let result = demo_story(&cluster, initial_balance * nodes as u64, token.as_deref()).await;
+    if stay && result.is_ok() {
+        println!(
+            "the cluster keeps running (--stay): open the web console at {}://{}/ ; Ctrl-C stops it.",
+            if insecure { "http" } else { "https" },
+            cluster.addresses.coordinator_metrics
+        );
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            _ = term.recv() => {}
+        }
+    }
     cluster.stop(Duration::from_secs(5)).await;
     if temporary && result.is_ok() {
         let _ = std::fs::remove_dir_all(&data_dir);
@@ -322,12 +345,18 @@ async fn demo_story(
         }
     };
     cluster.wait_ready(Duration::from_secs(30)).await?;
+    let scheme = if token.is_some() { "https" } else { "http" };
+    println!(
+        "web console: {scheme}://{}/ (snapshots as they happen; --stay keeps the cluster up after the table)",
+        cluster.addresses.coordinator_metrics
+    );
     if let (Some(security), Some(token)) = (&cluster.addresses.security, token) {
         println!(
             "{}",
             access(
                 "to call the cluster while the demo runs (--dir keeps the files):",
                 address,
+                &cluster.addresses.coordinator_metrics,
                 security,
                 token
             )

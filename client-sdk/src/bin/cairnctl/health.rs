@@ -282,6 +282,7 @@ pub(crate) async fn status(coordinator: &str, output: Output) -> anyhow::Result<
         status: status as i32,
         page_size,
         page_token: String::new(),
+        mode: 0,
     };
     let running = client
         .raw()

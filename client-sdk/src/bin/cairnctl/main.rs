@@ -158,6 +158,10 @@ enum Command {
         /// for the run.
         #[arg(long)]
         insecure: bool,
+        /// Keep the cluster running after the table, until Ctrl-C, to look around: the
+        /// web console (its URL is printed), cairnctl, grpcurl.
+        #[arg(long)]
+        stay: bool,
     },
 }
 
@@ -406,7 +410,8 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             workload,
             dir,
             insecure,
-        } => cluster::demo(nodes, workload, listen, dir, insecure).await,
+            stay,
+        } => cluster::demo(nodes, workload, listen, dir, insecure, stay).await,
     }
 }
 

@@ -49,7 +49,57 @@ pub(crate) fn snapshot_json(s: &pb::Snapshot) -> serde_json::Value {
         "bytes_new": s.bytes_new,
         "bytes_reused": s.bytes_reused,
         "labels": s.labels,
+        "events": s.events.iter().map(|e| serde_json::json!({
+            "at_ms": e.at_ms,
+            "kind": event_word(e.kind),
+            "node_id": e.node_id,
+            "local_state_bytes": e.local_state_bytes,
+            "recorded_messages": e.recorded_messages,
+            "bytes_new": e.bytes_new,
+            "bytes_reused": e.bytes_reused,
+            "detail": e.detail,
+        })).collect::<Vec<_>>(),
     })
+}
+
+/// An event's kind as its stable word: `STARTED`, `STATE_RECORDED`, `PART_STORED`, …
+pub(crate) fn event_word(kind: i32) -> &'static str {
+    let kind = pb::snapshot_event::Kind::try_from(kind).unwrap_or_default();
+    let name = kind.as_str_name();
+    name.strip_prefix("KIND_").unwrap_or(name)
+}
+
+/// The columns of `snapshot get --events`.
+pub(crate) const EVENT_HEADER: [&str; 4] = ["SINCE START", "EVENT", "NODE", "DETAIL"];
+
+/// A snapshot's timeline, one row per event.
+pub(crate) fn event_rows(s: &pb::Snapshot) -> Vec<Vec<String>> {
+    s.events
+        .iter()
+        .map(|e| {
+            let detail = match pb::snapshot_event::Kind::try_from(e.kind).unwrap_or_default() {
+                pb::snapshot_event::Kind::PartStored => format!(
+                    "state {} B, {} messages recorded, {} B new, {} B reused",
+                    e.local_state_bytes, e.recorded_messages, e.bytes_new, e.bytes_reused
+                ),
+                pb::snapshot_event::Kind::Verified if e.detail.is_empty() => format!(
+                    "consistent, {} messages recorded in flight",
+                    e.recorded_messages
+                ),
+                _ => e.detail.clone(),
+            };
+            vec![
+                format!("+{} ms", e.at_ms.saturating_sub(s.started_at_ms)),
+                event_word(e.kind).to_owned(),
+                if e.node_id.is_empty() {
+                    "-".into()
+                } else {
+                    e.node_id.clone()
+                },
+                detail,
+            ]
+        })
+        .collect()
 }
 
 pub(crate) fn snapshot_row(s: &pb::Snapshot) -> Vec<String> {

@@ -9,7 +9,8 @@ use cairn_sdk::CoordinatorClient;
 use clap::{Subcommand, ValueEnum};
 
 use crate::output::{
-    Output, SNAPSHOT_HEADER, print_snapshot, snapshot_json, snapshot_row, status_word, table,
+    EVENT_HEADER, Output, SNAPSHOT_HEADER, event_rows, print_snapshot, snapshot_json, snapshot_row,
+    status_word, table,
 };
 use crate::restore;
 
@@ -43,6 +44,10 @@ pub(crate) enum SnapshotCommand {
         /// Include each node's state and the recorded messages.
         #[arg(long, env = "CAIRN_DATA")]
         data: bool,
+        /// Print its timeline too: started, each node's state recorded and part stored
+        /// (with sizes), failures, the verdict, the end, with times since the start.
+        #[arg(long)]
+        events: bool,
     },
     /// Write a completed snapshot's data to files, streamed (states of any size): per node,
     /// DIR/NODE/state (the local state's bytes) and DIR/NODE/channels.pb (its recorded
@@ -64,6 +69,9 @@ pub(crate) enum SnapshotCommand {
         /// Only this status.
         #[arg(long, env = "CAIRN_STATUS", value_enum)]
         status: Option<Status>,
+        /// Only this mode.
+        #[arg(long, value_enum)]
+        mode: Option<Mode>,
         /// At most this many.
         #[arg(long, env = "CAIRN_LIMIT", default_value_t = 50)]
         limit: u32,
@@ -180,9 +188,13 @@ pub(crate) async fn snapshot(
                 ExitCode::FAILURE
             })
         }
-        SnapshotCommand::Get { id, data } => {
+        SnapshotCommand::Get { id, data, events } => {
             let snapshot = client.get_snapshot(id, data).await?;
             print_snapshot(&snapshot, output)?;
+            if events && output == Output::Table {
+                println!();
+                table(&EVENT_HEADER, event_rows(&snapshot));
+            }
             if data && output == Output::Table {
                 for node in &snapshot.nodes {
                     println!(
@@ -230,7 +242,11 @@ pub(crate) async fn snapshot(
             }
             Ok(ExitCode::SUCCESS)
         }
-        SnapshotCommand::List { status, limit } => {
+        SnapshotCommand::List {
+            status,
+            mode,
+            limit,
+        } => {
             let status = match status {
                 None => pb::SnapshotStatus::Unspecified,
                 Some(Status::InProgress) => pb::SnapshotStatus::InProgress,
@@ -244,6 +260,7 @@ pub(crate) async fn snapshot(
                     status: status as i32,
                     page_size: limit,
                     page_token: String::new(),
+                    mode: mode.map_or(pb::SnapshotMode::Unspecified, Mode::pb) as i32,
                 })
                 .await?
                 .into_inner();

@@ -1,0 +1,531 @@
+//! The web console and its JSON API, served on the coordinator's HTTP endpoint beside
+//! `/metrics` (`--metrics-listen`; over mutual TLS with `--tls-*`).
+//!
+//! - `/api/v1/…` answers with the very messages the gRPC methods return, in the protobuf
+//!   JSON mapping (what `grpcurl` prints): each route calls the method it mirrors.
+//! - `/snapshots`, `/snapshots/{id}`, `/restores`, `/nodes`, `/policy`: server-rendered
+//!   pages ([`pages`]) over the same calls; no JavaScript. A snapshot in flight reloads its
+//!   page every second until it ends.
+//!
+//! Every route checks the role of its gRPC method (viewer) with the same [`Auth`] as the
+//! gRPC port: a bearer token (`authorization: Bearer …`) when `--auth-tokens` is set, or the
+//! role of the client's certificate on TLS. Reads go to the store or, for a snapshot in
+//! flight, ask the coordinator's task one short question: a page never holds the task.
+//! Bad input is a 400 naming it, an unknown id a 404; nothing here panics on input.
+
+mod pages;
+
+use std::sync::Arc;
+
+use axum::extract::rejection::QueryRejection;
+use axum::extract::{ConnectInfo, Path, Query, State};
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::{IntoResponse, Redirect, Response};
+use axum::routing::get;
+use cairn_proto::v1 as pb;
+use cairn_proto::v1::coordinator_server::Coordinator;
+use cairn_sdk::cli::auth::Auth;
+use cairn_sdk::cli::metrics::ClientCert;
+use serde::Deserialize;
+use tonic::{Code, Request};
+
+use crate::service::CoordinatorService;
+
+/// What every handler shares.
+pub(crate) struct Console {
+    service: Arc<CoordinatorService>,
+    auth: Auth,
+    cluster: String,
+}
+
+/// The console's routes, to serve beside `/metrics`.
+pub(crate) fn router(
+    service: Arc<CoordinatorService>,
+    auth: Auth,
+    cluster: String,
+) -> axum::Router {
+    let console = Arc::new(Console {
+        service,
+        auth,
+        cluster,
+    });
+    axum::Router::new()
+        .route("/", get(|| async { Redirect::to("/snapshots") }))
+        .route("/snapshots", get(pages::snapshots))
+        .route("/snapshots/{id}", get(pages::snapshot))
+        .route("/restores", get(pages::restores))
+        .route("/nodes", get(pages::nodes))
+        .route("/policy", get(pages::policy))
+        .route("/api/v1/snapshots", get(api_snapshots))
+        .route("/api/v1/snapshots/{id}", get(api_snapshot))
+        .route("/api/v1/restores", get(api_restores))
+        .route("/api/v1/restores/{id}", get(api_restore))
+        .route("/api/v1/nodes", get(api_nodes))
+        .route("/api/v1/policy", get(api_policy))
+        .route("/api/v1/leadership", get(api_leadership))
+        .fallback(not_found)
+        .with_state(console)
+}
+
+/// Who is asking: the request's headers and the connection's certificate.
+pub(crate) struct Caller {
+    headers: HeaderMap,
+    cert: ClientCert,
+}
+
+impl Console {
+    /// Refused unless the caller may call gRPC method `method` (its full path).
+    fn allow(&self, caller: &Caller, method: &str) -> Result<(), Failure> {
+        self.auth
+            .check(
+                method,
+                &caller.headers,
+                caller.cert.0.as_deref(),
+                &self.cluster,
+            )
+            .map(drop)
+            .map_err(Failure::from)
+    }
+
+    async fn list_snapshots(
+        &self,
+        caller: &Caller,
+        query: &ListQuery,
+    ) -> Result<pb::ListSnapshotsResponse, Failure> {
+        self.allow(caller, "/cairn.v1.Coordinator/ListSnapshots")?;
+        let request = pb::ListSnapshotsRequest {
+            status: query.status()? as i32,
+            mode: query.mode()? as i32,
+            page_size: query.page_size.unwrap_or(0),
+            page_token: query.page_token.clone().unwrap_or_default(),
+        };
+        Ok(self
+            .service
+            .list_snapshots(Request::new(request))
+            .await?
+            .into_inner())
+    }
+
+    async fn get_snapshot(
+        &self,
+        caller: &Caller,
+        id: &str,
+        include_data: bool,
+    ) -> Result<pb::Snapshot, Failure> {
+        self.allow(caller, "/cairn.v1.Coordinator/GetSnapshot")?;
+        let snapshot_id = snapshot_id(id)?;
+        let request = pb::GetSnapshotRequest {
+            snapshot_id,
+            include_data,
+        };
+        Ok(self
+            .service
+            .get_snapshot(Request::new(request))
+            .await?
+            .into_inner())
+    }
+
+    async fn list_restores(&self, caller: &Caller) -> Result<pb::ListRestoresResponse, Failure> {
+        self.allow(caller, "/cairn.v1.Coordinator/ListRestores")?;
+        let request = pb::ListRestoresRequest { limit: 0 };
+        Ok(self
+            .service
+            .list_restores(Request::new(request))
+            .await?
+            .into_inner())
+    }
+
+    async fn list_nodes(&self, caller: &Caller) -> Result<pb::ListNodesResponse, Failure> {
+        self.allow(caller, "/cairn.v1.Coordinator/ListNodes")?;
+        let request = pb::ListNodesRequest {};
+        Ok(self
+            .service
+            .list_nodes(Request::new(request))
+            .await?
+            .into_inner())
+    }
+
+    async fn get_policy(&self, caller: &Caller) -> Result<pb::Policy, Failure> {
+        self.allow(caller, "/cairn.v1.Coordinator/GetPolicy")?;
+        let request = pb::GetPolicyRequest {};
+        Ok(self
+            .service
+            .get_policy(Request::new(request))
+            .await?
+            .into_inner())
+    }
+
+    async fn get_leadership(&self, caller: &Caller) -> Result<pb::Leadership, Failure> {
+        self.allow(caller, "/cairn.v1.Coordinator/GetLeadership")?;
+        let request = pb::GetLeadershipRequest {};
+        Ok(self
+            .service
+            .get_leadership(Request::new(request))
+            .await?
+            .into_inner())
+    }
+}
+
+impl<S: Send + Sync> axum::extract::FromRequestParts<S> for Caller {
+    type Rejection = std::convert::Infallible;
+
+    async fn from_request_parts(
+        parts: &mut axum::http::request::Parts,
+        _: &S,
+    ) -> Result<Self, Self::Rejection> {
+        let cert = parts
+            .extensions
+            .get::<ConnectInfo<ClientCert>>()
+            .map(|c| c.0.clone())
+            .unwrap_or_default();
+        Ok(Caller {
+            headers: parts.headers.clone(),
+            cert,
+        })
+    }
+}
+
+/// The query of the snapshot lists: `status`, `mode`, `page_size`, `page_token`; any other
+/// parameter is refused (400), so a typo is not silently an unfiltered list.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct ListQuery {
+    status: Option<String>,
+    mode: Option<String>,
+    page_size: Option<u32>,
+    page_token: Option<String>,
+}
+
+impl ListQuery {
+    fn status(&self) -> Result<pb::SnapshotStatus, Failure> {
+        match self.status.as_deref().unwrap_or("") {
+            "" => Ok(pb::SnapshotStatus::Unspecified),
+            word => pb::SnapshotStatus::from_str_name(&format!("SNAPSHOT_STATUS_{word}"))
+                .filter(|s| *s != pb::SnapshotStatus::Unspecified)
+                .ok_or_else(|| {
+                    Failure::bad(format!(
+                        "status {word:?}: one of IN_PROGRESS, COMPLETED, FAILED, ABORTED"
+                    ))
+                }),
+        }
+    }
+
+    fn mode(&self) -> Result<pb::SnapshotMode, Failure> {
+        match self.mode.as_deref().unwrap_or("") {
+            "" => Ok(pb::SnapshotMode::Unspecified),
+            word => pb::SnapshotMode::from_str_name(&format!("SNAPSHOT_MODE_{word}"))
+                .filter(|m| *m != pb::SnapshotMode::Unspecified)
+                .ok_or_else(|| {
+                    Failure::bad(format!(
+                        "mode {word:?}: one of CHANDY_LAMPORT, UNALIGNED, ALIGNED"
+                    ))
+                }),
+        }
+    }
+}
+
+/// The query of one snapshot: `include_data` (the API only).
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct SnapshotQuery {
+    #[serde(default)]
+    include_data: bool,
+}
+
+/// A query that allows no parameter.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct NoQuery {}
+
+/// The query, or a 400 naming what is wrong with it.
+fn query<T>(query: Result<Query<T>, QueryRejection>) -> Result<T, Failure> {
+    query
+        .map(|Query(q)| q)
+        .map_err(|e| Failure::bad(format!("bad query string: {}", e.body_text())))
+}
+
+/// A snapshot id from a path: a decimal number that fits in 64 bits, or a 400.
+fn snapshot_id(text: &str) -> Result<u64, Failure> {
+    let shown: String = text.chars().take(32).collect();
+    if text.is_empty() || text.len() > 20 || !text.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(Failure::bad(format!(
+            "snapshot id {shown:?} is not a number from 1 to {}",
+            u64::MAX
+        )));
+    }
+    text.parse().map_err(|_| {
+        Failure::bad(format!(
+            "snapshot id {shown:?} is above the largest, {}",
+            u64::MAX
+        ))
+    })
+}
+
+/// A restore id from a path: at most 128 bytes of letters, digits, '-', '_' and '.'.
+fn restore_id(text: &str) -> Result<String, Failure> {
+    let ok = !text.is_empty()
+        && text.len() <= 128
+        && text
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'));
+    if !ok {
+        let shown: String = text.chars().take(32).collect();
+        return Err(Failure::bad(format!(
+            "restore id {shown:?}: 1 to 128 letters, digits, '-', '_' or '.'"
+        )));
+    }
+    Ok(text.to_owned())
+}
+
+/// Why a request was not answered: an HTTP status and a sentence; the API shows it as
+/// JSON, a page as HTML.
+#[derive(Debug)]
+pub(crate) struct Failure {
+    status: StatusCode,
+    message: String,
+}
+
+impl Failure {
+    fn bad(message: String) -> Self {
+        Failure {
+            status: StatusCode::BAD_REQUEST,
+            message,
+        }
+    }
+
+    /// The JSON answer of the API.
+    fn json(self) -> Response {
+        let body = serde_json::json!({
+            "error": {
+                "code": self.status.as_u16(),
+                "status": self.status.canonical_reason().unwrap_or(""),
+                "message": self.message,
+            }
+        });
+        (
+            self.status,
+            [(header::CONTENT_TYPE, "application/json")],
+            body.to_string(),
+        )
+            .into_response()
+    }
+}
+
+impl From<tonic::Status> for Failure {
+    fn from(status: tonic::Status) -> Self {
+        let code = match status.code() {
+            Code::NotFound => StatusCode::NOT_FOUND,
+            Code::InvalidArgument | Code::OutOfRange => StatusCode::BAD_REQUEST,
+            Code::Unauthenticated => StatusCode::UNAUTHORIZED,
+            Code::PermissionDenied => StatusCode::FORBIDDEN,
+            Code::FailedPrecondition | Code::Aborted | Code::AlreadyExists => StatusCode::CONFLICT,
+            Code::ResourceExhausted => StatusCode::TOO_MANY_REQUESTS,
+            Code::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
+            Code::DeadlineExceeded => StatusCode::GATEWAY_TIMEOUT,
+            _ => StatusCode::INTERNAL_SERVER_ERROR,
+        };
+        Failure {
+            status: code,
+            message: status.message().to_owned(),
+        }
+    }
+}
+
+/// A message as the API's JSON.
+fn json<T: serde::Serialize>(value: &T) -> Response {
+    match serde_json::to_string(value) {
+        Ok(body) => ([(header::CONTENT_TYPE, "application/json")], body).into_response(),
+        Err(e) => Failure {
+            status: StatusCode::INTERNAL_SERVER_ERROR,
+            message: format!("cannot encode the answer: {e}"),
+        }
+        .json(),
+    }
+}
+
+/// The API's answer: the message as JSON, or the failure as JSON.
+fn answer<T: serde::Serialize>(result: Result<T, Failure>) -> Response {
+    match result {
+        Ok(value) => json(&value),
+        Err(failure) => failure.json(),
+    }
+}
+
+async fn api_snapshots(
+    State(c): State<Arc<Console>>,
+    caller: Caller,
+    q: Result<Query<ListQuery>, QueryRejection>,
+) -> Response {
+    answer(async { c.list_snapshots(&caller, &query(q)?).await }.await)
+}
+
+async fn api_snapshot(
+    State(c): State<Arc<Console>>,
+    caller: Caller,
+    Path(id): Path<String>,
+    q: Result<Query<SnapshotQuery>, QueryRejection>,
+) -> Response {
+    answer(async { c.get_snapshot(&caller, &id, query(q)?.include_data).await }.await)
+}
+
+async fn api_restores(
+    State(c): State<Arc<Console>>,
+    caller: Caller,
+    q: Result<Query<NoQuery>, QueryRejection>,
+) -> Response {
+    answer(
+        async {
+            query(q)?;
+            c.list_restores(&caller).await
+        }
+        .await,
+    )
+}
+
+async fn api_restore(
+    State(c): State<Arc<Console>>,
+    caller: Caller,
+    Path(id): Path<String>,
+    q: Result<Query<NoQuery>, QueryRejection>,
+) -> Response {
+    answer(
+        async {
+            query(q)?;
+            c.allow(&caller, "/cairn.v1.Coordinator/GetRestore")?;
+            let request = pb::GetRestoreRequest {
+                restore_id: restore_id(&id)?,
+            };
+            Ok(c.service
+                .get_restore(Request::new(request))
+                .await?
+                .into_inner())
+        }
+        .await,
+    )
+}
+
+async fn api_nodes(
+    State(c): State<Arc<Console>>,
+    caller: Caller,
+    q: Result<Query<NoQuery>, QueryRejection>,
+) -> Response {
+    answer(
+        async {
+            query(q)?;
+            c.list_nodes(&caller).await
+        }
+        .await,
+    )
+}
+
+async fn api_policy(
+    State(c): State<Arc<Console>>,
+    caller: Caller,
+    q: Result<Query<NoQuery>, QueryRejection>,
+) -> Response {
+    answer(
+        async {
+            query(q)?;
+            c.get_policy(&caller).await
+        }
+        .await,
+    )
+}
+
+async fn api_leadership(
+    State(c): State<Arc<Console>>,
+    caller: Caller,
+    q: Result<Query<NoQuery>, QueryRejection>,
+) -> Response {
+    answer(
+        async {
+            query(q)?;
+            c.get_leadership(&caller).await
+        }
+        .await,
+    )
+}
+
+/// Any other path: a 404, as JSON under `/api/`, as a page elsewhere.
+async fn not_found(uri: axum::http::Uri) -> Response {
+    let path: String = uri.path().chars().take(64).collect();
+    let failure = Failure {
+        status: StatusCode::NOT_FOUND,
+        message: format!("no page {path}"),
+    };
+    if uri.path().starts_with("/api/") {
+        failure.json()
+    } else {
+        pages::failure_page(failure)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ids_are_numbers_that_fit() {
+        assert_eq!(snapshot_id("42").unwrap(), 42);
+        assert_eq!(snapshot_id("18446744073709551615").unwrap(), u64::MAX);
+        for bad in [
+            "",
+            "-1",
+            "1e3",
+            "x",
+            "18446744073709551616",
+            &"9".repeat(500),
+        ] {
+            let e = snapshot_id(bad).unwrap_err();
+            assert_eq!(e.status, StatusCode::BAD_REQUEST, "{bad}");
+            assert!(e.message.len() < 120, "{}", e.message);
+        }
+        assert!(restore_id("restore-7-1").is_ok());
+        for bad in ["", "a/b", "a b", &"r".repeat(129)] {
+            assert_eq!(restore_id(bad).unwrap_err().status, StatusCode::BAD_REQUEST);
+        }
+    }
+
+    #[test]
+    fn filters_are_names_or_a_400() {
+        let q = |status: &str, mode: &str| ListQuery {
+            status: Some(status.into()),
+            mode: Some(mode.into()),
+            ..Default::default()
+        };
+        assert_eq!(
+            q("FAILED", "ALIGNED").status().unwrap(),
+            pb::SnapshotStatus::Failed
+        );
+        assert_eq!(q("", "ALIGNED").mode().unwrap(), pb::SnapshotMode::Aligned);
+        assert_eq!(q("", "").mode().unwrap(), pb::SnapshotMode::Unspecified);
+        for (status, mode) in [
+            ("UNSPECIFIED", ""),
+            ("done", ""),
+            ("", "UNSPECIFIED"),
+            ("", "x"),
+        ] {
+            let e = q(status, mode)
+                .status()
+                .and(q(status, mode).mode())
+                .unwrap_err();
+            assert_eq!(e.status, StatusCode::BAD_REQUEST);
+        }
+    }
+
+    #[test]
+    fn grpc_codes_become_http_statuses() {
+        for (code, http) in [
+            (Code::NotFound, 404),
+            (Code::InvalidArgument, 400),
+            (Code::Unauthenticated, 401),
+            (Code::PermissionDenied, 403),
+            (Code::Unavailable, 503),
+            (Code::Internal, 500),
+        ] {
+            let f = Failure::from(tonic::Status::new(code, "why"));
+            assert_eq!(f.status.as_u16(), http);
+            assert_eq!(f.message, "why");
+        }
+    }
+}

@@ -1,0 +1,730 @@
+//! The console's pages, rendered on the server with `maud` (which escapes every value):
+//! plain HTML, inline CSS and SVG, no script. Elements carry `data-*` attributes with the
+//! raw values (ids, statuses, counts) so that a test or a script can read the page.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::sync::Arc;
+
+use axum::extract::rejection::QueryRejection;
+use axum::extract::{Path, Query, State};
+use axum::response::{Html, IntoResponse, Response};
+use cairn_proto::v1 as pb;
+use maud::{DOCTYPE, Markup, PreEscaped, html};
+
+use super::{Caller, Console, Failure, ListQuery, NoQuery, query};
+
+const STYLE: &str = "
+body{font-family:system-ui,sans-serif;margin:0;color:#1d2330;background:#f6f7f9}
+header{background:#1d2330;color:#fff;padding:.6em 1.2em;display:flex;gap:1.5em;align-items:baseline}
+header a{color:#cfe3ff;text-decoration:none}header .brand{font-weight:700;color:#fff}
+main{padding:1em 1.5em}table{border-collapse:collapse;background:#fff;font-size:.9em}
+th,td{border-bottom:1px solid #e3e6ea;padding:.35em .6em;text-align:left;vertical-align:top}
+th{background:#eef1f5}td.num{text-align:right;font-variant-numeric:tabular-nums}
+.COMPLETED{color:#17723a}.FAILED{color:#b3261e}.ABORTED{color:#8a5a00}.IN_PROGRESS{color:#1d5fb3}
+.failure{background:#fdecea;border-left:4px solid #b3261e;padding:.6em 1em}
+.cards{display:flex;gap:1em;flex-wrap:wrap;margin-bottom:1em}
+.card{background:#fff;border:1px solid #e3e6ea;padding:.6em 1em;min-width:12em}
+.card b{display:block;font-size:1.3em}dl{display:grid;grid-template-columns:max-content auto;gap:.2em 1em}
+dt{color:#5b6475}form{margin:.5em 0 1em}svg{background:#fff;border:1px solid #e3e6ea}
+.row{display:flex;gap:2em;align-items:flex-start}#summary{flex:1 1 28em;min-width:0}.row>.cut{flex:0 0 auto}
+";
+
+/// A page: the header, `title`, `body`; `refresh` reloads it every second.
+fn page(title: &str, refresh: bool, body: Markup) -> Markup {
+    html! {
+        (DOCTYPE)
+        html lang="en" {
+            head {
+                meta charset="utf-8";
+                @if refresh { meta http-equiv="refresh" content="1"; }
+                title { (title) " · cairn" }
+                style { (PreEscaped(STYLE)) }
+            }
+            body {
+                header {
+                    a.brand href="/snapshots" { "cairn" }
+                    a href="/snapshots" { "Snapshots" }
+                    a href="/restores" { "Restores" }
+                    a href="/nodes" { "Nodes" }
+                    a href="/policy" { "Policy" }
+                    a href="/api/v1/snapshots" { "API" }
+                }
+                main { h1 { (title) } (body) }
+            }
+        }
+    }
+}
+
+/// A failure as a page with its status.
+pub(super) fn failure_page(failure: Failure) -> Response {
+    let title = format!(
+        "{} {}",
+        failure.status.as_u16(),
+        failure.status.canonical_reason().unwrap_or("")
+    );
+    let body =
+        html! { p.failure #error data-status=(failure.status.as_u16()) { (failure.message) } };
+    (
+        failure.status,
+        Html(page(&title, false, body).into_string()),
+    )
+        .into_response()
+}
+
+fn respond(result: Result<Markup, Failure>) -> Response {
+    match result {
+        Ok(markup) => Html(markup.into_string()).into_response(),
+        Err(failure) => failure_page(failure),
+    }
+}
+
+/// `name` of a protobuf enum without its prefix: `SNAPSHOT_STATUS_COMPLETED` → `COMPLETED`.
+fn word(name: &str, prefix: &str) -> String {
+    name.strip_prefix(prefix).unwrap_or(name).to_owned()
+}
+
+fn status_word(status: i32) -> String {
+    let status = pb::SnapshotStatus::try_from(status).unwrap_or_default();
+    word(status.as_str_name(), "SNAPSHOT_STATUS_")
+}
+
+fn mode_word(mode: i32) -> String {
+    let mode = pb::SnapshotMode::try_from(mode).unwrap_or_default();
+    word(mode.as_str_name(), "SNAPSHOT_MODE_")
+}
+
+/// Milliseconds since the Unix epoch as UTC `YYYY-MM-DD HH:MM:SS.mmm`.
+fn time(ms: u64) -> String {
+    if ms == 0 {
+        return "—".into();
+    }
+    let (secs, millis) = (ms / 1000, ms % 1000);
+    let (days, rest) = (secs / 86_400, secs % 86_400);
+    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
+    let z = days as i64 + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02} {:02}:{:02}:{:02}.{millis:03}",
+        rest / 3600,
+        rest % 3600 / 60,
+        rest % 60
+    )
+}
+
+/// A duration in milliseconds for people.
+fn duration(ms: u64) -> String {
+    match ms {
+        0..1_000 => format!("{ms} ms"),
+        1_000..60_000 => format!("{:.2} s", ms as f64 / 1000.0),
+        _ => format!("{} min {} s", ms / 60_000, ms % 60_000 / 1000),
+    }
+}
+
+/// Bytes for people.
+fn bytes(n: u64) -> String {
+    match n {
+        0..1024 => format!("{n} B"),
+        1024..1_048_576 => format!("{:.1} KiB", n as f64 / 1024.0),
+        _ => format!("{:.1} MiB", n as f64 / 1_048_576.0),
+    }
+}
+
+fn failure_text(failure: Option<&pb::FailureReason>) -> String {
+    failure.map_or_else(String::new, |f| {
+        let kind = pb::failure_reason::Kind::try_from(f.kind).unwrap_or_default();
+        format!("{}: {}", word(kind.as_str_name(), "KIND_"), f.message)
+    })
+}
+
+fn verdict_text(verdict: Option<&pb::Verdict>) -> String {
+    match verdict {
+        None => "—".into(),
+        Some(v) if v.consistent => "consistent".into(),
+        Some(v) => format!("inconsistent: {}", v.violation),
+    }
+}
+
+fn labels_text(labels: &std::collections::HashMap<String, String>) -> String {
+    let sorted: BTreeMap<_, _> = labels.iter().collect();
+    let mut out = String::new();
+    for (k, v) in sorted {
+        if !out.is_empty() {
+            out.push_str(", ");
+        }
+        let _ = write!(out, "{k}={v}");
+    }
+    out
+}
+
+fn options(current: &str, choices: &[&str]) -> Markup {
+    html! {
+        option value="" selected[current.is_empty()] { "all" }
+        @for choice in choices {
+            option value=(choice) selected[current == *choice] { (choice) }
+        }
+    }
+}
+
+/// `/snapshots`: freshness and schedule, filters, the table, the next page.
+pub(super) async fn snapshots(
+    State(c): State<Arc<Console>>,
+    caller: Caller,
+    q: Result<Query<ListQuery>, QueryRejection>,
+) -> Response {
+    respond(
+        async {
+            let q = query(q)?;
+            let list = c.list_snapshots(&caller, &q).await?;
+            let policy = c.get_policy(&caller).await?;
+            let status = q.status.clone().unwrap_or_default();
+            let mode = q.mode.clone().unwrap_or_default();
+            let mut next = None;
+            if !list.next_page_token.is_empty() {
+                let mut url = format!("/snapshots?page_token={}", list.next_page_token);
+                for (key, value) in [("status", &status), ("mode", &mode)] {
+                    if !value.is_empty() {
+                        let _ = write!(url, "&{key}={value}");
+                    }
+                }
+                next = Some(url);
+            }
+            Ok(page(
+                "Snapshots",
+                false,
+                html! {
+                    (overview(&policy))
+                    form method="get" action="/snapshots" {
+                        label { "Status " select name="status" {
+                            (options(&status, &["IN_PROGRESS", "COMPLETED", "FAILED", "ABORTED"]))
+                        } }
+                        " "
+                        label { "Mode " select name="mode" {
+                            (options(&mode, &["CHANDY_LAMPORT", "UNALIGNED", "ALIGNED"]))
+                        } }
+                        " " button type="submit" { "Filter" }
+                    }
+                    table #snapshots {
+                        thead { tr {
+                            th { "id" } th { "mode" } th { "status" } th { "initiators" }
+                            th { "started (UTC)" } th { "duration" } th { "nodes" }
+                            th { "in-flight recorded" } th { "bytes new" } th { "bytes reused" }
+                            th { "verdict" } th { "labels" } th { "failure" }
+                        } }
+                        tbody {
+                            @for s in &list.snapshots {
+                                (snapshot_row(s))
+                            }
+                        }
+                    }
+                    @if list.snapshots.is_empty() { p #empty { "No snapshot matches." } }
+                    @if let Some(next) = next { p { a #next href=(next) { "Older snapshots →" } } }
+                },
+            ))
+        }
+        .await,
+    )
+}
+
+/// Freshness and the schedule, as cards.
+fn overview(policy: &pb::Policy) -> Markup {
+    let freshness = if policy.has_completed {
+        format!("{} ago", duration(policy.newest_completed_age_ms))
+    } else {
+        "none yet".into()
+    };
+    let schedule = if policy.interval_ms == 0 {
+        "off".to_owned()
+    } else {
+        format!(
+            "every {}, {}",
+            duration(policy.interval_ms),
+            mode_word(policy.mode)
+        )
+    };
+    html! {
+        div.cards {
+            div.card #freshness data-age-ms=(policy.newest_completed_age_ms) data-stale=(policy.stale) {
+                "newest completed snapshot" b { (freshness) }
+                @if policy.stale { span.FAILED { "stale" } }
+            }
+            div.card #schedule data-interval-ms=(policy.interval_ms) {
+                "schedule" b { (schedule) }
+                @if policy.interval_ms > 0 { "next in " (duration(policy.next_due_in_ms)) }
+            }
+            div.card #failing data-failing=(policy.failing) {
+                "consecutive failures" b { (policy.consecutive_failures) }
+                (policy.last_failure)
+            }
+        }
+    }
+}
+
+fn snapshot_row(s: &pb::Snapshot) -> Markup {
+    let plan = s.plan.clone().unwrap_or_default();
+    let status = status_word(s.status);
+    let took = if s.finished_at_ms > 0 {
+        duration(s.finished_at_ms.saturating_sub(s.started_at_ms))
+    } else {
+        "running".into()
+    };
+    let recorded = s.verdict.as_ref().map_or(0, |v| v.recorded_messages);
+    html! {
+        tr.snapshot data-id=(plan.snapshot_id) data-status=(status) data-mode=(mode_word(plan.mode)) {
+            td { a href={ "/snapshots/" (plan.snapshot_id) } { (plan.snapshot_id) } }
+            td { (mode_word(plan.mode)) }
+            td class=(status) { (status) }
+            td { (plan.initiators.join(", ")) }
+            td { (time(s.started_at_ms)) }
+            td.num { (took) }
+            td.num { (s.nodes.len()) }
+            td.num { (recorded) }
+            td.num { (bytes(s.bytes_new)) }
+            td.num { (bytes(s.bytes_reused)) }
+            td { (verdict_text(s.verdict.as_ref())) }
+            td { (labels_text(&s.labels)) }
+            td.reason { (failure_text(s.failure.as_ref())) }
+        }
+    }
+}
+
+/// What one node's events say: when it recorded and when its part was stored.
+#[derive(Default)]
+struct NodeTimes {
+    recorded_at: Option<u64>,
+    stored_at: Option<u64>,
+    recorded_messages: u64,
+}
+
+/// Per channel (`from`, `to`): messages and bytes recorded, and by which side.
+#[derive(Default)]
+struct ChannelRecorded {
+    messages: u64,
+    bytes: u64,
+    sides: Vec<&'static str>,
+}
+
+/// `/snapshots/{id}`: the summary, the cut as a graph, the nodes, the channels, the
+/// timeline, the failure; reloads every second while it runs.
+pub(super) async fn snapshot(
+    State(c): State<Arc<Console>>,
+    caller: Caller,
+    Path(id): Path<String>,
+    q: Result<Query<NoQuery>, QueryRejection>,
+) -> Response {
+    respond(
+        async {
+            query(q)?;
+            let s = c.get_snapshot(&caller, &id, false).await?;
+            Ok(snapshot_page(&s))
+        }
+        .await,
+    )
+}
+
+fn snapshot_page(s: &pb::Snapshot) -> Markup {
+    let plan = s.plan.clone().unwrap_or_default();
+    let status = status_word(s.status);
+    let running = s.status == pb::SnapshotStatus::InProgress as i32;
+    let mut times: BTreeMap<&str, NodeTimes> = BTreeMap::new();
+    for e in &s.events {
+        let t = times.entry(e.node_id.as_str()).or_default();
+        match pb::snapshot_event::Kind::try_from(e.kind).unwrap_or_default() {
+            pb::snapshot_event::Kind::StateRecorded => t.recorded_at = Some(e.at_ms),
+            pb::snapshot_event::Kind::PartStored => {
+                t.stored_at = Some(e.at_ms);
+                t.recorded_messages = e.recorded_messages;
+            }
+            _ => {}
+        }
+    }
+    let mut channels: BTreeMap<(String, String), ChannelRecorded> = s
+        .channels
+        .iter()
+        .map(|c| ((c.from.clone(), c.to.clone()), ChannelRecorded::default()))
+        .collect();
+    for node in &s.nodes {
+        for r in &node.recorded_channels {
+            let Some(channel) = &r.channel else { continue };
+            let entry = channels
+                .entry((channel.from.clone(), channel.to.clone()))
+                .or_default();
+            entry.messages = entry.messages.saturating_add(r.messages);
+            entry.bytes = entry.bytes.saturating_add(r.bytes);
+            entry.sides.push(if channel.to == node.node_id {
+                "receiver"
+            } else {
+                "sender"
+            });
+        }
+    }
+    let since = |at: Option<u64>| {
+        at.map_or("—".into(), |at| {
+            duration(at.saturating_sub(s.started_at_ms))
+        })
+    };
+    let title = format!("Snapshot {}", plan.snapshot_id);
+    page(
+        &title,
+        running,
+        html! {
+            div.row {
+            div #summary data-id=(plan.snapshot_id) data-status=(status) data-mode=(mode_word(plan.mode)) {
+                dl {
+                    dt { "status" } dd class=(status) #status { (status) @if running { " (this page reloads every second)" } }
+                    dt { "mode" } dd { (mode_word(plan.mode)) }
+                    dt { "initiators" } dd { (plan.initiators.join(", ")) }
+                    dt { "started (UTC)" } dd { (time(s.started_at_ms)) }
+                    dt { "finished (UTC)" } dd { (time(s.finished_at_ms)) }
+                    @if s.finished_at_ms > 0 {
+                        dt { "duration" } dd { (duration(s.finished_at_ms.saturating_sub(s.started_at_ms))) }
+                    }
+                    dt { "verdict" } dd #verdict { (verdict_text(s.verdict.as_ref())) }
+                    dt { "in-flight messages recorded" } dd #recorded-messages {
+                        (s.verdict.as_ref().map_or(0, |v| v.recorded_messages))
+                    }
+                    dt { "bytes new / reused" } dd { (bytes(s.bytes_new)) " / " (bytes(s.bytes_reused)) }
+                    dt { "labels" } dd { (labels_text(&s.labels)) }
+                    dt { "coordinator term" } dd { (s.term) }
+                }
+                @if let Some(f) = &s.failure {
+                    p.failure #failure data-kind=(word(pb::failure_reason::Kind::try_from(f.kind).unwrap_or_default().as_str_name(), "KIND_")) {
+                        b { "Why it did not complete: " } (failure_text(Some(f)))
+                    }
+                }
+            }
+            div.cut {
+                h2 { "The cut" }
+                (graph(s, &channels))
+                p { small { "Blue: messages recorded in flight on the channel." br; "Green: the node's part is stored; yellow: recorded, not stored." } }
+            }
+            }
+            h2 { "Nodes" }
+            table #nodes {
+                thead { tr {
+                    th { "node" } th { "recorded" } th { "part stored" } th { "state size" }
+                    th { "start → state recorded" } th { "start → part stored" } th { "messages it recorded" }
+                } }
+                tbody {
+                    @for n in &s.nodes {
+                        @let t = times.get(n.node_id.as_str());
+                        tr.node data-node=(n.node_id) data-recorded=(n.recorded) data-reported=(n.reported) data-state-bytes=(n.local_state_bytes) {
+                            td { (n.node_id) }
+                            td { @if n.recorded { "yes" } @else { "no" } }
+                            td { @if n.reported { "yes" } @else { "no" } }
+                            td.num { (bytes(n.local_state_bytes)) }
+                            td.num { (since(t.and_then(|t| t.recorded_at))) }
+                            td.num { (since(t.and_then(|t| t.stored_at))) }
+                            td.num { (t.map_or(0, |t| t.recorded_messages)) }
+                        }
+                    }
+                }
+            }
+            h2 { "Channels" }
+            table #channels {
+                thead { tr {
+                    th { "channel" } th { "messages recorded in flight" } th { "bytes" } th { "recorded by" }
+                    th { "sent before the cut" } th { "delivered before the cut" }
+                } }
+                tbody {
+                    @for ((from, to), r) in &channels {
+                        @let sent = s.nodes.iter().flat_map(|n| &n.outgoing).find(|o| o.channel.as_ref().is_some_and(|c| &c.from == from && &c.to == to)).map(|o| o.sent);
+                        @let delivered = s.nodes.iter().flat_map(|n| &n.incoming).find(|i| i.channel.as_ref().is_some_and(|c| &c.from == from && &c.to == to)).map(|i| i.delivered);
+                        tr.channel data-from=(from) data-to=(to) data-messages=(r.messages) data-bytes=(r.bytes) {
+                            td { (from) " → " (to) }
+                            td.num { (r.messages) }
+                            td.num { (bytes(r.bytes)) }
+                            td { (r.sides.join(", ")) }
+                            td.num { (sent.map_or("—".into(), |n| n.to_string())) }
+                            td.num { (delivered.map_or("—".into(), |n| n.to_string())) }
+                        }
+                    }
+                }
+            }
+            h2 { "Timeline" }
+            table #timeline {
+                thead { tr { th { "at (UTC)" } th { "since start" } th { "event" } th { "node" } th { "details" } } }
+                tbody {
+                    @for e in &s.events {
+                        @let kind = word(pb::snapshot_event::Kind::try_from(e.kind).unwrap_or_default().as_str_name(), "KIND_");
+                        tr.event data-kind=(kind) data-node=(e.node_id) {
+                            td { (time(e.at_ms)) }
+                            td.num { (duration(e.at_ms.saturating_sub(s.started_at_ms))) }
+                            td { (kind) }
+                            td { (e.node_id) }
+                            td { (event_details(e)) }
+                        }
+                    }
+                }
+            }
+        },
+    )
+}
+
+fn event_details(e: &pb::SnapshotEvent) -> String {
+    match pb::snapshot_event::Kind::try_from(e.kind).unwrap_or_default() {
+        pb::snapshot_event::Kind::PartStored => format!(
+            "state {}, {} messages recorded, {} new, {} reused",
+            bytes(e.local_state_bytes),
+            e.recorded_messages,
+            bytes(e.bytes_new),
+            bytes(e.bytes_reused)
+        ),
+        pb::snapshot_event::Kind::Verified if e.detail.is_empty() => {
+            format!(
+                "consistent, {} messages recorded in flight",
+                e.recorded_messages
+            )
+        }
+        _ => e.detail.clone(),
+    }
+}
+
+/// The cut as an SVG graph: nodes on a circle (green once their part is stored), an arrow
+/// per channel labelled with the messages recorded in flight on it.
+fn graph(s: &pb::Snapshot, channels: &BTreeMap<(String, String), ChannelRecorded>) -> Markup {
+    const SIZE: f64 = 520.0;
+    const RADIUS: f64 = 190.0;
+    let n = s.nodes.len().max(1) as f64;
+    let position: BTreeMap<&str, (f64, f64)> = s
+        .nodes
+        .iter()
+        .enumerate()
+        .map(|(i, node)| {
+            let angle = std::f64::consts::TAU * i as f64 / n - std::f64::consts::FRAC_PI_2;
+            (
+                node.node_id.as_str(),
+                (
+                    SIZE / 2.0 + RADIUS * angle.cos(),
+                    SIZE / 2.0 + RADIUS * angle.sin(),
+                ),
+            )
+        })
+        .collect();
+    html! {
+        svg #cut width=(SIZE) height=(SIZE) viewBox={ "0 0 " (SIZE) " " (SIZE) } xmlns="http://www.w3.org/2000/svg" {
+            defs {
+                marker #arrow viewBox="0 0 10 10" refX="10" refY="5" markerWidth="7" markerHeight="7" orient="auto-start-reverse" {
+                    path d="M 0 0 L 10 5 L 0 10 z" fill="#5b6475";
+                }
+            }
+            @for ((from, to), r) in channels {
+                @if let (Some(&(x1, y1)), Some(&(x2, y2))) = (position.get(from.as_str()), position.get(to.as_str())) {
+                    @let (dx, dy) = (x2 - x1, y2 - y1);
+                    @let len = (dx * dx + dy * dy).sqrt().max(1.0);
+                    // Each direction a little to its own side, so a→b and b→a do not overlap.
+                    @let (ox, oy) = (-dy / len * 7.0, dx / len * 7.0);
+                    @let (sx, sy) = (x1 + dx / len * 34.0 + ox, y1 + dy / len * 34.0 + oy);
+                    @let (ex, ey) = (x2 - dx / len * 34.0 + ox, y2 - dy / len * 34.0 + oy);
+                    g.channel data-from=(from) data-to=(to) data-messages=(r.messages) data-bytes=(r.bytes) {
+                        line x1=(sx) y1=(sy) x2=(ex) y2=(ey) stroke=(if r.messages > 0 { "#1d5fb3" } else { "#9aa3b2" }) stroke-width=(if r.messages > 0 { "2.5" } else { "1.2" }) marker-end="url(#arrow)" {}
+                        @if r.messages > 0 {
+                            text x=((sx + ex) / 2.0 + ox * 1.6) y=((sy + ey) / 2.0 + oy * 1.6) font-size="11" fill="#1d5fb3" text-anchor="middle" {
+                                (r.messages) " msg · " (bytes(r.bytes))
+                            }
+                        }
+                        title { (from) " → " (to) ": " (r.messages) " messages (" (bytes(r.bytes)) ") recorded in flight" @if !r.sides.is_empty() { " by the " (r.sides.join(" and ")) } }
+                    }
+                }
+            }
+            @for node in &s.nodes {
+                @if let Some(&(x, y)) = position.get(node.node_id.as_str()) {
+                    g.node data-node=(node.node_id) data-reported=(node.reported) data-state-bytes=(node.local_state_bytes) {
+                        circle cx=(x) cy=(y) r="30" fill=(if node.reported { "#e3f4e8" } else if node.recorded { "#fff4d6" } else { "#eef1f5" }) stroke="#1d2330" {}
+                        text x=(x) y=(y - 2.0) font-size="13" text-anchor="middle" font-weight="700" { (node.node_id) }
+                        text x=(x) y=(y + 13.0) font-size="10" text-anchor="middle" { (bytes(node.local_state_bytes)) }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// `/restores`: who restored what, when, who applied it, how it ended.
+pub(super) async fn restores(
+    State(c): State<Arc<Console>>,
+    caller: Caller,
+    q: Result<Query<NoQuery>, QueryRejection>,
+) -> Response {
+    respond(
+        async {
+            query(q)?;
+            let list = c.list_restores(&caller).await?;
+            Ok(page(
+                "Restores",
+                false,
+                html! {
+                    table #restores {
+                        thead { tr {
+                            th { "restore" } th { "snapshot" } th { "epoch" } th { "requested by" }
+                            th { "started (UTC)" } th { "finished (UTC)" } th { "applied" } th { "skipped" } th { "result" }
+                        } }
+                        tbody {
+                            @for r in &list.restores {
+                                @let result = if !r.done { "in progress".to_owned() } else if r.failure.is_some() { failure_text(r.failure.as_ref()) } else { "done".to_owned() };
+                                tr.restore data-id=(r.restore_id) data-snapshot=(r.snapshot_id) data-done=(r.done) data-failed=(r.failure.is_some()) {
+                                    td { (r.restore_id) }
+                                    td { a href={ "/snapshots/" (r.snapshot_id) } { (r.snapshot_id) } }
+                                    td.num { (r.epoch) }
+                                    td { (r.requested_by) }
+                                    td { (time(r.started_at_ms)) }
+                                    td { (time(r.finished_at_ms)) }
+                                    td { (r.applied.join(", ")) }
+                                    td { (r.skipped.join(", ")) }
+                                    td { (result) }
+                                }
+                            }
+                        }
+                    }
+                    @if list.restores.is_empty() { p #empty { "No restore yet." } }
+                },
+            ))
+        }
+        .await,
+    )
+}
+
+/// `/nodes`: the members, their sessions and applications, the topology.
+pub(super) async fn nodes(
+    State(c): State<Arc<Console>>,
+    caller: Caller,
+    q: Result<Query<NoQuery>, QueryRejection>,
+) -> Response {
+    respond(
+        async {
+            query(q)?;
+            let list = c.list_nodes(&caller).await?;
+            let leadership = c.get_leadership(&caller).await?;
+            let now = crate::records_conv::now_ms();
+            Ok(page(
+                "Nodes",
+                false,
+                html! {
+                    p #leadership data-term=(leadership.term) {
+                        "Coordinator leader: " b { (if leadership.leader.is_empty() { "—" } else { &leadership.leader }) }
+                        " (term " (leadership.term) ", answered by " (leadership.answered_by) ")"
+                    }
+                    table #members {
+                        thead { tr {
+                            th { "node" } th { "address" } th { "incarnation" } th { "session" }
+                            th { "application" } th { "last heard" }
+                        } }
+                        tbody {
+                            @for n in &list.nodes {
+                                tr.member data-node=(n.node_id) data-connected=(n.connected) data-attached=(n.application_attached) {
+                                    td { (n.node_id) }
+                                    td { (n.address) }
+                                    td.num { (n.incarnation) }
+                                    td class=(if n.connected { "COMPLETED" } else { "FAILED" }) { (if n.connected { "connected" } else { "disconnected" }) }
+                                    td { (if n.application_attached { "attached" } else { "none" }) }
+                                    td { @if n.last_seen_ms > 0 { (duration(now.saturating_sub(n.last_seen_ms))) " ago" } @else { "—" } }
+                                }
+                            }
+                        }
+                    }
+                    h2 { "Channels" }
+                    p #topology data-channels=(list.channels.len()) {
+                        @for (i, ch) in list.channels.iter().enumerate() {
+                            @if i > 0 { ", " } (ch.from) " → " (ch.to)
+                        }
+                    }
+                    p { "A daemon's own channels (frames not yet acknowledged, reconnects, held frames) are in its "
+                        code { "GetNodeStatus" } ": " code { "cairnctl nodes status HOST:PORT" } "." }
+                },
+            ))
+        }
+        .await,
+    )
+}
+
+/// `/policy`: the schedule and its state.
+pub(super) async fn policy(
+    State(c): State<Arc<Console>>,
+    caller: Caller,
+    q: Result<Query<NoQuery>, QueryRejection>,
+) -> Response {
+    respond(
+        async {
+            query(q)?;
+            let p = c.get_policy(&caller).await?;
+            Ok(page(
+                "Policy",
+                false,
+                html! {
+                    (overview(&p))
+                    dl #policy data-interval-ms=(p.interval_ms) {
+                        dt { "interval" } dd { @if p.interval_ms == 0 { "off (no scheduled snapshots)" } @else { (duration(p.interval_ms)) } }
+                        dt { "mode" } dd { (mode_word(p.mode)) }
+                        dt { "timeout" } dd { (duration(p.timeout_ms)) }
+                        dt { "alignment timeout" } dd { @if p.alignment_timeout_ms == 0 { "none" } @else { (duration(p.alignment_timeout_ms)) } }
+                        dt { "minimum pause" } dd { (duration(p.min_pause_ms)) }
+                        dt { "jitter" } dd { (duration(p.jitter_ms)) }
+                        dt { "at most in flight" } dd { (p.max_concurrent) }
+                        dt { "tolerated failures" } dd { (p.tolerated_failures) }
+                        dt { "freshness threshold" } dd { @if p.freshness_threshold_ms == 0 { "none" } @else { (duration(p.freshness_threshold_ms)) } }
+                        dt { "started by the schedule" } dd { (p.started) }
+                        dt { "skipped" } dd { (p.skipped) }
+                        dt { "set by" } dd { (p.source) }
+                    }
+                },
+            ))
+        }
+        .await,
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn times_are_utc_dates() {
+        assert_eq!(time(0), "—");
+        assert_eq!(time(1), "1970-01-01 00:00:00.001");
+        assert_eq!(time(951_782_400_000), "2000-02-29 00:00:00.000");
+        assert_eq!(time(1_796_203_845_123), "2026-12-02 09:30:45.123");
+        assert_eq!(duration(999), "999 ms");
+        assert_eq!(duration(61_500), "1 min 1 s");
+        assert_eq!(bytes(2048), "2.0 KiB");
+    }
+
+    #[test]
+    fn a_failed_snapshot_names_its_reason_and_values_are_escaped() {
+        let s = pb::Snapshot {
+            plan: Some(pb::SnapshotPlan {
+                snapshot_id: 9,
+                ..Default::default()
+            }),
+            status: pb::SnapshotStatus::Failed as i32,
+            failure: Some(pb::FailureReason {
+                kind: pb::failure_reason::Kind::ChannelReset as i32,
+                message: "channel n1->n2 was reset <script>".into(),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let html = snapshot_page(&s).into_string();
+        assert!(
+            html.contains("CHANNEL_RESET: channel n1-&gt;n2 was reset &lt;script&gt;"),
+            "{html}"
+        );
+        assert!(!html.contains("<script>"));
+        assert!(!html.contains("http-equiv=\"refresh\""));
+        let running = pb::Snapshot {
+            status: pb::SnapshotStatus::InProgress as i32,
+            ..s
+        };
+        assert!(
+            snapshot_page(&running)
+                .into_string()
+                .contains("http-equiv=\"refresh\"")
+        );
+    }
+}

