@@ -280,6 +280,17 @@ impl BlobStore {
         self.size_known(hash).is_some()
     }
 
+    /// The size of chunk `name` (its SHA-256 in hex): from the index, else from the store;
+    /// `None` if it is not stored.
+    pub async fn chunk_size(&self, name: &str) -> std::io::Result<Option<u64>> {
+        if let Ok(Ok(hash)) = hex::decode(name).map(<[u8; 32]>::try_from)
+            && let Some(size) = self.size_known(&hash)
+        {
+            return Ok(Some(u64::from(size)));
+        }
+        self.size_of(Kind::Chunk, name).await
+    }
+
     fn size_known(&self, hash: &[u8; 32]) -> Option<u32> {
         let index = self.index.as_ref()?;
         index.lock().expect("index lock").get(hash).copied()

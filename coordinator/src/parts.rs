@@ -195,6 +195,9 @@ pub(crate) async fn store_upload(
             return Err(not_its_own(&node, channel, "an outgoing cut of"));
         }
     }
+    // Sizes are kept for the channels of the part's cut only: a part cannot grow its record
+    // with messages of channels it does not report.
+    sizes.retain(|c, _| incoming.contains_key(c) || outgoing.contains_key(c));
     let channel_states = channel_states.finish().await.map_err(storage)?;
     let (bytes_new, bytes_reused) = (
         state_new + channel_states.new,
@@ -302,15 +305,7 @@ pub(crate) async fn read_part(
                 pb::OutgoingCut::from((&cut_channel(c), &cut))
             })
             .collect(),
-        recorded_channels: part
-            .recorded_channels
-            .iter()
-            .map(|r| pb::RecordedChannel {
-                channel: Some(pb::ChannelRef::from(&stored_channel(&r.channel))),
-                messages: r.messages,
-                bytes: r.bytes,
-            })
-            .collect(),
+        recorded_channels: recorded_channels_pb(part),
         ..Default::default()
     };
     if include_data {
@@ -329,6 +324,76 @@ pub(crate) async fn read_part(
         let what = format!("node {}'s state", part.node);
         out.local_state = Bytes::from(read(blobs, &manifest.local_state, &what).await?);
         out.channel_states = decode_channel_states(blobs, part, &manifest).await?;
+    }
+    Ok(out)
+}
+
+/// What a part recorded in flight, per channel, for the wire.
+fn recorded_channels_pb(part: &PartRecord) -> Vec<pb::RecordedChannel> {
+    part.recorded_channels
+        .iter()
+        .map(|r| pb::RecordedChannel {
+            channel: Some(pb::ChannelRef::from(&stored_channel(&r.channel))),
+            messages: r.messages,
+            bytes: r.bytes,
+        })
+        .collect()
+}
+
+/// Two snapshots' parts compared node by node (`DiffSnapshots`): the local states' chunk
+/// lists (content-addressed, so a chunk name of `to` missing from `from` is new bytes),
+/// read from the manifests, and what each part recorded in flight.
+pub(crate) async fn diff(
+    blobs: &BlobStore,
+    from: &[PartRecord],
+    to: &[PartRecord],
+) -> Result<Vec<pb::NodeDiff>, Error> {
+    let nodes: std::collections::BTreeSet<&str> =
+        from.iter().chain(to).map(|p| p.node.as_str()).collect();
+    let mut out = Vec::with_capacity(nodes.len());
+    for node in nodes {
+        let a = from.iter().find(|p| p.node == node);
+        let b = to.iter().find(|p| p.node == node);
+        let state_a = match a {
+            Some(part) => manifest_of(blobs, part).await?.local_state,
+            None => ChunkList::default(),
+        };
+        let state_b = match b {
+            Some(part) => manifest_of(blobs, part).await?.local_state,
+            None => ChunkList::default(),
+        };
+        let names_a: std::collections::HashSet<&str> =
+            state_a.chunks.iter().map(String::as_str).collect();
+        let names_b: std::collections::HashSet<&str> =
+            state_b.chunks.iter().map(String::as_str).collect();
+        let (mut chunks_new, mut bytes_new) = (0u64, 0u64);
+        for name in names_b.iter().filter(|n| !names_a.contains(*n)) {
+            let size = blobs
+                .chunk_size(name)
+                .await
+                .map_err(|e| Error::reading(&format!("node {node}'s state"), &e))?
+                .ok_or_else(|| {
+                    Error::DataLoss(format!("node {node}'s state: chunk {name} is missing"))
+                })?;
+            chunks_new += 1;
+            bytes_new = bytes_new.saturating_add(size);
+        }
+        let chunks_dropped = names_a.iter().filter(|n| !names_b.contains(*n)).count() as u64;
+        out.push(pb::NodeDiff {
+            node_id: node.to_owned(),
+            in_from: a.is_some(),
+            in_to: b.is_some(),
+            state_changed: state_a.chunks != state_b.chunks,
+            state_bytes_from: state_a.size,
+            state_bytes_to: state_b.size,
+            chunks_from: state_a.chunks.len() as u64,
+            chunks_to: state_b.chunks.len() as u64,
+            chunks_new,
+            bytes_new,
+            chunks_dropped,
+            recorded_from: a.map(recorded_channels_pb).unwrap_or_default(),
+            recorded_to: b.map(recorded_channels_pb).unwrap_or_default(),
+        });
     }
     Ok(out)
 }

@@ -371,6 +371,23 @@ impl pb::coordinator_server::Coordinator for CoordinatorService {
         }))
     }
 
+    async fn diff_snapshots(
+        &self,
+        request: Request<pb::DiffSnapshotsRequest>,
+    ) -> Result<Response<pb::SnapshotDiff>, Status> {
+        let r = request.into_inner();
+        let (from, to) = (SnapshotId(r.from_snapshot_id), SnapshotId(r.to_snapshot_id));
+        self.record(from).await?;
+        self.record(to).await?;
+        let (parts_from, parts_to) = (self.parts(from).await?, self.parts(to).await?);
+        let nodes = parts::diff(&self.blobs, &parts_from, &parts_to).await?;
+        Ok(Response::new(pb::SnapshotDiff {
+            from_snapshot_id: from.0,
+            to_snapshot_id: to.0,
+            nodes,
+        }))
+    }
+
     async fn restore_snapshot(
         &self,
         request: Request<pb::RestoreSnapshotRequest>,

@@ -871,35 +871,49 @@ pub async fn scrape(address: &str) -> anyhow::Result<String> {
 /// As [`scrape`]; with `tls` (a directory of [`certs_init`] and the name of a certificate
 /// in it), over mutual TLS as the endpoints of a TLS daemon serve it.
 pub async fn scrape_with(address: &str, tls: Option<(&Path, &str)>) -> anyhow::Result<String> {
-    let (status, response) = http_get_with(address, "/metrics", tls).await?;
+    let (status, response) = raw_get(address, "/metrics", tls, &[]).await?;
     anyhow::ensure!(status == 200, "{response}");
     Ok(response)
 }
 
 /// `GET http://{address}{path}` (HTTP/1.1, one connection): the status code and the body.
 pub async fn http_get(address: &str, path: &str) -> anyhow::Result<(u16, String)> {
-    let (status, response) = http_get_with(address, path, None).await?;
+    http_request(address, path, None, &[]).await
+}
+
+/// `GET {path}` at `address` with `headers`; with `tls` (as [`scrape_with`]) over mutual
+/// TLS: the status code and the body.
+pub async fn http_request(
+    address: &str,
+    path: &str,
+    tls: Option<(&Path, &str)>,
+    headers: &[(&str, &str)],
+) -> anyhow::Result<(u16, String)> {
+    let (status, response) = raw_get(address, path, tls, headers).await?;
     let body = response
         .split_once("\r\n\r\n")
         .map_or(String::new(), |(_, body)| body.to_owned());
     Ok((status, body))
 }
 
-/// `GET {path}` at `address`, over mutual TLS with `tls` as [`scrape_with`]: the status
-/// code and the whole response (headers and body).
-async fn http_get_with(
+/// `GET {path}` at `address`: the status code and the whole response (headers and body).
+async fn raw_get(
     address: &str,
     path: &str,
     tls: Option<(&Path, &str)>,
+    headers: &[(&str, &str)],
 ) -> anyhow::Result<(u16, String)> {
     use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
-    async fn get(
-        mut stream: impl AsyncRead + AsyncWrite + Unpin,
-        address: &str,
-        path: &str,
+    let mut extra = String::new();
+    for (name, value) in headers {
+        extra.push_str(&format!("{name}: {value}\r\n"));
+    }
+    let request =
+        format!("GET {path} HTTP/1.1\r\nHost: {address}\r\n{extra}Connection: close\r\n\r\n");
+    async fn exchange(
+        stream: &mut (impl AsyncRead + AsyncWrite + Unpin),
+        request: String,
     ) -> anyhow::Result<(u16, String)> {
-        let request =
-            format!("GET {path} HTTP/1.1\r\nHost: {address}\r\nConnection: close\r\n\r\n");
         stream.write_all(request.as_bytes()).await?;
         let mut response = Vec::new();
         // A TLS server may close without close_notify once it has answered.
@@ -915,9 +929,9 @@ async fn http_get_with(
             .ok_or_else(|| anyhow::anyhow!("not an HTTP/1.1 response: {response}"))?;
         Ok((status, response))
     }
-    let stream = tokio::net::TcpStream::connect(address).await?;
+    let mut stream = tokio::net::TcpStream::connect(address).await?;
     let Some((dir, name)) = tls else {
-        return get(stream, address, path).await;
+        return exchange(&mut stream, request).await;
     };
     use rustls::pki_types::pem::PemObject;
     use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
@@ -933,10 +947,10 @@ async fn http_get_with(
         .with_root_certificates(roots)
         .with_client_auth_cert(chain, key)?;
     let host = cairn_sdk::tls::host_of(address).to_owned();
-    let stream = tokio_rustls::TlsConnector::from(std::sync::Arc::new(config))
+    let mut stream = tokio_rustls::TlsConnector::from(std::sync::Arc::new(config))
         .connect(ServerName::try_from(host)?, stream)
         .await?;
-    get(stream, address, path).await
+    exchange(&mut stream, request).await
 }
 
 /// Asserts that a snapshot of banks completed, verified, and accounts for `total`.

@@ -12,7 +12,9 @@ use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
-use cairn_integration_tests::coordinated::{certs_init, scrape, scrape_with, tls_args};
+use cairn_integration_tests::coordinated::{
+    certs_init, http_get, http_request, scrape, scrape_with, tls_args,
+};
 use cairn_integration_tests::processes::{ChildGuard, binary, eventually, free_port};
 use cairn_proto::v1 as pb;
 use tonic::transport::Channel;
@@ -500,6 +502,40 @@ async fn each_role_is_allowed_exactly_its_rpcs() {
         .await
         .is_ok()
     );
+    // The console and its API check the same tokens: none or an unknown one is 401, a
+    // viewer's is enough (they only read); /metrics stays open to scrapers.
+    let bearer = |token: &str| format!("Bearer {token}");
+    for path in [
+        "/api/v1/snapshots",
+        "/snapshots",
+        "/api/v1/nodes",
+        "/policy",
+    ] {
+        let (status, body) = http_request(&coordinator_metrics, path, None, &[])
+            .await
+            .unwrap();
+        assert_eq!(status, 401, "{path}: {body}");
+        assert!(body.contains("a bearer token is required"), "{body}");
+        let (status, _) = http_request(
+            &coordinator_metrics,
+            path,
+            None,
+            &[("authorization", bearer("not-a-token").as_str())],
+        )
+        .await
+        .unwrap();
+        assert_eq!(status, 401, "{path}");
+        let (status, body) = http_request(
+            &coordinator_metrics,
+            path,
+            None,
+            &[("authorization", bearer(&viewer).as_str())],
+        )
+        .await
+        .unwrap();
+        assert_eq!(status, 200, "{path}: {body}");
+    }
+    scrape(&coordinator_metrics).await.unwrap();
     let (viewer2, viewer2_line) = new_token("viewer");
     write_tokens(&tokens_file, &[&viewer2_line, &operator_line, &admin_line]);
     for rpc in ["Coordinator/ListNodes", "NodeAdmin/GetNodeStatus"] {
@@ -811,6 +847,30 @@ async fn certificates_carry_roles_and_nodes_act_only_as_themselves() {
             "{metrics}"
         );
     }
+    // The console over the same mutual TLS: a person's certificate with a role reads it; a
+    // node's certificate (no role) does not; plaintext does not connect.
+    let (status, body) = http_request(
+        &coordinator_metrics,
+        "/api/v1/nodes",
+        Some((&certs, "vera")),
+        &[],
+    )
+    .await
+    .unwrap();
+    assert_eq!(status, 200, "{body}");
+    assert!(body.contains("\"nodeId\":\"n1\""), "{body}");
+    for path in ["/api/v1/nodes", "/snapshots"] {
+        let (status, body) = http_request(&coordinator_metrics, path, Some((&certs, "n1")), &[])
+            .await
+            .unwrap();
+        assert_eq!(status, 401, "{path}: {body}");
+        assert!(body.contains("node n1"), "{path}: {body}");
+    }
+    assert!(
+        http_get(&coordinator_metrics, "/api/v1/nodes")
+            .await
+            .is_err()
+    );
     let log = std::fs::read_to_string(dir.join("coordinator.log")).unwrap();
     let line =
         "refused: the certificate is node n2 of cluster cairn; it may not register as node n1";

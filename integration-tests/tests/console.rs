@@ -9,7 +9,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use cairn_integration_tests::coordinated::{CoordinatedCluster, Store, channel_fault, http_get};
-use cairn_integration_tests::processes::{eventually, free_port};
+use cairn_integration_tests::processes::{binary, eventually, free_port};
 use cairn_integration_tests::restore::{restore, wait_restore};
 use cairn_proto::v1 as pb;
 
@@ -157,7 +157,7 @@ async fn the_console_shows_every_snapshot_its_cut_and_its_failure_and_the_api_ma
     let failed = cluster
         .start_snapshot(pb::StartSnapshotRequest {
             initiators: vec!["n1".into()],
-            timeout_ms: 500,
+            timeout_ms: 2000,
             ..Default::default()
         })
         .await
@@ -178,6 +178,17 @@ async fn the_console_shows_every_snapshot_its_cut_and_its_failure_and_the_api_ma
         .await
         .unwrap();
     cluster.wait_recorded(held, 1).await.unwrap();
+    eventually(
+        "a node's event of the held snapshot",
+        Duration::from_secs(30),
+        || async {
+            let (_, body) = http_get(&http, &format!("/api/v1/snapshots/{held}")).await?;
+            anyhow::ensure!(body.contains("KIND_STATE_RECORDED"), "{body}");
+            Ok(())
+        },
+    )
+    .await
+    .unwrap();
     let page = chromium_load(&profile, &format!("{base}/snapshots/{held}"), None).await;
     assert!(
         page.contains(&format!("data-id=\"{held}\" data-status=\"IN_PROGRESS\"")),
@@ -374,6 +385,129 @@ async fn the_console_shows_every_snapshot_its_cut_and_its_failure_and_the_api_ma
     assert_eq!(ids, ["n1", "n2", "n3"]);
     assert!(api(&http, "/api/v1/policy").await.is_object());
 
+    // DiffSnapshots and `cairnctl snapshot diff`, `snapshot get --events`.
+    let (first, second) = (snapshot_id(&completed[0]), snapshot_id(&completed[1]));
+    let diff = client
+        .diff_snapshots(pb::DiffSnapshotsRequest {
+            from_snapshot_id: first,
+            to_snapshot_id: second,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let ids: Vec<&str> = diff.nodes.iter().map(|n| n.node_id.as_str()).collect();
+    assert_eq!(ids, ["n1", "n2", "n3"]);
+    let parts = |id: u64| {
+        let mut client = client.clone();
+        async move {
+            client
+                .get_snapshot(pb::GetSnapshotRequest {
+                    snapshot_id: id,
+                    include_data: true,
+                })
+                .await
+                .unwrap()
+                .into_inner()
+                .nodes
+        }
+    };
+    let (nodes_a, nodes_b) = (parts(first).await, parts(second).await);
+    for (n, (a, b)) in diff.nodes.iter().zip(nodes_a.iter().zip(&nodes_b)) {
+        assert!(n.in_from && n.in_to, "{n:?}");
+        assert_eq!(
+            (n.state_bytes_from, n.state_bytes_to),
+            (a.local_state_bytes, b.local_state_bytes)
+        );
+        assert_eq!(n.state_changed, a.local_state != b.local_state, "{n:?}");
+        assert!(
+            n.chunks_new <= n.chunks_to && n.bytes_new <= n.state_bytes_to,
+            "{n:?}"
+        );
+        if n.state_changed {
+            // Bank states are one chunk: a changed state is all new.
+            assert_eq!(
+                (n.chunks_new, n.bytes_new),
+                (1, b.local_state_bytes),
+                "{n:?}"
+            );
+        } else {
+            assert_eq!((n.chunks_new, n.chunks_dropped), (0, 0), "{n:?}");
+        }
+        assert_eq!(n.recorded_from, a.recorded_channels);
+        assert_eq!(n.recorded_to, b.recorded_channels);
+    }
+    assert!(
+        diff.nodes.iter().any(|n| n.state_changed),
+        "banks moved money: {diff:?}"
+    );
+    let same = client
+        .diff_snapshots(pb::DiffSnapshotsRequest {
+            from_snapshot_id: second,
+            to_snapshot_id: second,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(
+        same.nodes
+            .iter()
+            .all(|n| !n.state_changed && n.chunks_new == 0 && n.bytes_new == 0)
+    );
+    let missing = client
+        .diff_snapshots(pb::DiffSnapshotsRequest {
+            from_snapshot_id: first,
+            to_snapshot_id: 987_654,
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(missing.code(), tonic::Code::NotFound, "{missing:?}");
+    let cairnctl = |args: &[&str]| {
+        let out = Command::new(binary("cairnctl").unwrap())
+            .args(["--coordinator", &grpc])
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "cairnctl {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let table = cairnctl(&["snapshot", "diff", &first.to_string(), &second.to_string()]);
+    let lines: Vec<&str> = table.lines().collect();
+    assert!(
+        lines[0].starts_with("NODE") && lines[0].contains("CHUNKS NEW/TOTAL"),
+        "{table}"
+    );
+    for (line, n) in lines[1..].iter().zip(&diff.nodes) {
+        let state = if n.state_changed { "changed" } else { "same" };
+        assert!(
+            line.starts_with(&n.node_id) && line.contains(state),
+            "{table}"
+        );
+    }
+    let timeline = cairnctl(&["snapshot", "get", &second.to_string(), "--events"]);
+    for word in [
+        "STARTED",
+        "STATE_RECORDED",
+        "PART_STORED",
+        "VERIFIED",
+        "ENDED",
+    ] {
+        assert!(timeline.contains(word), "{word} missing: {timeline}");
+    }
+    let json: serde_json::Value = serde_json::from_str(&cairnctl(&[
+        "-o",
+        "json",
+        "snapshot",
+        "get",
+        &second.to_string(),
+        "--events",
+    ]))
+    .unwrap();
+    assert_eq!(json["events"].as_array().unwrap().len(), 9, "{json}");
+
     // The pages, through a real browser.
     let shots = std::env::var_os("CAIRN_CONSOLE_SCREENSHOTS").map(PathBuf::from);
     let shot_dir = shots.clone().unwrap_or_else(|| profile.0.join("shots"));
@@ -519,6 +653,9 @@ async fn the_console_shows_every_snapshot_its_cut_and_its_failure_and_the_api_ma
         ("/api/v1/nodes?x=%ff%fe", 400),
         ("/snapshots?status=%3Cscript%3E", 400),
         ("/api/v1/restores/a%2Fb", 400),
+        ("/api/v1/snapshots/%FF", 400),
+        ("/api/v1/snapshots/1?include_data=true", 400),
+        ("/api/v1/restores?limit=x", 400),
     ] {
         let (status, body) = http_get(&http, path).await.unwrap();
         assert_eq!(status, code, "GET {path}: {body}");

@@ -86,6 +86,12 @@ impl Coordinator for Fake {
     ) -> Result<Response<pb::VerifySnapshotResponse>, Status> {
         unimplemented()
     }
+    async fn diff_snapshots(
+        &self,
+        _: Request<pb::DiffSnapshotsRequest>,
+    ) -> Result<Response<pb::SnapshotDiff>, Status> {
+        unimplemented()
+    }
     async fn restore_snapshot(
         &self,
         _: Request<pb::RestoreSnapshotRequest>,

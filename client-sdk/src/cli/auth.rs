@@ -95,6 +95,7 @@ const TABLE: &[(&str, Role)] = &[
     ("/cairn.v1.Coordinator/ListRestores", Role::Viewer),
     ("/cairn.v1.Coordinator/VerifySnapshot", Role::Viewer),
     ("/cairn.v1.Coordinator/GetLeadership", Role::Viewer),
+    ("/cairn.v1.Coordinator/DiffSnapshots", Role::Viewer),
     ("/cairn.v1.Coordinator/ReadSnapshotData", Role::Viewer),
     ("/cairn.v1.NodeAdmin/GetNodeStatus", Role::Viewer),
     ("/cairn.v1.NodeAdmin/GetLocalSnapshot", Role::Viewer),

@@ -17,14 +17,30 @@ use tokio_util::sync::CancellationToken;
 use super::tls::TlsMetrics;
 use crate::tls::Tls;
 
-/// The certificate (DER) an HTTP client presented, `None` on plaintext: what a handler of
-/// the routes given to [`serve`] takes as `ConnectInfo<ClientCert>` to check a role.
-#[derive(Debug, Clone, Default)]
-pub struct ClientCert(pub Option<Arc<[u8]>>);
+/// How an HTTP client is connected: what a handler of the routes given to [`serve`] takes
+/// as `ConnectInfo<ClientCert>` to check a role (`Auth::check`'s `cert`).
+#[derive(Debug, Clone)]
+pub enum ClientCert {
+    /// A plaintext connection.
+    Plain,
+    /// A TLS connection and the leaf certificate (DER) its client presented — empty, a
+    /// certificate naming nobody, if it presented none (the servers require one).
+    Tls(Arc<[u8]>),
+}
+
+impl ClientCert {
+    /// The certificate to check, `None` on plaintext.
+    pub fn der(&self) -> Option<&[u8]> {
+        match self {
+            ClientCert::Plain => None,
+            ClientCert::Tls(der) => Some(der),
+        }
+    }
+}
 
 impl Connected<IncomingStream<'_, TcpListener>> for ClientCert {
     fn connect_info(_: IncomingStream<'_, TcpListener>) -> Self {
-        ClientCert(None)
+        ClientCert::Plain
     }
 }
 
@@ -32,7 +48,7 @@ impl Connected<IncomingStream<'_, TlsListener>> for ClientCert {
     fn connect_info(stream: IncomingStream<'_, TlsListener>) -> Self {
         let (_, connection) = stream.io().get_ref();
         let first = connection.peer_certificates().and_then(|c| c.first());
-        ClientCert(first.map(|c| Arc::from(c.as_ref())))
+        ClientCert::Tls(first.map_or_else(|| Arc::from(&[][..]), |c| Arc::from(c.as_ref())))
     }
 }
 

@@ -17,7 +17,7 @@ mod pages;
 
 use std::sync::Arc;
 
-use axum::extract::rejection::QueryRejection;
+use axum::extract::rejection::{PathRejection, QueryRejection};
 use axum::extract::{ConnectInfo, Path, Query, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Redirect, Response};
@@ -31,11 +31,16 @@ use tonic::{Code, Request};
 
 use crate::service::CoordinatorService;
 
+/// Requests the console serves at once; more are answered 503 at once, so that a flood
+/// of page loads can neither pile up memory nor crowd the coordinator's task.
+const MAX_REQUESTS: usize = 32;
+
 /// What every handler shares.
 pub(crate) struct Console {
     service: Arc<CoordinatorService>,
     auth: Auth,
     cluster: String,
+    busy: Arc<tokio::sync::Semaphore>,
 }
 
 /// The console's routes, to serve beside `/metrics`.
@@ -48,6 +53,7 @@ pub(crate) fn router(
         service,
         auth,
         cluster,
+        busy: Arc::new(tokio::sync::Semaphore::new(MAX_REQUESTS)),
     });
     axum::Router::new()
         .route("/", get(|| async { Redirect::to("/snapshots") }))
@@ -64,25 +70,23 @@ pub(crate) fn router(
         .route("/api/v1/policy", get(api_policy))
         .route("/api/v1/leadership", get(api_leadership))
         .fallback(not_found)
+        .method_not_allowed_fallback(not_allowed)
         .with_state(console)
 }
 
-/// Who is asking: the request's headers and the connection's certificate.
+/// Who is asking: the request's headers and how it is connected, and its place among the
+/// [`MAX_REQUESTS`] served at once.
 pub(crate) struct Caller {
     headers: HeaderMap,
     cert: ClientCert,
+    _permit: tokio::sync::OwnedSemaphorePermit,
 }
 
 impl Console {
     /// Refused unless the caller may call gRPC method `method` (its full path).
     fn allow(&self, caller: &Caller, method: &str) -> Result<(), Failure> {
         self.auth
-            .check(
-                method,
-                &caller.headers,
-                caller.cert.0.as_deref(),
-                &self.cluster,
-            )
+            .check(method, &caller.headers, caller.cert.der(), &self.cluster)
             .map(drop)
             .map_err(Failure::from)
     }
@@ -125,9 +129,13 @@ impl Console {
             .into_inner())
     }
 
-    async fn list_restores(&self, caller: &Caller) -> Result<pb::ListRestoresResponse, Failure> {
+    async fn list_restores(
+        &self,
+        caller: &Caller,
+        limit: u32,
+    ) -> Result<pb::ListRestoresResponse, Failure> {
         self.allow(caller, "/cairn.v1.Coordinator/ListRestores")?;
-        let request = pb::ListRestoresRequest { limit: 0 };
+        let request = pb::ListRestoresRequest { limit };
         Ok(self
             .service
             .list_restores(Request::new(request))
@@ -166,21 +174,38 @@ impl Console {
     }
 }
 
-impl<S: Send + Sync> axum::extract::FromRequestParts<S> for Caller {
-    type Rejection = std::convert::Infallible;
+impl axum::extract::FromRequestParts<Arc<Console>> for Caller {
+    type Rejection = Response;
 
     async fn from_request_parts(
         parts: &mut axum::http::request::Parts,
-        _: &S,
+        console: &Arc<Console>,
     ) -> Result<Self, Self::Rejection> {
-        let cert = parts
-            .extensions
-            .get::<ConnectInfo<ClientCert>>()
-            .map(|c| c.0.clone())
-            .unwrap_or_default();
+        let refuse = |status, message: &str| {
+            Failure {
+                status,
+                message: message.to_owned(),
+            }
+            .for_path(parts.uri.path())
+        };
+        // Fails closed: without the connection's kind no role can be checked.
+        let Some(ConnectInfo(cert)) = parts.extensions.get::<ConnectInfo<ClientCert>>().cloned()
+        else {
+            return Err(refuse(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "the connection's kind is unknown",
+            ));
+        };
+        let Ok(permit) = console.busy.clone().try_acquire_owned() else {
+            return Err(refuse(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "the console is serving as many requests as it takes; try again",
+            ));
+        };
         Ok(Caller {
             headers: parts.headers.clone(),
             cert,
+            _permit: permit,
         })
     }
 }
@@ -224,12 +249,21 @@ impl ListQuery {
     }
 }
 
-/// The query of one snapshot: `include_data` (the API only).
+/// The query of one snapshot: `include_data`, refused (400): states and recorded messages
+/// may be large, and they stream with `ReadSnapshotData` (`cairnctl snapshot export`).
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct SnapshotQuery {
     #[serde(default)]
     include_data: bool,
+}
+
+/// The query of the restores: `limit`, as `ListRestores` takes it.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RestoresQuery {
+    #[serde(default)]
+    limit: u32,
 }
 
 /// A query that allows no parameter.
@@ -242,6 +276,12 @@ fn query<T>(query: Result<Query<T>, QueryRejection>) -> Result<T, Failure> {
     query
         .map(|Query(q)| q)
         .map_err(|e| Failure::bad(format!("bad query string: {}", e.body_text())))
+}
+
+/// The path's id, or a 400 (not UTF-8, say).
+fn path(path: Result<Path<String>, PathRejection>) -> Result<String, Failure> {
+    path.map(|Path(p)| p)
+        .map_err(|e| Failure::bad(format!("bad path: {}", e.body_text())))
 }
 
 /// A snapshot id from a path: a decimal number that fits in 64 bits, or a 400.
@@ -290,6 +330,15 @@ impl Failure {
         Failure {
             status: StatusCode::BAD_REQUEST,
             message,
+        }
+    }
+
+    /// The answer for a request of `path`: JSON under `/api/`, a page elsewhere.
+    fn for_path(self, path: &str) -> Response {
+        if path.starts_with("/api/") {
+            self.json()
+        } else {
+            pages::failure_page(self)
         }
     }
 
@@ -362,21 +411,34 @@ async fn api_snapshots(
 async fn api_snapshot(
     State(c): State<Arc<Console>>,
     caller: Caller,
-    Path(id): Path<String>,
+    id: Result<Path<String>, PathRejection>,
     q: Result<Query<SnapshotQuery>, QueryRejection>,
 ) -> Response {
-    answer(async { c.get_snapshot(&caller, &id, query(q)?.include_data).await }.await)
+    answer(
+        async {
+            let id = path(id)?;
+            if query(q)?.include_data {
+                return Err(Failure::bad(
+                    "include_data: the API returns no states or recorded messages (they may be \
+                 large); stream them with ReadSnapshotData (cairnctl snapshot export)"
+                        .into(),
+                ));
+            }
+            c.get_snapshot(&caller, &id, false).await
+        }
+        .await,
+    )
 }
 
 async fn api_restores(
     State(c): State<Arc<Console>>,
     caller: Caller,
-    q: Result<Query<NoQuery>, QueryRejection>,
+    q: Result<Query<RestoresQuery>, QueryRejection>,
 ) -> Response {
     answer(
         async {
-            query(q)?;
-            c.list_restores(&caller).await
+            let limit = query(q)?.limit;
+            c.list_restores(&caller, limit).await
         }
         .await,
     )
@@ -385,11 +447,12 @@ async fn api_restores(
 async fn api_restore(
     State(c): State<Arc<Console>>,
     caller: Caller,
-    Path(id): Path<String>,
+    id: Result<Path<String>, PathRejection>,
     q: Result<Query<NoQuery>, QueryRejection>,
 ) -> Response {
     answer(
         async {
+            let id = path(id)?;
             query(q)?;
             c.allow(&caller, "/cairn.v1.Coordinator/GetRestore")?;
             let request = pb::GetRestoreRequest {
@@ -449,15 +512,20 @@ async fn api_leadership(
 /// Any other path: a 404, as JSON under `/api/`, as a page elsewhere.
 async fn not_found(uri: axum::http::Uri) -> Response {
     let path: String = uri.path().chars().take(64).collect();
-    let failure = Failure {
+    Failure {
         status: StatusCode::NOT_FOUND,
         message: format!("no page {path}"),
-    };
-    if uri.path().starts_with("/api/") {
-        failure.json()
-    } else {
-        pages::failure_page(failure)
     }
+    .for_path(uri.path())
+}
+
+/// A method other than GET (or HEAD): a 405.
+async fn not_allowed(method: axum::http::Method, uri: axum::http::Uri) -> Response {
+    Failure {
+        status: StatusCode::METHOD_NOT_ALLOWED,
+        message: format!("{method}: the console and its API only read (GET)"),
+    }
+    .for_path(uri.path())
 }
 
 #[cfg(test)]

@@ -6,13 +6,13 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::sync::Arc;
 
-use axum::extract::rejection::QueryRejection;
+use axum::extract::rejection::{PathRejection, QueryRejection};
 use axum::extract::{Path, Query, State};
 use axum::response::{Html, IntoResponse, Response};
 use cairn_proto::v1 as pb;
 use maud::{DOCTYPE, Markup, PreEscaped, html};
 
-use super::{Caller, Console, Failure, ListQuery, NoQuery, query};
+use super::{Caller, Console, Failure, ListQuery, NoQuery, path, query};
 
 const STYLE: &str = "
 body{font-family:system-ui,sans-serif;margin:0;color:#1d2330;background:#f6f7f9}
@@ -194,6 +194,9 @@ pub(super) async fn snapshots(
                         let _ = write!(url, "&{key}={value}");
                     }
                 }
+                if let Some(size) = q.page_size {
+                    let _ = write!(url, "&page_size={size}");
+                }
                 next = Some(url);
             }
             Ok(page(
@@ -303,12 +306,15 @@ struct NodeTimes {
     recorded_messages: u64,
 }
 
-/// Per channel (`from`, `to`): messages and bytes recorded, and by which side.
+/// Per channel (`from`, `to`): messages and bytes recorded, and by which side; the
+/// sender's and receiver's cut counters.
 #[derive(Default)]
 struct ChannelRecorded {
     messages: u64,
     bytes: u64,
     sides: Vec<&'static str>,
+    sent: Option<u64>,
+    delivered: Option<u64>,
 }
 
 /// `/snapshots/{id}`: the summary, the cut as a graph, the nodes, the channels, the
@@ -316,11 +322,12 @@ struct ChannelRecorded {
 pub(super) async fn snapshot(
     State(c): State<Arc<Console>>,
     caller: Caller,
-    Path(id): Path<String>,
+    id: Result<Path<String>, PathRejection>,
     q: Result<Query<NoQuery>, QueryRejection>,
 ) -> Response {
     respond(
         async {
+            let id = path(id)?;
             query(q)?;
             let s = c.get_snapshot(&caller, &id, false).await?;
             Ok(snapshot_page(&s))
@@ -350,7 +357,18 @@ fn snapshot_page(s: &pb::Snapshot) -> Markup {
         .iter()
         .map(|c| ((c.from.clone(), c.to.clone()), ChannelRecorded::default()))
         .collect();
+    let key = |c: &pb::ChannelRef| (c.from.clone(), c.to.clone());
     for node in &s.nodes {
+        for o in &node.outgoing {
+            if let Some(entry) = o.channel.as_ref().and_then(|c| channels.get_mut(&key(c))) {
+                entry.sent = Some(o.sent);
+            }
+        }
+        for i in &node.incoming {
+            if let Some(entry) = i.channel.as_ref().and_then(|c| channels.get_mut(&key(c))) {
+                entry.delivered = Some(i.delivered);
+            }
+        }
         for r in &node.recorded_channels {
             let Some(channel) = &r.channel else { continue };
             let entry = channels
@@ -435,8 +453,8 @@ fn snapshot_page(s: &pb::Snapshot) -> Markup {
                 } }
                 tbody {
                     @for ((from, to), r) in &channels {
-                        @let sent = s.nodes.iter().flat_map(|n| &n.outgoing).find(|o| o.channel.as_ref().is_some_and(|c| &c.from == from && &c.to == to)).map(|o| o.sent);
-                        @let delivered = s.nodes.iter().flat_map(|n| &n.incoming).find(|i| i.channel.as_ref().is_some_and(|c| &c.from == from && &c.to == to)).map(|i| i.delivered);
+                        @let sent = r.sent;
+                        @let delivered = r.delivered;
                         tr.channel data-from=(from) data-to=(to) data-messages=(r.messages) data-bytes=(r.bytes) {
                             td { (from) " → " (to) }
                             td.num { (r.messages) }
@@ -556,7 +574,7 @@ pub(super) async fn restores(
     respond(
         async {
             query(q)?;
-            let list = c.list_restores(&caller).await?;
+            let list = c.list_restores(&caller, 0).await?;
             Ok(page(
                 "Restores",
                 false,

@@ -22,7 +22,7 @@ use crate::policy;
 use crate::records_conv::{failure_record, now_ms};
 use crate::roster::Roster;
 use crate::store::Metadata;
-use crate::store::{EventKind, EventRecord, RestoreRecord, SnapshotRecord, SnapshotStatus};
+use crate::store::{RestoreRecord, SnapshotRecord, SnapshotStatus};
 use cairn_blob::BlobStore;
 
 mod membership;
@@ -304,6 +304,7 @@ impl State {
                 record.status = SnapshotStatus::Failed;
                 record.failure = Some(failure_record(&left));
                 record.finished_at_ms = now_ms();
+                snapshots::push_ended(&mut record);
                 tracing::warn!(snapshot = record.id, "snapshot failed: {left}");
                 self.put_record(&record).await?;
             }
@@ -442,22 +443,10 @@ impl State {
                     self.settle(id, update).await;
                     return;
                 }
+                let reporter = part.report.node.clone();
                 let update = self.tracker.part_reported(part);
                 if !matches!(update, tracker::Update::Ignored) {
-                    if let Some(record) = self.inflight.get_mut(&id) {
-                        record.bytes_new = record.bytes_new.saturating_add(sizes.bytes_new);
-                        record.bytes_reused =
-                            record.bytes_reused.saturating_add(sizes.bytes_reused);
-                    }
-                    let event = EventRecord {
-                        node,
-                        local_state_bytes: sizes.local_state_bytes,
-                        recorded_messages: sizes.recorded_messages,
-                        bytes_new: sizes.bytes_new,
-                        bytes_reused: sizes.bytes_reused,
-                        ..EventRecord::new(now_ms(), EventKind::PartStored)
-                    };
-                    self.node_event_record(id, event);
+                    self.part_stored(id, &reporter, &sizes);
                 }
                 self.settle(id, update).await;
             }

@@ -8,10 +8,38 @@ use cairn_core::{FailureReason, NodeId, SnapshotId, StartError, StartRequest, tr
 use cairn_proto::v1 as pb;
 use tokio::time::Instant;
 
-use super::{Msg, State, WatchTx};
+use super::{Msg, PartSizes, State, WatchTx};
 use crate::error::Error;
 use crate::records_conv::{failure_record, mode_name, now_ms, progress_pb};
 use crate::store::{EventKind, EventRecord, SnapshotRecord, SnapshotStatus, VerdictRecord};
+
+/// The most bytes of a reason an event keeps: a node's failure message may be far longer
+/// (the record's `failure` keeps it whole), and a record must stay storable.
+const MAX_EVENT_DETAIL: usize = 512;
+
+/// `text` as an event keeps it: at most [`MAX_EVENT_DETAIL`] bytes, cut at a character.
+fn event_detail(text: &str) -> String {
+    if text.len() <= MAX_EVENT_DETAIL {
+        return text.to_owned();
+    }
+    let mut end = MAX_EVENT_DETAIL;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}…", &text[..end])
+}
+
+/// Ends `record`'s timeline: its status and, if it did not complete, why.
+pub(super) fn push_ended(record: &mut SnapshotRecord) {
+    let detail = match &record.failure {
+        None => record.status.to_string(),
+        Some(f) => event_detail(&format!("{}: {}", record.status, f.message)),
+    };
+    record.events.push(EventRecord {
+        detail,
+        ..EventRecord::new(record.finished_at_ms, EventKind::Ended)
+    });
+}
 
 /// Who recorded and who reported, as the tracker — the one place that follows progress —
 /// says.
@@ -67,7 +95,7 @@ impl State {
             }
             Some(Kind::Failed(reason)) => {
                 let reason = node_failure(&node, &reason);
-                let detail = reason.to_string();
+                let detail = event_detail(&reason.to_string());
                 let update = self.tracker.fail(id, reason);
                 // Only a failure that counted (the first of a participant ends it).
                 if !matches!(update, tracker::Update::Ignored) {
@@ -235,7 +263,7 @@ impl State {
     /// Adds a node's event to the timeline of snapshot `id`, if it is in flight: once per
     /// node and kind (a repeated report adds nothing, so a timeline holds at most two events
     /// per node and four more).
-    pub(super) fn node_event_record(&mut self, id: SnapshotId, event: EventRecord) {
+    fn node_event_record(&mut self, id: SnapshotId, event: EventRecord) {
         if let Some(record) = self.inflight.get_mut(&id)
             && !record
                 .events
@@ -244,6 +272,35 @@ impl State {
         {
             record.events.push(event);
         }
+    }
+
+    /// Node `node`'s part of snapshot `id` is stored (the tracker took it): its sizes count
+    /// in the record and its event says them. A part stored again (a daemon that uploaded
+    /// twice) replaces the first: its sizes and event, as the tracker replaces the part.
+    pub(super) fn part_stored(&mut self, id: SnapshotId, node: &NodeId, sizes: &PartSizes) {
+        let Some(record) = self.inflight.get_mut(&id) else {
+            return;
+        };
+        let node = node.to_string();
+        if let Some(at) = record
+            .events
+            .iter()
+            .position(|e| e.kind == EventKind::PartStored && e.node == node)
+        {
+            let earlier = record.events.remove(at);
+            record.bytes_new = record.bytes_new.saturating_sub(earlier.bytes_new);
+            record.bytes_reused = record.bytes_reused.saturating_sub(earlier.bytes_reused);
+        }
+        record.bytes_new = record.bytes_new.saturating_add(sizes.bytes_new);
+        record.bytes_reused = record.bytes_reused.saturating_add(sizes.bytes_reused);
+        record.events.push(EventRecord {
+            node,
+            local_state_bytes: sizes.local_state_bytes,
+            recorded_messages: sizes.recorded_messages,
+            bytes_new: sizes.bytes_new,
+            bytes_reused: sizes.bytes_reused,
+            ..EventRecord::new(now_ms(), EventKind::PartStored)
+        });
     }
 
     fn event(&mut self, id: SnapshotId, node: &NodeId, kind: EventKind, detail: String) {
@@ -306,18 +363,11 @@ impl State {
                 if let Some(verdict) = &record.verdict {
                     record.events.push(EventRecord {
                         recorded_messages: verdict.recorded_messages,
-                        detail: verdict.violation.clone(),
+                        detail: event_detail(&verdict.violation),
                         ..EventRecord::new(record.finished_at_ms, EventKind::Verified)
                     });
                 }
-                let ended = match &outcome {
-                    tracker::Outcome::Completed(_) => record.status.to_string(),
-                    tracker::Outcome::Failed(reason) => format!("{}: {reason}", record.status),
-                };
-                record.events.push(EventRecord {
-                    detail: ended,
-                    ..EventRecord::new(record.finished_at_ms, EventKind::Ended)
-                });
+                push_ended(&mut record);
                 // Stored, then retention applied, then told: whoever sees it end sees the
                 // store as it is after it. The nodes are told to drop a failed one after the
                 // store (a fenced write) has confirmed the term.
@@ -406,6 +456,19 @@ mod tests {
     use cairn_core::ChannelId;
 
     use super::*;
+
+    #[test]
+    fn an_event_keeps_a_bounded_reason_cut_at_a_character() {
+        assert_eq!(event_detail("short"), "short");
+        let long = "é".repeat(1000);
+        let kept = event_detail(&long);
+        assert!(
+            kept.len() <= MAX_EVENT_DETAIL + '…'.len_utf8(),
+            "{}",
+            kept.len()
+        );
+        assert!(kept.ends_with('…') && long.starts_with(kept.trim_end_matches('…')));
+    }
 
     #[test]
     fn a_node_failure_is_exact_and_names_its_reporter() {

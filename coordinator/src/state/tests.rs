@@ -139,6 +139,11 @@ impl Harness {
 
     /// Node `node`'s part of snapshot `id` in a two-node mesh with nothing in flight.
     async fn part(&self, id: u64, node: &str, other: &str) {
+        self.part_sized(id, node, other, PartSizes::default()).await;
+    }
+
+    /// As [`Self::part`], weighing `sizes`.
+    async fn part_sized(&self, id: u64, node: &str, other: &str, sizes: PartSizes) {
         let report = LocalReport {
             id: SnapshotId(id),
             node: NodeId::new(node),
@@ -164,7 +169,7 @@ impl Harness {
         self.tx
             .send(Msg::PartStored {
                 part,
-                sizes: PartSizes::default(),
+                sizes,
                 epoch: 0,
                 applied_restore_id: String::new(),
             })
@@ -257,10 +262,18 @@ async fn a_snapshot_keeps_its_timeline_once_per_node_and_step() {
         .await
         .unwrap();
     }
-    h.part(id, "a", "b").await;
-    h.part(id, "a", "b").await;
-    h.part(id, "b", "a").await;
+    // a's part stored twice: the second replaces the first, sizes and event.
+    let sized = |bytes_new| PartSizes {
+        bytes_new,
+        bytes_reused: 1,
+        local_state_bytes: 3,
+        recorded_messages: 0,
+    };
+    h.part_sized(id, "a", "b", sized(100)).await;
+    h.part_sized(id, "a", "b", sized(7)).await;
+    h.part_sized(id, "b", "a", sized(5)).await;
     let record = h.ended(id).await;
+    assert_eq!((record.bytes_new, record.bytes_reused), (12, 2));
     let steps: Vec<_> = record
         .events
         .iter()
@@ -280,6 +293,8 @@ async fn a_snapshot_keeps_its_timeline_once_per_node_and_step() {
     );
     assert!(record.events.windows(2).all(|w| w[0].at_ms <= w[1].at_ms));
     assert_eq!(record.events.last().unwrap().detail, "COMPLETED");
+    let stored: u64 = record.events.iter().map(|e| e.bytes_new).sum();
+    assert_eq!(stored, record.bytes_new);
 
     let id = h.start_snapshot().await.unwrap();
     let reason = cairn_core::FailureReason::NoApplication(NodeId::new("b"));

@@ -210,9 +210,15 @@ async fn cluster_up(
     }
     std::fs::write(&addresses, serde_json::to_vec_pretty(&cluster.addresses)?)?;
     eprintln!(
-        "cluster up: coordinator {}, {} nodes; addresses in {}; logs in {}. Ctrl-C stops it.",
+        "cluster up: coordinator {}, {} nodes; web console {}://{}/; addresses in {}; logs in {}. Ctrl-C stops it.",
         cluster.addresses.coordinator,
         nodes,
+        if spec.security.is_some() {
+            "https"
+        } else {
+            "http"
+        },
+        cluster.addresses.coordinator_metrics,
         addresses.display(),
         spec.data_dir.join("logs").display()
     );
