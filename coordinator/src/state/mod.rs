@@ -198,6 +198,9 @@ pub(crate) struct State {
     members: BTreeMap<NodeId, Member>,
     tracker: SnapshotTracker,
     inflight: BTreeMap<SnapshotId, SnapshotRecord>,
+    /// Each snapshot in flight's `tracing` span (`snapshot{snapshot=ID mode=…}`): the
+    /// coordinator's part of the snapshot's trace, its steps logged inside.
+    spans: BTreeMap<SnapshotId, tracing::Span>,
     watchers: BTreeMap<SnapshotId, Vec<WatchTx>>,
     self_tx: mpsc::Sender<Msg>,
     schedule: Schedule,
@@ -262,6 +265,7 @@ impl State {
             members: BTreeMap::new(),
             tracker: SnapshotTracker::new(max_in_flight.max(1)),
             inflight: BTreeMap::new(),
+            spans: BTreeMap::new(),
             watchers: BTreeMap::new(),
             self_tx,
         }

@@ -188,7 +188,10 @@ impl State {
             tokio::time::sleep(timeout).await;
             let _ = tx.send(Msg::TimedOut { id }).await;
         });
-        tracing::info!(snapshot = id.0, mode = %plan.mode, "snapshot started");
+        let span =
+            tracing::info_span!(parent: None, "snapshot", snapshot = id.0, mode = %plan.mode);
+        span.in_scope(|| tracing::info!(initiators = ?plan.initiators, "snapshot started"));
+        self.spans.insert(id, span);
         Ok(id)
     }
 
@@ -264,14 +267,37 @@ impl State {
     /// node and kind (a repeated report adds nothing, so a timeline holds at most two events
     /// per node and four more).
     fn node_event_record(&mut self, id: SnapshotId, event: EventRecord) {
-        if let Some(record) = self.inflight.get_mut(&id)
-            && !record
+        let new = self.inflight.get(&id).is_some_and(|record| {
+            !record
                 .events
                 .iter()
                 .any(|e| e.kind == event.kind && e.node == event.node)
-        {
-            record.events.push(event);
+        });
+        if new {
+            self.trace(id, &event);
+            if let Some(record) = self.inflight.get_mut(&id) {
+                record.events.push(event);
+            }
         }
+    }
+
+    /// Logs a step of snapshot `id` inside its span.
+    fn trace(&self, id: SnapshotId, event: &EventRecord) {
+        let Some(span) = self.spans.get(&id) else {
+            return;
+        };
+        span.in_scope(|| match event.kind {
+            EventKind::PartStored => tracing::debug!(
+                node = %event.node,
+                state_bytes = event.local_state_bytes,
+                recorded_messages = event.recorded_messages,
+                bytes_new = event.bytes_new,
+                bytes_reused = event.bytes_reused,
+                "part stored"
+            ),
+            EventKind::StateRecorded => tracing::debug!(node = %event.node, "state recorded"),
+            _ => tracing::debug!(node = %event.node, detail = %event.detail, "{:?}", event.kind),
+        });
     }
 
     /// Node `node`'s part of snapshot `id` is stored (the tracker took it): its sizes count
@@ -293,14 +319,18 @@ impl State {
         }
         record.bytes_new = record.bytes_new.saturating_add(sizes.bytes_new);
         record.bytes_reused = record.bytes_reused.saturating_add(sizes.bytes_reused);
-        record.events.push(EventRecord {
+        let event = EventRecord {
             node,
             local_state_bytes: sizes.local_state_bytes,
             recorded_messages: sizes.recorded_messages,
             bytes_new: sizes.bytes_new,
             bytes_reused: sizes.bytes_reused,
             ..EventRecord::new(now_ms(), EventKind::PartStored)
-        });
+        };
+        self.trace(id, &event);
+        if let Some(record) = self.inflight.get_mut(&id) {
+            record.events.push(event);
+        }
     }
 
     fn event(&mut self, id: SnapshotId, node: &NodeId, kind: EventKind, detail: String) {
@@ -329,6 +359,7 @@ impl State {
                 with_progress(&mut record, &progress);
                 record.finished_at_ms = now_ms();
                 self.metrics.in_flight.set(self.inflight.len() as i64);
+                let span = self.spans.remove(&id).unwrap_or_else(tracing::Span::none);
                 match &outcome {
                     tracker::Outcome::Completed(consistent) => {
                         record.status = SnapshotStatus::Completed;
@@ -337,11 +368,11 @@ impl State {
                             violation: String::new(),
                             recorded_messages: consistent.recorded_messages,
                         });
-                        tracing::info!(
-                            snapshot = id.0,
-                            ms = record.finished_at_ms - record.started_at_ms,
-                            "snapshot completed and verified"
-                        );
+                        let ms = record.finished_at_ms.saturating_sub(record.started_at_ms);
+                        let recorded = consistent.recorded_messages;
+                        span.in_scope(|| {
+                            tracing::info!(ms, recorded, "snapshot completed and verified")
+                        });
                     }
                     tracker::Outcome::Failed(reason) => {
                         record.status = if matches!(reason, FailureReason::Aborted(_)) {
@@ -357,7 +388,7 @@ impl State {
                             });
                         }
                         record.failure = Some(failure_record(reason));
-                        tracing::warn!(snapshot = id.0, %reason, "snapshot did not complete");
+                        span.in_scope(|| tracing::warn!(%reason, "snapshot did not complete"));
                     }
                 }
                 if let Some(verdict) = &record.verdict {

@@ -585,3 +585,42 @@ async fn a_removed_node_is_named_in_memberships_and_only_a_new_process_may_retur
     assert!(h.meta.removed().await.unwrap().is_empty());
     h.stop().await;
 }
+
+/// A snapshot is one `tracing` span on the coordinator, its steps logged inside it.
+#[tokio::test]
+async fn a_snapshot_is_one_span_with_its_steps_inside() {
+    // The test's runtime is this one thread: the state task logs here too.
+    let (logs, _guard) = cairn_sdk::cli::capture_logs();
+    let mut h = Harness::start().await;
+    let _a = h.register("a").await;
+    let _b = h.register("b").await;
+    let id = h.start_snapshot().await.unwrap();
+    let event = pb::NodeSnapshotEvent {
+        snapshot_id: id,
+        kind: Some(pb::node_snapshot_event::Kind::StateRecorded(pb::Empty {})),
+    };
+    h.tx.send(Msg::NodeEvent {
+        node: NodeId::new("a"),
+        event,
+    })
+    .await
+    .unwrap();
+    h.part(id, "a", "b").await;
+    h.part(id, "b", "a").await;
+    assert_eq!(h.ended(id).await.status, SnapshotStatus::Completed);
+    h.stop().await;
+    let text = logs.text();
+    let span = format!("snapshot{{snapshot={id} mode=CHANDY_LAMPORT}}:");
+    for step in [
+        "snapshot started",
+        "state recorded node=a",
+        "part stored node=a",
+        "part stored node=b",
+        "snapshot completed and verified",
+    ] {
+        assert!(
+            text.lines().any(|l| l.contains(&span) && l.contains(step)),
+            "{step} in {span}: {text}"
+        );
+    }
+}

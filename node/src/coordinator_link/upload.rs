@@ -10,6 +10,7 @@ use cairn_proto::v1 as pb;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::transport::Channel;
+use tracing::Instrument;
 
 use super::{CoordinatorLink, LinkError};
 use crate::metrics::NodeMetrics;
@@ -48,7 +49,9 @@ impl CoordinatorLink {
                 id,
                 node: header.node_id.clone(),
             };
-            tokio::spawn(uploader.run(header, rx, session.clone()));
+            // The node's part of the snapshot's trace, as its recording's span is named.
+            let span = tracing::info_span!(parent: None, "snapshot", snapshot = id);
+            tokio::spawn(uploader.run(header, rx, session.clone()).instrument(span));
             items
         })
     }
@@ -115,12 +118,7 @@ impl Uploader {
             Ok(Fed::Sent) => match call.await {
                 Ok(Ok(r)) => {
                     let r = r.into_inner();
-                    tracing::debug!(
-                        snapshot = self.id,
-                        new = r.bytes_new,
-                        reused = r.bytes_reused,
-                        "part uploaded"
-                    );
+                    tracing::debug!(new = r.bytes_new, reused = r.bytes_reused, "part uploaded");
                     return;
                 }
                 Ok(Err(s)) => LinkError::UploadRefused(s),
@@ -128,7 +126,7 @@ impl Uploader {
             },
         };
         let node = &self.node;
-        tracing::warn!(snapshot = self.id, %node, "upload failed: {why}");
+        tracing::warn!(%node, "upload failed: {why}");
         // Tell the coordinator now rather than let the snapshot time out.
         let reason = pb::FailureReason::from(&FailureReason::Storage {
             nodes: vec![cairn_core::NodeId::new(node.clone())],

@@ -462,6 +462,7 @@ impl NodeLoop {
     fn execute(&mut self, command: Command) {
         match command {
             Command::EnqueueRecordState { id, front } => {
+                self.recordings.started(id);
                 if self.app.is_none() {
                     tracing::warn!(snapshot = %id, "no application attached: snapshot fails here");
                     let reason = FailureReason::NoApplication(self.shared.node_id.clone());

@@ -16,7 +16,6 @@ use crate::error::Error;
 use crate::part::Part;
 use crate::shared::StateChunk;
 
-#[derive(Default)]
 struct Recording {
     /// Kept only without a coordinator.
     state: Vec<Bytes>,
@@ -24,6 +23,23 @@ struct Recording {
     state_done: bool,
     channels: BTreeMap<ChannelId, Vec<(u64, Bytes)>>,
     report: Option<LocalReport>,
+    /// The snapshot's `tracing` span on this node (`snapshot{snapshot=ID}`): recording
+    /// started, state recorded, channels recorded, part complete — the node's part of the
+    /// snapshot's trace (its upload logs in a span of the same name).
+    span: tracing::Span,
+}
+
+impl Recording {
+    fn new(id: SnapshotId) -> Self {
+        Recording {
+            state: Vec::new(),
+            state_started: false,
+            state_done: false,
+            channels: BTreeMap::new(),
+            report: None,
+            span: tracing::info_span!(parent: None, "snapshot", snapshot = id.0),
+        }
+    }
 }
 
 /// Recordings in progress and the parts they became.
@@ -45,13 +61,26 @@ impl Recordings {
         }
     }
 
+    fn recording(&mut self, id: SnapshotId) -> &mut Recording {
+        self.active.entry(id).or_insert_with(|| Recording::new(id))
+    }
+
+    /// The engine asked the application for its state (a first marker, or an initiation):
+    /// the snapshot starts on this node.
+    pub(super) fn started(&mut self, id: SnapshotId) {
+        let recording = self.recording(id);
+        recording
+            .span
+            .in_scope(|| tracing::debug!("recording: the application is asked for its state"));
+    }
+
     pub(super) fn record_messages(
         &mut self,
         id: SnapshotId,
         channel: ChannelId,
         messages: Vec<(u64, Bytes)>,
     ) {
-        let recording = self.active.entry(id).or_default();
+        let recording = self.recording(id);
         recording
             .channels
             .entry(channel)
@@ -61,10 +90,16 @@ impl Recordings {
 
     /// Adds a chunk of the application's state; true for the first one.
     pub(super) fn state_chunk(&mut self, id: SnapshotId, chunk: StateChunk) -> bool {
-        let recording = self.active.entry(id).or_default();
+        let heard = self.events.heard();
+        let recording = self.recording(id);
         let first = !recording.state_started;
         recording.state_started = true;
-        if !self.events.heard() {
+        if first {
+            recording
+                .span
+                .in_scope(|| tracing::debug!("state recorded by the application"));
+        }
+        if !heard {
             if !chunk.bytes.is_empty() {
                 recording.state.push(chunk.bytes);
             }
@@ -86,12 +121,21 @@ impl Recordings {
 
     pub(super) fn report(&mut self, report: LocalReport) {
         let id = report.id;
-        self.active.entry(id).or_default().report = Some(report);
+        let recording = self.recording(id);
+        let messages: usize = recording.channels.values().map(Vec::len).sum();
+        recording.span.in_scope(|| {
+            tracing::debug!(messages, "every channel's cut is known: channels recorded")
+        });
+        recording.report = Some(report);
         self.try_complete(id);
     }
 
     pub(super) fn fail(&mut self, id: SnapshotId, reason: FailureReason) {
-        self.active.remove(&id);
+        if let Some(recording) = self.active.remove(&id) {
+            recording
+                .span
+                .in_scope(|| tracing::debug!(%reason, "recording dropped"));
+        }
         // An abort the coordinator ordered needs no report back.
         if !matches!(reason, FailureReason::Aborted(_)) {
             self.tell(NodeEvent::Failed(id, reason.clone()));
@@ -143,7 +187,9 @@ impl Recordings {
             state: state.freeze(),
             channels: recording.channels,
         };
-        tracing::info!(snapshot = %id, "local snapshot part complete");
+        recording
+            .span
+            .in_scope(|| tracing::info!("local snapshot part complete"));
         self.tell(NodeEvent::PartReady(Box::new(part.clone())));
         self.store(id, Ok(part));
     }
