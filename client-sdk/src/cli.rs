@@ -79,52 +79,6 @@ pub fn init_logging(filter: &str, json: bool) {
     }
 }
 
-/// What was logged through `tracing` while a [`capture_logs`] guard lived: for tests that
-/// check what the code under them logs (a snapshot's span and steps, say).
-#[derive(Debug, Clone, Default)]
-pub struct CapturedLogs(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
-
-impl CapturedLogs {
-    /// The lines so far, as the plain (not JSON, no colour) format writes them.
-    pub fn text(&self) -> String {
-        let bytes = self.0.lock().map(|b| b.clone()).unwrap_or_default();
-        String::from_utf8_lossy(&bytes).into_owned()
-    }
-}
-
-impl std::io::Write for CapturedLogs {
-    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
-        if let Ok(mut buffer) = self.0.lock() {
-            buffer.extend_from_slice(bytes);
-        }
-        Ok(bytes.len())
-    }
-
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
-impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for CapturedLogs {
-    type Writer = CapturedLogs;
-
-    fn make_writer(&'a self) -> Self::Writer {
-        self.clone()
-    }
-}
-
-/// Captures this thread's logs at DEBUG and above (on a current-thread runtime, every
-/// task's) until the guard is dropped.
-pub fn capture_logs() -> (CapturedLogs, tracing::subscriber::DefaultGuard) {
-    let logs = CapturedLogs::default();
-    let subscriber = tracing_subscriber::fmt()
-        .with_max_level(tracing::Level::DEBUG)
-        .with_ansi(false)
-        .with_writer(logs.clone())
-        .finish();
-    (logs, tracing::subscriber::set_default(subscriber))
-}
-
 /// Binds `addr`, or explains which flag named an address that cannot be used.
 pub async fn bind(addr: SocketAddr, flag: &str) -> Result<TcpListener, ExitCode> {
     TcpListener::bind(addr)

@@ -135,6 +135,7 @@ impl CoordinatorService {
                     application_attached: false,
                     node_id: r.node,
                     address: r.address,
+                    channels: Vec::new(),
                 }
             })
             .collect();
@@ -922,10 +923,21 @@ fn session_msg(node: &NodeId, kind: pb::node_to_coordinator::Kind) -> Option<Msg
     let node = node.clone();
     Some(match kind {
         Kind::Snapshot(event) => Msg::NodeEvent { node, event },
-        Kind::Heartbeat(beat) => Msg::Heartbeat {
-            node,
-            application_attached: beat.application_attached,
-        },
+        Kind::Heartbeat(beat) => {
+            // Only the node's own channels, and not more than a node can have.
+            let mut channels = beat.channels;
+            channels.retain(|c| {
+                c.channel
+                    .as_ref()
+                    .is_some_and(|c| c.from == node.as_str() || c.to == node.as_str())
+            });
+            channels.truncate(crate::state::MAX_HEARTBEAT_CHANNELS);
+            Msg::Heartbeat {
+                node,
+                application_attached: beat.application_attached,
+                channels,
+            }
+        }
         Kind::RestoreApplied(applied) => Msg::RestoreApplied {
             node,
             restore_id: applied.restore_id,

@@ -117,10 +117,17 @@ fn snapshot_id(s: &pb::Snapshot) -> u64 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_console_shows_every_snapshot_its_cut_and_its_failure_and_the_api_matches_grpc() {
     use pb::inject_fault_request::Fault;
-    let mut cluster =
-        CoordinatedCluster::start_with(3, Store::Embedded, &[], &[], &["--fault-injection"])
-            .await
-            .unwrap();
+    // Debug logs, to follow a snapshot's span in each process's log.
+    let log = "info,cairn_coordinator=debug,cairn_node=debug";
+    let mut cluster = CoordinatedCluster::start_with(
+        3,
+        Store::Embedded,
+        &[],
+        &["--log", log],
+        &["--fault-injection", "--log", log],
+    )
+    .await
+    .unwrap();
     let http = cluster.coordinator_metrics.clone();
     let grpc = cluster.coordinator.clone();
     let profile = Profile(std::env::temp_dir().join(format!(
@@ -599,7 +606,31 @@ async fn the_console_shows_every_snapshot_its_cut_and_its_failure_and_the_api_ma
         )),
         "{page}"
     );
+    // Each daemon's heartbeat carries its channels: two out and two in, all up.
+    eventually(
+        "every daemon's channels",
+        Duration::from_secs(30),
+        || async {
+            let (_, body) = http_get(&http, "/api/v1/nodes").await?;
+            let nodes: serde_json::Value = serde_json::from_str(&body)?;
+            for node in nodes["nodes"].as_array().unwrap() {
+                let channels = node["channels"].as_array().map_or(0, Vec::len);
+                anyhow::ensure!(channels == 4, "{node}");
+            }
+            Ok(())
+        },
+    )
+    .await
+    .unwrap();
     let page = chromium_load(&profile, &format!("{base}/nodes"), None).await;
+    for (node, other) in [("n1", "n2"), ("n2", "n3"), ("n3", "n1")] {
+        for (from, to) in [(node, other), (other, node)] {
+            let row = format!(
+                "<tr class=\"node-channel\" data-node=\"{node}\" data-from=\"{from}\" data-to=\"{to}\" data-connected=\"true\""
+            );
+            assert!(page.contains(&row), "{row} missing: {page}");
+        }
+    }
     for node in ["n1", "n2", "n3"] {
         assert!(
             page.contains(&format!(
@@ -632,6 +663,51 @@ async fn the_console_shows_every_snapshot_its_cut_and_its_failure_and_the_api_ma
             bytes.starts_with(b"\x89PNG\r\n\x1a\n") && bytes.len() > 10_000,
             "{name}"
         );
+    }
+
+    // Tracing: a snapshot is one span per process, its steps inside, in order.
+    let id = snapshot_id(&completed[1]);
+    let in_order = |log: &str, span: &str, steps: &[&str]| {
+        let mut at = 0;
+        for step in steps {
+            let found = log
+                .lines()
+                .enumerate()
+                .skip(at)
+                .find(|(_, l)| l.contains(span) && l.contains(step));
+            let Some((n, _)) = found else {
+                panic!("{step} (after line {at}) in {span}: {log}");
+            };
+            at = n + 1;
+        }
+    };
+    in_order(
+        &cluster.log_of("coordinator"),
+        &format!("snapshot{{snapshot={id} mode=UNALIGNED}}:"),
+        &[
+            "snapshot started",
+            "state recorded",
+            "part stored",
+            "snapshot completed and verified",
+        ],
+    );
+    for node in ["n1", "n2", "n3"] {
+        let log = cluster.log_of(node);
+        let span = format!("snapshot{{snapshot={id}}}:");
+        in_order(
+            &log,
+            &span,
+            &[
+                "recording: the application is asked for its state",
+                "state recorded by the application",
+            ],
+        );
+        in_order(
+            &log,
+            &span,
+            &["channels recorded", "local snapshot part complete"],
+        );
+        in_order(&log, &span, &["part uploaded"]);
     }
 
     // Bad input: 404 for what does not exist, 400 for what cannot be an id or a query.

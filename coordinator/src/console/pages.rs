@@ -647,14 +647,40 @@ pub(super) async fn nodes(
                             }
                         }
                     }
-                    h2 { "Channels" }
+                    h2 { "Topology" }
                     p #topology data-channels=(list.channels.len()) {
                         @for (i, ch) in list.channels.iter().enumerate() {
                             @if i > 0 { ", " } (ch.from) " → " (ch.to)
                         }
                     }
-                    p { "A daemon's own channels (frames not yet acknowledged, reconnects, held frames) are in its "
-                        code { "GetNodeStatus" } ": " code { "cairnctl nodes status HOST:PORT" } "." }
+                    h2 { "Channels, as each daemon sees them" }
+                    p { small { "From each connected daemon's last heartbeat (every 2 s); "
+                        code { "cairnctl nodes status HOST:PORT" } " asks a daemon directly." } }
+                    table #node-channels {
+                        thead { tr {
+                            th { "node" } th { "channel" } th { "stream" } th { "frames not acknowledged" }
+                            th { "queued" } th { "reconnects" } th { "data messages" } th { "markers" } th { "held" }
+                        } }
+                        tbody {
+                            @for n in &list.nodes {
+                                @for c in &n.channels {
+                                    @let ch = c.channel.clone().unwrap_or_default();
+                                    @let side = if ch.from == n.node_id { "out" } else { "in" };
+                                    tr.node-channel data-node=(n.node_id) data-from=(ch.from) data-to=(ch.to) data-connected=(c.connected) data-unacked=(c.unacked_frames) data-reconnects=(c.reconnects) {
+                                        td { (n.node_id) }
+                                        td { (ch.from) " → " (ch.to) " (" (side) ")" }
+                                        td class=(if c.connected { "COMPLETED" } else { "FAILED" }) { (if c.connected { "up" } else { "down" }) }
+                                        td.num { (c.unacked_frames) }
+                                        td.num { (c.queued) }
+                                        td.num { (c.reconnects) }
+                                        td.num { (c.data_messages) }
+                                        td.num { (c.markers) }
+                                        td { @if c.alignment_blocked { "aligning" } @else if c.fault_held { "fault" } @else { "—" } }
+                                    }
+                                }
+                            }
+                        }
+                    }
                 },
             ))
         }

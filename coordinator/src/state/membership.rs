@@ -23,6 +23,8 @@ pub(super) struct Member {
     pub(super) application_attached: bool,
     /// The epoch the daemon is in, as far as the coordinator knows.
     pub(super) epoch: u64,
+    /// Its channels as of its last heartbeat.
+    pub(super) channels: Vec<pb::ChannelStatus>,
 }
 
 /// What a registering node still has to do about a restore.
@@ -78,6 +80,7 @@ impl State {
                     application_attached: live.is_some_and(|m| m.application_attached),
                     last_seen_ms: live.map_or(0, |m| m.last_seen_ms),
                     connected: live.is_some(),
+                    channels: live.map(|m| m.channels.clone()).unwrap_or_default(),
                 }
             })
             .collect();
@@ -253,6 +256,7 @@ impl State {
                 heard: Instant::now(),
                 application_attached: false,
                 epoch,
+                channels: Vec::new(),
             },
         );
         self.metrics.members.set(self.members.len() as i64);

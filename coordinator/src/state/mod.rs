@@ -55,6 +55,10 @@ pub(crate) struct PartSizes {
     pub recorded_messages: u64,
 }
 
+/// The most channels a heartbeat's status may list (a node of a full mesh of 2048 nodes
+/// has 4094).
+pub(crate) const MAX_HEARTBEAT_CHANNELS: usize = 4096;
+
 pub(crate) enum Msg {
     Register {
         register: pb::Register,
@@ -73,6 +77,8 @@ pub(crate) enum Msg {
     Heartbeat {
         node: NodeId,
         application_attached: bool,
+        /// Its channels' status, checked to be its own and bounded.
+        channels: Vec<pb::ChannelStatus>,
     },
     CheckUpload {
         id: SnapshotId,
@@ -400,11 +406,13 @@ impl State {
             Msg::Heartbeat {
                 node,
                 application_attached,
+                channels,
             } => {
                 if let Some(member) = self.members.get_mut(&node) {
                     member.last_seen_ms = now_ms();
                     member.heard = Instant::now();
                     member.application_attached = application_attached;
+                    member.channels = channels;
                 }
             }
             Msg::CheckUpload { id, node, reply } => {

@@ -372,6 +372,7 @@ impl CoordinatorLink {
                     let beat = pb::NodeToCoordinator {
                         kind: Some(pb::node_to_coordinator::Kind::Heartbeat(pb::Heartbeat {
                             application_attached: status.application_attached,
+                            channels: status.channels,
                         })),
                     };
                     tx.send(beat).await.map_err(|_| LinkError::SessionClosed)?;

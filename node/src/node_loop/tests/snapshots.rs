@@ -52,49 +52,6 @@ async fn a_plan_starts_a_snapshot_the_application_records_and_the_marker_goes_ou
     node.stop().await;
 }
 
-/// A snapshot is one `tracing` span on the node, `snapshot{snapshot=ID}`: recording starts,
-/// the state is recorded, the channels' cut is known, the part is complete — in order.
-#[tokio::test]
-async fn a_snapshot_is_one_span_with_the_nodes_steps_inside() {
-    let (logs, _guard) = cairn_sdk::cli::capture_logs();
-    let mut node = Node::start(&["a", "b"], true);
-    let mut app = node.attach(1, 16).await;
-    app.next().await; // Attached
-    assert_eq!(node.opened(B).await, 0);
-    node.send(LoopMsg::InitiatePlan { plan: plan(1) }).await;
-    assert!(matches!(app.next().await, Kind::RecordState(_)));
-    node.app_state(&app, 1, "S1").await;
-    assert!(
-        node.frames(0, 1, vec![data("x"), InItem::Marker(plan(1))])
-            .await
-    );
-    app.delivered().await;
-    let events = node.events().await;
-    assert!(
-        matches!(events.last(), Some(NodeEvent::PartReady(_))),
-        "{events:?}"
-    );
-    node.stop().await;
-    let text = logs.text();
-    let mut at = 0;
-    for step in [
-        "recording: the application is asked for its state",
-        "state recorded by the application",
-        "channels recorded messages=1",
-        "local snapshot part complete",
-    ] {
-        let line = text
-            .lines()
-            .enumerate()
-            .skip(at)
-            .find(|(_, l)| l.contains("snapshot{snapshot=1}:") && l.contains(step));
-        let Some((n, _)) = line else {
-            panic!("{step} (after line {at}) in snapshot{{snapshot=1}}: {text}");
-        };
-        at = n + 1;
-    }
-}
-
 /// Part ready: the state streams to the link as it comes, a message that arrives after the
 /// state and before b's marker is recorded, and the part completes with its cut.
 #[tokio::test]
