@@ -101,6 +101,10 @@ cargo test --workspace --locked 2>&1 | tee "$log"
 awk '/^test result:/ { for (i = 1; i <= NF; i++) { if ($i ~ /^passed;?$/) p += $(i-1); if ($i ~ /^failed;?$/) f += $(i-1) } }
      END { printf "\ntests: %d passed, %d failed\n", p, f }' "$log"
 
+say "fuzzing every decoder (scripts/fuzz.sh: cargo-fuzz on stable, ${CAIRN_FUZZ_SECONDS:-10} s a target, seed 1)"
+# About 7 minutes: cargo-fuzz's install (once), the instrumented build, then each target.
+CAIRN_FUZZ_SECONDS="${CAIRN_FUZZ_SECONDS:-10}" scripts/fuzz.sh
+
 say "Kubernetes manifests: kubectl kustomize, kubernetes-validate, flags against the binaries"
 # The dev-certs overlay needs the files deploy/make-certs.sh writes (as README says): built
 # from a copy of deploy/k8s, so the tree's own deploy/k8s/dev-certs/certs is left alone.

@@ -55,6 +55,25 @@ pub struct Manifest {
     pub channel_states: ChunkList,
 }
 
+impl Manifest {
+    /// A manifest from its stored bytes: JSON whose every chunk name is 64 lowercase hex
+    /// digits (a name is a path in the store); why not, otherwise.
+    pub fn parse(bytes: &[u8]) -> Result<Self, String> {
+        let manifest: Manifest = serde_json::from_slice(bytes).map_err(|e| e.to_string())?;
+        for name in manifest
+            .local_state
+            .chunks
+            .iter()
+            .chain(&manifest.channel_states.chunks)
+        {
+            if !valid_name(name) {
+                return Err(format!("bad chunk name `{}`", name.escape_debug()));
+            }
+        }
+        Ok(manifest)
+    }
+}
+
 /// Where a manifest is: the sha256 of its bytes, and their size.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ManifestRef {
@@ -615,19 +634,7 @@ impl BlobStore {
                 reference.size
             )));
         }
-        let manifest: Manifest =
-            serde_json::from_slice(&bytes).map_err(|e| corrupt(e.to_string()))?;
-        for name in manifest
-            .local_state
-            .chunks
-            .iter()
-            .chain(&manifest.channel_states.chunks)
-        {
-            if !valid_name(name) {
-                return Err(corrupt(format!("bad chunk name `{}`", name.escape_debug())));
-            }
-        }
-        Ok(manifest)
+        Manifest::parse(&bytes).map_err(corrupt)
     }
 
     /// Every object of `kind` in the store.

@@ -21,6 +21,7 @@ pub mod config;
 mod console;
 mod election;
 pub mod error;
+pub mod fuzzing;
 mod limits;
 mod metrics;
 mod parts;

@@ -63,8 +63,15 @@ async fn every_message_arrives_once_and_in_order_while_connections_are_cut_again
     .unwrap();
     let receiver = tokio::spawn(receive_numbers(b, N, None));
     let sender = a.sender();
+    // The sender sends in four quarters and starts quarter k only after k cuts: on a fast
+    // machine the whole transfer could otherwise end between two cuts.
+    let (cut_tx, mut cut_rx) = tokio::sync::watch::channel(0usize);
     let sending = tokio::spawn(async move {
         for i in 0..N {
+            let quarter = (i / (N / 4)) as usize;
+            if i % (N / 4) == 0 && quarter > 0 {
+                cut_rx.wait_for(|cuts| *cuts >= quarter).await?;
+            }
             sender
                 .send("b", Bytes::copy_from_slice(&i.to_be_bytes()))
                 .await?;
@@ -75,6 +82,7 @@ async fn every_message_arrives_once_and_in_order_while_connections_are_cut_again
     while !receiver.is_finished() {
         tokio::time::sleep(Duration::from_millis(15)).await;
         cuts += proxy.cut();
+        cut_tx.send_replace(cuts);
     }
     sending.await.unwrap().unwrap();
     assert_eq!(receiver.await.unwrap().unwrap(), N);

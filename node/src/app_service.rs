@@ -418,20 +418,10 @@ impl SessionReader {
             entries.push((message.to.as_str(), message.payload.clone()));
         }
         for run in &batch.runs {
-            let total: u64 = run.lengths.iter().map(|l| u64::from(*l)).sum();
-            if total != run.payloads.len() as u64 {
-                return Err(invalid(&format!(
-                    "a run's lengths add up to {total} bytes but it carries {}",
-                    run.payloads.len()
-                ))
-                .into());
-            }
-            let mut at = 0usize;
-            for len in &run.lengths {
-                let len = *len as usize;
-                entries.push((run.to.as_str(), run.payloads.slice(at..at + len)));
-                at += len;
-            }
+            // Each payload's size is checked below, with the message's.
+            let payloads = cairn_proto::runs::split(&run.payloads, &run.lengths, usize::MAX)
+                .map_err(|e| invalid(&e.to_string()))?;
+            entries.extend(payloads.map(|p| (run.to.as_str(), p)));
         }
         let mut checked = Vec::with_capacity(entries.len());
         // The channels this batch names, built once each (a batch names few peers).

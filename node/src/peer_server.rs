@@ -5,8 +5,8 @@
 
 use std::sync::Arc;
 
-use bytes::Bytes;
 use cairn_core::ChannelId;
+use cairn_proto::runs;
 use cairn_proto::v1 as pb;
 use cairn_sdk::cli::identity::{self, check_node};
 use tokio::sync::{mpsc, oneshot};
@@ -263,26 +263,16 @@ impl Reader {
         for frame in &batch.frames {
             match &frame.kind {
                 Some(pb::frame::Kind::Data(run)) => {
-                    let total: u64 = run.lengths.iter().map(|l| u64::from(*l)).sum();
-                    if total != run.payloads.len() as u64 {
-                        return Err(invalid(&format!(
-                            "data run lengths add up to {total} bytes but it carries {}",
-                            run.payloads.len()
-                        )));
-                    }
-                    let mut at = 0usize;
-                    for len in &run.lengths {
-                        let len = *len as usize;
-                        if len > self.shared.max_payload {
-                            return Err(Error::PayloadTooLarge {
-                                size: len,
-                                limit: self.shared.max_payload,
-                            });
-                        }
-                        let payload: Bytes = run.payloads.slice(at..at + len);
-                        items.push(InItem::Data(payload));
-                        at += len;
-                    }
+                    let payloads =
+                        runs::split(&run.payloads, &run.lengths, self.shared.max_payload).map_err(
+                            |e| match e {
+                                runs::RunError::TooLarge { size, limit } => {
+                                    Error::PayloadTooLarge { size, limit }
+                                }
+                                e => invalid(&format!("data run: {e}")),
+                            },
+                        )?;
+                    items.extend(payloads.map(InItem::Data));
                 }
                 Some(pb::frame::Kind::Marker(marker)) => {
                     let plan = marker

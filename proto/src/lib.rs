@@ -42,6 +42,7 @@ pub const FILE_DESCRIPTOR_SET: &[u8] =
     include_bytes!(concat!(env!("OUT_DIR"), "/cairn_descriptor.bin"));
 
 pub mod convert;
+pub mod fuzzing;
 pub mod limits;
 pub mod runs;
 

@@ -64,9 +64,84 @@ impl<K: PartialEq> RunBuilder<K> {
     }
 }
 
+/// Why a received run cannot be taken apart.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RunError {
+    /// The lengths do not add up to the blob.
+    #[error("a run's lengths add up to {total} bytes but it carries {carried}")]
+    Mismatch {
+        /// What the lengths add up to.
+        total: u64,
+        /// The blob's size.
+        carried: usize,
+    },
+    /// One payload is above the limit.
+    #[error("a payload of {size} bytes is above the limit of {limit}")]
+    TooLarge {
+        /// Its size.
+        size: usize,
+        /// The limit.
+        limit: usize,
+    },
+}
+
+/// A received run's payloads: slices of `blob` (no copy) of `lengths`, in order. Refused
+/// unless the lengths add up to the blob exactly and each is at most `max_payload`; every
+/// check is made before the first payload is handed out.
+pub fn split(
+    blob: &Bytes,
+    lengths: &[u32],
+    max_payload: usize,
+) -> Result<impl Iterator<Item = Bytes>, RunError> {
+    let mut total = 0u64;
+    for len in lengths {
+        let size = *len as usize;
+        if size > max_payload {
+            return Err(RunError::TooLarge {
+                size,
+                limit: max_payload,
+            });
+        }
+        total = total.saturating_add(u64::from(*len));
+    }
+    if total != blob.len() as u64 {
+        return Err(RunError::Mismatch {
+            total,
+            carried: blob.len(),
+        });
+    }
+    let blob = blob.clone();
+    let mut at = 0usize;
+    Ok(lengths.iter().map(move |len| {
+        let end = at + *len as usize;
+        let payload = blob.slice(at..end);
+        at = end;
+        payload
+    }))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_run_splits_only_when_its_lengths_add_up_and_fit() {
+        let blob = Bytes::from_static(b"abcdef");
+        let parts: Vec<Bytes> = split(&blob, &[1, 0, 2, 3], 8).unwrap().collect();
+        assert_eq!(parts, ["a", "", "bc", "def"]);
+        assert_eq!(
+            split(&blob, &[1, 2], 8).err(),
+            Some(RunError::Mismatch {
+                total: 3,
+                carried: 6
+            })
+        );
+        assert_eq!(
+            split(&blob, &[6], 5).err(),
+            Some(RunError::TooLarge { size: 6, limit: 5 })
+        );
+        assert!(split(&blob, &[u32::MAX; 3], usize::MAX).is_err());
+    }
 
     #[test]
     fn small_payloads_share_a_run_per_key_and_large_ones_go_alone_uncopied() {

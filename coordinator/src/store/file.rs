@@ -26,6 +26,30 @@ enum Change {
     DeletePrefix { prefix: String },
 }
 
+/// What a replay gives: the contents, and the unreadable tail dropped (its line, why).
+pub(crate) type Replayed = (BTreeMap<String, String>, Option<(usize, String)>);
+
+/// The store's contents from its base file (`None`: none yet; an unreadable one is an
+/// error) and its log, each line a change applied in order. The first unreadable line and
+/// everything after it are a write cut short by a crash and are dropped: the line's number
+/// (from 1) and why are returned.
+pub(crate) fn replay(base: Option<&[u8]>, log: &[u8]) -> Result<Replayed, String> {
+    let mut data: BTreeMap<String, String> = match base {
+        Some(bytes) => serde_json::from_slice(bytes).map_err(|e| e.to_string())?,
+        None => BTreeMap::new(),
+    };
+    for (number, line) in log.split(|b| *b == b'\n').enumerate() {
+        if line.is_empty() {
+            continue;
+        }
+        match serde_json::from_slice::<Change>(line) {
+            Ok(change) => change.apply(&mut data),
+            Err(e) => return Ok((data, Some((number + 1, e.to_string())))),
+        }
+    }
+    Ok((data, None))
+}
+
 impl Change {
     fn apply(self, data: &mut BTreeMap<String, String>) {
         match self {
@@ -118,35 +142,26 @@ impl FileKv {
         }
         let lock_path = path.with_extension("lock");
         let lock = lock_store(&lock_path)?;
-        let mut data: BTreeMap<String, String> = match tokio::fs::read(path).await {
-            Ok(bytes) => serde_json::from_slice(&bytes)
-                .map_err(|e| StoreError(format!("{} is not a cairn store: {e}", path.display())))?,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => BTreeMap::new(),
+        let base = match tokio::fs::read(path).await {
+            Ok(bytes) => Some(bytes),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
             Err(e) => return Err(io(path, "read", e)),
         };
         let log_path = path.with_extension("log");
-        match tokio::fs::read(&log_path).await {
-            Ok(bytes) => {
-                for (number, line) in bytes.split(|b| *b == b'\n').enumerate() {
-                    if line.is_empty() {
-                        continue;
-                    }
-                    match serde_json::from_slice::<Change>(line) {
-                        Ok(change) => change.apply(&mut data),
-                        Err(e) => {
-                            // A write cut short by a crash: nothing after it was acknowledged.
-                            tracing::warn!(
-                                log = %log_path.display(),
-                                line = number + 1,
-                                "dropping an unreadable tail of the metadata log: {e}"
-                            );
-                            break;
-                        }
-                    }
-                }
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        let log = match tokio::fs::read(&log_path).await {
+            Ok(bytes) => bytes,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
             Err(e) => return Err(io(&log_path, "read", e)),
+        };
+        let (mut data, dropped) = replay(base.as_deref(), &log)
+            .map_err(|e| StoreError(format!("{} is not a cairn store: {e}", path.display())))?;
+        if let Some((line, why)) = dropped {
+            // A write cut short by a crash: nothing after it was acknowledged.
+            tracing::warn!(
+                log = %log_path.display(),
+                line,
+                "dropping an unreadable tail of the metadata log: {why}"
+            );
         }
         data.retain(|k, _| !k.starts_with(ephemeral_prefix));
         let log = tokio::fs::OpenOptions::new()

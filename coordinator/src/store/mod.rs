@@ -12,7 +12,7 @@
 //! | `leader/<lease>` | a replica's advertised address (etcd's election keys) |
 
 mod etcd;
-mod file;
+pub(crate) mod file;
 mod memory;
 mod meta;
 pub(crate) mod records;

@@ -1,0 +1,103 @@
+//! Entry points for fuzzing the decoders of what arrives from outside on the wire (issue 20):
+//! each takes arbitrary bytes, decodes them as the daemons and the coordinator would, and
+//! runs every check and conversion that follows the decoding. None may panic, whatever the
+//! bytes; `fuzz/` (cargo-fuzz, outside the workspace) drives them, and
+//! `integration-tests/tests/fuzz_replay.rs` replays their corpora and past crashes on the
+//! stable toolchain.
+
+use prost::Message;
+
+use crate::runs;
+use crate::v1 as pb;
+
+/// The largest payload the fuzzers let a run carry (a daemon's default limit).
+const MAX_PAYLOAD: usize = 1 << 20;
+
+/// A peer's first frame and its frames: `Handshake`, then `FrameBatch` with its data runs
+/// taken apart and its markers' plans converted (`peer_server.rs`).
+pub fn peer_frames(data: &[u8]) {
+    let _ = pb::Handshake::decode(data);
+    let Ok(batch) = pb::FrameBatch::decode(data) else {
+        return;
+    };
+    let mut count = 0usize;
+    for frame in &batch.frames {
+        match &frame.kind {
+            Some(pb::frame::Kind::Data(run)) => {
+                if let Ok(payloads) = runs::split(&run.payloads, &run.lengths, MAX_PAYLOAD) {
+                    count = count.saturating_add(payloads.count());
+                }
+            }
+            Some(pb::frame::Kind::Marker(marker)) => {
+                if let Some(plan) = &marker.plan {
+                    let _ = cairn_core::Plan::try_from(plan);
+                }
+            }
+            None => {}
+        }
+    }
+    let _ = batch.first_seq.checked_add(count as u64);
+}
+
+/// What an application sends its daemon (`AppToNode`): its sends' runs taken apart, its
+/// state's pieces, its channels named.
+pub fn app_messages(data: &[u8]) {
+    let Ok(message) = pb::AppToNode::decode(data) else {
+        return;
+    };
+    if let Some(pb::app_to_node::Kind::Send(batch)) = message.kind {
+        for run in &batch.runs {
+            if let Ok(payloads) = runs::split(&run.payloads, &run.lengths, usize::MAX) {
+                let _ = payloads.count();
+            }
+        }
+    }
+}
+
+/// One message of a part's upload (`UploadChunk`): the cut's counters and the recorded
+/// messages' channels converted as the coordinator converts them (`parts.rs`).
+pub fn upload_chunk(data: &[u8]) {
+    let Ok(chunk) = pb::UploadChunk::decode(data) else {
+        return;
+    };
+    match chunk.kind {
+        Some(pb::upload_chunk::Kind::Cut(cut)) => {
+            for c in &cut.incoming {
+                let _ = <(cairn_core::ChannelId, cairn_core::IncomingCut)>::try_from(c);
+            }
+            for c in &cut.outgoing {
+                let _ = <(cairn_core::ChannelId, cairn_core::OutgoingCut)>::try_from(c);
+            }
+        }
+        Some(pb::upload_chunk::Kind::ChannelState(state)) => {
+            let _ = crate::convert::channel_from_pb(state.channel.as_ref());
+        }
+        Some(pb::upload_chunk::Kind::Header(_) | pb::upload_chunk::Kind::StateChunk(_)) | None => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Valid messages and every prefix of them go through without a panic.
+    #[test]
+    fn valid_messages_and_their_prefixes_decode_without_panic() {
+        let batch = pb::FrameBatch {
+            first_seq: u64::MAX,
+            frames: vec![pb::Frame {
+                kind: Some(pb::frame::Kind::Data(pb::DataRun {
+                    payloads: bytes::Bytes::from_static(b"abc"),
+                    lengths: vec![1, 2],
+                })),
+            }],
+            epoch: 1,
+        }
+        .encode_to_vec();
+        for end in 0..=batch.len() {
+            peer_frames(&batch[..end]);
+            app_messages(&batch[..end]);
+            upload_chunk(&batch[..end]);
+        }
+    }
+}
