@@ -94,29 +94,15 @@ fn mode_word(mode: i32) -> String {
     word(mode.as_str_name(), "SNAPSHOT_MODE_")
 }
 
-/// Milliseconds since the Unix epoch as UTC `YYYY-MM-DD HH:MM:SS.mmm`.
+/// Milliseconds since the Unix epoch as UTC `YYYY-MM-DD HH:MM:SS.mmm` (the date from the
+/// SDK's `format_time`, `YYYY-MM-DDTHH:MM:SSZ`).
 fn time(ms: u64) -> String {
     if ms == 0 {
         return "—".into();
     }
-    let (secs, millis) = (ms / 1000, ms % 1000);
-    let (days, rest) = (secs / 86_400, secs % 86_400);
-    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
-    let z = days as i64 + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    format!(
-        "{year:04}-{month:02}-{day:02} {:02}:{:02}:{:02}.{millis:03}",
-        rest / 3600,
-        rest % 3600 / 60,
-        rest % 60
-    )
+    let utc = cairn_sdk::tls::format_time(ms / 1000);
+    let (date, clock) = utc.split_once('T').unwrap_or((&utc, ""));
+    format!("{date} {}.{:03}", clock.trim_end_matches('Z'), ms % 1000)
 }
 
 /// A duration in milliseconds for people.
