@@ -87,11 +87,15 @@ cargo build --workspace --bins --locked
 say "cargo build -p cairn-sdk --no-default-features (the SDK an application links: no clap, no tracing-subscriber)"
 cargo build -p cairn-sdk --no-default-features --locked
 
-say "randomised fault run (cairn-faults: 4 nodes, etcd, automatic recovery; kills, pauses, cuts, restores)"
-# Seeded and bounded: ${CAIRN_FAULTS_SECONDS:-150} s of faults, then the checks (about a
-# minute). CAIRN_FAULTS_SEED picks another schedule of faults; a failing run keeps its logs.
-target/debug/cairn-faults --seed "${CAIRN_FAULTS_SEED:-1}" --seconds "${CAIRN_FAULTS_SECONDS:-150}" \
-  --out target/faults-run.json
+say "nemesis run (cairn-nemesis --quick: etcd, 2 coordinators, 4 daemons with banks; kills, pauses, cuts, holds, delays, restores; independent checker)"
+# Seeded and bounded: ${CAIRN_NEMESIS_SECONDS:-90} s of faults, then about 10 s of checks.
+# CAIRN_NEMESIS_SEED picks another schedule; the history stays in target/nemesis-history.jsonl
+# (cairn-nemesis --check replays the checker over it), and a failing run keeps the logs.
+target/debug/cairn-nemesis --quick --seed "${CAIRN_NEMESIS_SEED:-1}" --seconds "${CAIRN_NEMESIS_SECONDS:-90}" \
+  --history target/nemesis-history.jsonl --out target/nemesis-verdict.json
+
+say "the checker's mutation check (scripts/nemesis-mutants.sh: each planted bug must be caught)"
+scripts/nemesis-mutants.sh
 
 say "cargo test --workspace"
 log=$(mktemp)

@@ -2,15 +2,24 @@
 //! cairn messages, so that a snapshot's consistency is easy to see — the recorded
 //! balances plus the recorded money in flight must equal the money there is.
 //!
-//! State: JSON `{"balance": N}`. A transfer's payload: JSON `{"amount": N}`. The sender
-//! is debited at once, in the same critical section that queues the message, and the
-//! state is recorded in a critical section too, so a transfer is either wholly before
-//! the cut (debited and sent) or wholly after it.
+//! State: JSON `{"balance": N, "line": L, "sent": {..}, "received": {..}}`. A transfer's
+//! payload: JSON `{"amount": N, "line": L, "id": I}`. The sender is debited at once, in
+//! the same critical section that queues the message, and the state is recorded in a
+//! critical section too, so a transfer is either wholly before the cut (debited and sent)
+//! or wholly after it.
+//!
+//! Every transfer carries an id: the sender's line (a random number drawn when a bank
+//! starts with a fresh balance, kept through restores) and a count per receiver (1, 2, …).
+//! The state records, per peer, the last id sent and the last id received, so a snapshot
+//! shows exactly which transfers it holds in flight (those after the receiver's last and up
+//! to the sender's last), and a receiver sees a duplicate or a gap at once: it counts and
+//! logs both at ERROR (`duplicate_transfers`, `skipped_transfers` in `GetBalance`).
 //!
 //! A delivered transfer is applied only if its payload decodes and the credit does not
 //! overflow the balance; otherwise it is logged at ERROR, counted (`rejected_transfers` in
 //! `GetBalance`) and not applied — never wrapped, never silently dropped.
 
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -32,18 +41,115 @@ use crate::session::{AppEvent, AppSender, AppSession};
 /// Streams one connection may have open at once on the bank's port (its calls are unary).
 const BANK_STREAMS: u32 = 64;
 
-/// The recorded state of a bank.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+/// The recorded state of a bank. The fields beyond `balance` are absent from states of
+/// older banks (`{"balance": N}` still parses).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct BankState {
     /// The balance.
     pub balance: u64,
+    /// The line of this bank's transfers: drawn at random when the bank starts with a
+    /// fresh balance, kept through a restore (it is part of the state restored).
+    #[serde(default)]
+    pub line: u64,
+    /// Per peer, the id of the last transfer sent to it (of `line`): ids are 1, 2, ….
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub sent: BTreeMap<String, u64>,
+    /// Per peer, the last transfer received from it: the sender's line and id.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub received: BTreeMap<String, Received>,
 }
 
-/// A transfer's payload.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+/// The last transfer received from one peer.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Received {
+    /// The sender's line.
+    pub line: u64,
+    /// The id of its last transfer applied.
+    pub id: u64,
+}
+
+/// A transfer's payload. `line` and `id` are 0 in payloads of older banks and of
+/// of other programs sending on the bank's session (applied without an order check).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TransferPayload {
     /// The amount moved.
     pub amount: u64,
+    /// The sender's line.
+    #[serde(default)]
+    pub line: u64,
+    /// The transfer's id in the sender's line, towards this receiver (1, 2, …).
+    #[serde(default)]
+    pub id: u64,
+}
+
+/// Where a delivered transfer stands in its sender's order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Order {
+    /// The next id of the line followed.
+    Next,
+    /// The payload carries no id (an older bank's, or one made by hand).
+    Untracked,
+    /// The first transfer seen of this line of the sender (the sender, or this bank,
+    /// started with a fresh balance since): followed from here.
+    NewLine,
+    /// An id at or below the last applied: a duplicate.
+    Duplicate,
+    /// This many ids were skipped: a loss.
+    Skipped(u64),
+}
+
+impl BankState {
+    /// A bank's state when it starts: `balance`, a fresh random line, nothing sent or
+    /// received.
+    pub fn fresh(balance: u64) -> Self {
+        Self {
+            balance,
+            line: rand::rng().random_range(1..=u64::MAX >> 11),
+            ..Self::default()
+        }
+    }
+
+    /// Applies a delivered transfer from `from`: credits it and tells where it stands in
+    /// the sender's order (a duplicate or a gap is applied too, and reported). A payload
+    /// that does not decode, or a credit that would overflow, is rejected and changes
+    /// nothing.
+    pub fn receive(&mut self, from: &str, payload: &[u8]) -> Result<Order, Rejected> {
+        let transfer =
+            TransferPayload::decode(payload).map_err(|e| Rejected::Malformed(e.to_string()))?;
+        self.balance = self
+            .balance
+            .checked_add(transfer.amount)
+            .ok_or(Rejected::Overflow {
+                balance: self.balance,
+                amount: transfer.amount,
+            })?;
+        if transfer.id == 0 {
+            return Ok(Order::Untracked);
+        }
+        let seen = Received {
+            line: transfer.line,
+            id: transfer.id,
+        };
+        let Some(last) = self.received.get_mut(from) else {
+            self.received.insert(from.to_owned(), seen);
+            return Ok(if transfer.id == 1 {
+                Order::Next
+            } else {
+                Order::NewLine
+            });
+        };
+        if last.line != transfer.line {
+            *last = seen;
+            return Ok(Order::NewLine);
+        }
+        let order = match transfer.id.checked_sub(last.id) {
+            Some(1) => Order::Next,
+            None | Some(0) => return Ok(Order::Duplicate),
+            Some(n) => Order::Skipped(n - 1),
+        };
+        last.id = transfer.id;
+        Ok(order)
+    }
 }
 
 impl TransferPayload {
@@ -84,21 +190,6 @@ impl std::fmt::Display for Rejected {
     }
 }
 
-/// Credits a delivered transfer's `payload` to `balance` and returns the new balance; a
-/// payload that does not decode, or a credit that would overflow, is rejected and leaves
-/// `balance` as it was.
-pub fn credit(balance: &mut u64, payload: &[u8]) -> Result<u64, Rejected> {
-    let transfer =
-        TransferPayload::decode(payload).map_err(|e| Rejected::Malformed(e.to_string()))?;
-    *balance = balance
-        .checked_add(transfer.amount)
-        .ok_or(Rejected::Overflow {
-            balance: *balance,
-            amount: transfer.amount,
-        })?;
-    Ok(*balance)
-}
-
 /// How a bank runs.
 #[derive(Debug, Clone)]
 pub struct BankConfig {
@@ -120,12 +211,16 @@ pub struct BankConfig {
 
 struct Bank {
     node_id: String,
-    balance: Mutex<u64>,
+    state: Mutex<BankState>,
     sender: AppSender,
     /// The snapshot last restored; 0 if none.
     restored: AtomicU64,
     /// Delivered transfers refused: malformed, or overflowing the balance.
     rejected: AtomicU64,
+    /// Delivered transfers whose id was at or below the last applied.
+    duplicates: AtomicU64,
+    /// Transfer ids skipped.
+    skipped: AtomicU64,
     /// Random transfers per second; 0 pauses them.
     rate: tokio::sync::watch::Sender<f64>,
     /// Held by the workload while it makes a transfer.
@@ -151,25 +246,27 @@ impl Bank {
             )));
         }
         let permit = self.sender.reserve().await.map_err(unavailable)?;
-        let mut balance = self
-            .balance
-            .lock()
-            .expect("never poisoned: no panics inside");
-        if *balance < amount {
+        let mut state = self.state.lock().expect("never poisoned: no panics inside");
+        if state.balance < amount {
             return Err(Status::failed_precondition(format!(
                 "insufficient funds: balance {} < amount {amount}",
-                *balance
+                state.balance
             )));
         }
-        permit
-            .send(to, TransferPayload { amount }.encode())
-            .map_err(unavailable)?;
-        *balance -= amount;
-        Ok(*balance)
+        let id = state.sent.get(to).copied().unwrap_or(0).saturating_add(1);
+        let payload = TransferPayload {
+            amount,
+            line: state.line,
+            id,
+        };
+        permit.send(to, payload.encode()).map_err(unavailable)?;
+        state.sent.insert(to.to_owned(), id);
+        state.balance -= amount;
+        Ok(state.balance)
     }
 
     fn balance(&self) -> u64 {
-        *self.balance.lock().expect("never poisoned")
+        self.state.lock().expect("never poisoned").balance
     }
 }
 
@@ -206,6 +303,13 @@ impl pb::bank_server::Bank for BankService {
         Ok(Response::new(pb::GetBalanceResponse {
             node_id: self.0.node_id.clone(),
             balance: self.0.balance(),
+            state_json: String::from_utf8(
+                serde_json::to_vec(&*self.0.state.lock().expect("never poisoned"))
+                    .expect("plain struct"),
+            )
+            .expect("JSON is UTF-8"),
+            duplicate_transfers: self.0.duplicates.load(Ordering::Relaxed),
+            skipped_transfers: self.0.skipped.load(Ordering::Relaxed),
             peers: self.0.sender.peers().into_iter().collect(),
             restored_snapshot: self.0.restored.load(Ordering::Relaxed),
             rejected_transfers: self.0.rejected.load(Ordering::Relaxed),
@@ -258,10 +362,12 @@ pub async fn run(
     let mut session = connect(&config).await?;
     let bank = Arc::new(Bank {
         node_id: session.node_id().to_owned(),
-        balance: Mutex::new(config.initial_balance),
+        state: Mutex::new(BankState::fresh(config.initial_balance)),
         sender: session.sender(),
         restored: AtomicU64::new(0),
         rejected: AtomicU64::new(0),
+        duplicates: AtomicU64::new(0),
+        skipped: AtomicU64::new(0),
         rate: tokio::sync::watch::Sender::new(config.workload_rate),
         workload_busy: tokio::sync::Mutex::new(()),
     });
@@ -311,18 +417,38 @@ pub async fn run(
         };
         match event {
             Ok(Some(AppEvent::Message { from, payload })) => {
-                let credited = credit(&mut bank.balance.lock().expect("never poisoned"), &payload);
-                if let Err(e) = credited {
-                    let rejected = bank.rejected.fetch_add(1, Ordering::Relaxed) + 1;
-                    tracing::error!(%from, rejected, "transfer rejected, not applied: {e}");
+                let received = bank
+                    .state
+                    .lock()
+                    .expect("never poisoned")
+                    .receive(&from, &payload);
+                match received {
+                    Ok(Order::Next | Order::Untracked) => {}
+                    Ok(Order::NewLine) => {
+                        tracing::info!(%from, "transfers of a new line of the sender");
+                    }
+                    Ok(Order::Duplicate) => {
+                        let n = bank.duplicates.fetch_add(1, Ordering::Relaxed) + 1;
+                        tracing::error!(%from, duplicates = n, "a transfer delivered twice (applied)");
+                    }
+                    Ok(Order::Skipped(k)) => {
+                        let n = bank
+                            .skipped
+                            .fetch_add(k, Ordering::Relaxed)
+                            .saturating_add(k);
+                        tracing::error!(%from, skipped = k, total = n, "transfers never delivered before a later one");
+                    }
+                    Err(e) => {
+                        let rejected = bank.rejected.fetch_add(1, Ordering::Relaxed) + 1;
+                        tracing::error!(%from, rejected, "transfer rejected, not applied: {e}");
+                    }
                 }
             }
             Ok(Some(AppEvent::RecordState { snapshot_id })) => {
-                let balance = bank.balance.lock().expect("never poisoned");
-                let state =
-                    serde_json::to_vec(&BankState { balance: *balance }).expect("plain struct");
-                bank.sender.state_recorded(snapshot_id, state.into())?;
-                tracing::debug!(snapshot_id, balance = *balance, "state recorded");
+                let state = bank.state.lock().expect("never poisoned");
+                let bytes = serde_json::to_vec(&*state).expect("plain struct");
+                bank.sender.state_recorded(snapshot_id, bytes.into())?;
+                tracing::debug!(snapshot_id, balance = state.balance, "state recorded");
             }
             Ok(Some(AppEvent::Restore {
                 restore_id,
@@ -332,11 +458,12 @@ pub async fn run(
                 Ok(s) => {
                     // The balance and the acknowledgement in one critical section: no
                     // transfer decided on the old balance can follow the acknowledgement.
-                    let mut balance = bank.balance.lock().expect("never poisoned");
-                    *balance = s.balance;
+                    let mut state = bank.state.lock().expect("never poisoned");
+                    let balance = s.balance;
+                    *state = s;
                     bank.sender.restore_applied(&restore_id)?;
                     bank.restored.store(snapshot_id, Ordering::Relaxed);
-                    tracing::info!(snapshot_id, balance = s.balance, "restored");
+                    tracing::info!(snapshot_id, balance, "restored");
                 }
                 Err(e) => tracing::error!(snapshot_id, "cannot restore a malformed state: {e}"),
             },
@@ -419,7 +546,22 @@ mod tests {
     use super::*;
 
     fn payload(amount: u64) -> Bytes {
-        TransferPayload { amount }.encode()
+        TransferPayload {
+            amount,
+            ..Default::default()
+        }
+        .encode()
+    }
+
+    /// `credit` as it was: the balance after a delivery, or why it was refused.
+    fn credit(balance: &mut u64, payload: &[u8]) -> Result<u64, Rejected> {
+        let mut state = BankState {
+            balance: *balance,
+            ..Default::default()
+        };
+        state.receive("n1", payload)?;
+        *balance = state.balance;
+        Ok(state.balance)
     }
 
     #[test]
@@ -463,5 +605,41 @@ mod tests {
             );
             assert_eq!(balance, 7);
         }
+    }
+
+    fn transfer(line: u64, id: u64) -> Bytes {
+        TransferPayload {
+            amount: 1,
+            line,
+            id,
+        }
+        .encode()
+    }
+
+    #[test]
+    fn transfer_ids_tell_duplicates_gaps_and_new_lines() {
+        let mut state = BankState::fresh(0);
+        assert_ne!(state.line, 0);
+        assert_eq!(state.receive("a", &transfer(7, 1)), Ok(Order::Next));
+        assert_eq!(state.receive("a", &transfer(7, 2)), Ok(Order::Next));
+        assert_eq!(state.receive("a", &transfer(7, 2)), Ok(Order::Duplicate));
+        assert_eq!(state.receive("a", &transfer(7, 1)), Ok(Order::Duplicate));
+        assert_eq!(state.receive("a", &transfer(7, 5)), Ok(Order::Skipped(2)));
+        assert_eq!(state.receive("a", &transfer(7, 6)), Ok(Order::Next));
+        // The sender started afresh: its new line is followed from its first transfer.
+        assert_eq!(state.receive("a", &transfer(9, 3)), Ok(Order::NewLine));
+        assert_eq!(state.receive("a", &transfer(9, 4)), Ok(Order::Next));
+        // Another sender, joined in the middle of its line; and a transfer by hand.
+        assert_eq!(state.receive("b", &transfer(3, 40)), Ok(Order::NewLine));
+        assert_eq!(state.receive("b", &payload(1)), Ok(Order::Untracked));
+        // Every one of them was credited.
+        assert_eq!(state.balance, 10);
+        assert_eq!(state.received["a"], Received { line: 9, id: 4 });
+        assert_eq!(state.received["b"], Received { line: 3, id: 40 });
+        // The state round-trips through its JSON, and an older bank's state still parses.
+        let json = serde_json::to_vec(&state).unwrap();
+        assert_eq!(serde_json::from_slice::<BankState>(&json).unwrap(), state);
+        let old: BankState = serde_json::from_slice(br#"{"balance":5}"#).unwrap();
+        assert_eq!((old.balance, old.line, old.sent.len()), (5, 0, 0));
     }
 }

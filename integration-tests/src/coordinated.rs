@@ -479,12 +479,17 @@ impl CoordinatedCluster {
     /// (Re)starts node `i`'s daemon and, if it has one, its bank.
     pub fn start_node(&mut self, i: usize) -> anyhow::Result<()> {
         let node_bin = binary("cairn-node")?;
-        let bank_bin = binary("cairn-bank")?;
         let log = self.log(&format!("{}-node-{}", self.nodes[i].id, free_port()));
         let mut command = Command::new(node_bin);
         command.args(&self.nodes[i].node_args);
         command.envs(self.env.iter().cloned());
         self.nodes[i].node = Some(ChildGuard::spawn("cairn-node", command, &log)?);
+        self.start_bank(i)
+    }
+
+    /// (Re)starts node `i`'s bank, if it has one, with a fresh balance.
+    pub fn start_bank(&mut self, i: usize) -> anyhow::Result<()> {
+        let bank_bin = binary("cairn-bank")?;
         if let Some(bank) = self.nodes[i].bank.clone() {
             let log = self.log(&format!("{}-bank-{}", self.nodes[i].id, free_port()));
             let mut command = Command::new(bank_bin);
@@ -514,6 +519,13 @@ impl CoordinatedCluster {
         }
         let mut p = self.nodes[i].node.take()?;
         p.terminate(Duration::from_secs(30))
+    }
+
+    /// Kills node `i`'s bank alone (SIGKILL).
+    pub fn kill_bank(&mut self, i: usize) {
+        if let Some(mut p) = self.nodes[i].bank_process.take() {
+            p.kill();
+        }
     }
 
     /// Kills node `i`'s daemon and bank (SIGKILL).

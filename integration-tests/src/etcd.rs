@@ -108,6 +108,11 @@ impl Etcd {
         }
     }
 
+    /// Its process id while it runs (to pause it with SIGSTOP).
+    pub fn pid(&self) -> Option<u32> {
+        self.process.as_ref().map(ChildGuard::pid)
+    }
+
     /// Starts etcd again on the same ports and data; waits until it answers.
     pub async fn resume(&mut self) -> anyhow::Result<()> {
         let binary = ["/usr/bin/etcd", "/usr/local/bin/etcd"]

@@ -14,6 +14,7 @@
 //! - [`proxy`]: a TCP proxy that cuts its connections on demand.
 //! - [`restore`]: what banks must hold after a restore, and the restore calls tests share.
 //! - [`mod@bench`]: the pieces of `cairn-bench` (in-process applications, baselines, stats).
+//! - [`nemesis`]: the history of a `cairn-nemesis` run and its independent checker.
 
 #![forbid(unsafe_code)]
 
@@ -23,6 +24,7 @@ pub mod coordinated;
 pub mod cut;
 pub mod etcd;
 pub mod local;
+pub mod nemesis;
 pub mod processes;
 pub mod proxy;
 pub mod restore;

@@ -90,8 +90,14 @@ pub fn free_port() -> u16 {
     cairn_sdk::local_cluster::free_port().expect("a free port below the ephemeral range")
 }
 
-/// The directory holding the workspace's built binaries (next to the test executable).
+/// The path of the workspace's built binary `name` (next to the test executable), or the
+/// one `CAIRN_BINARY_<NAME>` names (`CAIRN_BINARY_CAIRN_NODE` for `cairn-node`).
 pub fn binary(name: &str) -> anyhow::Result<PathBuf> {
+    // Another build of one binary (`cairn-nemesis --node-binary`, a mutant daemon).
+    let key = format!("CAIRN_BINARY_{}", name.to_uppercase().replace('-', "_"));
+    if let Some(path) = std::env::var_os(&key) {
+        return Ok(PathBuf::from(path));
+    }
     let exe = std::env::current_exe()?;
     // A test runs from target/<profile>/deps, a binary (cairn-bench) from target/<profile>.
     let own = exe

@@ -51,7 +51,11 @@ fn controlled_app(address: String, answer: Arc<AtomicBool>) -> JoinHandle<()> {
                     while !answer.load(Ordering::Relaxed) {
                         tokio::time::sleep(Duration::from_millis(20)).await;
                     }
-                    let state = serde_json::to_vec(&BankState { balance }).unwrap();
+                    let state = serde_json::to_vec(&BankState {
+                        balance,
+                        ..Default::default()
+                    })
+                    .unwrap();
                     let _ = sender.state_recorded(snapshot_id, state.into());
                 }
                 AppEvent::Restore { .. }

@@ -45,7 +45,13 @@ async fn the_bank_counts_and_never_applies_a_malformed_or_overflowing_transfer()
         .unwrap()
         .into_inner();
     assert_eq!(before.rejected_transfers, 0);
-    let amount = |amount| TransferPayload { amount }.encode();
+    let amount = |amount| {
+        TransferPayload {
+            amount,
+            ..Default::default()
+        }
+        .encode()
+    };
     // In FIFO order: 5 makes the balance positive, so u64::MAX overflows it.
     for payload in [
         amount(5),

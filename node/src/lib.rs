@@ -43,6 +43,7 @@ pub mod config;
 mod coordinator_link;
 pub mod error;
 pub mod metrics;
+pub mod mutants;
 mod node_loop;
 mod part;
 mod peer_client;

@@ -215,6 +215,7 @@ impl Link {
             Ok(_) => return Ended::Broken("peer did not accept the handshake".into()),
             Err(status) => return self.refused(status),
         };
+        let reconnect = state.peer_incarnation.is_some();
         if state
             .peer_incarnation
             .is_some_and(|i| i != accepted.incarnation)
@@ -282,6 +283,19 @@ impl Link {
         }
         self.handles.stats.connected.store(true, Relaxed);
         // Resend what the peer does not have, in order.
+        // The mutant drops the first data frame after a reconnect: one to resend, or else
+        // the next one pulled.
+        let mut mutant_drop =
+            reconnect && crate::mutants::is(crate::mutants::Mutant::DropFrameOnReconnect);
+        if mutant_drop
+            && let Some(at) = state
+                .unacked
+                .iter()
+                .position(|(_, f)| matches!(f, OutFrame::Data(_)))
+        {
+            state.unacked.remove(at);
+            mutant_drop = false;
+        }
         let resend: Vec<(u64, OutFrame)> = state.unacked.iter().cloned().collect();
         for batch in batches(resend, state.epoch) {
             if tx.send(batch).await.is_err() {
@@ -349,6 +363,10 @@ impl Link {
                     }
                     let mut numbered = Vec::with_capacity(frames.len());
                     for frame in frames {
+                        if mutant_drop && matches!(frame, OutFrame::Data(_)) {
+                            mutant_drop = false;
+                            continue;
+                        }
                         numbered.push((state.next_seq, frame.clone()));
                         state.unacked.push_back((state.next_seq, frame));
                         state.next_seq += 1;

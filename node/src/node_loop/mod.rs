@@ -494,12 +494,18 @@ impl NodeLoop {
                 channel,
                 indices,
             } => {
-                let messages = self.copy_messages(&channel, indices.clone());
+                let mut messages = self.copy_messages(&channel, indices.clone());
+                if crate::mutants::is(crate::mutants::Mutant::RecordOneTooFew) {
+                    messages.pop();
+                }
                 self.shared
                     .metrics
                     .recorded_messages
                     .inc_by(messages.len() as u64);
-                debug_assert_eq!(messages.len() as u64, indices.end - indices.start);
+                debug_assert!(
+                    messages.len() as u64 == indices.end - indices.start
+                        || crate::mutants::is(crate::mutants::Mutant::RecordOneTooFew)
+                );
                 self.recordings.record_messages(id, channel, messages);
             }
             Command::BlockChannel { channel } => {

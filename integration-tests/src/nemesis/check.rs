@@ -1,0 +1,699 @@
+//! The nemesis run's checker: judges a history from the banks' own bookkeeping and the
+//! snapshots' recorded data alone. It is written apart from the engine on purpose: it does
+//! not call `cairn-core`'s verifier, nor read the cut counters the daemons report, nor use
+//! the bank's types (it parses the JSON itself), so a bug shared by the engine and its
+//! verifier cannot hide here.
+//!
+//! What it checks, and how:
+//! - **Every COMPLETED snapshot is a consistent cut of all the money.** Each bank's state
+//!   records, per peer, the id of the last transfer sent and the last received (with the
+//!   sender's line). For a channel `a->b`, the transfers the snapshot must hold in flight
+//!   (recorded by `b` as they arrived, then by `a` as overtaken in its queue)
+//!   are exactly the ids after `b`'s last received and up to `a`'s last sent, in order: one
+//!   missing is a message lost by the cut, one extra or at or below `b`'s last received is a
+//!   message counted both in `b`'s state and in flight, and `b` having received an id `a`
+//!   never sent is an orphan. The recorded balances plus the recorded in-flight amounts
+//!   must equal all the money, whenever every state is of a line the run started with (a
+//!   bank killed and started afresh has a new line and a fresh balance until a restore).
+//!   And the snapshot must hold every node.
+//! - **Nothing lost or duplicated on a channel that stayed up**: the banks count every
+//!   delivery at or below the last id applied (a duplicate) and every id skipped (a loss);
+//!   every count the nemesis polled must be 0. Once the faults stop and the channels
+//!   drain, every transfer sent has been received: each bank's last received id from each
+//!   peer equals that peer's last sent.
+//! - **Snapshot ids only grow**, in the order the coordinator handed them out, and a
+//!   snapshot of a higher id never has a lower leadership term; every snapshot started is
+//!   in the final list (none vanished from the metadata); none failed as inconsistent
+//!   (that verdict means the engine recorded a wrong cut).
+//! - **At most one coordinator per term**: no two replicas were seen leading one term.
+//! - **Restores**: none is left neither done nor failed, and after the closing restore the
+//!   banks hold exactly the restored snapshot's balances plus its in-flight transfers.
+//! - **Recovery**: after every fault ends, a snapshot started within the bound completes.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use serde::Deserialize;
+
+use super::history::{BankView, Entry, SnapshotView};
+
+/// A bank's state, as the checker reads it (its own definition of the bank's JSON).
+#[derive(Debug, Clone, Deserialize)]
+struct State {
+    balance: u64,
+    #[serde(default)]
+    line: u64,
+    #[serde(default)]
+    sent: BTreeMap<String, u64>,
+    #[serde(default)]
+    received: BTreeMap<String, Seen>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+struct Seen {
+    line: u64,
+    id: u64,
+}
+
+/// A transfer's payload, as the checker reads it.
+#[derive(Debug, Clone, Copy, Deserialize)]
+struct Transfer {
+    amount: u64,
+    #[serde(default)]
+    line: u64,
+    #[serde(default)]
+    id: u64,
+}
+
+/// The checker's verdict and the run's numbers.
+#[derive(Debug, Default, Clone, serde::Serialize)]
+pub struct Verdict {
+    /// Every violation found, each naming the snapshot, node or channel.
+    pub violations: Vec<String>,
+    /// Snapshots the nemesis started.
+    pub snapshots_started: u64,
+    /// Snapshot starts refused or timed out, by why.
+    pub starts_refused: BTreeMap<String, u64>,
+    /// Snapshots by outcome (`COMPLETED`, `FAILED KIND_TIMEOUT`, …).
+    pub snapshots: BTreeMap<String, u64>,
+    /// COMPLETED snapshots whose channels were checked.
+    pub completed_checked: u64,
+    /// Of those, the ones whose money was counted (every state of an original line).
+    pub money_checked: u64,
+    /// Channels whose in-flight transfers were checked id by id.
+    pub channels_checked: u64,
+    /// Channels across a bank's fresh start (the receiver follows another line of the
+    /// sender): not checked id by id.
+    pub channels_across_restart: u64,
+    /// In-flight transfers checked.
+    pub in_flight_checked: u64,
+    /// Transfers the final banks' lines account for (the sum of the last ids sent).
+    pub transfers_final: u64,
+    /// Faults by kind.
+    pub faults: BTreeMap<String, u64>,
+    /// Restores by requester and outcome.
+    pub restores: BTreeMap<String, u64>,
+    /// The longest time from a fault's end to the start of a snapshot that completed, s.
+    pub longest_recovery_s: f64,
+    /// Terms seen, with the replica that led each.
+    pub terms: BTreeMap<u64, usize>,
+}
+
+impl Verdict {
+    fn violation(&mut self, v: String) {
+        // A broken run repeats itself: the first hundred tell the story.
+        if self.violations.len() < 100 {
+            self.violations.push(v);
+        } else if self.violations.len() == 100 {
+            self.violations.push("(more violations left out)".into());
+        }
+    }
+}
+
+fn parse_state(text: &str) -> Result<State, String> {
+    serde_json::from_str(text).map_err(|e| format!("not a bank state ({e}): {text:.200}"))
+}
+
+fn states_of(banks: &[BankView]) -> BTreeMap<String, Result<State, String>> {
+    banks
+        .iter()
+        .map(|b| {
+            let state = match &b.state {
+                Some(text) => parse_state(text),
+                None => Err("the bank did not answer".into()),
+            };
+            (b.node.clone(), state)
+        })
+        .collect()
+}
+
+/// Checks a history; `recovery_bound_s` bounds the time from a fault's end to a completed
+/// snapshot.
+pub fn check(entries: &[Entry], recovery_bound_s: f64) -> Verdict {
+    let mut v = Verdict::default();
+    let Some((nodes, total)) = entries.iter().find_map(|e| match e {
+        Entry::Setup { nodes, total, .. } => Some((nodes.clone(), *total)),
+        _ => None,
+    }) else {
+        v.violation("the history has no setup line".into());
+        return v;
+    };
+    // The lines the run started with: the first poll of the banks, before any fault.
+    let mut original = BTreeSet::new();
+    match entries.iter().find_map(|e| match e {
+        Entry::Banks { banks, .. } => Some(banks),
+        _ => None,
+    }) {
+        Some(banks) => {
+            for (node, state) in states_of(banks) {
+                match state {
+                    Ok(s) => {
+                        original.insert(s.line);
+                    }
+                    Err(e) => v.violation(format!("first poll: bank {node}: {e}")),
+                }
+            }
+        }
+        None => v.violation("the history never polled the banks".into()),
+    }
+
+    check_ids_and_terms(entries, &mut v);
+    let snapshots: BTreeMap<u64, &SnapshotView> = entries
+        .iter()
+        .filter_map(|e| match e {
+            Entry::Snapshot(s) => Some((s.id, s)),
+            _ => None,
+        })
+        .collect();
+    let mut inconsistent = 0;
+    for s in snapshots.values() {
+        let outcome = if s.failure_kind.is_empty() {
+            s.status.clone()
+        } else {
+            format!("{} {}", s.status, s.failure_kind)
+        };
+        *v.snapshots.entry(outcome).or_default() += 1;
+        if s.failure_kind == "KIND_INCONSISTENT" {
+            inconsistent += 1;
+        }
+        // The first few by name; a broken build fails hundreds alike.
+        if s.failure_kind == "KIND_INCONSISTENT" && inconsistent <= 5 {
+            v.violation(format!(
+                "snapshot {} failed as inconsistent (cairn's verifier saw a wrong cut, which a \
+                 correct engine and channel never record): {}",
+                s.id, s.failure
+            ));
+        }
+        if s.status == "COMPLETED" {
+            check_snapshot(s, &nodes, total, &original, &mut v);
+        }
+    }
+    if inconsistent > 5 {
+        v.violation(format!(
+            "{inconsistent} snapshots in all failed as inconsistent"
+        ));
+    }
+    check_banks(entries, &nodes, total, &original, &mut v);
+    check_restores(entries, &snapshots, &mut v);
+    check_recovery(entries, &snapshots, recovery_bound_s, &mut v);
+    if v.completed_checked < 10 {
+        v.violation(format!(
+            "only {} snapshots completed: the run proves little",
+            v.completed_checked
+        ));
+    }
+    v
+}
+
+/// Ids grow, terms do not fall, nothing vanished, one replica per term.
+fn check_ids_and_terms(entries: &[Entry], v: &mut Verdict) {
+    let mut last = 0;
+    let mut started = BTreeSet::new();
+    let mut ended = BTreeMap::new();
+    let mut leaders: BTreeMap<u64, BTreeSet<usize>> = BTreeMap::new();
+    for e in entries {
+        match e {
+            Entry::SnapshotStarted { id, at, .. } => {
+                v.snapshots_started += 1;
+                if *id <= last {
+                    v.violation(format!(
+                        "snapshot id {id} handed out at {at:.1}s after id {last}: ids must only grow"
+                    ));
+                }
+                last = last.max(*id);
+                started.insert(*id);
+            }
+            Entry::Snapshot(s) => {
+                ended.insert(s.id, s.term);
+            }
+            Entry::Leader { replica, term, .. } => {
+                leaders.entry(*term).or_default().insert(*replica);
+            }
+            Entry::Fault { kind, .. } => *v.faults.entry(kind.clone()).or_default() += 1,
+            Entry::End { refused, .. } => v.starts_refused.clone_from(refused),
+            _ => {}
+        }
+    }
+    for id in &started {
+        if !ended.contains_key(id) {
+            v.violation(format!(
+                "snapshot {id} was started but is not in the coordinator's final list"
+            ));
+        }
+    }
+    let mut highest = (0, 0);
+    for (&id, &term) in &ended {
+        if term != 0 && term < highest.1 {
+            v.violation(format!(
+                "snapshot {id} has term {term}, below snapshot {}'s term {}",
+                highest.0, highest.1
+            ));
+        }
+        if term > highest.1 {
+            highest = (id, term);
+        }
+    }
+    for (term, replicas) in leaders {
+        if replicas.len() > 1 {
+            v.violation(format!(
+                "term {term} was led by more than one replica: {replicas:?}"
+            ));
+        }
+        if let Some(&r) = replicas.iter().next() {
+            v.terms.insert(term, r);
+        }
+    }
+}
+
+/// One COMPLETED snapshot: every node, every channel's in-flight transfers exactly, the
+/// money.
+fn check_snapshot(
+    s: &SnapshotView,
+    nodes: &[String],
+    total: u64,
+    original: &BTreeSet<u64>,
+    v: &mut Verdict,
+) {
+    let id = s.id;
+    v.completed_checked += 1;
+    let mut states = BTreeMap::new();
+    for n in &s.nodes {
+        match parse_state(&n.state) {
+            Ok(state) => {
+                states.insert(n.node.clone(), state);
+            }
+            Err(e) => v.violation(format!("snapshot {id}: node {}: {e}", n.node)),
+        }
+    }
+    for node in nodes {
+        if !s.nodes.iter().any(|n| &n.node == node) {
+            v.violation(format!("snapshot {id} is COMPLETED without node {node}"));
+        }
+    }
+    if states.len() != s.nodes.len() {
+        return;
+    }
+    let mut in_flight_money: u64 = 0;
+    for channel in &s.channels {
+        let Some((a, b)) = channel.split_once("->") else {
+            v.violation(format!(
+                "snapshot {id}: channel `{channel}` is not FROM->TO"
+            ));
+            continue;
+        };
+        let (Some(sender), Some(receiver)) = (states.get(a), states.get(b)) else {
+            v.violation(format!(
+                "snapshot {id}: channel {channel} joins a node without a part"
+            ));
+            continue;
+        };
+        // In channel order: what the receiver recorded arriving before the marker, then
+        // what the sender recorded as overtaken in its queue (unaligned mode).
+        let recorded: Vec<&String> = [b, a]
+            .into_iter()
+            .flat_map(|side| s.nodes.iter().filter(move |n| n.node == side))
+            .flat_map(|n| n.channels.iter())
+            .filter(|c| c.from == a && c.to == b)
+            .flat_map(|c| c.messages.iter())
+            .collect();
+        let mut transfers = Vec::with_capacity(recorded.len());
+        for m in recorded {
+            match serde_json::from_str::<Transfer>(m) {
+                Ok(t) => transfers.push(t),
+                Err(e) => {
+                    v.violation(format!(
+                        "snapshot {id}: channel {channel}: an in-flight message is not a transfer ({e}): {m:.200}"
+                    ));
+                }
+            }
+        }
+        for t in &transfers {
+            in_flight_money = in_flight_money.saturating_add(t.amount);
+        }
+        let sent = sender.sent.get(b).copied().unwrap_or(0);
+        let last = receiver.received.get(a).copied();
+        // Counted in the receiver's state and recorded in flight too.
+        if let Some(last) = last
+            && let Some(t) = transfers
+                .iter()
+                .find(|t| t.id != 0 && t.line == last.line && t.id <= last.id)
+        {
+            v.violation(format!(
+                "snapshot {id}: channel {channel}: transfer {} is recorded in flight but {b}'s \
+                 state already counts it (last received {})",
+                t.id, last.id
+            ));
+        }
+        if let Some(t) = transfers
+            .iter()
+            .find(|t| t.id != 0 && t.line != sender.line)
+        {
+            v.violation(format!(
+                "snapshot {id}: channel {channel}: transfer {} in flight is of line {}, not \
+                 {a}'s line {} (a message from before a restart or restore)",
+                t.id, t.line, sender.line
+            ));
+        }
+        let base = match last {
+            Some(last) if last.line == sender.line => last.id,
+            None if original.contains(&sender.line) && original.contains(&receiver.line) => 0,
+            _ => {
+                v.channels_across_restart += 1;
+                continue;
+            }
+        };
+        v.channels_checked += 1;
+        if base > sent {
+            v.violation(format!(
+                "snapshot {id}: channel {channel}: {b} has received transfer {base} but {a} \
+                 has sent only {sent} (a message received and never sent)"
+            ));
+            continue;
+        }
+        let ids: Vec<u64> = transfers.iter().map(|t| t.id).collect();
+        let expected: Vec<u64> = (base + 1..=sent).collect();
+        v.in_flight_checked += ids.len() as u64;
+        if ids != expected {
+            let missing: Vec<u64> = expected
+                .iter()
+                .filter(|i| !ids.contains(i))
+                .copied()
+                .collect();
+            v.violation(format!(
+                "snapshot {id}: channel {channel}: in flight {} but {a} sent up to {sent} and \
+                 {b} received up to {base}{}",
+                short(&ids),
+                if missing.is_empty() {
+                    String::new()
+                } else {
+                    format!(
+                        ": transfers {} are in neither state nor channel",
+                        short(&missing)
+                    )
+                }
+            ));
+        }
+    }
+    if states.values().all(|st| original.contains(&st.line)) {
+        v.money_checked += 1;
+        let balances: u64 = states.values().map(|st| st.balance).sum();
+        let money = balances.saturating_add(in_flight_money);
+        if money != total {
+            v.violation(format!(
+                "snapshot {id} is COMPLETED but holds {money} ({balances} in balances, \
+                 {in_flight_money} in flight), not {total}"
+            ));
+        }
+    }
+}
+
+fn short(ids: &[u64]) -> String {
+    if ids.len() <= 12 {
+        format!("{ids:?}")
+    } else {
+        format!(
+            "{:?}…{:?} ({} ids)",
+            &ids[..6],
+            &ids[ids.len() - 3..],
+            ids.len()
+        )
+    }
+}
+
+/// The banks' own counts of duplicates and gaps, and the drained state at the end.
+fn check_banks(
+    entries: &[Entry],
+    nodes: &[String],
+    total: u64,
+    original: &BTreeSet<u64>,
+    v: &mut Verdict,
+) {
+    let mut reported = BTreeSet::new();
+    let mut last_poll = None;
+    let mut quiet = false;
+    for e in entries {
+        match e {
+            Entry::Quiet { .. } => quiet = true,
+            Entry::Banks { at, banks } => {
+                for b in banks {
+                    if (b.duplicates > 0 || b.skipped > 0) && reported.insert(b.node.clone()) {
+                        v.violation(format!(
+                            "bank {} saw {} duplicate and {} skipped transfers (polled at {at:.1}s)",
+                            b.node, b.duplicates, b.skipped
+                        ));
+                    }
+                }
+                if quiet {
+                    last_poll = Some(banks);
+                }
+            }
+            _ => {}
+        }
+    }
+    let Some(banks) = last_poll else {
+        v.violation("the banks were not polled after the faults stopped".into());
+        return;
+    };
+    let mut states = BTreeMap::new();
+    for (node, state) in states_of(banks) {
+        match state {
+            Ok(s) => {
+                states.insert(node, s);
+            }
+            Err(e) => v.violation(format!("after the faults: bank {node}: {e}")),
+        }
+    }
+    for node in nodes {
+        if !states.contains_key(node) {
+            v.violation(format!("after the faults: bank {node} is missing"));
+        }
+    }
+    for (a, sender) in &states {
+        for (b, &sent) in &sender.sent {
+            v.transfers_final = v.transfers_final.saturating_add(sent);
+            let Some(receiver) = states.get(b) else {
+                continue;
+            };
+            let got = receiver.received.get(a).copied();
+            if sent > 0
+                && got
+                    != Some(Seen {
+                        line: sender.line,
+                        id: sent,
+                    })
+            {
+                v.violation(format!(
+                    "after the faults, channel {a}->{b}: {a} sent up to transfer {sent} of line \
+                     {} but {b} received up to {got:?}: transfers lost",
+                    sender.line
+                ));
+            }
+        }
+    }
+    if states.values().all(|s| original.contains(&s.line)) {
+        let live: u64 = states.values().map(|s| s.balance).sum();
+        if live != total {
+            v.violation(format!(
+                "after the faults the banks hold {live}, not {total}"
+            ));
+        }
+    } else {
+        v.violation(
+            "after the faults a bank is still of a line the run did not start with (a fresh \
+             start never restored)"
+                .into(),
+        );
+    }
+}
+
+/// Restores end, and the closing one gives the banks exactly the snapshot's money.
+fn check_restores(entries: &[Entry], snapshots: &BTreeMap<u64, &SnapshotView>, v: &mut Verdict) {
+    for e in entries {
+        if let Entry::Restore {
+            restore_id,
+            requested_by,
+            done,
+            failure,
+            ..
+        } = e
+        {
+            let who = if requested_by == "user" {
+                "user"
+            } else {
+                "automatic"
+            };
+            let how = if *done {
+                "done"
+            } else if !failure.is_empty() {
+                "failed"
+            } else {
+                v.violation(format!(
+                    "restore {restore_id} is neither done nor failed after the run"
+                ));
+                "stuck"
+            };
+            *v.restores.entry(format!("{who} {how}")).or_default() += 1;
+        }
+    }
+    let Some((snapshot, banks)) = entries.iter().find_map(|e| match e {
+        Entry::FinalRestore {
+            snapshot, banks, ..
+        } => Some((*snapshot, banks)),
+        _ => None,
+    }) else {
+        v.violation("the history has no closing restore".into());
+        return;
+    };
+    let Some(s) = snapshots.get(&snapshot).filter(|s| s.status == "COMPLETED") else {
+        v.violation(format!(
+            "the closing restore names snapshot {snapshot}, which is not COMPLETED"
+        ));
+        return;
+    };
+    let mut expected: BTreeMap<String, State> = BTreeMap::new();
+    for n in &s.nodes {
+        match parse_state(&n.state) {
+            Ok(state) => {
+                expected.insert(n.node.clone(), state);
+            }
+            Err(e) => {
+                v.violation(format!(
+                    "closing restore: snapshot {snapshot}: {}: {e}",
+                    n.node
+                ));
+                return;
+            }
+        }
+    }
+    // Its in-flight transfers are delivered after the restore: credited, and counted as
+    // received.
+    for n in &s.nodes {
+        for c in &n.channels {
+            for m in &c.messages {
+                let Ok(t) = serde_json::from_str::<Transfer>(m) else {
+                    continue;
+                };
+                if let Some(state) = expected.get_mut(&c.to) {
+                    state.balance = state.balance.saturating_add(t.amount);
+                    // Recorded on either side of the channel: the highest id is the last.
+                    let seen = state.received.entry(c.from.clone()).or_insert(Seen {
+                        line: t.line,
+                        id: 0,
+                    });
+                    if t.id != 0 && (seen.line != t.line || seen.id < t.id) {
+                        *seen = Seen {
+                            line: t.line,
+                            id: t.id,
+                        };
+                    }
+                }
+            }
+        }
+    }
+    for (node, state) in states_of(banks) {
+        let Some(want) = expected.get(&node) else {
+            continue;
+        };
+        match state {
+            Ok(got) => {
+                if got.balance != want.balance
+                    || got.line != want.line
+                    || got.sent != want.sent
+                    || got.received != want.received
+                {
+                    v.violation(format!(
+                        "after restoring snapshot {snapshot}, bank {node} holds balance {} \
+                         (line {}, sent {:?}, received {:?}), not the snapshot's {} (line {}, \
+                         sent {:?}, received {:?}) with its in-flight transfers delivered",
+                        got.balance,
+                        got.line,
+                        got.sent,
+                        got.received,
+                        want.balance,
+                        want.line,
+                        want.sent,
+                        want.received
+                    ));
+                }
+            }
+            Err(e) => v.violation(format!("after the closing restore: bank {node}: {e}")),
+        }
+    }
+}
+
+/// After every fault ends, a snapshot started within the bound completes.
+fn check_recovery(
+    entries: &[Entry],
+    snapshots: &BTreeMap<u64, &SnapshotView>,
+    bound_s: f64,
+    v: &mut Verdict,
+) {
+    // When each fault ended: its heal, or the fault itself if it has none.
+    let mut open: BTreeMap<(String, String), Vec<(f64, String)>> = BTreeMap::new();
+    let mut ends: Vec<(f64, String)> = Vec::new();
+    for e in entries {
+        match e {
+            Entry::Fault {
+                at,
+                kind,
+                target,
+                detail,
+            } => {
+                let what = format!("{kind} {target} at {at:.1}s ({detail})");
+                if heals(kind) {
+                    open.entry((kind.clone(), target.clone()))
+                        .or_default()
+                        .push((*at, what));
+                } else {
+                    ends.push((*at, what));
+                }
+            }
+            Entry::Heal { at, kind, target } => {
+                if let Some(list) = open.get_mut(&(kind.clone(), target.clone()))
+                    && !list.is_empty()
+                {
+                    let (_, what) = list.remove(0);
+                    ends.push((*at, what));
+                }
+            }
+            _ => {}
+        }
+    }
+    for (_, list) in open {
+        for (_, what) in list {
+            v.violation(format!("fault {what} never ended"));
+        }
+    }
+    let completed: Vec<f64> = entries
+        .iter()
+        .filter_map(|e| match e {
+            Entry::SnapshotStarted { at, id, .. }
+                if snapshots.get(id).is_some_and(|s| s.status == "COMPLETED") =>
+            {
+                Some(*at)
+            }
+            _ => None,
+        })
+        .collect();
+    for (end, what) in ends {
+        match completed.iter().find(|&&at| at >= end) {
+            Some(at) => {
+                let took = at - end;
+                v.longest_recovery_s = v.longest_recovery_s.max(took);
+                if took > bound_s {
+                    v.violation(format!(
+                        "after fault {what}, ended at {end:.1}s, the first snapshot to complete \
+                         started {took:.1}s later (bound {bound_s}s)"
+                    ));
+                }
+            }
+            None => v.violation(format!(
+                "after fault {what}, ended at {end:.1}s, no snapshot completed"
+            )),
+        }
+    }
+}
+
+/// Faults that end with a heal line (a pause, a hold, a delay, a process down for a while).
+pub fn heals(kind: &str) -> bool {
+    kind.starts_with("pause-") || matches!(kind, "hold" | "delay" | "kill-etcd")
+}

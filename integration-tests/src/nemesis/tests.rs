@@ -1,0 +1,345 @@
+//! The checker against made-up histories: a good one passes, and each way a broken build
+//! shows in a history (the mutants of `scripts/nemesis-mutants.sh` among them) is caught.
+
+use std::collections::BTreeMap;
+
+use super::check::check;
+use super::history::{BankView, ChannelView, Entry, NodeView, SnapshotView};
+
+fn bank(node: &str, state: &str) -> BankView {
+    BankView {
+        node: node.into(),
+        state: Some(state.into()),
+        duplicates: 0,
+        skipped: 0,
+        rejected: 0,
+    }
+}
+
+/// Snapshot `k` of two banks (a: line 11, b: line 22, 100 each): a has sent k transfers of
+/// 1 to b, b has received k − 1 of them, and transfer k is in flight: recorded by b as it
+/// arrived (k odd), or by a as overtaken in its queue (k even, the unaligned mode's way).
+fn snapshot(k: u64) -> SnapshotView {
+    let in_flight = vec![ChannelView {
+        from: "a".into(),
+        to: "b".into(),
+        messages: vec![format!(r#"{{"amount":1,"line":11,"id":{k}}}"#)],
+    }];
+    let (by_a, by_b) = if k.is_multiple_of(2) {
+        (in_flight, vec![])
+    } else {
+        (vec![], in_flight)
+    };
+    SnapshotView {
+        id: k,
+        term: 7,
+        mode: "CHANDY_LAMPORT".into(),
+        status: "COMPLETED".into(),
+        failure_kind: String::new(),
+        failure: String::new(),
+        started_at_ms: 0,
+        finished_at_ms: 0,
+        channels: vec!["a->b".into(), "b->a".into()],
+        nodes: vec![
+            NodeView {
+                node: "a".into(),
+                state: format!(r#"{{"balance":{},"line":11,"sent":{{"b":{k}}}}}"#, 100 - k),
+                channels: by_a,
+            },
+            NodeView {
+                node: "b".into(),
+                state: format!(
+                    r#"{{"balance":{},"line":22,"received":{{"a":{{"line":11,"id":{}}}}}}}"#,
+                    100 + k - 1,
+                    k - 1
+                ),
+                channels: by_b,
+            },
+        ],
+    }
+}
+
+fn good() -> Vec<Entry> {
+    let mut h = vec![
+        Entry::Setup {
+            seed: 1,
+            nodes: vec!["a".into(), "b".into()],
+            replicas: 2,
+            total: 200,
+            seconds: 10,
+        },
+        Entry::Banks {
+            at: 0.5,
+            banks: vec![
+                bank("a", r#"{"balance":100,"line":11}"#),
+                bank("b", r#"{"balance":100,"line":22}"#),
+            ],
+        },
+        Entry::Leader {
+            at: 0.6,
+            replica: 1,
+            term: 7,
+        },
+    ];
+    for k in 1..=12 {
+        h.push(Entry::SnapshotStarted {
+            at: k as f64,
+            id: k,
+            mode: "CHANDY_LAMPORT".into(),
+        });
+        if k == 3 {
+            h.push(Entry::Fault {
+                at: 3.5,
+                kind: "cut".into(),
+                target: "a->b".into(),
+                detail: String::new(),
+            });
+        }
+        if k == 4 {
+            h.push(Entry::Fault {
+                at: 4.2,
+                kind: "pause-daemon".into(),
+                target: "a".into(),
+                detail: "800 ms".into(),
+            });
+            h.push(Entry::Heal {
+                at: 5.0,
+                kind: "pause-daemon".into(),
+                target: "a".into(),
+            });
+        }
+    }
+    h.push(Entry::Quiet { at: 13.0 });
+    h.push(Entry::Banks {
+        at: 14.0,
+        banks: vec![
+            bank("a", r#"{"balance":88,"line":11,"sent":{"b":12}}"#),
+            bank(
+                "b",
+                r#"{"balance":112,"line":22,"received":{"a":{"line":11,"id":12}}}"#,
+            ),
+        ],
+    });
+    for k in 1..=12 {
+        h.push(Entry::Snapshot(snapshot(k)));
+    }
+    h.push(Entry::Restore {
+        restore_id: "r1".into(),
+        snapshot: 12,
+        requested_by: "user".into(),
+        done: true,
+        failure: String::new(),
+    });
+    h.push(Entry::FinalRestore {
+        at: 15.0,
+        snapshot: 12,
+        banks: vec![
+            bank("a", r#"{"balance":88,"line":11,"sent":{"b":12}}"#),
+            bank(
+                "b",
+                r#"{"balance":112,"line":22,"received":{"a":{"line":11,"id":12}}}"#,
+            ),
+        ],
+    });
+    h.push(Entry::End {
+        at: 16.0,
+        faults: BTreeMap::new(),
+        refused: BTreeMap::new(),
+    });
+    h
+}
+
+fn snapshot_mut(h: &mut [Entry], id: u64) -> &mut SnapshotView {
+    h.iter_mut()
+        .find_map(|e| match e {
+            Entry::Snapshot(s) if s.id == id => Some(s),
+            _ => None,
+        })
+        .unwrap()
+}
+
+/// The violations of `h`, which must include one containing `needle`.
+fn caught(h: &[Entry], needle: &str) {
+    let v = check(h, 30.0);
+    assert!(
+        v.violations.iter().any(|x| x.contains(needle)),
+        "no violation mentions {needle:?}: {:#?}",
+        v.violations
+    );
+}
+
+#[test]
+fn a_good_history_passes() {
+    let v = check(&good(), 30.0);
+    assert!(v.violations.is_empty(), "{:#?}", v.violations);
+    assert_eq!(v.completed_checked, 12);
+    assert_eq!(v.money_checked, 12);
+    assert_eq!(v.channels_checked, 24);
+    assert_eq!(v.in_flight_checked, 12);
+    assert_eq!(v.snapshots_started, 12);
+    assert_eq!(v.faults.get("cut"), Some(&1));
+    assert_eq!(v.restores.get("user done"), Some(&1));
+    // The pause ended at 5.0 s; snapshot 5 started then.
+    assert!(v.longest_recovery_s <= 1.0, "{}", v.longest_recovery_s);
+}
+
+#[test]
+fn a_cut_that_records_one_message_too_few_is_caught() {
+    // The mutant `record-one-too-few`: the in-flight transfer is missing from the part.
+    let mut h = good();
+    snapshot_mut(&mut h, 7).nodes[1].channels[0]
+        .messages
+        .clear();
+    caught(
+        &h,
+        "snapshot 7: channel a->b: in flight [] but a sent up to 7",
+    );
+    caught(&h, "transfers [7] are in neither state nor channel");
+    caught(&h, "snapshot 7 is COMPLETED but holds 199");
+    // And on the sender's side.
+    let mut h = good();
+    snapshot_mut(&mut h, 6).nodes[0].channels[0]
+        .messages
+        .clear();
+    caught(&h, "transfers [6] are in neither state nor channel");
+}
+
+#[test]
+fn a_message_in_the_receivers_state_and_in_flight_is_caught() {
+    let mut h = good();
+    snapshot_mut(&mut h, 5).nodes[1].channels[0]
+        .messages
+        .insert(0, r#"{"amount":1,"line":11,"id":4}"#.into());
+    caught(
+        &h,
+        "transfer 4 is recorded in flight but b's state already counts it",
+    );
+}
+
+#[test]
+fn an_orphan_message_is_caught() {
+    let mut h = good();
+    let s = snapshot_mut(&mut h, 5);
+    s.nodes[0].state = r#"{"balance":96,"line":11,"sent":{"b":4}}"#.into();
+    caught(
+        &h,
+        "in flight [5] but a sent up to 4 and b received up to 4",
+    );
+    let mut h = good();
+    let s = snapshot_mut(&mut h, 5);
+    s.nodes[0].state = r#"{"balance":97,"line":11,"sent":{"b":3}}"#.into();
+    caught(&h, "b has received transfer 4 but a has sent only 3");
+}
+
+#[test]
+fn a_frame_dropped_on_reconnect_is_caught() {
+    // The mutant `drop-frame-on-reconnect`: the receiving bank counts the gap, and the
+    // drained banks disagree.
+    let mut h = good();
+    if let Entry::Banks { banks, .. } = &mut h[1] {
+        banks[1].skipped = 1;
+    }
+    caught(&h, "bank b saw 0 duplicate and 1 skipped transfers");
+    let mut h = good();
+    for e in &mut h {
+        if let Entry::Banks { at, banks } = e
+            && *at > 13.0
+        {
+            banks[1].state =
+                Some(r#"{"balance":111,"line":22,"received":{"a":{"line":11,"id":11}}}"#.into());
+        }
+    }
+    caught(
+        &h,
+        "channel a->b: a sent up to transfer 12 of line 11 but b received up to Some(Seen { line: 11, id: 11 })",
+    );
+    caught(&h, "after the faults the banks hold 199, not 200");
+}
+
+#[test]
+fn ids_that_go_back_terms_that_fall_and_two_leaders_of_a_term_are_caught() {
+    let mut h = good();
+    h.push(Entry::SnapshotStarted {
+        at: 20.0,
+        id: 5,
+        mode: "ALIGNED".into(),
+    });
+    caught(&h, "snapshot id 5 handed out at 20.0s after id 12");
+    let mut h = good();
+    snapshot_mut(&mut h, 9).term = 6;
+    caught(&h, "snapshot 9 has term 6, below snapshot 1's term 7");
+    let mut h = good();
+    h.push(Entry::Leader {
+        at: 9.0,
+        replica: 2,
+        term: 7,
+    });
+    caught(&h, "term 7 was led by more than one replica");
+    let mut h = good();
+    h.retain(|e| !matches!(e, Entry::Snapshot(s) if s.id == 8));
+    caught(
+        &h,
+        "snapshot 8 was started but is not in the coordinator's final list",
+    );
+}
+
+#[test]
+fn a_wrong_restore_and_a_stuck_one_are_caught() {
+    let mut h = good();
+    for e in &mut h {
+        if let Entry::FinalRestore { banks, .. } = e {
+            banks[1].state =
+                Some(r#"{"balance":111,"line":22,"received":{"a":{"line":11,"id":11}}}"#.into());
+        }
+    }
+    caught(&h, "after restoring snapshot 12, bank b holds balance 111");
+    let mut h = good();
+    h.push(Entry::Restore {
+        restore_id: "r2".into(),
+        snapshot: 3,
+        requested_by: "b restarted".into(),
+        done: false,
+        failure: String::new(),
+    });
+    caught(&h, "restore r2 is neither done nor failed");
+}
+
+#[test]
+fn an_inconsistent_verdict_and_a_fault_without_recovery_are_caught() {
+    let mut h = good();
+    let s = snapshot_mut(&mut h, 12);
+    s.status = "FAILED".into();
+    s.failure_kind = "KIND_INCONSISTENT".into();
+    caught(&h, "snapshot 12 failed as inconsistent");
+    let mut h = good();
+    h.push(Entry::Fault {
+        at: 12.5,
+        kind: "kill-leader".into(),
+        target: "coordinator1".into(),
+        detail: String::new(),
+    });
+    caught(&h, "no snapshot completed");
+    let mut h = good();
+    h.push(Entry::Fault {
+        at: 12.5,
+        kind: "pause-etcd".into(),
+        target: "etcd".into(),
+        detail: String::new(),
+    });
+    caught(&h, "never ended");
+}
+
+#[test]
+fn a_fresh_bank_is_not_money_checked_until_restored() {
+    // Bank a started afresh (line 33) in snapshot 11: its channel is across the restart
+    // and the money is not counted; the run must still end on the original lines.
+    let mut h = good();
+    let s = snapshot_mut(&mut h, 11);
+    s.nodes[0].state = r#"{"balance":100,"line":33}"#.into();
+    s.nodes[1].channels.clear();
+    let v = check(&h, 30.0);
+    assert!(v.violations.is_empty(), "{:#?}", v.violations);
+    assert_eq!(v.money_checked, 11);
+    // a->b (b follows a's old line) and b->a (a is of a line the run did not start with).
+    assert_eq!(v.channels_across_restart, 2);
+}

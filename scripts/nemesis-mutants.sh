@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# The nemesis checker's mutation check: builds a daemon with deliberately broken behaviours
+# (cargo feature `mutants` of cairn-node; see node/src/mutants.rs), runs cairn-nemesis with
+# each one planted, and fails unless the checker reports violations for every mutant. A
+# checker that passes a broken build proves nothing about a sound one.
+#
+#   scripts/nemesis-mutants.sh            # both mutants, 30 s of faults each
+#   CAIRN_MUTANT_SECONDS=60 scripts/nemesis-mutants.sh
+#
+# Needs what cairn-nemesis needs (the binaries, etcd). The mutant daemon is written to
+# target/debug/cairn-node-mutants; target/debug/cairn-node is rebuilt without the mutants
+# before any run, so no other test ever runs a mutant. Each run's history and output stay in
+# target/nemesis-mutant-<name>.{jsonl,log}.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+seconds="${CAIRN_MUTANT_SECONDS:-30}"
+mutants=(record-one-too-few drop-frame-on-reconnect)
+
+echo "building the mutant daemon (cargo build -p cairn-node --features mutants)"
+cargo build -p cairn-node --features mutants --locked
+cp target/debug/cairn-node target/debug/cairn-node-mutants
+# The daemon every other test runs, as scripts/test.sh built it.
+cargo build --workspace --bins --locked
+if cmp -s target/debug/cairn-node target/debug/cairn-node-mutants; then
+  echo "error: target/debug/cairn-node is still the mutant build" >&2
+  exit 1
+fi
+
+status=0
+for mutant in "${mutants[@]}"; do
+  log="target/nemesis-mutant-$mutant.log"
+  echo "mutant $mutant: cairn-nemesis --mutant $mutant --seconds $seconds"
+  if CAIRN_BINARY_CAIRN_NODE=target/debug/cairn-node-mutants \
+    target/debug/cairn-nemesis --mutant "$mutant" --seconds "$seconds" --seed 1 \
+    --history "target/nemesis-mutant-$mutant.jsonl" >"$log" 2>&1; then
+    echo "error: the checker found nothing wrong with mutant $mutant (see $log)" >&2
+    status=1
+  elif ! grep -q '^verdict: [0-9]* violations' "$log"; then
+    # Exit 1 without a verdict is a run that broke, not a catch.
+    echo "error: the run with mutant $mutant did not reach the checker (see $log):" >&2
+    tail -5 "$log" >&2
+    status=1
+  else
+    # Two kinds of catch: cairn's own verifier failed a snapshot as inconsistent (the checker
+    # counts that verdict as a violation), or the checker's own checks of the banks' data.
+    verdicts=$(grep -c '^VIOLATION: snapshot [0-9]* failed as inconsistent' "$log" || true)
+    own=$(grep '^VIOLATION' "$log" | grep -vc 'failed as inconsistent' || true)
+    echo "  caught: $(grep '^verdict:' "$log") ($verdicts inconsistent verdicts, $own from the data)"
+    { grep '^VIOLATION' "$log" | grep -v 'failed as inconsistent' | head -2
+      grep '^VIOLATION' "$log" | grep 'failed as inconsistent' | head -1; } | sed 's/^/  /' | cut -c1-240
+  fi
+done
+exit "$status"
