@@ -1,10 +1,19 @@
 #!/usr/bin/env bash
 # The nemesis checker's mutation check: builds a daemon with deliberately broken behaviours
 # (cargo feature `mutants` of cairn-node; see node/src/mutants.rs), runs cairn-nemesis with
-# each one planted, and fails unless the checker reports violations for every mutant. A
-# checker that passes a broken build proves nothing about a sound one.
+# each one planted, and fails unless the checker reports, for every mutant, the violations
+# that bug must leave. A checker that passes a broken build proves nothing about a sound one.
 #
-#   scripts/nemesis-mutants.sh            # both mutants, 30 s of faults each
+#   record-one-too-few       the recording leaves out a channel's last in-flight message: cairn's
+#                            own verifier fails those snapshots as inconsistent, a verdict the
+#                            checker counts as a violation
+#   record-wrong-message     the recording holds every index but one message's bytes twice and
+#                            another's not at all: cairn's verifier cannot see it; the checker
+#                            must, from the transfer ids in the data
+#   drop-frame-on-reconnect  a channel drops its first data frame after a reconnect: the
+#                            receiving bank's ids skip one, and the drained banks disagree
+#
+#   scripts/nemesis-mutants.sh            # every mutant, 30 s of faults each
 #   CAIRN_MUTANT_SECONDS=60 scripts/nemesis-mutants.sh
 #
 # Needs what cairn-nemesis needs (the binaries, etcd). The mutant daemon is written to
@@ -15,7 +24,13 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 seconds="${CAIRN_MUTANT_SECONDS:-30}"
-mutants=(record-one-too-few drop-frame-on-reconnect)
+# Each mutant with the evidence (an extended regex over the violations) it must leave.
+declare -A evidence=(
+  [record-one-too-few]='failed as inconsistent|in neither state nor channel'
+  [record-wrong-message]='in neither state nor channel|already counts it'
+  [drop-frame-on-reconnect]='skipped|transfers lost'
+)
+mutants=(record-one-too-few record-wrong-message drop-frame-on-reconnect)
 
 echo "building the mutant daemon (cargo build -p cairn-node --features mutants)"
 cargo build -p cairn-node --features mutants --locked
@@ -41,14 +56,22 @@ for mutant in "${mutants[@]}"; do
     echo "error: the run with mutant $mutant did not reach the checker (see $log):" >&2
     tail -5 "$log" >&2
     status=1
+  elif ! grep '^VIOLATION' "$log" | grep -Eq "${evidence[$mutant]}"; then
+    echo "error: mutant $mutant failed the run, but not with the violations it must leave" \
+      "(/${evidence[$mutant]}/; see $log):" >&2
+    grep '^VIOLATION' "$log" | head -5 >&2
+    status=1
   else
     # Two kinds of catch: cairn's own verifier failed a snapshot as inconsistent (the checker
     # counts that verdict as a violation), or the checker's own checks of the banks' data.
-    verdicts=$(grep -c '^VIOLATION: snapshot [0-9]* failed as inconsistent' "$log" || true)
-    own=$(grep '^VIOLATION' "$log" | grep -vc 'failed as inconsistent' || true)
-    echo "  caught: $(grep '^verdict:' "$log") ($verdicts inconsistent verdicts, $own from the data)"
-    { grep '^VIOLATION' "$log" | grep -v 'failed as inconsistent' | head -2
-      grep '^VIOLATION' "$log" | grep 'failed as inconsistent' | head -1; } | sed 's/^/  /' | cut -c1-240
+    verdicts=$(sed -n 's/^VIOLATION: \([0-9]*\) snapshots in all failed as inconsistent$/\1/p' "$log")
+    [ -n "$verdicts" ] || verdicts=$(grep -c 'failed as inconsistent' "$log" || true)
+    own=$(grep '^VIOLATION' "$log" | grep -Evc 'failed as inconsistent|proves little|snapshot completed$' || true)
+    echo "  caught: $(grep '^verdict:' "$log") ($verdicts snapshots failed as inconsistent;" \
+      "$own violations from the checker's own checks of the data)"
+    { grep '^VIOLATION' "$log" | grep -Ev 'failed as inconsistent|proves little' | head -2 || true
+      grep '^VIOLATION' "$log" | grep 'failed as inconsistent' | head -1 || true; } |
+      sed 's/^/  /' | cut -c1-240
   fi
 done
 exit "$status"

@@ -89,8 +89,8 @@ pub enum Order {
     Next,
     /// The payload carries no id (an older bank's, or one made by hand).
     Untracked,
-    /// The first transfer seen of this line of the sender (the sender, or this bank,
-    /// started with a fresh balance since): followed from here.
+    /// The first transfer seen from this sender (this bank started with a fresh balance,
+    /// with any id), or transfer 1 of a new line of it (the sender did): followed from here.
     NewLine,
     /// An id at or below the last applied: a duplicate.
     Duplicate,
@@ -139,8 +139,13 @@ impl BankState {
             });
         };
         if last.line != transfer.line {
+            // The sender started afresh: its new line begins at 1, and anything before the
+            // first one seen was lost.
             *last = seen;
-            return Ok(Order::NewLine);
+            return Ok(match transfer.id {
+                1 => Order::NewLine,
+                id => Order::Skipped(id - 1),
+            });
         }
         let order = match transfer.id.checked_sub(last.id) {
             Some(1) => Order::Next,
@@ -268,6 +273,16 @@ impl Bank {
     fn balance(&self) -> u64 {
         self.state.lock().expect("never poisoned").balance
     }
+}
+
+/// Adds `k` to a counter without wrapping (a hostile id may claim any gap); the new count.
+fn saturating_add(counter: &AtomicU64, k: u64) -> u64 {
+    let previous = counter
+        .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
+            Some(n.saturating_add(k))
+        })
+        .unwrap_or_else(|n| n);
+    previous.saturating_add(k)
 }
 
 fn unavailable(e: Error) -> Status {
@@ -432,10 +447,7 @@ pub async fn run(
                         tracing::error!(%from, duplicates = n, "a transfer delivered twice (applied)");
                     }
                     Ok(Order::Skipped(k)) => {
-                        let n = bank
-                            .skipped
-                            .fetch_add(k, Ordering::Relaxed)
-                            .saturating_add(k);
+                        let n = saturating_add(&bank.skipped, k);
                         tracing::error!(%from, skipped = k, total = n, "transfers never delivered before a later one");
                     }
                     Err(e) => {
@@ -626,15 +638,18 @@ mod tests {
         assert_eq!(state.receive("a", &transfer(7, 1)), Ok(Order::Duplicate));
         assert_eq!(state.receive("a", &transfer(7, 5)), Ok(Order::Skipped(2)));
         assert_eq!(state.receive("a", &transfer(7, 6)), Ok(Order::Next));
-        // The sender started afresh: its new line is followed from its first transfer.
-        assert_eq!(state.receive("a", &transfer(9, 3)), Ok(Order::NewLine));
-        assert_eq!(state.receive("a", &transfer(9, 4)), Ok(Order::Next));
+        // The sender started afresh: its new line is followed from transfer 1; a later first
+        // one means the ones before it were lost.
+        assert_eq!(state.receive("a", &transfer(9, 1)), Ok(Order::NewLine));
+        assert_eq!(state.receive("a", &transfer(9, 2)), Ok(Order::Next));
+        assert_eq!(state.receive("a", &transfer(8, 3)), Ok(Order::Skipped(2)));
+        assert_eq!(state.receive("a", &transfer(8, 4)), Ok(Order::Next));
         // Another sender, joined in the middle of its line; and a transfer by hand.
         assert_eq!(state.receive("b", &transfer(3, 40)), Ok(Order::NewLine));
         assert_eq!(state.receive("b", &payload(1)), Ok(Order::Untracked));
         // Every one of them was credited.
-        assert_eq!(state.balance, 10);
-        assert_eq!(state.received["a"], Received { line: 9, id: 4 });
+        assert_eq!(state.balance, 12);
+        assert_eq!(state.received["a"], Received { line: 8, id: 4 });
         assert_eq!(state.received["b"], Received { line: 3, id: 40 });
         // The state round-trips through its JSON, and an older bank's state still parses.
         let json = serde_json::to_vec(&state).unwrap();

@@ -451,6 +451,24 @@ impl CoordinatedCluster {
         anyhow::bail!("no coordinator replica leads")
     }
 
+    /// Every running replica that claims to lead now (its health says so and its
+    /// `GetLeadership` names itself), with the term it answers: more than one of a term
+    /// would be a split brain.
+    pub async fn leader_claims(&self) -> Vec<(usize, u64)> {
+        let mut claims = Vec::new();
+        for r in 0..self.replicas.len() {
+            if self.replicas[r].process.is_none() || !self.leads(r).await.unwrap_or(false) {
+                continue;
+            }
+            if let Ok(l) = self.leadership(r).await
+                && l.leader == self.replicas[r].address
+            {
+                claims.push((r, l.term));
+            }
+        }
+        claims
+    }
+
     /// Whether replica `r`'s health says it leads (`cairn.v1.Leader` SERVING).
     pub async fn leads(&self, r: usize) -> anyhow::Result<bool> {
         let status = health_of(

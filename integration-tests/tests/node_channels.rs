@@ -316,6 +316,22 @@ async fn bad_input_gets_a_clear_status_and_closes_only_its_own_stream() {
             vec![handshake("test", "a", "b"), batch(1, vec![marker(99)])],
             Code::InvalidArgument,
         ),
+        (
+            // 1 MiB of one-byte lengths of empty payloads: a million messages in one
+            // batch, refused before any is built.
+            "a batch of more frames than a peer can have unacknowledged",
+            vec![
+                handshake("test", "a", "b"),
+                batch(
+                    1,
+                    vec![pb::frame::Kind::Data(pb::DataRun {
+                        payloads: Bytes::new(),
+                        lengths: vec![0; 1 << 20],
+                    })],
+                ),
+            ],
+            Code::InvalidArgument,
+        ),
     ];
     for (what, frames, expected) in cases {
         let code = peer_stream_status(&cluster, "b", frames).await;

@@ -8,16 +8,21 @@
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Mutant {
     /// When recording a channel's in-flight messages, the engine's recording leaves out the
-    /// last one.
+    /// last one (cairn's own verifier sees the missing index).
     RecordOneTooFew,
+    /// When recording two or more of a channel's in-flight messages, the last one's bytes are
+    /// the first one's: every index is there, one message is missing and one twice (only
+    /// the bytes tell).
+    RecordWrongMessage,
     /// When a channel reconnects, the first frame it should resend is dropped.
     DropFrameOnReconnect,
 }
 
 #[cfg(feature = "mutants")]
 impl Mutant {
-    const ALL: [(&'static str, Mutant); 2] = [
+    const ALL: [(&'static str, Mutant); 3] = [
         ("record-one-too-few", Mutant::RecordOneTooFew),
+        ("record-wrong-message", Mutant::RecordWrongMessage),
         ("drop-frame-on-reconnect", Mutant::DropFrameOnReconnect),
     ];
 }

@@ -15,6 +15,9 @@ use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status, Streaming};
 
 use crate::error::Error;
+
+/// Markers a batch may hold beyond its data frames (one per snapshot under way, at most).
+const MARKER_SLACK: usize = 1024;
 use crate::node_loop::{InItem, LoopMsg};
 use crate::shared::{ChannelHandles, Shared};
 
@@ -259,7 +262,24 @@ impl Reader {
     }
 
     fn decode(&self, batch: &pb::FrameBatch) -> Result<Vec<InItem>, Error> {
-        let mut items = Vec::new();
+        // Counted before anything is built: a 4 MiB batch of empty payloads would otherwise
+        // become millions of items. A peer sends at most its unacknowledged frames in one
+        // batch: its window, or the credits this daemon granted (its channel buffer), and a
+        // few markers.
+        let limit = self.shared.channel_buffer.max(crate::LINK_WINDOW) + MARKER_SLACK;
+        let frames = batch
+            .frames
+            .iter()
+            .fold(0usize, |n, frame| match &frame.kind {
+                Some(pb::frame::Kind::Data(run)) => n.saturating_add(run.lengths.len()),
+                _ => n.saturating_add(1),
+            });
+        if frames > limit {
+            return Err(invalid(&format!(
+                "a batch of {frames} frames: a peer sends at most {limit} at once"
+            )));
+        }
+        let mut items = Vec::with_capacity(frames);
         for frame in &batch.frames {
             match &frame.kind {
                 Some(pb::frame::Kind::Data(run)) => {

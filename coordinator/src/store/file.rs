@@ -1,7 +1,8 @@
 //! The embedded metadata store, for a single machine and the demo: every key in memory, a
 //! base file (`metadata.json`, one JSON object) and an append-only log beside it
 //! (`metadata.log`, one JSON change per line, each synced before the change is
-//! acknowledged). At start the log is replayed over the base (a torn last line is dropped)
+//! acknowledged). At start the log is replayed over the base (a torn last line is dropped;
+//! an unreadable line with changes after it is damage, and the store refuses to open)
 //! and both are compacted into a new base; the log is compacted again once it outgrows the
 //! base. Ephemeral keys (members) live in memory only, as etcd drops them with their lease.
 
@@ -30,9 +31,11 @@ enum Change {
 pub(crate) type Replayed = (BTreeMap<String, String>, Option<(usize, String)>);
 
 /// The store's contents from its base file (`None`: none yet; an unreadable one is an
-/// error) and its log, each line a change applied in order. The first unreadable line and
-/// everything after it are a write cut short by a crash and are dropped: the line's number
-/// (from 1) and why are returned.
+/// error) and its log, each line a change applied in order. An unreadable last line is a
+/// write cut short by a crash and is dropped: its number (from 1) and why are returned. An
+/// unreadable line with changes after it is no crash's doing (a write is acknowledged only
+/// once synced, and the log is compacted at every start): the log is damaged, and dropping
+/// the acknowledged changes after it would lose them silently, so the replay is refused.
 pub(crate) fn replay(base: Option<&[u8]>, log: &[u8]) -> Result<Replayed, String> {
     let mut data: BTreeMap<String, String> = match base {
         Some(bytes) => serde_json::from_slice(bytes).map_err(|e| e.to_string())?,
@@ -44,7 +47,22 @@ pub(crate) fn replay(base: Option<&[u8]>, log: &[u8]) -> Result<Replayed, String
         }
         match serde_json::from_slice::<Change>(line) {
             Ok(change) => change.apply(&mut data),
-            Err(e) => return Ok((data, Some((number + 1, e.to_string())))),
+            Err(e) => {
+                let after = log
+                    .split(|b| *b == b'\n')
+                    .skip(number + 1)
+                    .filter(|l| !l.is_empty())
+                    .count();
+                if after > 0 {
+                    return Err(format!(
+                        "line {} of its log is unreadable ({e}) and {after} changes follow it: \
+                         the log is damaged, not cut short by a crash; refusing to drop them \
+                         (repair the line, or move the log aside to start from the base alone)",
+                        number + 1
+                    ));
+                }
+                return Ok((data, Some((number + 1, e.to_string()))));
+            }
         }
     }
     Ok((data, None))
@@ -425,5 +443,25 @@ mod tests {
         assert_eq!(kv.fetch_increment("/id").await.unwrap(), 2);
         assert!(std::fs::metadata(&log).unwrap().len() > 0);
         let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn a_damaged_line_with_changes_after_it_is_refused_not_dropped() {
+        let put = |k: &str| format!("{{\"op\":\"put\",\"key\":\"{k}\",\"value\":\"1\"}}\n");
+        // Torn last line: dropped, the rest kept.
+        let log = format!("{}{}{{\"op\":\"pu", put("/a"), put("/b"));
+        let (data, dropped) = replay(None, log.as_bytes()).unwrap();
+        assert_eq!(data.keys().collect::<Vec<_>>(), ["/a", "/b"]);
+        assert_eq!(dropped.map(|(line, _)| line), Some(3));
+        // Garbage in the middle: refused, naming the line and what follows.
+        let log = format!("{}garbage\n{}{}", put("/a"), put("/b"), put("/c"));
+        let e = replay(None, log.as_bytes()).unwrap_err();
+        assert!(
+            e.contains("line 2") && e.contains("2 changes follow it"),
+            "{e}"
+        );
+        // Blank lines after a torn one are no changes.
+        let log = format!("{}{{\"op\n\n", put("/a"));
+        assert!(replay(None, log.as_bytes()).is_ok());
     }
 }

@@ -172,9 +172,15 @@ struct Nemesis {
     /// Snapshots whose ended record is in the history.
     recorded: BTreeSet<u64>,
     faults: BTreeMap<String, u64>,
-    /// A bank started afresh waits for this restore (of a snapshot from before its kill).
-    bank_recovery: Option<(Instant, u64)>,
-    leader_seen: Option<(usize, u64)>,
+    /// A bank started afresh: until this deadline, no other fault; a restore of a snapshot
+    /// of the original lines (requested once: the flag) until every bank is back on its.
+    bank_recovery: Option<(Instant, bool)>,
+    /// Replicas seen leading, with their terms.
+    leaders_seen: BTreeSet<(usize, u64)>,
+    /// Each bank's line when the run began.
+    original: BTreeMap<String, u64>,
+    /// The newest COMPLETED snapshot whose every state is of its bank's original line.
+    newest_clean: u64,
     /// Whether a snapshot started after the faults stopped completed.
     recovered: bool,
     /// The newest COMPLETED snapshot, and the newest holding a transfer in flight.
@@ -325,21 +331,28 @@ impl Nemesis {
         out
     }
 
-    async fn poll(&mut self) {
+    /// Polls the banks and asks every replica whether it leads; whether every bank is of
+    /// its original line.
+    async fn poll(&mut self) -> bool {
         let banks = self.banks().await;
+        let original = banks.iter().all(|b| {
+            line_of(b.state.as_deref()).is_some_and(|l| self.original.get(&b.node) == Some(&l))
+        });
         let at = self.at();
         self.push(Entry::Banks { at, banks });
-        if let Ok(Ok((replica, term))) = timeout(CALL_LIMIT, self.cluster.leader()).await
-            && self.leader_seen != Some((replica, term))
-        {
-            self.leader_seen = Some((replica, term));
-            let at = self.at();
-            self.push(Entry::Leader {
-                at,
-                replica: replica + 1,
-                term,
-            });
+        if let Ok(claims) = timeout(CALL_LIMIT, self.cluster.leader_claims()).await {
+            for (replica, term) in claims {
+                if self.leaders_seen.insert((replica, term)) {
+                    let at = self.at();
+                    self.push(Entry::Leader {
+                        at,
+                        replica: replica + 1,
+                        term,
+                    });
+                }
+            }
         }
+        original
     }
 
     /// Writes the snapshots that ended since the last call, with their data.
@@ -381,6 +394,13 @@ impl Nemesis {
                         .iter()
                         .any(|n| n.channels.iter().any(|c| !c.messages.is_empty()));
                     self.newest_completed.0 = self.newest_completed.0.max(id);
+                    let clean = view.nodes.len() == self.original.len()
+                        && view.nodes.iter().all(|n| {
+                            line_of(Some(&n.state)) == self.original.get(&n.node).copied()
+                        });
+                    if clean {
+                        self.newest_clean = self.newest_clean.max(id);
+                    }
                     if held {
                         self.newest_completed.1 = self.newest_completed.1.max(id);
                     }
@@ -499,25 +519,15 @@ impl Nemesis {
         });
     }
 
-    /// Restores the newest completed snapshot below `below` (any, with `u64::MAX`); the
+    /// Restores the newest completed snapshot whose every state is of its bank's original
+    /// line (never one holding a bank started afresh: the money would change for good); the
     /// snapshot and the restore's id.
-    async fn restore(&mut self, below: u64) -> Option<(u64, String)> {
+    async fn restore(&mut self) -> Option<(u64, String)> {
+        let id = self.newest_clean;
+        if id == 0 {
+            return None;
+        }
         let mut client = self.client().await.ok()?;
-        let list = client
-            .list_snapshots(pb::ListSnapshotsRequest {
-                status: pb::SnapshotStatus::Completed as i32,
-                page_size: 50,
-                page_token: String::new(),
-                mode: 0,
-            })
-            .await
-            .ok()?
-            .into_inner();
-        let id = list
-            .snapshots
-            .iter()
-            .filter_map(|s| s.plan.as_ref().map(|p| p.snapshot_id))
-            .find(|&id| id < below)?;
         match client
             .restore_snapshot(pb::RestoreSnapshotRequest { snapshot_id: id })
             .await
@@ -589,7 +599,11 @@ impl Nemesis {
                     self.open("delay", target, ms, Undo::Undelay(f, a));
                 }
             }
+            // A bank started afresh is restored before anything else happens.
+            _ if self.bank_recovery.is_some() => {}
             Fault::KillNode => {
+                // What its bank counted since the last poll is not lost with it.
+                let _ = timeout(Duration::from_secs(12), self.poll()).await;
                 self.heal_target(&n).await;
                 self.heal_target(&format!("{n}-bank")).await;
                 self.cluster.kill_node(node);
@@ -598,10 +612,10 @@ impl Nemesis {
                 }
                 self.fault_line("kill-node", &n, "daemon and bank, restarted".into());
             }
-            Fault::KillBank if self.bank_recovery.is_none() && self.open.is_empty() => {
+            Fault::KillBank if self.open.is_empty() => {
                 // A bank's state is gone with it: an operator restores a snapshot from
                 // before the crash (the restarted bank starts with a fresh balance).
-                let below = lock(&self.shared).last_id + 1;
+                let _ = timeout(Duration::from_secs(12), self.poll()).await;
                 self.cluster.kill_bank(node);
                 if let Err(e) = self.cluster.start_bank(node) {
                     eprintln!("cannot restart {n}'s bank: {e:#}");
@@ -611,13 +625,13 @@ impl Nemesis {
                     &n,
                     "restarted afresh; a restore follows".into(),
                 );
-                self.bank_recovery = Some((Instant::now() + Duration::from_secs(30), below));
+                self.bank_recovery = Some((Instant::now() + Duration::from_secs(60), false));
             }
             Fault::KillLeader => {
                 self.kill_leader().await;
             }
             Fault::KillLeaderDuringRestore => {
-                if let Some((id, restore_id)) = self.restore(u64::MAX).await {
+                if let Some((id, restore_id)) = self.restore().await {
                     self.fault_line("restore", "cluster", format!("snapshot {id}: {restore_id}"));
                     let ms = self.rng.random_range(0..300);
                     tokio::time::sleep(Duration::from_millis(ms)).await;
@@ -675,7 +689,7 @@ impl Nemesis {
                 }
             }
             Fault::Restore => {
-                if let Some((id, restore_id)) = self.restore(u64::MAX).await {
+                if let Some((id, restore_id)) = self.restore().await {
                     self.fault_line("restore", "cluster", format!("snapshot {id}: {restore_id}"));
                 }
             }
@@ -684,14 +698,20 @@ impl Nemesis {
         }
     }
 
-    /// A bank started afresh: restore a snapshot from before its kill, until one is
-    /// accepted (or the deadline passes: the checker will see the fresh line stay).
+    /// A bank started afresh: restore a snapshot of the original lines (once accepted, the
+    /// polls see the banks back on them; past the deadline the checker will see the fresh
+    /// line stay).
     async fn recover_bank(&mut self) {
-        let Some((deadline, below)) = self.bank_recovery else {
+        let Some((deadline, requested)) = self.bank_recovery else {
             return;
         };
-        if self.restore(below).await.is_some() || Instant::now() > deadline {
+        if Instant::now() > deadline {
+            println!("a bank started afresh was not restored within 60 s");
             self.bank_recovery = None;
+            return;
+        }
+        if !requested && self.restore().await.is_some() {
+            self.bank_recovery = Some((deadline, true));
         }
     }
 }
@@ -748,13 +768,18 @@ async fn snapshots(shared: SharedRef, replicas: String, seed: u64) {
                 });
             }
             Ok(Err(e)) => {
-                let why = match e.downcast_ref::<tonic::Status>() {
-                    Some(status) => format!("{:?}", status.code()),
-                    None => "no connection".to_owned(),
-                };
+                let code = e.downcast_ref::<tonic::Status>().map(tonic::Status::code);
+                let why = code.map_or_else(|| "no connection".to_owned(), |c| format!("{c:?}"));
                 *shared.refused.entry(why).or_default() += 1;
-                client = None;
-                at += 1;
+                // The leader at its limit (ResourceExhausted) or fenced by a restore
+                // (FailedPrecondition) is still the leader: try it again.
+                if !matches!(
+                    code,
+                    Some(tonic::Code::ResourceExhausted | tonic::Code::FailedPrecondition)
+                ) {
+                    client = None;
+                    at += 1;
+                }
             }
             Err(_) => {
                 *shared.refused.entry("timed out".into()).or_default() += 1;
@@ -769,6 +794,11 @@ fn node_index(id: &str) -> usize {
     id.trim_start_matches('n')
         .parse::<usize>()
         .map_or(0, |n| n.saturating_sub(1))
+}
+
+/// The `line` of a bank's state JSON.
+fn line_of(state: Option<&str>) -> Option<u64> {
+    serde_json::from_str::<serde_json::Value>(state?).ok()?["line"].as_u64()
 }
 
 /// Every bank drained: each one's last received from each peer is that peer's last sent.
@@ -837,7 +867,9 @@ async fn run(args: &Args, seconds: u64) -> anyhow::Result<Verdict> {
         recorded: BTreeSet::new(),
         faults: BTreeMap::new(),
         bank_recovery: None,
-        leader_seen: None,
+        leaders_seen: BTreeSet::new(),
+        original: BTreeMap::new(),
+        newest_clean: 0,
         recovered: false,
         newest_completed: (0, 0),
     };
@@ -850,13 +882,19 @@ async fn run(args: &Args, seconds: u64) -> anyhow::Result<Verdict> {
     });
     // The banks' first lines, before any fault, and a first snapshot, so that automatic
     // recovery always has one to restore.
-    eventually("every bank answers", Duration::from_secs(30), || async {
+    let banks = eventually("every bank answers", Duration::from_secs(30), || async {
         let banks = nemesis.banks().await;
         anyhow::ensure!(banks.iter().all(|b| b.state.is_some()), "{banks:?}");
-        Ok(())
+        Ok(banks)
     })
     .await?;
-    nemesis.poll().await;
+    for b in &banks {
+        let line = line_of(b.state.as_deref())
+            .ok_or_else(|| anyhow::anyhow!("bank {} has no line: {:?}", b.node, b.state))?;
+        nemesis.original.insert(b.node.clone(), line);
+    }
+    let at = nemesis.at();
+    nemesis.push(Entry::Banks { at, banks });
     eventually("a first snapshot", Duration::from_secs(30), || async {
         let id = nemesis
             .cluster
@@ -906,7 +944,14 @@ async fn run(args: &Args, seconds: u64) -> anyhow::Result<Verdict> {
         let now = Instant::now();
         nemesis.heal(Some(now)).await;
         if next_poll <= now {
-            let _ = timeout(Duration::from_secs(12), nemesis.poll()).await;
+            let original = timeout(Duration::from_secs(12), nemesis.poll()).await;
+            if nemesis
+                .bank_recovery
+                .is_some_and(|(_, requested)| requested)
+                && original.unwrap_or(false)
+            {
+                nemesis.bank_recovery = None;
+            }
             let _ = timeout(Duration::from_secs(5), nemesis.collect(200)).await;
             let _ = timeout(CALL_LIMIT, nemesis.recover_bank()).await;
             next_poll = Instant::now() + Duration::from_secs(1);
@@ -924,7 +969,16 @@ async fn run(args: &Args, seconds: u64) -> anyhow::Result<Verdict> {
     }
     nemesis.heal(None).await;
     while nemesis.bank_recovery.is_some() {
-        nemesis.recover_bank().await;
+        let _ = timeout(Duration::from_secs(5), nemesis.collect(200)).await;
+        let _ = timeout(CALL_LIMIT, nemesis.recover_bank()).await;
+        let original = timeout(Duration::from_secs(12), nemesis.poll()).await;
+        if nemesis
+            .bank_recovery
+            .is_some_and(|(_, requested)| requested)
+            && original.unwrap_or(false)
+        {
+            nemesis.bank_recovery = None;
+        }
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
     let at = nemesis.at();
@@ -991,6 +1045,25 @@ async fn settle(
     }
     nemesis.poll().await;
 
+    // Every snapshot started has ended (each has a timeout), so the record is whole.
+    let ended = eventually("every snapshot ends", Duration::from_secs(60), || async {
+        let mut client = nemesis.cluster.client().await?;
+        let running = client
+            .list_snapshots(pb::ListSnapshotsRequest {
+                status: pb::SnapshotStatus::InProgress as i32,
+                page_size: 1,
+                page_token: String::new(),
+                mode: 0,
+            })
+            .await?
+            .into_inner();
+        anyhow::ensure!(running.snapshots.is_empty(), "some still in progress");
+        Ok(())
+    })
+    .await;
+    if let Err(e) = ended {
+        println!("{e:#}");
+    }
     // The closing restore: the newest completed snapshot holding transfers in flight
     // (those are delivered after it), else the newest.
     nemesis.collect(1000).await?;

@@ -109,6 +109,9 @@ impl Verdict {
     }
 }
 
+/// The line each bank started the run with.
+type Original = BTreeMap<String, u64>;
+
 fn parse_state(text: &str) -> Result<State, String> {
     serde_json::from_str(text).map_err(|e| format!("not a bank state ({e}): {text:.200}"))
 }
@@ -137,8 +140,8 @@ pub fn check(entries: &[Entry], recovery_bound_s: f64) -> Verdict {
         v.violation("the history has no setup line".into());
         return v;
     };
-    // The lines the run started with: the first poll of the banks, before any fault.
-    let mut original = BTreeSet::new();
+    // The line each bank started with: the first poll of the banks, before any fault.
+    let mut original = Original::new();
     match entries.iter().find_map(|e| match e {
         Entry::Banks { banks, .. } => Some(banks),
         _ => None,
@@ -147,7 +150,7 @@ pub fn check(entries: &[Entry], recovery_bound_s: f64) -> Verdict {
             for (node, state) in states_of(banks) {
                 match state {
                     Ok(s) => {
-                        original.insert(s.line);
+                        original.insert(node, s.line);
                     }
                     Err(e) => v.violation(format!("first poll: bank {node}: {e}")),
                 }
@@ -195,11 +198,26 @@ pub fn check(entries: &[Entry], recovery_bound_s: f64) -> Verdict {
     check_banks(entries, &nodes, total, &original, &mut v);
     check_restores(entries, &snapshots, &mut v);
     check_recovery(entries, &snapshots, recovery_bound_s, &mut v);
-    if v.completed_checked < 10 {
-        v.violation(format!(
-            "only {} snapshots completed: the run proves little",
-            v.completed_checked
-        ));
+    // A run that checked little proves little.
+    let modes: BTreeSet<&str> = snapshots
+        .values()
+        .filter(|s| s.status == "COMPLETED")
+        .map(|s| s.mode.as_str())
+        .collect();
+    for (what, n) in [
+        ("snapshots completed", v.completed_checked),
+        ("snapshots had their money counted", v.money_checked),
+        ("channels were checked id by id", v.channels_checked),
+        ("transfers in flight were checked", v.in_flight_checked),
+    ] {
+        if n < 10 {
+            v.violation(format!("only {n} {what}: the run proves little"));
+        }
+    }
+    for mode in ["CHANDY_LAMPORT", "UNALIGNED", "ALIGNED"] {
+        if !modes.contains(mode) {
+            v.violation(format!("no {mode} snapshot completed"));
+        }
     }
     v
 }
@@ -264,22 +282,31 @@ fn check_ids_and_terms(entries: &[Entry], v: &mut Verdict) {
     }
 }
 
-/// One COMPLETED snapshot: every node, every channel's in-flight transfers exactly, the
-/// money.
+/// One COMPLETED snapshot: every node once, every channel of the mesh, each channel's
+/// in-flight transfers exactly, the money.
 fn check_snapshot(
     s: &SnapshotView,
     nodes: &[String],
     total: u64,
-    original: &BTreeSet<u64>,
+    original: &Original,
     v: &mut Verdict,
 ) {
     let id = s.id;
     v.completed_checked += 1;
     let mut states = BTreeMap::new();
     for n in &s.nodes {
+        if !nodes.contains(&n.node) {
+            v.violation(format!(
+                "snapshot {id} holds a part of unknown node {}",
+                n.node
+            ));
+            continue;
+        }
         match parse_state(&n.state) {
             Ok(state) => {
-                states.insert(n.node.clone(), state);
+                if states.insert(n.node.clone(), state).is_some() {
+                    v.violation(format!("snapshot {id} holds node {} twice", n.node));
+                }
             }
             Err(e) => v.violation(format!("snapshot {id}: node {}: {e}", n.node)),
         }
@@ -289,23 +316,42 @@ fn check_snapshot(
             v.violation(format!("snapshot {id} is COMPLETED without node {node}"));
         }
     }
-    if states.len() != s.nodes.len() {
+    if states.len() != nodes.len() {
         return;
     }
+    // The cut covers every channel of the full mesh, and nothing is recorded elsewhere.
+    let mesh: BTreeSet<String> = nodes
+        .iter()
+        .flat_map(|a| {
+            nodes
+                .iter()
+                .filter(move |b| *b != a)
+                .map(move |b| format!("{a}->{b}"))
+        })
+        .collect();
+    let listed: BTreeSet<String> = s.channels.iter().cloned().collect();
+    if listed != mesh {
+        v.violation(format!(
+            "snapshot {id}: its channels {listed:?} are not the mesh of its nodes"
+        ));
+    }
+    for n in &s.nodes {
+        for c in &n.channels {
+            let name = format!("{}->{}", c.from, c.to);
+            if !mesh.contains(&name) || (n.node != c.from && n.node != c.to) {
+                v.violation(format!(
+                    "snapshot {id}: node {} recorded messages of channel {name}",
+                    n.node
+                ));
+            }
+        }
+    }
     let mut in_flight_money: u64 = 0;
-    for channel in &s.channels {
+    for channel in &mesh {
         let Some((a, b)) = channel.split_once("->") else {
-            v.violation(format!(
-                "snapshot {id}: channel `{channel}` is not FROM->TO"
-            ));
             continue;
         };
-        let (Some(sender), Some(receiver)) = (states.get(a), states.get(b)) else {
-            v.violation(format!(
-                "snapshot {id}: channel {channel} joins a node without a part"
-            ));
-            continue;
-        };
+        let (sender, receiver) = (&states[a], &states[b]);
         // In channel order: what the receiver recorded arriving before the marker, then
         // what the sender recorded as overtaken in its queue (unaligned mode).
         let recorded: Vec<&String> = [b, a]
@@ -319,81 +365,37 @@ fn check_snapshot(
         for m in recorded {
             match serde_json::from_str::<Transfer>(m) {
                 Ok(t) => transfers.push(t),
-                Err(e) => {
-                    v.violation(format!(
-                        "snapshot {id}: channel {channel}: an in-flight message is not a transfer ({e}): {m:.200}"
-                    ));
-                }
+                Err(e) => v.violation(format!(
+                    "snapshot {id}: channel {channel}: an in-flight message is not a transfer ({e}): {m:.200}"
+                )),
             }
         }
         for t in &transfers {
             in_flight_money = in_flight_money.saturating_add(t.amount);
         }
-        let sent = sender.sent.get(b).copied().unwrap_or(0);
-        let last = receiver.received.get(a).copied();
-        // Counted in the receiver's state and recorded in flight too.
-        if let Some(last) = last
-            && let Some(t) = transfers
-                .iter()
-                .find(|t| t.id != 0 && t.line == last.line && t.id <= last.id)
-        {
-            v.violation(format!(
-                "snapshot {id}: channel {channel}: transfer {} is recorded in flight but {b}'s \
-                 state already counts it (last received {})",
-                t.id, last.id
-            ));
-        }
-        if let Some(t) = transfers
-            .iter()
-            .find(|t| t.id != 0 && t.line != sender.line)
-        {
-            v.violation(format!(
-                "snapshot {id}: channel {channel}: transfer {} in flight is of line {}, not \
-                 {a}'s line {} (a message from before a restart or restore)",
-                t.id, t.line, sender.line
-            ));
-        }
-        let base = match last {
-            Some(last) if last.line == sender.line => last.id,
-            None if original.contains(&sender.line) && original.contains(&receiver.line) => 0,
-            _ => {
-                v.channels_across_restart += 1;
-                continue;
-            }
+        // Transfers without an id (none of the bank's own) are counted as money only.
+        transfers.retain(|t| t.id != 0);
+        let channel_check = ChannelCut {
+            a,
+            b,
+            sender,
+            receiver,
+            original,
         };
-        v.channels_checked += 1;
-        if base > sent {
-            v.violation(format!(
-                "snapshot {id}: channel {channel}: {b} has received transfer {base} but {a} \
-                 has sent only {sent} (a message received and never sent)"
-            ));
-            continue;
+        match channel_check.check(&transfers) {
+            Checked::Exact => v.channels_checked += 1,
+            Checked::Unknown => v.channels_across_restart += 1,
+            Checked::Wrong(why) => {
+                v.channels_checked += 1;
+                v.violation(format!("snapshot {id}: channel {channel}: {why}"));
+            }
         }
-        let ids: Vec<u64> = transfers.iter().map(|t| t.id).collect();
-        let expected: Vec<u64> = (base + 1..=sent).collect();
-        v.in_flight_checked += ids.len() as u64;
-        if ids != expected {
-            let missing: Vec<u64> = expected
-                .iter()
-                .filter(|i| !ids.contains(i))
-                .copied()
-                .collect();
-            v.violation(format!(
-                "snapshot {id}: channel {channel}: in flight {} but {a} sent up to {sent} and \
-                 {b} received up to {base}{}",
-                short(&ids),
-                if missing.is_empty() {
-                    String::new()
-                } else {
-                    format!(
-                        ": transfers {} are in neither state nor channel",
-                        short(&missing)
-                    )
-                }
-            ));
-        }
+        v.in_flight_checked += transfers.len() as u64;
     }
-    if states.values().all(|st| original.contains(&st.line)) {
+    if states
+        .iter()
+        .all(|(n, st)| original.get(n) == Some(&st.line))
+    {
         v.money_checked += 1;
         let balances: u64 = states.values().map(|st| st.balance).sum();
         let money = balances.saturating_add(in_flight_money);
@@ -404,6 +406,162 @@ fn check_snapshot(
             ));
         }
     }
+}
+
+/// What one channel's recorded transfers amount to.
+enum Checked {
+    /// Exactly the transfers after the receiver's last and up to the sender's last.
+    Exact,
+    /// Not decidable: the receiver is a bank started afresh that has not yet heard of the
+    /// sender's line.
+    Unknown,
+    /// Wrong, and why.
+    Wrong(String),
+}
+
+/// One channel of a snapshot, with both ends' recorded states.
+struct ChannelCut<'a> {
+    a: &'a str,
+    b: &'a str,
+    sender: &'a State,
+    receiver: &'a State,
+    original: &'a Original,
+}
+
+/// More transfers in flight on one channel than any run moves: a corrupt record.
+const MAX_IN_FLIGHT: u64 = 1_000_000;
+
+impl ChannelCut<'_> {
+    /// The transfers recorded in flight, in channel order, must be: first, if the receiver
+    /// follows an older line of the sender (whose bank started afresh since), the rest of
+    /// that line's transfers still in the channel, continuing the receiver's last id; then
+    /// the sender's own line's transfers from the receiver's last (or from 1, for a line
+    /// the receiver has not heard of) up to the sender's last sent, each id once, in order.
+    fn check(&self, transfers: &[Transfer]) -> Checked {
+        let (a, b, sender) = (self.a, self.b, self.sender);
+        let sent = sender.sent.get(b).copied().unwrap_or(0);
+        let last = self.receiver.received.get(a).copied();
+        let of_original = |node: &str, line: u64| self.original.get(node) == Some(&line);
+        // Counted in the receiver's state and recorded in flight too.
+        if let Some(last) = last
+            && let Some(t) = transfers
+                .iter()
+                .find(|t| t.line == last.line && t.id <= last.id)
+        {
+            return Checked::Wrong(format!(
+                "transfer {} is recorded in flight but {b}'s state already counts it (last \
+                 received {})",
+                t.id, last.id
+            ));
+        }
+        // Where the sender's own line starts in the channel.
+        let split = transfers
+            .iter()
+            .position(|t| t.line == sender.line)
+            .unwrap_or(transfers.len());
+        let (older, own) = transfers.split_at(split);
+        if let Some(t) = own.iter().find(|t| t.line != sender.line) {
+            return Checked::Wrong(format!(
+                "transfer {} of line {} follows transfers of {a}'s line {}",
+                t.id, t.line, sender.line
+            ));
+        }
+        let base = match last {
+            Some(last) if last.line == sender.line => {
+                if !older.is_empty() {
+                    return Checked::Wrong(format!(
+                        "transfers of line {} are in flight though {b} follows {a}'s line {}",
+                        older[0].line, sender.line
+                    ));
+                }
+                last.id
+            }
+            Some(last) => {
+                // The receiver follows another line of the sender: only one the sender's bank
+                // left when it started afresh.
+                if of_original(a, sender.line) {
+                    return Checked::Wrong(format!(
+                        "{b} follows line {} of {a}, but {a} is of the line it started with",
+                        last.line
+                    ));
+                }
+                if let Some(why) = contiguous(older, last.line, last.id) {
+                    return Checked::Wrong(format!("the rest of {a}'s line {}: {why}", last.line));
+                }
+                0
+            }
+            // The receiver, of its original line, has received nothing from the sender: every
+            // transfer of the sender's line is in flight; an older line's (the sender's bank
+            // started afresh since) in order.
+            None if of_original(b, self.receiver.line) => {
+                match older.first() {
+                    Some(t) if of_original(a, sender.line) => {
+                        return Checked::Wrong(format!(
+                            "transfer {} of line {} is in flight, not of {a}'s line {}",
+                            t.id, t.line, sender.line
+                        ));
+                    }
+                    Some(t) => {
+                        if let Some(why) = contiguous(older, t.line, t.id.saturating_sub(1)) {
+                            return Checked::Wrong(format!("{a}'s older line: {why}"));
+                        }
+                    }
+                    None => {}
+                }
+                0
+            }
+            // A receiver started afresh that has heard nothing from the sender yet: where
+            // the sender's line stands for it is not recorded anywhere.
+            None => return Checked::Unknown,
+        };
+        if base > sent {
+            return Checked::Wrong(format!(
+                "{b} has received transfer {base} but {a} has sent only {sent} (a message \
+                 received and never sent)"
+            ));
+        }
+        if sent - base > MAX_IN_FLIGHT {
+            return Checked::Wrong(format!(
+                "{} transfers would be in flight ({b} received {base}, {a} sent {sent})",
+                sent - base
+            ));
+        }
+        let expected = sent - base;
+        let ids: Vec<u64> = own.iter().map(|t| t.id).collect();
+        let exact = ids.len() as u64 == expected
+            && ids.iter().zip(base + 1..).all(|(got, want)| *got == want);
+        if exact {
+            return Checked::Exact;
+        }
+        let present: BTreeSet<u64> = ids.iter().copied().collect();
+        let missing: Vec<u64> = (base + 1..=sent).filter(|i| !present.contains(i)).collect();
+        Checked::Wrong(format!(
+            "in flight {} but {a} sent up to {sent} and {b} received up to {base}{}",
+            short(&ids),
+            if missing.is_empty() {
+                String::new()
+            } else {
+                format!(
+                    ": transfers {} are in neither state nor channel",
+                    short(&missing)
+                )
+            }
+        ))
+    }
+}
+
+/// Why `transfers` are not all of `line` with ids `after + 1, after + 2, …`; `None` if they
+/// are.
+fn contiguous(transfers: &[Transfer], line: u64, after: u64) -> Option<String> {
+    for (t, want) in transfers.iter().zip(after.saturating_add(1)..) {
+        if t.line != line || t.id != want {
+            return Some(format!(
+                "transfer {} of line {} where {want} of line {line} was due",
+                t.id, t.line
+            ));
+        }
+    }
+    None
 }
 
 fn short(ids: &[u64]) -> String {
@@ -424,7 +582,7 @@ fn check_banks(
     entries: &[Entry],
     nodes: &[String],
     total: u64,
-    original: &BTreeSet<u64>,
+    original: &Original,
     v: &mut Verdict,
 ) {
     let mut reported = BTreeSet::new();
@@ -433,16 +591,19 @@ fn check_banks(
     for e in entries {
         match e {
             Entry::Quiet { .. } => quiet = true,
-            Entry::Banks { at, banks } => {
+            Entry::Banks { at, banks } | Entry::FinalRestore { at, banks, .. } => {
                 for b in banks {
-                    if (b.duplicates > 0 || b.skipped > 0) && reported.insert(b.node.clone()) {
+                    if (b.duplicates > 0 || b.skipped > 0 || b.rejected > 0)
+                        && reported.insert(b.node.clone())
+                    {
                         v.violation(format!(
-                            "bank {} saw {} duplicate and {} skipped transfers (polled at {at:.1}s)",
-                            b.node, b.duplicates, b.skipped
+                            "bank {} saw {} duplicate, {} skipped and {} rejected transfers \
+                             (polled at {at:.1}s)",
+                            b.node, b.duplicates, b.skipped, b.rejected
                         ));
                     }
                 }
-                if quiet {
+                if quiet && matches!(e, Entry::Banks { .. }) {
                     last_poll = Some(banks);
                 }
             }
@@ -488,8 +649,22 @@ fn check_banks(
                 ));
             }
         }
+        // And the other way: nothing received from a line that was not sent.
+        for (b, receiver) in &states {
+            if let Some(got) = receiver.received.get(a)
+                && got.line == sender.line
+                && got.id > sender.sent.get(b).copied().unwrap_or(0)
+            {
+                v.violation(format!(
+                    "after the faults, channel {a}->{b}: {b} received transfer {} of {a}'s \
+                     line, which {a} never sent (its last: {:?})",
+                    got.id,
+                    sender.sent.get(b)
+                ));
+            }
+        }
     }
-    if states.values().all(|s| original.contains(&s.line)) {
+    if states.iter().all(|(n, s)| original.get(n) == Some(&s.line)) {
         let live: u64 = states.values().map(|s| s.balance).sum();
         if live != total {
             v.violation(format!(
@@ -564,26 +739,35 @@ fn check_restores(entries: &[Entry], snapshots: &BTreeMap<u64, &SnapshotView>, v
             }
         }
     }
-    // Its in-flight transfers are delivered after the restore: credited, and counted as
+    // Its in-flight transfers are delivered after the restore, in channel order (what the
+    // receiver recorded, then what the sender did): credited, and the last counted as
     // received.
-    for n in &s.nodes {
-        for c in &n.channels {
-            for m in &c.messages {
-                let Ok(t) = serde_json::from_str::<Transfer>(m) else {
-                    continue;
-                };
-                if let Some(state) = expected.get_mut(&c.to) {
-                    state.balance = state.balance.saturating_add(t.amount);
-                    // Recorded on either side of the channel: the highest id is the last.
-                    let seen = state.received.entry(c.from.clone()).or_insert(Seen {
-                        line: t.line,
-                        id: 0,
-                    });
-                    if t.id != 0 && (seen.line != t.line || seen.id < t.id) {
-                        *seen = Seen {
-                            line: t.line,
-                            id: t.id,
-                        };
+    let names: Vec<String> = s.nodes.iter().map(|n| n.node.clone()).collect();
+    for a in &names {
+        for b in names.iter().filter(|b| *b != a) {
+            for side in [b, a] {
+                let recorded = s
+                    .nodes
+                    .iter()
+                    .filter(|n| &n.node == side)
+                    .flat_map(|n| n.channels.iter())
+                    .filter(|c| &c.from == a && &c.to == b)
+                    .flat_map(|c| c.messages.iter());
+                for m in recorded {
+                    let Ok(t) = serde_json::from_str::<Transfer>(m) else {
+                        continue;
+                    };
+                    if let Some(state) = expected.get_mut(b) {
+                        state.balance = state.balance.saturating_add(t.amount);
+                        if t.id != 0 {
+                            state.received.insert(
+                                a.clone(),
+                                Seen {
+                                    line: t.line,
+                                    id: t.id,
+                                },
+                            );
+                        }
                     }
                 }
             }
