@@ -19,6 +19,23 @@ use etcd_client::{
 };
 
 use super::{Kv, StoreError};
+
+/// Keys per page of a listing, at first (a page that still outgrows the client's 4 MiB
+/// message limit is asked for again in halves; etcd's own limit on a value is 1.5 MiB).
+const LIST_PAGE: i64 = 128;
+
+/// The first key after every key that starts with `prefix` (etcd's range end for a prefix);
+/// `[0]`, etcd's "to the end", when there is none.
+fn prefix_end(prefix: &[u8]) -> Vec<u8> {
+    let mut end = prefix.to_vec();
+    while let Some(last) = end.pop() {
+        if last < 0xff {
+            end.push(last + 1);
+            return end;
+        }
+    }
+    vec![0]
+}
 use crate::config::{EtcdConfig, causes};
 use crate::election::Leadership;
 
@@ -276,24 +293,50 @@ impl Kv for EtcdKv {
     }
 
     async fn list(&self, prefix: &str) -> Result<Vec<(String, Vec<u8>)>, StoreError> {
-        let options = GetOptions::new().with_prefix();
-        let response = self
-            .client
-            .clone()
-            .get(prefix, Some(options))
-            .await
-            .map_err(unavailable)?;
-        response
-            .kvs()
-            .iter()
-            .map(|kv| {
+        // In pages, all at the first page's revision: one response with every record would
+        // outgrow the client's 4 MiB message limit once there are some thousands of
+        // snapshots, and then no replica could take over (each would fail its recovery).
+        let end = prefix_end(prefix.as_bytes());
+        let mut start = if prefix.is_empty() {
+            vec![0]
+        } else {
+            prefix.as_bytes().to_vec()
+        };
+        let mut client = self.client.clone();
+        let mut revision = 0;
+        let mut page = LIST_PAGE;
+        let mut out = Vec::new();
+        loop {
+            let mut options = GetOptions::new().with_range(end.clone()).with_limit(page);
+            if revision > 0 {
+                options = options.with_revision(revision);
+            }
+            let response = match client.get(start.clone(), Some(options)).await {
+                Ok(response) => response,
+                Err(e) if page > 1 && e.to_string().contains("message length too large") => {
+                    page /= 2;
+                    continue;
+                }
+                Err(e) => return Err(unavailable(e)),
+            };
+            if revision == 0 {
+                revision = response.header().map_or(0, |h| h.revision());
+            }
+            for kv in response.kvs() {
                 let key = kv
                     .key_str()
                     .map_err(|e| StoreError(e.to_string()))?
                     .to_owned();
-                Ok((key, kv.value().to_vec()))
-            })
-            .collect()
+                out.push((key, kv.value().to_vec()));
+            }
+            match response.kvs().last() {
+                Some(last) if response.more() => {
+                    start = last.key().to_vec();
+                    start.push(0);
+                }
+                _ => return Ok(out),
+            }
+        }
     }
 
     /// A compare-and-swap on the key's modification revision, guarded by the term,
