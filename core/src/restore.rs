@@ -117,6 +117,22 @@ impl RestoreProgress {
         true
     }
 
+    /// `node` restarted after it had applied its state: its previous process went on from
+    /// the restored state together with the nodes that applied too (they took its
+    /// messages), so restoring it alone again would put it behind them. True if that
+    /// failed the restore (a node that had not applied yet is simply sent it again).
+    pub fn node_restarted(&mut self, node: &NodeId) -> bool {
+        if self.state != RestoreState::InProgress || !self.applied.contains(node) {
+            return false;
+        }
+        self.state = RestoreState::Failed(format!(
+            "node {node} restarted after applying the restored state; the nodes that applied \
+             it went on from it with its previous process, so the restore starts over for \
+             every node"
+        ));
+        true
+    }
+
     /// The deadline passed. True if that failed the restore.
     pub fn timed_out(&mut self) -> bool {
         if self.state != RestoreState::InProgress {
@@ -185,5 +201,22 @@ mod tests {
             &RestoreState::Failed("node a: session lost".into())
         );
         assert!(!r.node_applied(&NodeId::from("a")));
+    }
+
+    #[test]
+    fn a_node_restarted_after_applying_fails_the_restore_but_one_before_does_not() {
+        let mut r = RestoreProgress::new([NodeId::from("a"), NodeId::from("b")]);
+        assert!(
+            !r.node_restarted(&NodeId::from("a")),
+            "not applied yet: sent again"
+        );
+        r.node_applied(&NodeId::from("a"));
+        assert!(r.node_restarted(&NodeId::from("a")));
+        assert!(
+            matches!(r.state(), RestoreState::Failed(why) if why.contains("node a restarted")),
+            "{:?}",
+            r.state()
+        );
+        assert!(!r.node_applied(&NodeId::from("b")));
     }
 }

@@ -229,6 +229,19 @@ impl State {
             tracing::warn!(%node, "node restarted: automatic recovery will restore the newest completed snapshot");
             self.pending_recovery = Some(format!("{node} restarted"));
         }
+        // A new process of a node that had applied the restore under way: its previous
+        // process went on from the restored state with the nodes that applied too, so the
+        // restore cannot be finished by restoring it alone (it would fall behind them: their
+        // transfers from it counted, its own undone). The restore fails, and starts over for
+        // every node (automatic recovery) or waits for one (the cluster stays fenced).
+        if restarted
+            && let Some(active) = self.restore.as_mut()
+            && register.applied_restore_id != active.record.id
+            && active.progress.node_restarted(&node)
+        {
+            tracing::warn!(%node, restore = %active.record.id, "node restarted after applying the restore under way: the restore starts over");
+            self.restore_moved().await;
+        }
         if let Some(old) = self.members.get(&node)
             && old.record.incarnation != register.incarnation
         {

@@ -277,7 +277,7 @@ impl State {
     }
 
     /// Stores the restore's progress; if it ended, records how and lets snapshots start.
-    async fn restore_moved(&mut self) {
+    pub(super) async fn restore_moved(&mut self) {
         let Some(active) = self.restore.as_mut() else {
             return;
         };

@@ -585,3 +585,81 @@ async fn a_removed_node_is_named_in_memberships_and_only_a_new_process_may_retur
     assert!(h.meta.removed().await.unwrap().is_empty());
     h.stop().await;
 }
+
+/// A node that restarts after applying the restore under way is not restored alone again
+/// (its previous process went on from the restored state with the others): the restore
+/// fails, naming it, and the cluster stays fenced until a restore brings every node back.
+/// Found by a nemesis run: restored alone, the node reused transfer ids its previous process
+/// had already sent to a node that applied.
+#[tokio::test]
+async fn a_node_restarted_after_applying_a_restore_fails_it_instead_of_being_restored_alone() {
+    let mut h = Harness::start().await;
+    let mut a = h.register("a").await;
+    let mut b = h.register("b").await;
+    let id = h.start_snapshot().await.unwrap();
+    h.part(id, "a", "b").await;
+    h.part(id, "b", "a").await;
+    assert_eq!(h.ended(id).await.status, SnapshotStatus::Completed);
+    for node in ["a", "b"] {
+        let part = PartRecord {
+            node: node.into(),
+            incarnation: 1,
+            incoming: Vec::new(),
+            outgoing: Vec::new(),
+            manifest: None,
+            local_state_bytes: 0,
+            local_state: ChunkList::default(),
+            channel_states: ChunkList::default(),
+            recorded_messages: 0,
+            bytes_new: 0,
+            bytes_reused: 0,
+            epoch: 0,
+            applied_restore_id: String::new(),
+            recorded_channels: Vec::new(),
+        };
+        h.meta.put_part(SnapshotId(id), &part).await.unwrap();
+    }
+    h.ask(|reply| Msg::Restore {
+        snapshot_id: SnapshotId(id),
+        reply,
+    })
+    .await
+    .unwrap();
+    for session in [&mut a, &mut b] {
+        loop {
+            match command(session).await {
+                Command::Restore(_) => break,
+                Command::Initiate(_) => continue,
+                other => panic!("every node is told to restore, not {other:?}"),
+            }
+        }
+    }
+    // a applies, then its process dies and a new one registers.
+    h.tx.send(Msg::RestoreApplied {
+        node: NodeId::new("a"),
+        restore_id: "restore-1".into(),
+    })
+    .await
+    .unwrap();
+    h.tx.send(Msg::SessionEnded {
+        node: NodeId::new("a"),
+        session: 1,
+    })
+    .await
+    .unwrap();
+    let _a2 = h.register_as("a", 2, 0).await.unwrap();
+    let stored = h.meta.restore(1).await.unwrap().unwrap();
+    assert_eq!(stored.status, RestoreStatus::Failed);
+    let why = stored.failure.unwrap_or_default();
+    assert!(why.contains("node a restarted after applying"), "{why}");
+    // b applying now finishes nothing, and snapshots stay fenced.
+    h.tx.send(Msg::RestoreApplied {
+        node: NodeId::new("b"),
+        restore_id: "restore-1".into(),
+    })
+    .await
+    .unwrap();
+    let fenced = h.start_snapshot().await.unwrap_err();
+    assert!(fenced.to_string().contains("restore-1"), "{fenced}");
+    h.stop().await;
+}
