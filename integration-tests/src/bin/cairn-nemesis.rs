@@ -181,6 +181,9 @@ struct Nemesis {
     original: BTreeMap<String, u64>,
     /// The newest COMPLETED snapshot whose every state is of its bank's original line.
     newest_clean: u64,
+    /// A mutant is planted: the settling waits are short (a broken build may never
+    /// recover, and the checker needs no more than the record of it).
+    mutant: bool,
     /// Whether a snapshot started after the faults stopped completed.
     recovered: bool,
     /// The newest COMPLETED snapshot, and the newest holding a transfer in flight.
@@ -870,6 +873,7 @@ async fn run(args: &Args, seconds: u64) -> anyhow::Result<Verdict> {
         leaders_seen: BTreeSet::new(),
         original: BTreeMap::new(),
         newest_clean: 0,
+        mutant: args.mutant.is_some(),
         recovered: false,
         newest_completed: (0, 0),
     };
@@ -1019,7 +1023,10 @@ async fn settle(
         println!("restores did not settle: {e}");
     }
     // Snapshots go on until one completes (the checker wants one after the last fault).
-    let recovered = Instant::now() + Duration::from_secs(90);
+    let mutant = nemesis.mutant;
+    let patience =
+        move |normal: u64, short: u64| Duration::from_secs(if mutant { short } else { normal });
+    let recovered = Instant::now() + patience(90, 20);
     while Instant::now() < recovered {
         tokio::time::sleep(Duration::from_millis(500)).await;
         let _ = timeout(Duration::from_secs(5), nemesis.collect(200)).await;
@@ -1034,7 +1041,7 @@ async fn settle(
         anyhow::bail!("the snapshot task did not stop");
     }
     nemesis.cluster.set_workload(0.0).await?;
-    let drained_banks = eventually("the channels drain", Duration::from_secs(60), || async {
+    let drained_banks = eventually("the channels drain", patience(60, 15), || async {
         let banks = nemesis.banks().await;
         anyhow::ensure!(drained(&banks), "not drained: {banks:?}");
         Ok(())
@@ -1102,15 +1109,11 @@ async fn settle(
             },
         )
         .await?;
-        let _ = eventually(
-            "the restored channels drain",
-            Duration::from_secs(30),
-            || async {
-                let banks = nemesis.banks().await;
-                anyhow::ensure!(drained(&banks), "not drained");
-                Ok(())
-            },
-        )
+        let _ = eventually("the restored channels drain", patience(30, 10), || async {
+            let banks = nemesis.banks().await;
+            anyhow::ensure!(drained(&banks), "not drained");
+            Ok(())
+        })
         .await;
         let banks = nemesis.banks().await;
         let at = nemesis.at();
