@@ -117,6 +117,29 @@ impl Harness {
         Ok(rx)
     }
 
+    /// Stores a part without bytes for each of `nodes` (the service stores the real ones).
+    async fn store_empty_parts(&self, id: u64, nodes: &[&str]) {
+        for node in nodes {
+            let part = PartRecord {
+                node: (*node).into(),
+                incarnation: 1,
+                incoming: Vec::new(),
+                outgoing: Vec::new(),
+                manifest: None,
+                local_state_bytes: 0,
+                local_state: ChunkList::default(),
+                channel_states: ChunkList::default(),
+                recorded_messages: 0,
+                bytes_new: 0,
+                bytes_reused: 0,
+                epoch: 0,
+                applied_restore_id: String::new(),
+                recorded_channels: Vec::new(),
+            };
+            self.meta.put_part(SnapshotId(id), &part).await.unwrap();
+        }
+    }
+
     async fn register(&mut self, node: &str) -> Session {
         self.register_as(node, 1, 0).await.unwrap()
     }
@@ -385,26 +408,7 @@ async fn a_restore_fences_snapshots_until_every_node_applied_it() {
     h.part(id, "a", "b").await;
     h.part(id, "b", "a").await;
     assert_eq!(h.ended(id).await.status, SnapshotStatus::Completed);
-    // The service stores the parts; here they are stored by hand (no bytes).
-    for node in ["a", "b"] {
-        let part = PartRecord {
-            node: node.into(),
-            incarnation: 1,
-            incoming: Vec::new(),
-            outgoing: Vec::new(),
-            manifest: None,
-            local_state_bytes: 0,
-            local_state: ChunkList::default(),
-            channel_states: ChunkList::default(),
-            recorded_messages: 0,
-            bytes_new: 0,
-            bytes_reused: 0,
-            epoch: 0,
-            applied_restore_id: String::new(),
-            recorded_channels: Vec::new(),
-        };
-        h.meta.put_part(SnapshotId(id), &part).await.unwrap();
-    }
+    h.store_empty_parts(id, &["a", "b"]).await;
     let op = h
         .ask(|reply| Msg::Restore {
             snapshot_id: SnapshotId(id),
@@ -600,25 +604,7 @@ async fn a_node_restarted_after_applying_a_restore_fails_it_instead_of_being_res
     h.part(id, "a", "b").await;
     h.part(id, "b", "a").await;
     assert_eq!(h.ended(id).await.status, SnapshotStatus::Completed);
-    for node in ["a", "b"] {
-        let part = PartRecord {
-            node: node.into(),
-            incarnation: 1,
-            incoming: Vec::new(),
-            outgoing: Vec::new(),
-            manifest: None,
-            local_state_bytes: 0,
-            local_state: ChunkList::default(),
-            channel_states: ChunkList::default(),
-            recorded_messages: 0,
-            bytes_new: 0,
-            bytes_reused: 0,
-            epoch: 0,
-            applied_restore_id: String::new(),
-            recorded_channels: Vec::new(),
-        };
-        h.meta.put_part(SnapshotId(id), &part).await.unwrap();
-    }
+    h.store_empty_parts(id, &["a", "b"]).await;
     h.ask(|reply| Msg::Restore {
         snapshot_id: SnapshotId(id),
         reply,
