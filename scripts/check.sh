@@ -10,7 +10,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-say() { printf '\n==> %s\n' "$*"; }
+say() { printf '\n==> [%dm%02ds] %s\n' $((SECONDS / 60)) $((SECONDS % 60)) "$*"; }
 start=$SECONDS
 
 say "cargo fmt --all --check"

@@ -11,7 +11,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-say() { printf '\n==> %s\n' "$*"; }
+# Each stage is stamped with the minutes and seconds since the start (where CI's time goes).
+say() { printf '\n==> [%dm%02ds] %s\n' $((SECONDS / 60)) $((SECONDS % 60)) "$*"; }
 
 as_root() {
   if [ "$(id -u)" -eq 0 ]; then "$@"; elif command -v sudo >/dev/null; then sudo "$@"; else
@@ -132,3 +133,5 @@ deploy/test/compose-test.sh target/debug
 
 say "cairn-bench --quick (every benchmark scenario, small; prints numbers, asserts no time)"
 target/debug/cairn-bench --quick --out target/bench-quick.json
+
+say "all checks passed"
