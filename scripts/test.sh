@@ -29,6 +29,11 @@ install_prerequisites() {
   # (the S3 client will not start without root certificates).
   command -v wget >/dev/null || apt_packages+=(wget)
   [ -e /etc/ssl/certs/ca-certificates.crt ] || apt_packages+=(ca-certificates)
+  # The nemesis run puts each node on a host of its own (network namespaces on a bridge)
+  # and cuts, drops and slows the packets between them.
+  command -v ip >/dev/null && command -v tc >/dev/null || apt_packages+=(iproute2)
+  command -v iptables >/dev/null || apt_packages+=(iptables)
+  command -v nsenter >/dev/null && command -v unshare >/dev/null || apt_packages+=(util-linux)
   # The console test loads every page in headless Chromium (--dump-dom, --screenshot).
   command -v chromium-headless-shell >/dev/null || command -v chromium >/dev/null ||
     apt_packages+=(chromium-headless-shell)
@@ -88,11 +93,11 @@ cargo build --workspace --bins --locked
 say "cargo build -p cairn-sdk --no-default-features (the SDK an application links: no clap, no tracing-subscriber)"
 cargo build -p cairn-sdk --no-default-features --locked
 
-say "nemesis run (cairn-nemesis --quick: etcd, 2 coordinators, 4 daemons with banks; kills, pauses, cuts, holds, delays, restores; independent checker)"
+say "nemesis run (cairn-nemesis --quick --netns: etcd, 2 coordinators, 4 nodes on hosts of their own; kills, pauses, cuts, holds, delays, partitions, packet loss, slow links, restores; independent checker)"
 # Seeded and bounded: ${CAIRN_NEMESIS_SECONDS:-90} s of faults, then about 10 s of checks.
 # CAIRN_NEMESIS_SEED picks another schedule; the history stays in target/nemesis-history.jsonl
 # (cairn-nemesis --check replays the checker over it), and a failing run keeps the logs.
-target/debug/cairn-nemesis --quick --seed "${CAIRN_NEMESIS_SEED:-1}" --seconds "${CAIRN_NEMESIS_SECONDS:-90}" \
+target/debug/cairn-nemesis --quick --netns --seed "${CAIRN_NEMESIS_SEED:-1}" --seconds "${CAIRN_NEMESIS_SECONDS:-90}" \
   --history target/nemesis-history.jsonl --out target/nemesis-verdict.json
 
 say "the checker's mutation check (scripts/nemesis-mutants.sh: each planted bug must be caught)"

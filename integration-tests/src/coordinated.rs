@@ -20,6 +20,46 @@ pub enum Store {
     Etcd(String),
 }
 
+/// Where a cluster's processes run: all on loopback (the default), or the coordinators on
+/// one address and each node (daemon and bank) on a host of its own ([`crate::netns`]).
+#[derive(Debug, Clone, Default)]
+pub struct Placement {
+    /// The address the coordinators listen on (`127.0.0.1` if empty).
+    pub coordinator_ip: String,
+    /// Per node, by index: its address, and the pid of a process in whose network
+    /// namespace it runs (`None`: this one). Nodes past the list are on loopback.
+    pub nodes: Vec<(String, Option<u32>)>,
+}
+
+impl Placement {
+    fn coordinator_ip(&self) -> &str {
+        if self.coordinator_ip.is_empty() {
+            "127.0.0.1"
+        } else {
+            &self.coordinator_ip
+        }
+    }
+
+    fn node_ip(&self, i: usize) -> &str {
+        self.nodes.get(i).map_or("127.0.0.1", |(ip, _)| ip.as_str())
+    }
+
+    /// A command that runs `program` in node `i`'s place.
+    pub fn command_for(&self, i: usize, program: &Path) -> Command {
+        match self.nodes.get(i).and_then(|(_, pid)| *pid) {
+            Some(pid) => {
+                // nsenter execs the program: the child's pid is the program's.
+                let mut command = Command::new("nsenter");
+                command
+                    .args(["--target", &pid.to_string(), "--net", "--"])
+                    .arg(program);
+                command
+            }
+            None => Command::new(program),
+        }
+    }
+}
+
 /// One member's processes.
 pub struct CoordinatedNode {
     /// Its id.
@@ -71,6 +111,8 @@ pub struct CoordinatedCluster {
     tls: Option<cairn_sdk::tls::Tls>,
     /// Environment variables of every coordinator and daemon started (S3 credentials).
     env: Vec<(String, String)>,
+    /// Where the processes run.
+    placement: Placement,
 }
 
 /// The user whose certificate the harness's clients present in a TLS cluster.
@@ -243,6 +285,33 @@ impl CoordinatedCluster {
         tls_dir: Option<&Path>,
         env: &[(String, String)],
     ) -> anyhow::Result<Self> {
+        Self::start_placed(
+            Placement::default(),
+            replicas,
+            n,
+            store,
+            without_bank,
+            coordinator_args,
+            extra_node_args,
+            tls_dir,
+            env,
+        )
+        .await
+    }
+
+    /// [`Self::start_replicas`] with the processes placed by `placement`.
+    #[allow(clippy::too_many_arguments)]
+    pub async fn start_placed(
+        placement: Placement,
+        replicas: usize,
+        n: usize,
+        store: Store,
+        without_bank: &[usize],
+        coordinator_args: &[&str],
+        extra_node_args: &[&str],
+        tls_dir: Option<&Path>,
+        env: &[(String, String)],
+    ) -> anyhow::Result<Self> {
         let tls = match tls_dir {
             None => None,
             Some(dir) => {
@@ -262,8 +331,9 @@ impl CoordinatedCluster {
         std::fs::create_dir_all(&dir)?;
         let replicas: Vec<CoordinatorReplica> = (0..replicas.max(1))
             .map(|_| {
-                let address = format!("127.0.0.1:{}", free_port());
-                let metrics = format!("127.0.0.1:{}", free_port());
+                let ip = placement.coordinator_ip();
+                let address = format!("{ip}:{}", free_port());
+                let metrics = format!("{ip}:{}", free_port());
                 let mut args = vec![
                     "--listen".to_owned(),
                     address.clone(),
@@ -300,6 +370,7 @@ impl CoordinatedCluster {
             tls_dir: tls_dir.map(Path::to_owned),
             tls,
             env: env.to_vec(),
+            placement,
         };
         for r in 0..cluster.replicas.len() {
             cluster.start_replica(r)?;
@@ -332,9 +403,10 @@ impl CoordinatedCluster {
     pub fn add_node(&mut self, bank: bool, extra_node_args: &[&str]) -> anyhow::Result<usize> {
         let i = self.nodes.len();
         let id = format!("n{}", i + 1);
-        let peer = format!("127.0.0.1:{}", free_port());
-        let app = format!("127.0.0.1:{}", free_port());
-        let metrics = format!("127.0.0.1:{}", free_port());
+        let ip = self.placement.node_ip(i).to_owned();
+        let peer = format!("{ip}:{}", free_port());
+        let app = format!("{ip}:{}", free_port());
+        let metrics = format!("{ip}:{}", free_port());
         let mut node_args: Vec<String> = vec![
             "--node-id".into(),
             id.clone(),
@@ -353,7 +425,7 @@ impl CoordinatedCluster {
         if let Some(tls_dir) = &self.tls_dir {
             node_args.extend(tls_args(tls_dir, &id));
         }
-        let bank = bank.then(|| format!("127.0.0.1:{}", free_port()));
+        let bank = bank.then(|| format!("{ip}:{}", free_port()));
         self.nodes.push(CoordinatedNode {
             metrics,
             id,
@@ -498,7 +570,7 @@ impl CoordinatedCluster {
     pub fn start_node(&mut self, i: usize) -> anyhow::Result<()> {
         let node_bin = binary("cairn-node")?;
         let log = self.log(&format!("{}-node-{}", self.nodes[i].id, free_port()));
-        let mut command = Command::new(node_bin);
+        let mut command = self.placement.command_for(i, &node_bin);
         command.args(&self.nodes[i].node_args);
         command.envs(self.env.iter().cloned());
         self.nodes[i].node = Some(ChildGuard::spawn("cairn-node", command, &log)?);
@@ -510,7 +582,7 @@ impl CoordinatedCluster {
         let bank_bin = binary("cairn-bank")?;
         if let Some(bank) = self.nodes[i].bank.clone() {
             let log = self.log(&format!("{}-bank-{}", self.nodes[i].id, free_port()));
-            let mut command = Command::new(bank_bin);
+            let mut command = self.placement.command_for(i, &bank_bin);
             command.args([
                 "--node",
                 &self.nodes[i].app,

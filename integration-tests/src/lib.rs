@@ -15,6 +15,8 @@
 //! - [`restore`]: what banks must hold after a restore, and the restore calls tests share.
 //! - [`mod@bench`]: the pieces of `cairn-bench` (in-process applications, baselines, stats).
 //! - [`nemesis`]: the history of a `cairn-nemesis` run and its independent checker.
+//! - [`netns`]: hosts in network namespaces of their own, and partitions, packet loss and
+//!   slow links between them.
 
 #![forbid(unsafe_code)]
 
@@ -25,6 +27,7 @@ pub mod cut;
 pub mod etcd;
 pub mod local;
 pub mod nemesis;
+pub mod netns;
 pub mod processes;
 pub mod proxy;
 pub mod restore;

@@ -13,6 +13,7 @@ use cairn_integration_tests::nemesis::check::{Verdict, check};
 use cairn_integration_tests::nemesis::history::{
     self, BankView, ChannelView, Entry, NodeView, SnapshotView, Writer,
 };
+use cairn_integration_tests::netns::{self, Net, NetFault};
 use cairn_integration_tests::processes::{eventually, signal_pid};
 use cairn_integration_tests::restore::newest_restore;
 use cairn_proto::v1 as pb;
@@ -31,7 +32,8 @@ use tonic::transport::Channel;
 /// operator would), of the leading coordinator (also in the middle of a restore) and of
 /// etcd; SIGSTOP/SIGCONT of a daemon, a bank, the leader and etcd, shorter and longer than
 /// the timeouts (the leader's lease is 5 s); channel cuts, holds and delays through the
-/// daemons' fault injection; restores. Every operation, fault, poll of the banks and every
+/// daemons' fault injection; restores; with --netns, the network's faults between hosts
+/// (partitions, a node cut off, packet loss, a slow link). Every operation, fault, poll of the banks and every
 /// ended snapshot with its data goes to a history of JSON lines; when the time is up the
 /// faults heal, the workload stops, a closing restore is checked, and the checker judges
 /// the history (it never calls cairn's own verifier). Exits 1 naming every violation.
@@ -72,6 +74,14 @@ struct Args {
     /// (`scripts/nemesis-mutants.sh` does both). The checker must then fail the run.
     #[arg(long)]
     mutant: Option<String>,
+    /// Runs each node (daemon and bank) on a host of its own — a network namespace on a
+    /// bridge, the coordinators and etcd on the bridge's side — and adds the network's
+    /// faults: two nodes partitioned from each other, a node cut off from everyone, packet
+    /// loss at a node, a slow link (iptables and tc inside the hosts). Needs root and
+    /// util-linux, iproute2 and iptables; the run first re-runs itself under `unshare
+    /// --net`, so nothing of the machine's own network is touched and it all goes with it.
+    #[arg(long)]
+    netns: bool,
 }
 
 const NODES: usize = 4;
@@ -95,6 +105,10 @@ enum Fault {
     PauseLeader,
     PauseEtcd,
     Restore,
+    NetPartition,
+    NetIsolate,
+    NetLoss,
+    NetThrottle,
 }
 
 const FAULTS: [(Fault, u32); 13] = [
@@ -113,6 +127,14 @@ const FAULTS: [(Fault, u32); 13] = [
     (Fault::Restore, 1),
 ];
 
+/// The network's faults, drawn too with --netns.
+const NET_FAULTS: [(Fault, u32); 4] = [
+    (Fault::NetPartition, 3),
+    (Fault::NetIsolate, 1),
+    (Fault::NetLoss, 2),
+    (Fault::NetThrottle, 1),
+];
+
 /// How a durative fault ends.
 #[derive(Debug, Clone)]
 enum Undo {
@@ -124,6 +146,8 @@ enum Undo {
     Undelay(String, String),
     /// etcd starts again.
     EtcdUp,
+    /// The network's rules are taken away.
+    Net(Vec<NetFault>),
 }
 
 struct Open {
@@ -164,6 +188,8 @@ fn lock(shared: &SharedRef) -> std::sync::MutexGuard<'_, Shared> {
 
 struct Nemesis {
     cluster: CoordinatedCluster,
+    /// The hosts, with --netns (dropped after the cluster: its holders go last).
+    net: Option<Net>,
     etcd: Etcd,
     rng: StdRng,
     shared: SharedRef,
@@ -426,9 +452,11 @@ impl Nemesis {
     }
 
     fn pick(&mut self) -> Fault {
-        let total: u32 = FAULTS.iter().map(|(_, w)| w).sum();
+        let net: &[(Fault, u32)] = if self.net.is_some() { &NET_FAULTS } else { &[] };
+        let all = || FAULTS.iter().chain(net).copied();
+        let total: u32 = all().map(|(_, w)| w).sum();
         let mut at = self.rng.random_range(0..total);
-        for (fault, weight) in FAULTS {
+        for (fault, weight) in all() {
             if at < weight {
                 return fault;
             }
@@ -512,6 +540,13 @@ impl Nemesis {
                     eprintln!("etcd does not start again: {e:#}");
                 }
             }
+            Undo::Net(faults) => {
+                for f in faults {
+                    if let Err(e) = f.heal() {
+                        eprintln!("cannot heal {} {}: {e:#}", o.kind, o.target);
+                    }
+                }
+            }
         }
         let at = self.at();
         println!("[{at:7.2}s] healed {} {}", o.kind, o.target);
@@ -565,6 +600,55 @@ impl Nemesis {
         Some(r)
     }
 
+    /// A fault of the network at `node` (with a peer, for a partition), for 1 to 8 s.
+    fn net_fault(&mut self, fault: Fault, node: usize) {
+        let ms = self.rng.random_range(1_000..8_000);
+        let (from, to) = self.channel();
+        let (a, b) = (from.min(to), from.max(to));
+        let percent = self.rng.random_range(5..40);
+        let kbit = self.rng.random_range(64..512);
+        let n = format!("n{}", node + 1);
+        let (kind, target, detail) = match fault {
+            Fault::NetPartition => (
+                "net-partition",
+                format!("n{}|n{}", a + 1, b + 1),
+                format!("{ms} ms"),
+            ),
+            Fault::NetIsolate => (
+                "net-isolate",
+                format!("{n}/net"),
+                format!("from everyone for {ms} ms"),
+            ),
+            Fault::NetLoss => (
+                "net-loss",
+                format!("{n}/loss"),
+                format!("{percent}% of the packets it receives for {ms} ms"),
+            ),
+            _ => (
+                "net-throttle",
+                format!("{n}/link"),
+                format!("{kbit} kbit/s out for {ms} ms"),
+            ),
+        };
+        let Some(net) = &self.net else { return };
+        if self.busy(&target) {
+            return;
+        }
+        let made = match fault {
+            Fault::NetPartition => net.partition(a, b),
+            Fault::NetIsolate => net.isolate(node).map(|f| vec![f]),
+            Fault::NetLoss => net.loss(node, percent).map(|f| vec![f]),
+            _ => net.throttle(node, kbit).map(|f| vec![f]),
+        };
+        match made {
+            Ok(faults) => {
+                self.fault_line(kind, &target, detail);
+                self.open(kind, target, ms, Undo::Net(faults));
+            }
+            Err(e) => eprintln!("cannot make {kind} {target}: {e:#}"),
+        }
+    }
+
     async fn fault(&mut self) {
         let fault = self.pick();
         let node = self.rng.random_range(0..NODES);
@@ -601,6 +685,11 @@ impl Nemesis {
                     self.fault_line("delay", &b, format!("{millis} ms a frame for {ms} ms"));
                     self.open("delay", target, ms, Undo::Undelay(f, a));
                 }
+            }
+            Fault::NetPartition | Fault::NetIsolate | Fault::NetLoss | Fault::NetThrottle
+                if !open =>
+            {
+                self.net_fault(fault, node);
             }
             // A bank started afresh is restored before anything else happens.
             _ if self.bank_recovery.is_some() => {}
@@ -836,7 +925,14 @@ async fn run(args: &Args, seconds: u64) -> anyhow::Result<Verdict> {
         .iter()
         .map(|m| ("CAIRN_MUTANT".to_owned(), m.clone()))
         .collect();
-    let cluster = CoordinatedCluster::start_replicas(
+    let net = if args.netns {
+        Some(Net::start(NODES)?)
+    } else {
+        None
+    };
+    let placement = net.as_ref().map(Net::placement).unwrap_or_default();
+    let cluster = CoordinatedCluster::start_placed(
+        placement,
         usize::from(args.replicas),
         NODES,
         Store::Etcd(etcd.endpoint.clone()),
@@ -856,6 +952,7 @@ async fn run(args: &Args, seconds: u64) -> anyhow::Result<Verdict> {
     let total = cluster.total();
     let mut nemesis = Nemesis {
         cluster,
+        net,
         etcd,
         rng: StdRng::seed_from_u64(args.seed),
         shared: Arc::new(Mutex::new(Shared {
@@ -1194,6 +1291,13 @@ fn main() -> ExitCode {
             }
         }
     } else {
+        // Before any thread: the run goes on in a network namespace of its own.
+        if args.netns
+            && let Err(e) = netns::reexec_in_own_namespace()
+        {
+            eprintln!("cairn-nemesis --netns: {e:#}");
+            return ExitCode::FAILURE;
+        }
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .enable_all()

@@ -877,7 +877,10 @@ fn check_recovery(
     }
 }
 
-/// Faults that end with a heal line (a pause, a hold, a delay, a process down for a while).
+/// Faults that end with a heal line (a pause, a hold, a delay, a process down for a while,
+/// a fault of the network).
 pub fn heals(kind: &str) -> bool {
-    kind.starts_with("pause-") || matches!(kind, "hold" | "delay" | "kill-etcd")
+    kind.starts_with("pause-")
+        || kind.starts_with("net-")
+        || matches!(kind, "hold" | "delay" | "kill-etcd")
 }
