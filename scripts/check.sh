@@ -4,7 +4,9 @@
 # deterministic simulation. No root, no Docker, no network (beyond cargo's own registry if
 # the dependencies are not fetched yet); about a minute on 2 cores once built.
 #
-#   ./scripts/check.sh
+#   ./scripts/check.sh            # everything above
+#   ./scripts/check.sh --static   # fmt, clippy, purity and docs only (scripts/test.sh runs the
+#                                 # tests itself, in its `cargo test --workspace`)
 #
 # scripts/test.sh (CI) runs this first, then everything that needs processes, etcd and Docker.
 set -euo pipefail
@@ -12,12 +14,25 @@ cd "$(dirname "$0")/.."
 
 say() { printf '\n==> [%dm%02ds] %s\n' $((SECONDS / 60)) $((SECONDS % 60)) "$*"; }
 start=$SECONDS
+static_only=false
+case "${1:-}" in
+  --static) static_only=true ;;
+  "") ;;
+  *) echo "usage: scripts/check.sh [--static]" >&2; exit 2 ;;
+esac
 
 say "cargo fmt --all --check"
 cargo fmt --all --check
 
 say "cargo clippy --workspace --all-targets -- -D warnings"
 cargo clippy --workspace --all-targets --locked -- -D warnings
+
+say "cargo clippy -p cairn-sdk --no-default-features (the SDK an application links: no clap, tracing-subscriber, humantime, prometheus-client)"
+cargo clippy -p cairn-sdk --no-default-features --locked -- -D warnings
+if cargo tree -p cairn-sdk --no-default-features -e normal --prefix none --locked | grep -E '^(clap|tracing-subscriber|humantime|prometheus-client) '; then
+  echo "error: the SDK without default features depends on a CLI crate (above)" >&2
+  exit 1
+fi
 
 say "cairn-core stays pure (no tokio, tonic, prost, etcd-client)"
 if cargo tree -p cairn-core -e normal --prefix none --locked | grep -E '^(tokio|tonic|prost|etcd-client) '; then
@@ -27,6 +42,11 @@ fi
 
 say "cargo doc --workspace --no-deps (warnings are errors: broken or private intra-doc links)"
 RUSTDOCFLAGS="${RUSTDOCFLAGS:-} -D warnings" cargo doc --workspace --no-deps --locked
+
+if "$static_only"; then
+  printf '\ncheck --static: passed in %d s\n' "$((SECONDS - start))"
+  exit 0
+fi
 
 say "unit tests (cargo test --workspace --lib --bins)"
 cargo test --workspace --lib --bins --locked
