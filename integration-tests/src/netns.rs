@@ -6,7 +6,8 @@
 //! its own ([`reexec_in_own_namespace`]), so the bridge lives there and nothing of the
 //! machine's own network is touched. Each host's namespace is held by a `sleep` process
 //! started by `unshare --net` ([`Host`]), killed by its pid when the [`Net`] drops, pass or
-//! fail: the namespace goes with the last process in it. Processes join a host through
+//! fail, and by the kernel if the thread that started it dies first (`setpriv
+//! --pdeathsig KILL`): the namespace goes with the last process in it. Processes join a host through
 //! `nsenter --target <holder> --net`, which execs them (their pid is theirs).
 //!
 //! Needs root (`CAP_SYS_ADMIN` and `CAP_NET_ADMIN`), `unshare` and `nsenter` (util-linux),
@@ -22,7 +23,9 @@ use std::time::{Duration, Instant};
 use crate::coordinated::Placement;
 use crate::processes::ChildGuard;
 
-/// The environment variable that marks a program already re-run in its own namespace.
+/// The environment variable that marks a program re-run in its own namespace: it holds the
+/// namespace it was re-run from (`/proc/self/ns/net`'s link, `net:[inode]`), so a program
+/// still in that one (the variable inherited or set by hand) is not taken for re-run.
 pub const INSIDE: &str = "CAIRN_NETNS_INSIDE";
 /// The bridge's network: the bridge is `.1`, host `i` is `.(i + 2)`.
 const SUBNET: &str = "10.77.0";
@@ -32,7 +35,7 @@ const BRIDGE: &str = "cairn0";
 /// (`unshare --net`), unless it already runs in the one it made. Returns only in the new
 /// namespace, or with an error saying what is missing (root, `unshare`).
 pub fn reexec_in_own_namespace() -> anyhow::Result<()> {
-    if std::env::var_os(INSIDE).is_some() {
+    if in_own_namespace()? {
         return run(&["ip", "link", "set", "lo", "up"]);
     }
     let probe = Command::new("unshare")
@@ -53,11 +56,26 @@ pub fn reexec_in_own_namespace() -> anyhow::Result<()> {
         .arg("--")
         .arg(exe)
         .args(std::env::args_os().skip(1))
-        .env(INSIDE, "1")
+        .env(INSIDE, namespace()?)
         .exec();
     Err(anyhow::anyhow!(
         "cannot run again under unshare --net: {err}"
     ))
+}
+
+/// This process's network namespace (`net:[inode]`).
+pub fn namespace() -> anyhow::Result<String> {
+    Ok(std::fs::read_link("/proc/self/ns/net")
+        .map_err(|e| anyhow::anyhow!("cannot read /proc/self/ns/net: {e}"))?
+        .display()
+        .to_string())
+}
+
+/// Whether this process was re-run in a namespace of its own: [`INSIDE`] names another
+/// namespace than the one it is in.
+pub fn in_own_namespace() -> anyhow::Result<bool> {
+    let here = namespace()?;
+    Ok(std::env::var(INSIDE).is_ok_and(|from| !from.is_empty() && from != here))
 }
 
 /// Runs `args` here; an error carrying its stderr if it fails.
@@ -134,36 +152,44 @@ impl NetFault {
 }
 
 impl Net {
-    /// Builds a bridge and `n` hosts on it. Call [`reexec_in_own_namespace`] first.
+    /// Builds a bridge and `n` hosts on it, in a namespace [`reexec_in_own_namespace`]
+    /// made (never in the one it was re-run from: the machine's own network is not
+    /// touched).
     pub fn start(n: usize) -> anyhow::Result<Self> {
         anyhow::ensure!(n <= 200, "at most 200 hosts");
+        anyhow::ensure!(
+            in_own_namespace()?,
+            "the hosts are built only in a network namespace of the run's own: call \
+             netns::reexec_in_own_namespace first"
+        );
+        let bridge_ip = format!("{SUBNET}.1/24");
         run(&["ip", "link", "add", BRIDGE, "type", "bridge"])?;
-        run(&[
-            "ip",
-            "addr",
-            "add",
-            &format!("{SUBNET}.1/24"),
-            "dev",
-            BRIDGE,
-        ])?;
+        run(&["ip", "addr", "add", &bridge_ip, "dev", BRIDGE])?;
         run(&["ip", "link", "set", BRIDGE, "up"])?;
         let own = std::fs::read_link("/proc/self/ns/net")?;
         let mut hosts = Vec::with_capacity(n);
         for i in 0..n {
+            // unshare and setpriv exec: the holder's pid is sleep's. It is killed with the
+            // thread that starts it if its guard never drops (the run killed -9).
             let mut sleep = Command::new("unshare");
-            sleep.args(["--net", "sleep", "infinity"]);
-            let holder = ChildGuard::spawn("netns holder", sleep, Path::new("/dev/null"))?;
+            sleep.args(["--net", "--", "setpriv", "--pdeathsig", "KILL", "--"]);
+            sleep.args(["sleep", "infinity"]);
+            let mut holder = ChildGuard::spawn("netns holder", sleep, Path::new("/dev/null"))?;
             let pid = holder.pid();
-            // `unshare` has made the namespace once its namespace link differs from ours.
+            // The namespace is made once the holder's namespace link differs from ours.
             let deadline = Instant::now() + Duration::from_secs(10);
-            while std::fs::read_link(format!("/proc/{pid}/ns/net"))
-                .ok()
-                .as_ref()
-                == Some(&own)
-            {
+            loop {
+                match std::fs::read_link(format!("/proc/{pid}/ns/net")) {
+                    Ok(link) if link != own => break,
+                    Ok(_) => {}
+                    Err(e) => anyhow::bail!(
+                        "host {i}'s namespace holder (unshare --net) is gone: {e} (running: {})",
+                        holder.running()
+                    ),
+                }
                 anyhow::ensure!(
-                    Instant::now() < deadline,
-                    "host {i}'s namespace was not made"
+                    Instant::now() < deadline && holder.running(),
+                    "host {i}'s namespace was not made (unshare --net, setpriv)"
                 );
                 std::thread::sleep(Duration::from_millis(5));
             }
@@ -210,50 +236,48 @@ impl Net {
     }
 
     /// Hosts `a` and `b` lose every packet from each other (each drops what arrives from
-    /// the other).
+    /// the other): the channels between them break while the rest stay up.
     pub fn partition(&self, a: usize, b: usize) -> anyhow::Result<Vec<NetFault>> {
         let (ha, hb) = (self.host(a)?, self.host(b)?);
-        let mut faults = Vec::new();
-        for (at, from) in [(ha, hb), (hb, ha)] {
-            let rule = format!("INPUT -i eth0 -s {} -j DROP", from.ip);
-            match NetFault::apply(
-                at.holder.pid(),
-                &[format!("iptables -A {rule}")],
-                vec![format!("iptables -D {rule}")],
-            ) {
-                Ok(f) => faults.push(f),
-                Err(e) => {
-                    for f in &faults {
-                        let _ = f.heal();
-                    }
-                    return Err(e);
-                }
+        let first = self.drop_at(a, &format!("INPUT -i eth0 -s {} -j DROP", hb.ip))?;
+        match self.drop_at(b, &format!("INPUT -i eth0 -s {} -j DROP", ha.ip)) {
+            Ok(second) => Ok(vec![first, second]),
+            Err(e) => {
+                let _ = first.heal();
+                Err(e)
             }
         }
-        Ok(faults)
     }
 
     /// Host `a` drops every packet that reaches it from the bridge: cut off from every
     /// peer and the coordinators (its own loopback, to its bank, stays up).
     pub fn isolate(&self, a: usize) -> anyhow::Result<NetFault> {
-        let rule = "INPUT -i eth0 -j DROP";
-        NetFault::apply(
-            self.host(a)?.holder.pid(),
-            &[format!("iptables -A {rule}")],
-            vec![format!("iptables -D {rule}")],
-        )
+        self.drop_at(a, "INPUT -i eth0 -j DROP")
+    }
+
+    /// Host `a` drops every packet from the coordinators' side of the bridge: its control
+    /// stream breaks while its channels to the other hosts stay up.
+    pub fn cut_control(&self, a: usize) -> anyhow::Result<NetFault> {
+        self.drop_at(a, &format!("INPUT -i eth0 -s {SUBNET}.1 -j DROP"))
     }
 
     /// Host `a` drops `percent` of the packets that reach it from the bridge, at random.
     pub fn loss(&self, a: usize, percent: u32) -> anyhow::Result<NetFault> {
         anyhow::ensure!((1..=99).contains(&percent), "loss must be 1 to 99 %");
-        let rule = format!(
-            "INPUT -i eth0 -m statistic --mode random --probability 0.{percent:02} -j DROP"
-        );
+        self.drop_at(
+            a,
+            &format!(
+                "INPUT -i eth0 -m statistic --mode random --probability 0.{percent:02} -j DROP"
+            ),
+        )
+    }
+
+    /// An iptables `rule` in host `a`, taken away by the fault's heal.
+    fn drop_at(&self, a: usize, rule: &str) -> anyhow::Result<NetFault> {
         NetFault::apply(
             self.host(a)?.holder.pid(),
-            &[format!("iptables -A {rule}")],
-            vec![format!("iptables -D {rule}")],
+            &[format!("iptables -w -A {rule}")],
+            vec![format!("iptables -w -D {rule}")],
         )
     }
 

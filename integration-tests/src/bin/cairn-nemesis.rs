@@ -107,6 +107,7 @@ enum Fault {
     Restore,
     NetPartition,
     NetIsolate,
+    NetControl,
     NetLoss,
     NetThrottle,
 }
@@ -128,9 +129,10 @@ const FAULTS: [(Fault, u32); 13] = [
 ];
 
 /// The network's faults, drawn too with --netns.
-const NET_FAULTS: [(Fault, u32); 4] = [
+const NET_FAULTS: [(Fault, u32); 5] = [
     (Fault::NetPartition, 3),
     (Fault::NetIsolate, 1),
+    (Fault::NetControl, 1),
     (Fault::NetLoss, 2),
     (Fault::NetThrottle, 1),
 ];
@@ -212,6 +214,9 @@ struct Nemesis {
     mutant: bool,
     /// Whether a snapshot started after the faults stopped completed.
     recovered: bool,
+    /// What the harness itself failed to do (a network fault it could not heal): the run
+    /// fails without a verdict.
+    harness_errors: Vec<String>,
     /// The newest COMPLETED snapshot, and the newest holding a transfer in flight.
     newest_completed: (u64, u64),
 }
@@ -542,8 +547,18 @@ impl Nemesis {
             }
             Undo::Net(faults) => {
                 for f in faults {
-                    if let Err(e) = f.heal() {
-                        eprintln!("cannot heal {} {}: {e:#}", o.kind, o.target);
+                    // A rule left in force would be blamed on cairn: retried, then the run
+                    // fails as the harness's.
+                    let mut tries = 0;
+                    while let Err(e) = f.heal() {
+                        tries += 1;
+                        if tries == 3 {
+                            let what = format!("cannot heal {} {}: {e:#}", o.kind, o.target);
+                            eprintln!("{what}");
+                            self.harness_errors.push(what);
+                            break;
+                        }
+                        tokio::time::sleep(Duration::from_millis(200)).await;
                     }
                 }
             }
@@ -619,6 +634,11 @@ impl Nemesis {
                 format!("{n}/net"),
                 format!("from everyone for {ms} ms"),
             ),
+            Fault::NetControl => (
+                "net-control",
+                format!("{n}/control"),
+                format!("from the coordinators for {ms} ms"),
+            ),
             Fault::NetLoss => (
                 "net-loss",
                 format!("{n}/loss"),
@@ -637,6 +657,7 @@ impl Nemesis {
         let made = match fault {
             Fault::NetPartition => net.partition(a, b),
             Fault::NetIsolate => net.isolate(node).map(|f| vec![f]),
+            Fault::NetControl => net.cut_control(node).map(|f| vec![f]),
             Fault::NetLoss => net.loss(node, percent).map(|f| vec![f]),
             _ => net.throttle(node, kbit).map(|f| vec![f]),
         };
@@ -686,7 +707,11 @@ impl Nemesis {
                     self.open("delay", target, ms, Undo::Undelay(f, a));
                 }
             }
-            Fault::NetPartition | Fault::NetIsolate | Fault::NetLoss | Fault::NetThrottle
+            Fault::NetPartition
+            | Fault::NetIsolate
+            | Fault::NetControl
+            | Fault::NetLoss
+            | Fault::NetThrottle
                 if !open =>
             {
                 self.net_fault(fault, node);
@@ -972,6 +997,7 @@ async fn run(args: &Args, seconds: u64) -> anyhow::Result<Verdict> {
         newest_clean: 0,
         mutant: args.mutant.is_some(),
         recovered: false,
+        harness_errors: Vec::new(),
         newest_completed: (0, 0),
     };
     nemesis.push(Entry::Setup {
@@ -1086,7 +1112,14 @@ async fn run(args: &Args, seconds: u64) -> anyhow::Result<Verdict> {
     nemesis.push(Entry::Quiet { at });
     lock(&nemesis.shared).after_quiet = Some(BTreeSet::new());
     println!("[{at:7.2}s] faults stopped; settling");
-    let settled = settle(&mut nemesis, snapshots).await;
+    let settled = settle(&mut nemesis, snapshots).await.and_then(|()| {
+        anyhow::ensure!(
+            nemesis.harness_errors.is_empty(),
+            "the harness failed: {}",
+            nemesis.harness_errors.join("; ")
+        );
+        Ok(())
+    });
     let verdict =
         settled.and_then(|()| Ok(check(&history::read(&args.history)?, args.recovery_bound)));
     // A run that found something keeps every process's log.
