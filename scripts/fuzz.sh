@@ -4,11 +4,14 @@
 # crash; libFuzzer leaves the input in fuzz/artifacts/TARGET/ — copy it into
 # fuzz/regressions/TARGET/ with the fix, so tests/fuzz_replay.rs replays it forever.
 #
-#   scripts/fuzz.sh                 # every target, CAIRN_FUZZ_SECONDS (20) each, seed 1
+#   scripts/fuzz.sh                 # every target, CAIRN_FUZZ_SECONDS (30) each, seed 1
 #   scripts/fuzz.sh records 600     # one target, ten minutes
 set -euo pipefail
 cd "$(dirname "$0")/.."
-seconds="${2:-${CAIRN_FUZZ_SECONDS:-20}}"
+seconds="${2:-${CAIRN_FUZZ_SECONDS:-30}}"
+# cargo-fuzz builds release with one codegen unit (best for long campaigns, ~6 minutes here);
+# 16 halves the build for these short runs. `run` must get the same flags or it rebuilds.
+build=(-s none --codegen-units 16)
 seed="${CAIRN_FUZZ_SEED:-1}"
 if ! cargo fuzz --version >/dev/null 2>&1; then
   echo "==> installing cargo-fuzz 0.13.2 (crates.io)"
@@ -17,14 +20,14 @@ fi
 cd fuzz
 targets="${1:-$(cargo fuzz list)}"
 echo "==> building the fuzz targets (release, coverage-instrumented)"
-cargo fuzz build -s none
+cargo fuzz build "${build[@]}"
 for target in $targets; do
   echo "==> fuzzing $target for ${seconds}s (seed $seed)"
   # The corpus grows in a scratch copy: the checked-in one stays as committed.
   work="$(mktemp -d)"
   cp -r "corpus/$target/." "$work/"
   status=0
-  cargo fuzz run -s none "$target" "$work" -- \
+  cargo fuzz run "${build[@]}" "$target" "$work" -- \
     -max_total_time="$seconds" -seed="$seed" -rss_limit_mb=2048 -max_len=65536 \
     -print_final_stats=1 >"$work.log" 2>&1 || status=$?
   grep -E "^(stat::number_of_executed_units|stat::peak_rss_mb)" "$work.log" | tr '\n' ' ' || true
