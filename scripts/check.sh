@@ -8,7 +8,8 @@
 #   ./scripts/check.sh --static   # fmt, clippy, purity and docs only (scripts/test.sh runs the
 #                                 # tests itself, in its `cargo test --workspace`)
 #
-# scripts/test.sh (CI) runs this first, then everything that needs processes, etcd and Docker.
+# scripts/test.sh (CI) runs `check.sh --static` first, then everything that needs processes,
+# etcd and Docker, and the tests once, in `cargo test --workspace`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 

@@ -2,7 +2,7 @@
 # cairn's one test command (CI runs it): first the static check (scripts/check.sh --static:
 # formatting, clippy with warnings as errors, the SDK without its CLI features, cairn-core's
 # purity, the docs), then it installs what the other tests need and runs every check a reviewer
-# would — the fault run, every test, the deployment checks, the compose cluster, the benches.
+# would — the nemesis run, every test, the deployment checks, the compose cluster, the benches.
 #
 #   ./scripts/test.sh
 #
