@@ -33,7 +33,7 @@ use tonic::transport::Channel;
 /// etcd; SIGSTOP/SIGCONT of a daemon, a bank, the leader and etcd, shorter and longer than
 /// the timeouts (the leader's lease is 5 s); channel cuts, holds and delays through the
 /// daemons' fault injection; restores; with --netns, the network's faults between hosts
-/// (partitions, a node cut off, packet loss, a slow link). Every operation, fault, poll of the banks and every
+/// (partitions, a node cut off, a node's control stream cut, packet loss, a slow link). Every operation, fault, poll of the banks and every
 /// ended snapshot with its data goes to a history of JSON lines; when the time is up the
 /// faults heal, the workload stops, a closing restore is checked, and the checker judges
 /// the history (it never calls cairn's own verifier). Exits 1 naming every violation.
@@ -76,8 +76,9 @@ struct Args {
     mutant: Option<String>,
     /// Runs each node (daemon and bank) on a host of its own — a network namespace on a
     /// bridge, the coordinators and etcd on the bridge's side — and adds the network's
-    /// faults: two nodes partitioned from each other, a node cut off from everyone, packet
-    /// loss at a node, a slow link (iptables and tc inside the hosts). Needs root and
+    /// faults: two nodes partitioned from each other, a node cut off from everyone, a
+    /// node's control stream cut (its channels up), packet loss at a node, a slow link
+    /// (iptables and tc inside the hosts). Needs root and
     /// util-linux, iproute2 and iptables; the run first re-runs itself under `unshare
     /// --net`, so nothing of the machine's own network is touched and it all goes with it.
     #[arg(long)]
