@@ -7,9 +7,10 @@
 #   record-one-too-few       the recording leaves out a channel's last in-flight message: cairn's
 #                            own verifier fails those snapshots as inconsistent, a verdict the
 #                            checker counts as a violation
-#   record-wrong-message     the recording holds every index but one message's bytes twice and
-#                            another's not at all: cairn's verifier cannot see it; the checker
-#                            must, from the transfer ids in the data
+#   record-wrong-message     a channel's second recorded message has the first one's bytes:
+#                            every index is there, but one message's bytes twice and another's
+#                            not at all; cairn's verifier cannot see it; the checker must, from
+#                            the transfer ids in the data
 #   drop-frame-on-reconnect  a channel drops its first data frame after a reconnect: the
 #                            receiving bank's ids skip one, and the drained banks disagree
 #

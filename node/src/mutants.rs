@@ -10,9 +10,10 @@ pub enum Mutant {
     /// When recording a channel's in-flight messages, the engine's recording leaves out the
     /// last one (cairn's own verifier sees the missing index).
     RecordOneTooFew,
-    /// When recording two or more of a channel's in-flight messages, the last one's bytes are
-    /// the first one's: every index is there, one message is missing and one twice (only
-    /// the bytes tell).
+    /// A channel's second recorded in-flight message gets the first one's bytes: every
+    /// index is there, one message is missing and one twice (only the bytes tell). Whether
+    /// the messages are recorded in one batch or one by one, any snapshot with two or more
+    /// in flight on a channel has it.
     RecordWrongMessage,
     /// When a channel reconnects, the first frame it should resend is dropped.
     DropFrameOnReconnect,

@@ -498,13 +498,6 @@ impl NodeLoop {
                 if crate::mutants::is(crate::mutants::Mutant::RecordOneTooFew) {
                     messages.pop();
                 }
-                if crate::mutants::is(crate::mutants::Mutant::RecordWrongMessage)
-                    && messages.len() >= 2
-                    && let Some(first) = messages.first().map(|(_, p)| p.clone())
-                    && let Some(last) = messages.last_mut()
-                {
-                    last.1 = first;
-                }
                 self.shared
                     .metrics
                     .recorded_messages

@@ -78,14 +78,27 @@ impl Recordings {
         &mut self,
         id: SnapshotId,
         channel: ChannelId,
-        messages: Vec<(u64, Bytes)>,
+        mut messages: Vec<(u64, Bytes)>,
     ) {
         let recording = self.recording(id);
-        recording
-            .channels
-            .entry(channel)
-            .or_default()
-            .extend(messages);
+        let recorded = recording.channels.entry(channel).or_default();
+        if crate::mutants::is(crate::mutants::Mutant::RecordWrongMessage) {
+            // The channel's second recorded message gets the first one's bytes, whether they
+            // came in one batch (an overtaking marker) or one by one (a recording window).
+            let first = recorded
+                .first()
+                .or(messages.first())
+                .map(|(_, p)| p.clone());
+            if let (Some(first), Some(second)) = (
+                first,
+                1usize
+                    .checked_sub(recorded.len())
+                    .and_then(|at| messages.get_mut(at)),
+            ) {
+                second.1 = first;
+            }
+        }
+        recorded.extend(messages);
     }
 
     /// Adds a chunk of the application's state; true for the first one.
