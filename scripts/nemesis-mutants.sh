@@ -33,11 +33,14 @@ declare -A evidence=(
 )
 mutants=(record-one-too-few record-wrong-message drop-frame-on-reconnect)
 
-echo "building the mutant daemon (cargo build -p cairn-node --features mutants)"
-cargo build -p cairn-node --features mutants --locked
+# Built over the whole workspace with one test target, so that features resolve as in
+# scripts/test.sh's `cargo build --workspace --bins --tests` (dev-dependencies included): only
+# cairn-node is compiled again, not tokio and tonic (`-p cairn-node` alone resolves its own).
+echo "building the mutant daemon (cargo build --features cairn-node/mutants)"
+cargo build --workspace --bin cairn-node --test coordinator_ha --features cairn-node/mutants --locked
 cp target/debug/cairn-node target/debug/cairn-node-mutants
 # The daemon every other test runs, as scripts/test.sh built it.
-cargo build --workspace --bins --locked
+cargo build --workspace --bins --tests --locked
 if cmp -s target/debug/cairn-node target/debug/cairn-node-mutants; then
   echo "error: target/debug/cairn-node is still the mutant build" >&2
   exit 1
