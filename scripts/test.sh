@@ -113,7 +113,7 @@ awk '/^test result:/ { for (i = 1; i <= NF; i++) { if ($i ~ /^passed;?$/) p += $
      END { printf "\ntests: %d passed, %d failed\n", p, f }' "$log"
 
 say "fuzzing every decoder (scripts/fuzz.sh: cargo-fuzz on stable, ${CAIRN_FUZZ_SECONDS:-30} s a target, seed 1)"
-# About 12 minutes: cargo-fuzz's install (once, ~2 min), the instrumented build (~6 min),
+# About 10 minutes: cargo-fuzz's install (once, ~2 min), the instrumented build (~5 min),
 # then 30 s for each of the nine targets.
 CAIRN_FUZZ_SECONDS="${CAIRN_FUZZ_SECONDS:-30}" scripts/fuzz.sh
 
