@@ -83,7 +83,8 @@ install_prerequisites() {
 }
 
 say "the static check (scripts/check.sh --static: fmt, clippy, core purity, docs; the tests run below)"
-scripts/check.sh --static
+# The SDK's own clippy runs later, beside the fuzzers (below).
+CAIRN_CHECK_SDK_CLIPPY=no scripts/check.sh --static
 
 install_prerequisites
 
@@ -106,22 +107,48 @@ scripts/nemesis-mutants.sh
 
 say "cargo test --workspace"
 log=$(mktemp)
-trap 'rm -f "$log"' EXIT
+k8s=""
+sdk_pid=""
+cleanup() {
+  rm -rf "$log" ${k8s:+"$k8s"}
+  # The SDK's clippy, if it still runs (a stage after it started failed): its whole group.
+  if [ -n "$sdk_pid" ]; then kill -- "-$sdk_pid" 2>/dev/null || true; fi
+}
+trap cleanup EXIT
 cargo test --workspace --locked 2>&1 | tee "$log"
 # One closing line over every test binary and doc-test run.
 awk '/^test result:/ { for (i = 1; i <= NF; i++) { if ($i ~ /^passed;?$/) p += $(i-1); if ($i ~ /^failed;?$/) f += $(i-1) } }
      END { printf "\ntests: %d passed, %d failed\n", p, f }' "$log"
+
+say "cargo clippy -p cairn-sdk --no-default-features (the SDK an application links), in the background while the fuzzers run"
+# It compiles tonic and tokio again with the SDK's own features (about 3 minutes); each fuzz
+# target runs on one core, so this takes the other, at low priority, in a process group of its
+# own (setsid) that cleanup kills if a stage fails first. check.sh without --static runs it in
+# line; its `cargo tree` check (no CLI crate in the SDK's tree) ran with the static check.
+sdk_log=target/sdk-clippy.log
+setsid nice -n 19 cargo clippy -j1 -p cairn-sdk --no-default-features --locked -- -D warnings \
+  >"$sdk_log" 2>&1 &
+sdk_pid=$!
 
 say "fuzzing every decoder (scripts/fuzz.sh: cargo-fuzz on stable, ${CAIRN_FUZZ_SECONDS:-30} s a target, seed 1)"
 # About 10 minutes: cargo-fuzz's install (once, ~2 min), the instrumented build (~5 min),
 # then 30 s for each of the nine targets.
 CAIRN_FUZZ_SECONDS="${CAIRN_FUZZ_SECONDS:-30}" scripts/fuzz.sh
 
+say "waiting for the SDK's clippy (started before the fuzzers)"
+if ! wait "$sdk_pid"; then
+  sdk_pid=""
+  cat "$sdk_log" >&2
+  echo "error: cargo clippy -p cairn-sdk --no-default-features failed (above)" >&2
+  exit 1
+fi
+sdk_pid=""
+tail -n 1 "$sdk_log"
+
 say "Kubernetes manifests: kubectl kustomize, kubernetes-validate, flags against the binaries"
 # The dev-certs overlay needs the files deploy/make-certs.sh writes (as README says): built
 # from a copy of deploy/k8s, so the tree's own deploy/k8s/dev-certs/certs is left alone.
 k8s=$(mktemp -d)
-trap 'rm -rf "$log" "$k8s"' EXIT
 cp -r deploy/k8s "$k8s/"
 CAIRNCTL=target/debug/cairnctl deploy/make-certs.sh "$k8s/k8s/dev-certs/certs" --san cairn-coordinator \
   --nodes cairn-node-0,cairn-node-1,cairn-node-2 --users admin:admin --servers cairn-etcd >/dev/null
