@@ -11,8 +11,8 @@ cd "$(dirname "$0")/.."
 seconds="${2:-${CAIRN_FUZZ_SECONDS:-30}}"
 # `run` must get the build's flags or it rebuilds. (cargo-fuzz's release build uses one
 # codegen unit; 16 was measured slower on this 2-core machine: 6 min 55 s against 6 min 8 s.
-# fuzz/Cargo.toml's release profile optimises at level 1 without debug info: 4 min 45 s to
-# build against 6 min 54 s, for about 12 % fewer inputs a second.)
+# fuzz/Cargo.toml's release profile optimises at level 1: 4 min 45 s to build against
+# 6 min 54 s, for about 12 % fewer inputs a second.)
 build=(-s none)
 seed="${CAIRN_FUZZ_SEED:-1}"
 if ! cargo fuzz --version >/dev/null 2>&1; then
