@@ -205,8 +205,8 @@ impl Elector {
         let read = client.get(format!("{}/", self.name), Some(options));
         let response = tokio::time::timeout(READ_TIMEOUT, read)
             .await
-            .map_err(|_| StoreError(format!("etcd did not answer within {READ_TIMEOUT:?}")))?
-            .map_err(|e| StoreError(format!("etcd unavailable: {e}")))?;
+            .map_err(|_| StoreError::new(format!("etcd did not answer within {READ_TIMEOUT:?}")))?
+            .map_err(|e| StoreError::new(format!("etcd unavailable: {e}")))?;
         let list = response
             .kvs()
             .iter()
@@ -228,13 +228,13 @@ impl Elector {
         &self,
         stop: &CancellationToken,
     ) -> Result<Option<(Arc<Leadership>, LeaderKey)>, StoreError> {
-        let etcd = |e: etcd_client::Error| StoreError(format!("etcd unavailable: {e}"));
+        let etcd = |e: etcd_client::Error| StoreError::new(format!("etcd unavailable: {e}"));
         let mut client = self.client.clone();
         let ttl_secs = i64::try_from(self.ttl.as_secs()).unwrap_or(i64::MAX);
         let sent = Instant::now();
         let granted = tokio::time::timeout(self.ttl, client.lease_grant(ttl_secs, None))
             .await
-            .map_err(|_| StoreError("etcd did not grant a lease in time".into()))?
+            .map_err(|_| StoreError::new("etcd did not grant a lease in time"))?
             .map_err(etcd)?;
         let ttl = Duration::from_secs(u64::try_from(granted.ttl()).unwrap_or(0).max(1));
         let leadership = Arc::new(Leadership::with_lease(granted.id(), 0));
@@ -257,7 +257,7 @@ impl Elector {
             return if stop.is_cancelled() {
                 Ok(None)
             } else {
-                Err(StoreError(leadership.why()))
+                Err(StoreError::new(leadership.why()))
             };
         };
         let key = match won.map_err(etcd).map(|mut r| r.take_leader()) {
@@ -265,8 +265,8 @@ impl Elector {
             Ok(None) => {
                 leadership.end("etcd's campaign answer named no leader key");
                 revoke(&mut client, granted.id()).await;
-                return Err(StoreError(
-                    "etcd's campaign answer named no leader key".into(),
+                return Err(StoreError::new(
+                    "etcd's campaign answer named no leader key",
                 ));
             }
             Err(e) => {
@@ -281,8 +281,8 @@ impl Elector {
         if !leadership.valid() {
             // Won after the lease may have expired (a long pause while campaigning).
             self.step_down(&leadership, key).await;
-            return Err(StoreError(
-                "won the election after the lease may have expired".into(),
+            return Err(StoreError::new(
+                "won the election after the lease may have expired",
             ));
         }
         tokio::spawn(watch_key(

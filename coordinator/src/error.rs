@@ -165,6 +165,17 @@ pub enum Error {
     /// The coordinator is shutting down.
     #[error("the coordinator is shutting down")]
     ShuttingDown,
+    /// A write whose answer was lost and not read back before its term ended (or not yet
+    /// stored): it may or may not take effect, and the store decides — never a failure.
+    #[error("outcome unknown: {what} may or may not have been stored ({cause}); see {see}")]
+    OutcomeUnknown {
+        /// What was asked.
+        what: String,
+        /// The call that reads the outcome back.
+        see: String,
+        /// Why it is unknown.
+        cause: String,
+    },
 }
 
 impl Error {
@@ -207,6 +218,8 @@ impl From<Error> for Status {
             | Error::Removed(_) => Code::FailedPrecondition,
             Error::NotAMember(_) => Code::NotFound,
             Error::TooManyInFlight(_) => Code::ResourceExhausted,
+            Error::Store(e) if e.outcome_unknown => Code::Aborted,
+            Error::OutcomeUnknown { .. } => Code::Aborted,
             Error::Store(_) | Error::ShuttingDown => Code::Unavailable,
             Error::Blob(_) | Error::Storage(_) => Code::Internal,
             Error::DataLoss(_) | Error::CorruptRecord { .. } => Code::DataLoss,

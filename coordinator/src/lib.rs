@@ -368,7 +368,12 @@ impl Terms {
         }
         let kv = match (&self.etcd, &key) {
             (Some(etcd), Some(key)) => {
-                Arc::new(AnyKv::Etcd(Box::new(etcd.fenced(leadership.clone(), key))))
+                let barrier = self.keys.barrier(leadership.lease());
+                Arc::new(AnyKv::Etcd(Box::new(etcd.fenced(
+                    leadership.clone(),
+                    key,
+                    barrier,
+                ))))
             }
             _ => self.kv.clone(),
         };

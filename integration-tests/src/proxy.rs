@@ -59,3 +59,177 @@ impl Drop for CuttingProxy {
         self.accept.abort();
     }
 }
+
+/// What [`LossyProxy`] loses once its trigger passes through.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Loss {
+    /// The request reaches the server (and is applied); every answer on that connection is
+    /// held for the hold time, then the connection is cut: the answer is lost.
+    Answer,
+    /// The request, and everything after it on that connection, is held for the hold time,
+    /// then the connection is cut: the request never reaches the server.
+    Request,
+}
+
+struct Armed {
+    pattern: Vec<u8>,
+    loss: Loss,
+    hold: std::time::Duration,
+}
+
+/// A TCP proxy that forwards everything until a client sends bytes containing an armed
+/// pattern (a request that writes a record, say); then, once, it loses that request or its
+/// answer ([`Loss`]) as a network or a paused server would: held past the client's timeout,
+/// then the connection cut. The proxy knows nothing of the protocol: the pattern is
+/// matched in the raw bytes (HTTP/2 without TLS or compression carries values as they are).
+pub struct LossyProxy {
+    /// Where to connect instead of the target.
+    pub addr: SocketAddr,
+    armed: Arc<Mutex<Option<Armed>>>,
+    fired: Arc<std::sync::atomic::AtomicUsize>,
+    accept: JoinHandle<()>,
+    connections: Arc<Mutex<Vec<AbortHandle>>>,
+}
+
+impl LossyProxy {
+    /// A proxy on `127.0.0.1:0` in front of `target`, not armed.
+    pub async fn start(target: SocketAddr) -> anyhow::Result<Self> {
+        let listener = TcpListener::bind("127.0.0.1:0").await?;
+        let addr = listener.local_addr()?;
+        let armed: Arc<Mutex<Option<Armed>>> = Arc::default();
+        let fired = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let connections: Arc<Mutex<Vec<AbortHandle>>> = Arc::default();
+        let (a, f, registry) = (armed.clone(), fired.clone(), connections.clone());
+        let accept = tokio::spawn(async move {
+            while let Ok((inbound, _)) = listener.accept().await {
+                let (armed, fired) = (a.clone(), f.clone());
+                let task = tokio::spawn(async move {
+                    if let Ok(outbound) = TcpStream::connect(target).await {
+                        relay(inbound, outbound, armed, fired).await;
+                    }
+                });
+                let mut held = registry.lock().expect("not poisoned");
+                held.retain(|c| !c.is_finished());
+                held.push(task.abort_handle());
+            }
+        });
+        Ok(Self {
+            addr,
+            armed,
+            fired,
+            accept,
+            connections,
+        })
+    }
+
+    /// Loses, once, the next request containing `pattern` (or its answer), holding it for
+    /// `hold` before cutting its connection.
+    pub fn arm(&self, pattern: &[u8], loss: Loss, hold: std::time::Duration) {
+        *self.armed.lock().expect("not poisoned") = Some(Armed {
+            pattern: pattern.to_vec(),
+            loss,
+            hold,
+        });
+    }
+
+    /// How many times it fired.
+    pub fn fired(&self) -> usize {
+        self.fired.load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
+impl Drop for LossyProxy {
+    fn drop(&mut self) {
+        self.accept.abort();
+        for c in self.connections.lock().expect("not poisoned").drain(..) {
+            c.abort();
+        }
+    }
+}
+
+/// Relays one connection until either side closes, or, once the trigger fired on it,
+/// until its hold time has passed (then both sides are dropped: cut).
+async fn relay(
+    inbound: TcpStream,
+    outbound: TcpStream,
+    armed: Arc<Mutex<Option<Armed>>>,
+    fired: Arc<std::sync::atomic::AtomicUsize>,
+) {
+    use std::sync::atomic::{AtomicU8, Ordering};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    const OPEN: u8 = 0;
+    const HOLD_UP: u8 = 1;
+    const HOLD_DOWN: u8 = 2;
+    let (mut client_read, mut client_write) = inbound.into_split();
+    let (mut server_read, mut server_write) = outbound.into_split();
+    let state = Arc::new(AtomicU8::new(OPEN));
+    let (cut_tx, cut_rx) = tokio::sync::oneshot::channel::<std::time::Duration>();
+    let up_state = state.clone();
+    let up = async move {
+        let mut cut_tx = Some(cut_tx);
+        let mut tail: Vec<u8> = Vec::new();
+        let mut buf = vec![0u8; 64 * 1024];
+        loop {
+            let n = match client_read.read(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => n,
+            };
+            let chunk = &buf[..n];
+            if up_state.load(Ordering::SeqCst) == OPEN {
+                let mut armed_now = armed.lock().expect("not poisoned");
+                if let Some(a) = armed_now.as_ref() {
+                    let mut window = std::mem::take(&mut tail);
+                    window.extend_from_slice(chunk);
+                    if window.windows(a.pattern.len()).any(|w| w == a.pattern) {
+                        let a = armed_now.take().expect("armed");
+                        fired.fetch_add(1, Ordering::SeqCst);
+                        let held = match a.loss {
+                            Loss::Answer => HOLD_DOWN,
+                            Loss::Request => HOLD_UP,
+                        };
+                        up_state.store(held, Ordering::SeqCst);
+                        if let Some(tx) = cut_tx.take() {
+                            let _ = tx.send(a.hold);
+                        }
+                    } else {
+                        let keep = a.pattern.len().saturating_sub(1).min(window.len());
+                        tail = window[window.len() - keep..].to_vec();
+                    }
+                }
+            }
+            if up_state.load(Ordering::SeqCst) == HOLD_UP {
+                continue; // held, then lost with the connection
+            }
+            if server_write.write_all(chunk).await.is_err() {
+                return;
+            }
+        }
+    };
+    let down_state = state.clone();
+    let down = async move {
+        let mut buf = vec![0u8; 64 * 1024];
+        loop {
+            let n = match server_read.read(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => n,
+            };
+            if down_state.load(Ordering::SeqCst) == HOLD_DOWN {
+                continue; // held, then lost with the connection
+            }
+            if client_write.write_all(&buf[..n]).await.is_err() {
+                return;
+            }
+        }
+    };
+    let cut = async move {
+        match cut_rx.await {
+            Ok(hold) => tokio::time::sleep(hold).await,
+            Err(_) => std::future::pending().await,
+        }
+    };
+    tokio::select! {
+        () = up => {}
+        () = down => {}
+        () = cut => {}
+    }
+}

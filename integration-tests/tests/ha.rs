@@ -10,6 +10,8 @@ use std::time::Duration;
 use cairn_integration_tests::coordinated::{CoordinatedCluster, bank_money, health_of, scrape};
 use cairn_integration_tests::etcd::Etcd;
 use cairn_integration_tests::processes::{ChildGuard, binary, eventually, free_port};
+use cairn_integration_tests::proxy::{Loss, LossyProxy};
+use cairn_integration_tests::restore;
 use cairn_proto::v1 as pb;
 use etcd_client::{EventType, GetOptions, WatchOptions};
 use pb::failure_reason::Kind;
@@ -828,4 +830,135 @@ async fn a_listing_larger_than_one_etcd_response_comes_back_whole_and_in_order()
     assert!(listed.iter().all(|(_, v)| v == &value));
     // The whole keyspace too (the empty prefix).
     assert_eq!(kv.list("").await.unwrap().len(), 302);
+}
+
+/// Issue 31, finding 1: etcd applies the restore record's write but its answer is lost (the
+/// proxy holds it past the client's 5 s timeout, then cuts the connection). The caller is
+/// told the restore started (the lost answer was read back) or that its outcome is unknown
+/// (ABORTED, naming the restore to look up) — never that it failed — and the restore is
+/// carried out either way.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restore_whose_answer_is_lost_is_never_told_failed() {
+    let etcd = Etcd::start().await.expect("etcd starts");
+    let proxy = LossyProxy::start(etcd_addr(&etcd)).await.unwrap();
+    let endpoint = format!("http://{}", proxy.addr);
+    let cluster = CoordinatedCluster::start_ha(1, 3, &endpoint, &FAST, &[])
+        .await
+        .unwrap();
+    cluster.set_workload(50.0).await.unwrap();
+    cluster.wait_leader(None).await.unwrap();
+    let snapshot = restore::snapshot(&cluster, pb::SnapshotMode::ChandyLamport).await;
+    restore::moved_on(&cluster, &snapshot).await;
+    // Quiet, so that the restored balances can be compared with the snapshot's.
+    cluster.set_workload(0.0).await.unwrap();
+    // Only a restore record's value has "requested_by".
+    proxy.arm(b"\"requested_by\"", Loss::Answer, Duration::from_secs(7));
+    let answer = restore::restore(&cluster, id(&snapshot)).await;
+    assert_eq!(proxy.fired(), 1, "the restore record's write went through");
+    let restore_id = match answer {
+        Ok(op) => op.restore_id,
+        Err(status) => {
+            assert_eq!(
+                status.code(),
+                tonic::Code::Aborted,
+                "a lost answer is not a failure: {status:?}"
+            );
+            let message = status.message();
+            assert!(message.contains("outcome unknown"), "{message}");
+            let at = message
+                .find("GetRestore restore-")
+                .unwrap_or_else(|| panic!("names the restore to read back: {message}"));
+            message[at + "GetRestore ".len()..]
+                .split(|c: char| !(c.is_ascii_alphanumeric() || c == '-'))
+                .next()
+                .unwrap()
+                .to_owned()
+        }
+    };
+    let op = restore::wait_restore(&cluster, &restore_id).await;
+    assert!(
+        op.done,
+        "the restore whose answer was lost is carried out: {op:?}"
+    );
+    restore::assert_restored(&cluster, &snapshot).await;
+}
+
+/// Issue 31, finding 2: the request storing a snapshot's COMPLETED record is lost (held past
+/// the client's timeout, then its connection cut: etcd never sees it). No watcher hears of
+/// the end before the store holds it: at the moment the watcher is told COMPLETED, etcd
+/// (read directly, not through the proxy) says COMPLETED too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_snapshot_end_is_told_only_once_stored() {
+    let etcd = Etcd::start().await.expect("etcd starts");
+    let proxy = LossyProxy::start(etcd_addr(&etcd)).await.unwrap();
+    let endpoint = format!("http://{}", proxy.addr);
+    let cluster = CoordinatedCluster::start_ha(1, 3, &endpoint, &FAST, &[])
+        .await
+        .unwrap();
+    cluster.set_workload(50.0).await.unwrap();
+    cluster.wait_leader(None).await.unwrap();
+    // One snapshot first, so the cluster is known to complete them.
+    restore::snapshot(&cluster, pb::SnapshotMode::ChandyLamport).await;
+    proxy.arm(
+        b"\"status\": \"COMPLETED\"",
+        Loss::Request,
+        Duration::from_secs(7),
+    );
+    let snapshot_id = cluster
+        .start_snapshot(pb::StartSnapshotRequest {
+            timeout_ms: 60_000,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let mut watch = cluster
+        .client()
+        .await
+        .unwrap()
+        .watch_snapshot(pb::WatchSnapshotRequest { snapshot_id })
+        .await
+        .unwrap()
+        .into_inner();
+    let end = loop {
+        let progress = tokio::time::timeout(Duration::from_secs(60), watch.message())
+            .await
+            .expect("the watch ends within a minute")
+            .expect("the watch is not broken")
+            .expect("the watch tells the end before it closes");
+        if progress.status != pb::SnapshotStatus::InProgress as i32 {
+            break progress;
+        }
+    };
+    let mut direct = etcd_client::Client::connect([etcd.endpoint.as_str()], None)
+        .await
+        .unwrap();
+    let stored = direct
+        .get("/cairn/", Some(GetOptions::new().with_prefix()))
+        .await
+        .unwrap();
+    let suffix = format!("/snapshots/{snapshot_id:020}");
+    let record = stored
+        .kvs()
+        .iter()
+        .find(|kv| kv.key_str().unwrap().ends_with(&suffix))
+        .expect("the snapshot's record is stored");
+    let record: serde_json::Value = serde_json::from_slice(record.value()).unwrap();
+    assert_eq!(proxy.fired(), 1, "the COMPLETED record's write was lost");
+    assert_eq!(
+        end.status,
+        pb::SnapshotStatus::Completed as i32,
+        "the snapshot completed: {end:?}"
+    );
+    assert_eq!(
+        record["status"], "COMPLETED",
+        "told COMPLETED while the store says {record}"
+    );
+}
+
+/// etcd's client address, for a proxy in front of it.
+fn etcd_addr(etcd: &Etcd) -> std::net::SocketAddr {
+    etcd.endpoint
+        .trim_start_matches("http://")
+        .parse()
+        .expect("etcd listens on an IP address")
 }

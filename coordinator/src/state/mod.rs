@@ -204,6 +204,9 @@ pub(crate) struct State {
     members: BTreeMap<NodeId, Member>,
     tracker: SnapshotTracker,
     inflight: BTreeMap<SnapshotId, SnapshotRecord>,
+    /// Snapshots that ended but whose end the store has not acknowledged: told to nobody,
+    /// stored again every tick.
+    unstored: BTreeMap<SnapshotId, snapshots::Unstored>,
     /// Each snapshot in flight's `tracing` span (`snapshot{snapshot=ID mode=…}`): the
     /// coordinator's part of the snapshot's trace, its steps logged inside.
     spans: BTreeMap<SnapshotId, tracing::Span>,
@@ -271,6 +274,7 @@ impl State {
             members: BTreeMap::new(),
             tracker: SnapshotTracker::new(max_in_flight.max(1)),
             inflight: BTreeMap::new(),
+            unstored: BTreeMap::new(),
             spans: BTreeMap::new(),
             watchers: BTreeMap::new(),
             self_tx,
@@ -354,6 +358,8 @@ impl State {
                 },
                 () = sleep_until(due) => self.scheduled().await,
                 _ = refresh.tick() => {
+                    self.store_unstored().await;
+                    self.retry_restore_end().await;
                     self.drop_silent_members().await;
                     self.remove_long_gone().await;
                     self.maybe_auto_restore().await;
@@ -387,7 +393,18 @@ impl State {
             }
         }
         self.members.clear();
-        self.watchers.clear();
+        // Whoever still watches a snapshot was told no end: the store has none from this
+        // term (or this term could not store it), and the next leader decides.
+        for (id, watchers) in std::mem::take(&mut self.watchers) {
+            let status = Status::unavailable(format!(
+                "coordinator term {} ended before snapshot {id} ended in the store: its \
+                 outcome is decided by the next leader; see GetSnapshot {id}",
+                self.leadership.term()
+            ));
+            for watcher in watchers {
+                let _ = watcher.try_send(Err(status.clone()));
+            }
+        }
     }
 
     async fn handle(&mut self, msg: Msg) {

@@ -180,7 +180,19 @@ impl State {
             finished_at_ms: 0,
             skipped,
         };
-        self.put_restore(&record).await?;
+        // Stored before anyone is told. A lost answer was read back by the store; if its
+        // term ended first, the outcome is unknown — never reported as a failure, for the
+        // next leader may find the record and resume it.
+        if let Err(e) = self.put_restore(&record).await {
+            return Err(match e {
+                Error::Store(e) if e.outcome_unknown => Error::OutcomeUnknown {
+                    what: format!("{} of snapshot {snapshot_id}", record.id),
+                    see: format!("GetRestore {}", record.id),
+                    cause: e.message,
+                },
+                e => e,
+            });
+        }
         self.epoch = epoch;
         let command = pb::NodeRestore {
             restore_id: record.id.clone(),
@@ -281,7 +293,12 @@ impl State {
         let Some(active) = self.restore.as_mut() else {
             return;
         };
-        match active.progress.state().clone() {
+        // An end already taken (its store failed and this is the retry) is kept as it was.
+        let state = match active.record.status {
+            RestoreStatus::InProgress => active.progress.state().clone(),
+            _ => RestoreState::InProgress,
+        };
+        match state {
             RestoreState::InProgress => {}
             RestoreState::Done => {
                 active.record.status = RestoreStatus::Done;
@@ -306,7 +323,13 @@ impl State {
         }
         let record = active.record.clone();
         if let Err(e) = self.put_restore(&record).await {
-            tracing::error!(restore = %record.id, "cannot store the restore record: {e}");
+            // Stored before told: until the store takes it, the restore stays the active
+            // one (snapshots stay refused) and its end is stored again every tick.
+            tracing::error!(
+                restore = %record.id,
+                "cannot store the restore record ({e}); tried again every tick"
+            );
+            return;
         }
         match record.status {
             RestoreStatus::Done => self.unfinished_restore = None,
@@ -322,6 +345,19 @@ impl State {
         }
         self.restore = None;
         self.maybe_auto_restore().await;
+    }
+
+    /// A restore that ended but whose end the store did not take yet: stored again (each
+    /// tick).
+    pub(super) async fn retry_restore_end(&mut self) {
+        if self
+            .restore
+            .as_ref()
+            .is_some_and(|a| a.record.status != RestoreStatus::InProgress)
+            && self.leadership.valid()
+        {
+            self.restore_moved().await;
+        }
     }
 
     /// Automatic recovery: once a restarted member and every other one are connected (and

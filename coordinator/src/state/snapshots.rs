@@ -13,6 +13,20 @@ use crate::error::Error;
 use crate::records_conv::{failure_record, mode_name, now_ms, progress_pb};
 use crate::store::{EventKind, EventRecord, SnapshotRecord, SnapshotStatus, VerdictRecord};
 
+/// A snapshot's end, waiting for the store.
+pub(super) struct Unstored {
+    record: SnapshotRecord,
+    failed: Option<FailureReason>,
+}
+
+/// A snapshot's end the store acknowledged. Only [`State::store_and_tell`] makes one (its
+/// fields are private to this module), and only [`State::tell_end`] takes one: nobody hears
+/// of an outcome the store has not stored.
+struct StoredEnd {
+    record: SnapshotRecord,
+    failed: Option<FailureReason>,
+}
+
 /// The most bytes of a reason an event keeps: a node's failure message may be far longer
 /// (the record's `failure` keeps it whole), and a record must stay storable.
 const MAX_EVENT_DETAIL: usize = 512;
@@ -234,6 +248,13 @@ impl State {
         };
         let update = self.tracker.fail(id, FailureReason::Aborted(reason));
         self.settle(id, update).await;
+        if self.unstored.contains_key(&id) {
+            return Err(Error::OutcomeUnknown {
+                what: format!("the abort of snapshot {id}"),
+                see: format!("GetSnapshot {id}"),
+                cause: "its record is not stored yet (tried again while this term lasts)".into(),
+            });
+        }
         self.get_record(id)
             .await?
             .ok_or(Error::SnapshotNotFound(id))
@@ -349,7 +370,7 @@ impl State {
             tracker::Update::Ignored => {}
             tracker::Update::Progress => {
                 if let Some(record) = self.live_record(id) {
-                    self.publish(&record).await;
+                    self.publish(&record);
                 }
             }
             tracker::Update::Finished(outcome, progress) => {
@@ -399,43 +420,87 @@ impl State {
                     });
                 }
                 push_ended(&mut record);
-                // Stored, then retention applied, then told: whoever sees it end sees the
-                // store as it is after it. The nodes are told to drop a failed one after the
-                // store (a fenced write) has confirmed the term.
-                if let Err(e) = self.put_record(&record).await {
-                    tracing::error!(snapshot = id.0, "cannot store the snapshot record: {e}");
-                }
-                if let tracker::Outcome::Failed(reason) = &outcome {
-                    let abort = pb::AbortSnapshotRequest {
-                        snapshot_id: id.0,
-                        reason: reason.to_string(),
-                    };
-                    self.broadcast(pb::coordinator_to_node::Kind::Abort(abort));
-                }
-                if record.status == SnapshotStatus::Completed
-                    && let Err(e) = self.apply_retention().await
-                {
-                    tracing::warn!("retention: {e}");
-                }
-                if let Some(watchers) = self.watchers.remove(&id) {
-                    let progress = progress_pb(&record);
-                    for watcher in watchers {
-                        let _ = watcher.try_send(Ok(progress.clone()));
-                    }
-                }
-                self.count_end(&record);
-                let result = match &record.failure {
-                    None => Ok(()),
-                    Some(_) => Err(match &outcome {
-                        tracker::Outcome::Failed(reason) => reason.to_string(),
-                        tracker::Outcome::Completed(_) => record.status.to_string(),
-                    }),
+                let failed = match outcome {
+                    tracker::Outcome::Failed(reason) => Some(reason),
+                    tracker::Outcome::Completed(_) => None,
                 };
-                let alarm = self.schedule.finished(id, self.clock_ms(), result);
-                self.alarm(alarm);
-                self.refresh().await;
+                self.unstored.insert(id, Unstored { record, failed });
+                self.store_and_tell(id).await;
             }
         }
+    }
+
+    /// Stores the end of snapshot `id` (waiting in `unstored`), then tells it. An end the
+    /// store did not take stays in `unstored`, told to nobody, and is stored again at the
+    /// next tick ([`Self::store_unstored`]); if the term ends first, the next leader's
+    /// recovery decides from what the store holds.
+    pub(super) async fn store_and_tell(&mut self, id: SnapshotId) {
+        let Some(unstored) = self.unstored.remove(&id) else {
+            return;
+        };
+        match self.meta.put_snapshot(&unstored.record).await {
+            Ok(()) => {
+                let stored = StoredEnd {
+                    record: unstored.record,
+                    failed: unstored.failed,
+                };
+                self.tell_end(stored).await;
+            }
+            Err(e) => {
+                tracing::error!(
+                    snapshot = id.0,
+                    "cannot store the end of the snapshot ({e}): nobody is told until it is \
+                     stored (tried again every tick while this term lasts)"
+                );
+                self.unstored.insert(id, unstored);
+            }
+        }
+    }
+
+    /// Every end still unstored, stored again (each tick).
+    pub(super) async fn store_unstored(&mut self) {
+        let ids: Vec<SnapshotId> = self.unstored.keys().copied().collect();
+        for id in ids {
+            if !self.leadership.valid() {
+                return;
+            }
+            self.store_and_tell(id).await;
+        }
+    }
+
+    /// The one place a snapshot's end is told — to the nodes (drop a failed one), to
+    /// retention, to watchers, metrics, freshness and the schedule — and it takes only an
+    /// end the store acknowledged.
+    async fn tell_end(&mut self, stored: StoredEnd) {
+        let StoredEnd { record, failed } = stored;
+        let id = SnapshotId(record.id);
+        if let Some(reason) = &failed {
+            let abort = pb::AbortSnapshotRequest {
+                snapshot_id: id.0,
+                reason: reason.to_string(),
+            };
+            self.broadcast(pb::coordinator_to_node::Kind::Abort(abort));
+        }
+        if record.status == SnapshotStatus::Completed
+            && let Err(e) = self.apply_retention().await
+        {
+            tracing::warn!("retention: {e}");
+        }
+        if let Some(watchers) = self.watchers.remove(&id) {
+            let progress = progress_pb(&record);
+            for watcher in watchers {
+                let _ = watcher.try_send(Ok(progress.clone()));
+            }
+        }
+        self.count_end(&record);
+        let result = match (&record.failure, &failed) {
+            (None, _) => Ok(()),
+            (Some(_), Some(reason)) => Err(reason.to_string()),
+            (Some(_), None) => Err(record.status.to_string()),
+        };
+        let alarm = self.schedule.finished(id, self.clock_ms(), result);
+        self.alarm(alarm);
+        self.refresh().await;
     }
 
     pub(super) fn count_end(&self, record: &SnapshotRecord) {
@@ -455,18 +520,12 @@ impl State {
         }
     }
 
-    /// Tells the record's watchers; stores it once it has ended. Progress of a snapshot in
+    /// Tells the record's watchers of a snapshot's progress. Progress of a snapshot in
     /// flight lives in `inflight` only (a restarted coordinator fails such a snapshot
-    /// anyway), which spares the store a synced write per node and step.
-    pub(super) async fn publish(&mut self, record: &SnapshotRecord) {
-        if record.status != SnapshotStatus::InProgress
-            && let Err(e) = self.put_record(record).await
-        {
-            tracing::error!(
-                snapshot = record.id,
-                "cannot store the snapshot record: {e}"
-            );
-        }
+    /// anyway), which spares the store a synced write per node and step; its end is told by
+    /// [`Self::tell_end`] only.
+    pub(super) fn publish(&mut self, record: &SnapshotRecord) {
+        debug_assert_eq!(record.status, SnapshotStatus::InProgress);
         if let Some(watchers) = self.watchers.get_mut(&SnapshotId(record.id)) {
             let progress = progress_pb(record);
             watchers.retain(|w| w.try_send(Ok(progress.clone())).is_ok() || !w.is_closed());

@@ -9,8 +9,22 @@
 //! ([`Leadership::end`]); a term that ended refuses every further write locally, without
 //! asking etcd. The members' keys are put under the term's lease: they go with it. An
 //! unfenced view (a follower's) refuses every write.
+//!
+//! **Lost answers.** A guarded write whose answer does not come (the client's timeout, a
+//! cancelled request, a lost connection, etcd's own "request timed out") may have been
+//! applied or not: its outcome is *unknown*, never a failure. It is settled here, before
+//! the caller hears anything, by one transaction that (a) moves the term's **barrier** — a
+//! key under the term's lease that every guarded write of the term compares — to a value
+//! never used before, and (b) reads back what the write would have left, at that same
+//! revision. From the barrier's move on, the lost request can no longer apply wherever it
+//! is (its compare names the old value), so what the read-back shows is final: applied, the
+//! write succeeded; not applied, it is sent again. The settling transaction is retried until
+//! etcd answers or the term ends; a term that ends first returns
+//! [`StoreError::unknown`] — the next term's recovery, which reads the store, decides — and
+//! a write that cannot be settled within [`SETTLE_LIMIT`] ends the term itself.
 
-use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use etcd_client::{
@@ -19,6 +33,10 @@ use etcd_client::{
 };
 
 use super::{Kv, StoreError};
+
+/// How long a guarded write may go unsettled (lost answers, read-backs that get no answer
+/// either) before the leader gives up its term: the next term's recovery decides.
+pub(crate) const SETTLE_LIMIT: Duration = Duration::from_secs(30);
 
 /// Keys per page of a listing, at first (a page that still outgrows the client's 4 MiB
 /// message limit is asked for again in halves; etcd's own limit on a value is 1.5 MiB).
@@ -47,6 +65,111 @@ struct Fence {
     /// Its creation revision: the term.
     rev: i64,
     leadership: Arc<Leadership>,
+    /// The term's barrier key (under its lease): every guarded write compares its value,
+    /// and settling a lost answer moves it.
+    barrier_key: Vec<u8>,
+    /// The barrier's value as this replica last set or saw it (`None`: not created yet).
+    barrier: Arc<Mutex<Option<Vec<u8>>>>,
+    /// Settlements so far (each moves the barrier to a value never used before).
+    settlements: Arc<AtomicU64>,
+}
+
+impl Fence {
+    fn barrier(&self) -> Option<Vec<u8>> {
+        self.barrier
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    fn set_barrier(&self, value: Option<Vec<u8>>) {
+        *self.barrier.lock().unwrap_or_else(|e| e.into_inner()) = value;
+    }
+
+    /// The compare every guarded write of the term carries for the barrier.
+    fn barrier_compare(&self) -> Compare {
+        match self.barrier() {
+            None => Compare::version(self.barrier_key.clone(), CompareOp::Equal, 0),
+            Some(value) => Compare::value(self.barrier_key.clone(), CompareOp::Equal, value),
+        }
+    }
+
+    /// The term's compare: its election key is still the one it was created as.
+    fn term_compare(&self) -> Compare {
+        Compare::create_revision(self.key.clone(), CompareOp::Equal, self.rev)
+    }
+}
+
+/// What a guarded write leaves in the store once applied: how its lost answer is settled.
+#[derive(Clone, Copy)]
+pub(crate) enum After<'a> {
+    /// `key` holds `value`.
+    Holds(&'a str, &'a [u8]),
+    /// `key` is absent.
+    Absent(&'a str),
+    /// No key starts with the prefix.
+    NoneUnder(&'a str),
+    /// Nothing: the transaction changes nothing (an unknown outcome is then just an error).
+    Nothing,
+}
+
+impl After<'_> {
+    /// The read that tells whether the write applied.
+    fn read(self) -> Option<TxnOp> {
+        match self {
+            After::Holds(key, _) | After::Absent(key) => Some(TxnOp::get(key, None)),
+            After::NoneUnder(prefix) => Some(TxnOp::get(
+                prefix,
+                Some(GetOptions::new().with_prefix().with_count_only()),
+            )),
+            After::Nothing => None,
+        }
+    }
+
+    /// Whether `read`'s answer shows the write applied.
+    fn applied(self, answer: Option<&TxnOpResponse>) -> bool {
+        let Some(TxnOpResponse::Get(get)) = answer else {
+            return false;
+        };
+        match self {
+            After::Holds(_, value) => get.kvs().first().is_some_and(|kv| kv.value() == value),
+            After::Absent(_) => get.kvs().is_empty(),
+            After::NoneUnder(_) => get.count() == 0,
+            After::Nothing => false,
+        }
+    }
+}
+
+/// How settling a lost answer ended.
+enum Settled {
+    /// The write is in the store.
+    Applied,
+    /// It is not, and it can no longer apply (the barrier moved, or the term is gone).
+    NotApplied,
+}
+
+/// Whether etcd's error leaves a write's outcome unknown: anything but a refusal etcd
+/// gave before applying (a bad request, no permission, no such thing). A transport error,
+/// a timeout, a cancellation, etcd's own "request timed out" or "leader changed" may come
+/// after the write was applied.
+fn outcome_unknown(error: &etcd_client::Error) -> bool {
+    use tonic::Code;
+    match error {
+        etcd_client::Error::GRpcStatus(status) => !matches!(
+            status.code(),
+            Code::InvalidArgument
+                | Code::NotFound
+                | Code::AlreadyExists
+                | Code::PermissionDenied
+                | Code::Unauthenticated
+                | Code::FailedPrecondition
+                | Code::OutOfRange
+                | Code::Unimplemented
+                | Code::ResourceExhausted
+        ),
+        etcd_client::Error::InvalidArgs(_) | etcd_client::Error::InvalidUri(_) => false,
+        _ => true,
+    }
 }
 
 /// A metadata store in etcd.
@@ -60,7 +183,7 @@ pub struct EtcdKv {
 }
 
 fn unavailable(e: etcd_client::Error) -> StoreError {
-    StoreError(format!("etcd unavailable: {e}"))
+    StoreError::new(format!("etcd unavailable: {e}"))
 }
 
 fn options(etcd: &EtcdConfig, timeout: bool) -> ConnectOptions {
@@ -124,8 +247,14 @@ impl EtcdKv {
         self.untimed.clone()
     }
 
-    /// The view a leader writes through: every write guarded by `key`'s creation revision.
-    pub(crate) fn fenced(&self, leadership: Arc<Leadership>, key: &LeaderKey) -> Self {
+    /// The view a leader writes through: every write guarded by `key`'s creation revision
+    /// and by the term's barrier at `barrier_key` (see the module's documentation).
+    pub(crate) fn fenced(
+        &self,
+        leadership: Arc<Leadership>,
+        key: &LeaderKey,
+        barrier_key: String,
+    ) -> Self {
         Self {
             client: self.client.clone(),
             untimed: self.untimed.clone(),
@@ -133,6 +262,9 @@ impl EtcdKv {
                 key: key.key().to_vec(),
                 rev: key.rev(),
                 leadership,
+                barrier_key: barrier_key.into_bytes(),
+                barrier: Arc::default(),
+                settlements: Arc::default(),
             }),
         }
     }
@@ -140,7 +272,7 @@ impl EtcdKv {
     /// The fence of a write, if this view may still write.
     fn fence(&self) -> Result<&Fence, StoreError> {
         let fence = self.fence.as_ref().ok_or_else(|| {
-            StoreError("this coordinator is a follower: only the leader writes".into())
+            StoreError::new("this coordinator is a follower: only the leader writes")
         })?;
         if !fence.leadership.valid() {
             return Err(lost(fence));
@@ -149,41 +281,145 @@ impl EtcdKv {
     }
 
     /// Runs `ops` if and only if the term still holds; a term that no longer holds ends
-    /// here. `extra` compares are added to the guard (a counter's revision).
-    async fn guarded(&self, extra: Vec<Compare>, ops: Vec<TxnOp>) -> Result<Guarded, StoreError> {
+    /// here. `extra` compares are added to the guard (a counter's revision). A lost answer
+    /// is settled before this returns (`after` says what the write leaves once applied):
+    /// `Ok` means stored, an error with `outcome_unknown` means the term ended first, any
+    /// other error means nothing was written.
+    async fn guarded(
+        &self,
+        extra: Vec<Compare>,
+        ops: Vec<TxnOp>,
+        after: After<'_>,
+    ) -> Result<Guarded, StoreError> {
         let fence = self.fence()?;
-        let mut when = vec![Compare::create_revision(
-            fence.key.clone(),
-            CompareOp::Equal,
-            fence.rev,
-        )];
-        let checks_extra = !extra.is_empty();
-        when.extend(extra);
-        let txn = Txn::new()
-            .when(when)
-            .and_then(ops)
-            .or_else([TxnOp::get(fence.key.clone(), None)]);
-        let response = self.client.clone().txn(txn).await.map_err(unavailable)?;
-        if response.succeeded() {
-            return Ok(Guarded::Done);
+        let since = tokio::time::Instant::now();
+        loop {
+            if !fence.leadership.valid() {
+                return Err(lost(fence));
+            }
+            let mut when = vec![fence.term_compare(), fence.barrier_compare()];
+            let checks_extra = !extra.is_empty();
+            when.extend(extra.iter().cloned());
+            let txn = Txn::new().when(when).and_then(ops.clone()).or_else([
+                TxnOp::get(fence.key.clone(), None),
+                TxnOp::get(fence.barrier_key.clone(), None),
+            ]);
+            let response = match self.client.clone().txn(txn).await {
+                Ok(response) => response,
+                Err(e) if outcome_unknown(&e) && !matches!(after, After::Nothing) => {
+                    tracing::warn!(
+                        term = fence.rev,
+                        "a guarded write's answer was lost ({e}): reading it back"
+                    );
+                    match self.settle(fence, after, since).await? {
+                        Settled::Applied => return Ok(Guarded::Done),
+                        // It can no longer apply: sending it again is safe.
+                        Settled::NotApplied => continue,
+                    }
+                }
+                Err(e) => return Err(unavailable(e)),
+            };
+            if response.succeeded() {
+                return Ok(Guarded::Done);
+            }
+            // Failed: which compare? The term is gone unless the election key is still ours.
+            let answers = response.op_responses();
+            let got = |i: usize| match answers.get(i) {
+                Some(TxnOpResponse::Get(get)) => get.kvs().first().cloned(),
+                _ => None,
+            };
+            let ours = got(0).is_some_and(|kv| kv.create_revision() == fence.rev);
+            if !ours {
+                fence.leadership.end(format!(
+                    "a guarded write found the election key of term {} gone: another replica leads",
+                    fence.rev
+                ));
+                return Err(lost(fence));
+            }
+            let barrier = got(1).map(|kv| kv.value().to_vec());
+            if barrier != fence.barrier() {
+                // A settlement of this term moved the barrier after this write read it (one
+                // whose own answer was lost): this write did not apply; again, with it.
+                fence.set_barrier(barrier);
+                continue;
+            }
+            if checks_extra {
+                return Ok(Guarded::ExtraFailed);
+            }
+            return Err(StoreError::new(format!(
+                "a guarded write of term {} failed with the term and its barrier intact",
+                fence.rev
+            )));
         }
-        // Failed: the term is gone unless the election key is still ours (then only an
-        // extra compare failed).
-        let ours = response.op_responses().iter().any(|op| match op {
-            TxnOpResponse::Get(get) => get
-                .kvs()
-                .first()
-                .is_some_and(|kv| kv.create_revision() == fence.rev),
-            _ => false,
-        });
-        if ours && checks_extra {
-            return Ok(Guarded::ExtraFailed);
+    }
+
+    /// Settles a guarded write whose answer was lost: moves the term's barrier (so the
+    /// lost request can no longer apply) and reads back, in the same transaction, whether
+    /// it applied. Retried until etcd answers; an error with `outcome_unknown` if the term
+    /// ends first or [`SETTLE_LIMIT`] passes (which ends the term).
+    async fn settle(
+        &self,
+        fence: &Fence,
+        after: After<'_>,
+        since: tokio::time::Instant,
+    ) -> Result<Settled, StoreError> {
+        let read = after
+            .read()
+            .expect("only writes that leave something are settled");
+        let mut pause = Duration::from_millis(50);
+        loop {
+            if !fence.leadership.valid() {
+                return Err(unknown(fence));
+            }
+            if since.elapsed() >= SETTLE_LIMIT {
+                fence.leadership.end(format!(
+                    "a write's lost answer could not be read back within {SETTLE_LIMIT:?}"
+                ));
+                return Err(unknown(fence));
+            }
+            let n = fence.settlements.fetch_add(1, Ordering::Relaxed);
+            let token = format!("settled {n} of term {}", fence.rev).into_bytes();
+            let lease = PutOptions::new().with_lease(fence.leadership.lease());
+            let txn = Txn::new()
+                .when([fence.term_compare()])
+                .and_then([
+                    TxnOp::put(fence.barrier_key.clone(), token.clone(), Some(lease)),
+                    read.clone(),
+                ])
+                .or_else([read.clone()]);
+            match self.client.clone().txn(txn).await {
+                Ok(response) if response.succeeded() => {
+                    fence.set_barrier(Some(token));
+                    let applied = after.applied(response.op_responses().get(1));
+                    tracing::info!(term = fence.rev, applied, "a lost answer was settled");
+                    return Ok(if applied {
+                        Settled::Applied
+                    } else {
+                        Settled::NotApplied
+                    });
+                }
+                Ok(response) => {
+                    // The term is gone, so nothing of it can apply any more: the read-back,
+                    // at the same revision, is final.
+                    fence.leadership.end(format!(
+                        "settling a lost answer found the election key of term {} gone",
+                        fence.rev
+                    ));
+                    if after.applied(response.op_responses().first()) {
+                        return Ok(Settled::Applied);
+                    }
+                    return Err(lost(fence));
+                }
+                Err(e) => {
+                    tracing::warn!(term = fence.rev, "reading back a lost answer: {e}");
+                    tokio::select! {
+                        () = fence.leadership.ended() => {}
+                        () = tokio::time::sleep(pause) => {}
+                    }
+                    pause = (pause * 2).min(Duration::from_secs(1));
+                }
+            }
         }
-        fence.leadership.end(format!(
-            "a guarded write found the election key of term {} gone: another replica leads",
-            fence.rev
-        ));
-        Err(lost(fence))
     }
 }
 
@@ -191,7 +427,7 @@ impl EtcdKv {
     /// Asks etcd whether the term still holds (a guarded transaction that changes
     /// nothing); a term that does not ends here.
     pub(crate) async fn still_leads(&self) -> Result<(), StoreError> {
-        self.guarded(vec![], vec![]).await.map(drop)
+        self.guarded(vec![], vec![], After::Nothing).await.map(drop)
     }
 }
 
@@ -202,8 +438,18 @@ enum Guarded {
     ExtraFailed,
 }
 
+/// A write whose outcome is unknown: its term ended before it could be read back.
+fn unknown(fence: &Fence) -> StoreError {
+    StoreError::unknown(format!(
+        "outcome unknown: term {} ended ({}) before a write whose answer was lost could be \
+         read back; the next leader's recovery reads the store and decides",
+        fence.rev,
+        fence.leadership.why()
+    ))
+}
+
 fn lost(fence: &Fence) -> StoreError {
-    StoreError(format!(
+    StoreError::new(format!(
         "leadership of term {} lost ({}): this coordinator writes nothing more",
         fence.rev,
         fence.leadership.why()
@@ -249,9 +495,9 @@ fn refused(etcd: &EtcdConfig, error: &etcd_client::Error) -> StoreError {
             "etcd refused the coordinator's client certificate (--etcd-cert: not signed by etcd's --trusted-ca-file CA, expired, or not for client authentication)".to_owned()
         }
     } else {
-        return StoreError(format!("etcd unavailable at {endpoints}: {text}"));
+        return StoreError::new(format!("etcd unavailable at {endpoints}: {text}"));
     };
-    StoreError(format!("etcd at {endpoints}: {why} ({text})"))
+    StoreError::new(format!("etcd at {endpoints}: {why} ({text})"))
 }
 impl Kv for EtcdKv {
     async fn get(&self, key: &str) -> Result<Option<Vec<u8>>, StoreError> {
@@ -265,7 +511,8 @@ impl Kv for EtcdKv {
     }
 
     async fn put(&self, key: &str, value: Vec<u8>) -> Result<(), StoreError> {
-        self.guarded(vec![], vec![TxnOp::put(key, value, None)])
+        let ops = vec![TxnOp::put(key, value.clone(), None)];
+        self.guarded(vec![], ops, After::Holds(key, &value))
             .await
             .map(drop)
     }
@@ -274,20 +521,22 @@ impl Kv for EtcdKv {
     async fn put_ephemeral(&self, key: &str, value: Vec<u8>) -> Result<(), StoreError> {
         let lease = self.fence()?.leadership.lease();
         let options = PutOptions::new().with_lease(lease);
-        self.guarded(vec![], vec![TxnOp::put(key, value, Some(options))])
+        let ops = vec![TxnOp::put(key, value.clone(), Some(options))];
+        self.guarded(vec![], ops, After::Holds(key, &value))
             .await
             .map(drop)
     }
 
     async fn delete(&self, key: &str) -> Result<(), StoreError> {
-        self.guarded(vec![], vec![TxnOp::delete(key, None)])
+        self.guarded(vec![], vec![TxnOp::delete(key, None)], After::Absent(key))
             .await
             .map(drop)
     }
 
     async fn delete_prefix(&self, prefix: &str) -> Result<(), StoreError> {
         let options = DeleteOptions::new().with_prefix();
-        self.guarded(vec![], vec![TxnOp::delete(prefix, Some(options))])
+        let ops = vec![TxnOp::delete(prefix, Some(options))];
+        self.guarded(vec![], ops, After::NoneUnder(prefix))
             .await
             .map(drop)
     }
@@ -325,7 +574,7 @@ impl Kv for EtcdKv {
             for kv in response.kvs() {
                 let key = kv
                     .key_str()
-                    .map_err(|e| StoreError(e.to_string()))?
+                    .map_err(|e| StoreError::new(e.to_string()))?
                     .to_owned();
                 out.push((key, kv.value().to_vec()));
             }
@@ -350,7 +599,7 @@ impl Kv for EtcdKv {
                     let text = std::str::from_utf8(kv.value()).unwrap_or_default();
                     let n: u64 = text
                         .parse()
-                        .map_err(|_| StoreError(format!("{key} is not a number")))?;
+                        .map_err(|_| StoreError::new(format!("{key} is not a number")))?;
                     (
                         n,
                         Compare::mod_revision(key, CompareOp::Equal, kv.mod_revision()),
@@ -360,9 +609,15 @@ impl Kv for EtcdKv {
             };
             let next = current
                 .checked_add(1)
-                .ok_or_else(|| StoreError(format!("{key} is at its largest value")))?;
-            let put = TxnOp::put(key, next.to_string(), None);
-            match self.guarded(vec![compare], vec![put]).await? {
+                .ok_or_else(|| StoreError::new(format!("{key} is at its largest value")))?;
+            let value = next.to_string().into_bytes();
+            let put = TxnOp::put(key, value.clone(), None);
+            // Read back, `key` holding `next` is this increment: only the term's leader
+            // writes the counter, one increment at a time.
+            match self
+                .guarded(vec![compare], vec![put], After::Holds(key, &value))
+                .await?
+            {
                 Guarded::Done => return Ok(current),
                 Guarded::ExtraFailed => continue,
             }

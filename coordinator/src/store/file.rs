@@ -116,7 +116,7 @@ pub struct FileKv {
 }
 
 fn io(path: &Path, what: &str, e: std::io::Error) -> StoreError {
-    StoreError(format!("cannot {what} {}: {e}", path.display()))
+    StoreError::new(format!("cannot {what} {}: {e}", path.display()))
 }
 
 /// Opens and locks the store's lock file, writing this process's id into it.
@@ -133,7 +133,7 @@ fn lock_store(path: &Path) -> Result<std::fs::File, StoreError> {
         Ok(()) => {}
         Err(std::fs::TryLockError::WouldBlock) => {
             let holder = std::fs::read_to_string(path).unwrap_or_default();
-            return Err(StoreError(format!(
+            return Err(StoreError::new(format!(
                 "the embedded store is in use by another coordinator (pid {}; lock {}): \
                  the embedded store serves one coordinator at a time; several coordinators \
                  need etcd (--etcd)",
@@ -171,8 +171,9 @@ impl FileKv {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
             Err(e) => return Err(io(&log_path, "read", e)),
         };
-        let (mut data, dropped) = replay(base.as_deref(), &log)
-            .map_err(|e| StoreError(format!("{} is not a cairn store: {e}", path.display())))?;
+        let (mut data, dropped) = replay(base.as_deref(), &log).map_err(|e| {
+            StoreError::new(format!("{} is not a cairn store: {e}", path.display()))
+        })?;
         if let Some((line, why)) = dropped {
             // A write cut short by a crash: nothing after it was acknowledged.
             tracing::warn!(
@@ -223,7 +224,7 @@ impl FileKv {
             let on_disk = std::fs::metadata(path).map_err(|e| io(path, "find", e))?;
             let held = open.metadata().map_err(|e| io(path, "stat", e))?;
             if (on_disk.dev(), on_disk.ino()) != (held.dev(), held.ino()) {
-                return Err(StoreError(format!(
+                return Err(StoreError::new(format!(
                     "{} was replaced while the coordinator runs",
                     path.display()
                 )));
@@ -243,7 +244,8 @@ impl FileKv {
             .iter()
             .filter(|(k, _)| !k.starts_with(&self.ephemeral))
             .collect();
-        let bytes = serde_json::to_vec_pretty(&durable).map_err(|e| StoreError(e.to_string()))?;
+        let bytes =
+            serde_json::to_vec_pretty(&durable).map_err(|e| StoreError::new(e.to_string()))?;
         let tmp = self.base.with_extension("tmp");
         let write = async {
             let mut file = tokio::fs::File::create(&tmp).await?;
@@ -273,7 +275,7 @@ impl FileKv {
         mut inner: tokio::sync::MutexGuard<'_, Inner>,
         change: Change,
     ) -> Result<(), StoreError> {
-        let mut line = serde_json::to_vec(&change).map_err(|e| StoreError(e.to_string()))?;
+        let mut line = serde_json::to_vec(&change).map_err(|e| StoreError::new(e.to_string()))?;
         line.push(b'\n');
         let write = async {
             inner.log.write_all(&line).await?;
@@ -302,14 +304,14 @@ impl FileKv {
         let handle = self.sync_handle.clone();
         tokio::task::spawn_blocking(move || handle.sync_data())
             .await
-            .map_err(|e| StoreError(e.to_string()))?
+            .map_err(|e| StoreError::new(e.to_string()))?
             .map_err(|e| io(&self.log_path, "sync", e))?;
         (synced.generation, synced.bytes) = upto;
         Ok(())
     }
 
     fn text(value: Vec<u8>) -> Result<String, StoreError> {
-        String::from_utf8(value).map_err(|_| StoreError("values must be UTF-8 JSON".into()))
+        String::from_utf8(value).map_err(|_| StoreError::new("values must be UTF-8 JSON"))
     }
 }
 
@@ -390,12 +392,12 @@ impl Kv for FileKv {
         let current: u64 = match inner.data.get(key) {
             Some(v) => v
                 .parse()
-                .map_err(|_| StoreError(format!("{key} is not a number")))?,
+                .map_err(|_| StoreError::new(format!("{key} is not a number")))?,
             None => 0,
         };
         let next = current
             .checked_add(1)
-            .ok_or_else(|| StoreError(format!("{key} is at its largest value")))?;
+            .ok_or_else(|| StoreError::new(format!("{key} is at its largest value")))?;
         let change = Change::Put {
             key: key.to_owned(),
             value: next.to_string(),

@@ -59,12 +59,12 @@ impl Kv for MemoryKv {
             Some(v) => std::str::from_utf8(v)
                 .ok()
                 .and_then(|t| t.trim().parse().ok())
-                .ok_or_else(|| StoreError(format!("{key} is not a number")))?,
+                .ok_or_else(|| StoreError::new(format!("{key} is not a number")))?,
             None => 0,
         };
         let next = current
             .checked_add(1)
-            .ok_or_else(|| StoreError(format!("{key} is at its largest value")))?;
+            .ok_or_else(|| StoreError::new(format!("{key} is at its largest value")))?;
         data.insert(key.to_owned(), next.to_string().into_bytes());
         Ok(current)
     }

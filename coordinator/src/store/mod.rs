@@ -10,6 +10,7 @@
 //! | `parts/<id, 20 digits>/<node>` | [`PartRecord`]: one node's part |
 //! | `members/<node>` | [`MemberRecord`] (in etcd under the leader's lease) |
 //! | `leader/<lease>` | a replica's advertised address (etcd's election keys) |
+//! | `barrier/<lease>` | a term's barrier, under its lease (etcd; see [`EtcdKv`]) |
 
 mod etcd;
 pub(crate) mod file;
@@ -30,9 +31,36 @@ pub use records::{
 };
 
 /// A metadata store that cannot be reached or answered wrongly.
+///
+/// `outcome_unknown` marks a write whose answer was lost and could not be read back before
+/// the writer's term ended: it may have been applied or not, and only the next term's
+/// recovery (which reads the store) decides. It is never a failure to report as one.
 #[derive(Debug, Clone, thiserror::Error)]
-#[error("metadata store: {0}")]
-pub struct StoreError(pub String);
+#[error("metadata store: {message}")]
+pub struct StoreError {
+    /// What happened.
+    pub message: String,
+    /// The write may have been applied: its outcome is unknown until the store is read.
+    pub outcome_unknown: bool,
+}
+
+impl StoreError {
+    /// A store that refused or could not be reached: nothing was written.
+    pub fn new(message: impl Into<String>) -> Self {
+        Self {
+            message: message.into(),
+            outcome_unknown: false,
+        }
+    }
+
+    /// A write whose outcome is unknown (see the type's documentation).
+    pub fn unknown(message: impl Into<String>) -> Self {
+        Self {
+            message: message.into(),
+            outcome_unknown: true,
+        }
+    }
+}
 
 /// The key-value operations cairn needs. Values are JSON.
 pub trait Kv: Send + Sync + 'static {
@@ -207,6 +235,11 @@ impl Keys {
     /// The election: replicas campaign under `<this>/` (etcd's keys `<this>/<lease>`).
     pub fn leader(&self) -> String {
         format!("{}leader", self.root)
+    }
+    /// A term's barrier (etcd, under the term's lease): every guarded write of the term
+    /// compares it, and settling a lost answer moves it.
+    pub fn barrier(&self, lease: i64) -> String {
+        format!("{}barrier/{lease:x}", self.root)
     }
     /// The snapshot policy.
     pub fn policy(&self) -> String {
