@@ -398,7 +398,8 @@ pub async fn run(
     // certificate, Transfer and SetWorkload for an operator's (a node's certificate has no
     // role); plaintext connections are let through (no TLS, no identity).
     #[cfg(feature = "cli")]
-    let server = server.layer(crate::cli::auth::Auth::open().layer(session.cluster()));
+    let server =
+        server.layer(crate::cli::auth::Auth::open().layer(session.cluster(), config.tls.as_ref()));
     let server = server
         .layer(limits::MessageLimits::new(limits::CONTROL_MESSAGE))
         .add_service(health_service)

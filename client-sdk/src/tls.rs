@@ -98,6 +98,9 @@ struct Loaded {
     server: Option<Arc<rustls::ServerConfig>>,
     /// The leaf certificate of the identity.
     leaf: Option<CertificateDer<'static>>,
+    /// The client certificate verifier of `server` (the CA and the CRLs in force), for the
+    /// check of every call ([`Tls::check_client`]).
+    verifier: Option<Arc<dyn rustls::server::danger::ClientCertVerifier>>,
 }
 
 /// What [`Tls::reload`] did.
@@ -205,6 +208,7 @@ impl Inner {
                 identity: None,
                 server: None,
                 leaf: None,
+                verifier: None,
             });
         };
         let chain = parse_certs("--tls-cert", cert_path, cert_pem)?;
@@ -273,7 +277,7 @@ impl Inner {
         let mut server = rustls::ServerConfig::builder_with_provider(provider())
             .with_safe_default_protocol_versions()
             .map_err(|e| cert_error(e.to_string()))?
-            .with_client_cert_verifier(verifier)
+            .with_client_cert_verifier(verifier.clone())
             // Checks that the key is the certificate's.
             .with_single_cert(chain.clone(), key)
             .map_err(|e| TlsError {
@@ -287,6 +291,7 @@ impl Inner {
             identity: Some(Identity::from_pem(cert_pem, key_pem)),
             server: Some(Arc::new(server)),
             leaf: chain.into_iter().next(),
+            verifier: Some(verifier),
         })
     }
 }
@@ -383,6 +388,7 @@ impl Tls {
                 identity: None,
                 server: None,
                 leaf: None,
+                verifier: None,
             })),
             seen: Mutex::new(None),
         };
@@ -458,6 +464,28 @@ impl Tls {
     /// without an identity.
     pub fn server_config(&self) -> Option<Arc<rustls::ServerConfig>> {
         self.current().server.clone()
+    }
+
+    /// Whether a client certificate chain (leaf first) that a connection presented when it
+    /// opened is still good under the CA and CRLs in force *now*, and not expired: a server
+    /// checks it on every call, so a CRL reload (or an expiry) reaches connections already
+    /// open, not only new handshakes. The error says why not (`revoked`, `expired`, …).
+    /// `Ok` for a process without a server identity (it verifies no clients).
+    pub fn check_client(&self, chain: &[CertificateDer<'_>]) -> Result<(), String> {
+        let Some(verifier) = self.current().verifier.clone() else {
+            return Ok(());
+        };
+        let Some((leaf, intermediates)) = chain.split_first() else {
+            return Err("the connection presented no client certificate".into());
+        };
+        match verifier.verify_client_cert(leaf, intermediates, UnixTime::now()) {
+            Ok(_) => Ok(()),
+            Err(rustls::Error::InvalidCertificate(e)) => {
+                let (reason, words) = certificate_problem(&e);
+                Err(format!("{reason}: the client certificate {words}"))
+            }
+            Err(e) => Err(e.to_string()),
+        }
     }
 
     /// The leaf certificate in force now (DER), if this process has an identity.

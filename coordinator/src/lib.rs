@@ -170,10 +170,13 @@ pub async fn run(
     if let Some(tls) = &config.tls {
         cairn_sdk::cli::tls::watch(tls, &tls_metrics, stop.clone());
     }
-    config
-        .auth
-        .start("the coordinator's API", config.tls.is_some(), stop.clone());
     let (health, health_service) = tonic_health::server::health_reporter();
+    config.auth.start(
+        "the coordinator's API",
+        config.tls.is_some(),
+        stop.clone(),
+        health.clone(),
+    );
     health
         .set_service_status(LEADER_HEALTH, ServingStatus::NotServing)
         .await;
@@ -234,6 +237,7 @@ pub async fn run(
             stop.clone(),
             config.tls.clone().map(|tls| (tls, tls_metrics.clone())),
             Some(console),
+            (config.auth.clone(), config.cluster.clone()),
         ));
     }
     health
@@ -257,7 +261,7 @@ pub async fn run(
         // A follower names the leader on every answer (`cairn-leader`).
         .layer(HintLayer(replica))
         // Bearer tokens and roles (`--auth-tokens`), before a byte of a body is read.
-        .layer(config.auth.layer(&config.cluster))
+        .layer(config.auth.layer(&config.cluster, config.tls.as_ref()))
         .layer(
             cairn_proto::limits::MessageLimits::new(cairn_proto::limits::CONTROL_MESSAGE)
                 .rpc("/cairn.v1.Coordinator/UploadSnapshotPart", UPLOAD_MESSAGE),

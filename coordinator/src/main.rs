@@ -302,6 +302,9 @@ fn main() -> ExitCode {
         Ok(tls) => tls,
         Err(e) => return cli::usage_error(e),
     };
+    if let Err(e) = auth.require_tls(tls.is_some()) {
+        return cli::usage_error(e);
+    }
     cli::init_logging(&args.log, args.log_format == "json");
     let Ok(runtime) = tokio::runtime::Runtime::new() else {
         eprintln!("error: cannot start the runtime");

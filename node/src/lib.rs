@@ -239,6 +239,7 @@ pub async fn run(
         "this daemon's NodeAdmin",
         config.tls.is_some(),
         stop.clone(),
+        health.clone(),
     );
     let accepting = CancellationToken::new();
     // Peer streams use large windows (CALIBRATION.md); each connection carries one channel.
@@ -246,7 +247,7 @@ pub async fn run(
         .initial_stream_window_size(16 << 20)
         .initial_connection_window_size(32 << 20)
         // NodeAdmin's bearer tokens and roles (`--auth-tokens`); Peer/Channel stays open.
-        .layer(config.auth.layer(&config.cluster))
+        .layer(config.auth.layer(&config.cluster, config.tls.as_ref()))
         .layer(
             limits::MessageLimits::new(limits::CONTROL_MESSAGE)
                 .rpc("/cairn.v1.Peer/Channel", data_limit),
@@ -297,7 +298,7 @@ pub async fn run(
         .initial_connection_window_size(APP_STREAM_WINDOW * 4)
         // App/Session and App/Consumed are open to the layer; with TLS it records the
         // certificate's identity for their check that the application holds this node's.
-        .layer(config.auth.layer(&config.cluster))
+        .layer(config.auth.layer(&config.cluster, config.tls.as_ref()))
         .layer(
             limits::MessageLimits::new(limits::CONTROL_MESSAGE)
                 .rpc("/cairn.v1.App/Session", data_limit),
@@ -350,6 +351,7 @@ pub async fn run(
             stop.clone(),
             config.tls.clone().map(|tls| (tls, tls_metrics.clone())),
             None,
+            (config.auth.clone(), config.cluster.clone()),
         ));
     }
 

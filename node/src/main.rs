@@ -123,6 +123,9 @@ fn main() -> ExitCode {
         Ok(tls) => tls,
         Err(e) => return cli::usage_error(e),
     };
+    if let Err(e) = config.auth.require_tls(config.tls.is_some()) {
+        return cli::usage_error(e);
+    }
     cli::init_logging(&args.log, matches!(args.log_format, LogFormat::Json));
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(rt) => rt,

@@ -107,6 +107,8 @@ const TABLE: &[(&str, Role)] = &[
     ("/cairn.v1.Coordinator/RemoveNode", Role::Admin),
     ("/cairn.v1.NodeAdmin/InitiateSnapshot", Role::Admin),
     ("/cairn.v1.NodeAdmin/InjectFault", Role::Admin),
+    // The HTTP endpoint's Prometheus text (`cli::metrics::serve`).
+    ("/metrics", Role::Viewer),
     // The example application's API, on a bank's TLS port.
     ("/cairn.bank.v1.Bank/GetBalance", Role::Viewer),
     ("/cairn.bank.v1.Bank/Transfer", Role::Operator),
@@ -240,6 +242,8 @@ pub struct TokenFile {
     tokens: RwLock<Arc<Tokens>>,
     /// The text last read (loaded or refused), so a change is acted on once.
     seen: std::sync::Mutex<Option<String>>,
+    /// Whether the file could be read at its last reload (if not, no token is in force).
+    readable: std::sync::atomic::AtomicBool,
 }
 
 impl TokenFile {
@@ -251,6 +255,7 @@ impl TokenFile {
             path: path.to_owned(),
             tokens: RwLock::new(Arc::new(tokens)),
             seen: std::sync::Mutex::new(Some(text)),
+            readable: std::sync::atomic::AtomicBool::new(true),
         })
     }
 
@@ -269,17 +274,26 @@ impl TokenFile {
         let text = match std::fs::read_to_string(&self.path) {
             Ok(text) => text,
             Err(e) => {
+                // Fails closed: no file, no tokens (a file deleted to revoke every token
+                // must not leave them in force). A file that does not parse is different:
+                // half an edit keeps the tokens in force (below).
                 let mut seen = self.seen.lock().unwrap_or_else(|e| e.into_inner());
                 if seen.is_some() || force {
                     tracing::error!(
-                        "--auth-tokens {}: cannot read it ({e}); keeping the tokens in force",
+                        "--auth-tokens {}: cannot read it ({e}); no token is accepted until \
+                         it can be read again",
                         self.path.display()
                     );
                 }
                 *seen = None;
+                *self.tokens.write().unwrap_or_else(|e| e.into_inner()) = Arc::default();
+                self.readable
+                    .store(false, std::sync::atomic::Ordering::Relaxed);
                 return;
             }
         };
+        self.readable
+            .store(true, std::sync::atomic::Ordering::Relaxed);
         {
             let mut seen = self.seen.lock().unwrap_or_else(|e| e.into_inner());
             if !force && seen.as_deref() == Some(text.as_str()) {
@@ -318,7 +332,13 @@ pub struct Auth {
     file: Option<Arc<TokenFile>>,
     refused: Family<Vec<(String, String)>, Counter>,
     identities: Refusals,
+    /// The tokens in force (`cairn_auth_tokens`).
+    tokens: prometheus_client::metrics::gauge::Gauge,
 }
+
+/// The health service that says whether the tokens file can be read (with `--auth-tokens`):
+/// NOT_SERVING while it cannot, and then no token is accepted.
+pub const TOKENS_HEALTH: &str = "cairn.v1.AuthTokens";
 
 impl Auth {
     /// No tokens: on plaintext connections every call is let through; on TLS ones a
@@ -328,6 +348,7 @@ impl Auth {
             file: None,
             refused: Family::default(),
             identities: Refusals::default(),
+            tokens: Default::default(),
         }
     }
 
@@ -350,12 +371,61 @@ impl Auth {
         self.file.is_some()
     }
 
+    /// Tokens need TLS (`tls`: this process serves mutual TLS): a start-up check. Nodes
+    /// are authenticated by their certificates, so without TLS the node RPCs could only be
+    /// open to anyone while the API asks for tokens — a phantom node could register — and
+    /// the tokens would travel in plaintext. The error names the flags.
+    pub fn require_tls(&self, tls: bool) -> Result<(), String> {
+        match &self.file {
+            Some(file) if !tls => Err(format!(
+                "--auth-tokens {} needs --tls-cert, --tls-key and --tls-ca: nodes prove who \
+                 they are with their certificates, so without TLS the node RPCs \
+                 (NodeSession, UploadSnapshotPart, FetchRestorePart, Peer/Channel) would be \
+                 open to anyone, and tokens would travel in plaintext (`cairnctl certs init` \
+                 writes a CA and every certificate)",
+                file.path.display()
+            )),
+            _ => Ok(()),
+        }
+    }
+
     /// Starts what a running server needs: with tokens, the reload on change and SIGHUP.
     /// Logs the one line that says what protects the server (`what` names its API): a
     /// warning without TLS (`tls` false: its links are unencrypted and unauthenticated).
-    pub fn start(&self, what: &str, tls: bool, stop: CancellationToken) {
+    ///
+    /// With tokens, `health` gets the service [`TOKENS_HEALTH`]: SERVING while the file can
+    /// be read, NOT_SERVING (no token accepted) while it cannot; the gauge
+    /// `cairn_auth_tokens` counts the tokens in force.
+    pub fn start(
+        &self,
+        what: &str,
+        tls: bool,
+        stop: CancellationToken,
+        health: tonic_health::server::HealthReporter,
+    ) {
         match &self.file {
             Some(file) => {
+                let (file_, stop_, gauge) = (file.clone(), stop.clone(), self.tokens.clone());
+                tokio::spawn(async move {
+                    let mut last = None;
+                    loop {
+                        let readable = file_.readable.load(std::sync::atomic::Ordering::Relaxed);
+                        gauge.set(file_.tokens().entries.len() as i64);
+                        if last != Some(readable) {
+                            let status = if readable {
+                                tonic_health::ServingStatus::Serving
+                            } else {
+                                tonic_health::ServingStatus::NotServing
+                            };
+                            health.set_service_status(TOKENS_HEALTH, status).await;
+                            last = Some(readable);
+                        }
+                        tokio::select! {
+                            () = stop_.cancelled() => return,
+                            () = tokio::time::sleep(std::time::Duration::from_millis(500)) => {}
+                        }
+                    }
+                });
                 tracing::info!(
                     tokens = file.tokens().entries.len(),
                     "{what}: bearer tokens accepted (--auth-tokens {}){}",
@@ -396,13 +466,24 @@ impl Auth {
             self.refused.clone(),
         );
         self.identities.register(registry);
+        if self.file.is_some() {
+            registry.register(
+                "cairn_auth_tokens",
+                "Bearer tokens in force (--auth-tokens); 0 while the file cannot be read",
+                self.tokens.clone(),
+            );
+        }
     }
 
-    /// The layer that enforces this on a server of cluster `cluster`.
-    pub fn layer(&self, cluster: &str) -> AuthLayer {
+    /// The layer that enforces this on a server of cluster `cluster`; with `tls` (the
+    /// server's, reloaded in place), every call's client certificate is checked again
+    /// against the CA and CRLs in force ([`crate::tls::Tls::check_client`]), so that a
+    /// revocation reaches connections that are already open.
+    pub fn layer(&self, cluster: &str, tls: Option<&crate::tls::Tls>) -> AuthLayer {
         AuthLayer {
             auth: self.clone(),
             cluster: cluster.into(),
+            tls: tls.cloned(),
         }
     }
 
@@ -420,7 +501,16 @@ impl Auth {
         let result = match required(path) {
             Required::Open => Ok(()),
             Required::Node => match &peer {
-                None => Ok(()),
+                // Plaintext: open only while authentication is off (a process with tokens
+                // and no TLS does not start: `require_tls`).
+                None if self.file.is_none() => Ok(()),
+                None => {
+                    let method = path.rsplit('/').next().unwrap_or(path);
+                    Err(Status::unauthenticated(format!(
+                        "{method} is for the nodes of cluster {cluster}: a node's client \
+                         certificate is required"
+                    )))
+                }
                 Some(Peer {
                     identity:
                         Ok(CertIdentity {
@@ -509,6 +599,21 @@ impl Auth {
     }
 }
 
+impl Auth {
+    /// Refuses a call on a connection whose certificate is no longer good (`why`): counted
+    /// as `cairn_auth_refused_total{code="unauthenticated"}`.
+    fn refuse_connection(&self, method: &str, why: &str) -> Status {
+        self.refused
+            .get_or_create(&vec![("code".to_owned(), "unauthenticated".to_owned())])
+            .inc();
+        tracing::debug!(method, "refused on an open connection: {why}");
+        Status::unauthenticated(format!(
+            "this connection's client certificate is no longer accepted ({why}); {method} \
+             refused"
+        ))
+    }
+}
+
 /// The role of the bearer token in an `authorization` header value.
 fn token_role(tokens: &Tokens, value: &http::HeaderValue) -> Result<Role, Status> {
     let token = value
@@ -533,6 +638,7 @@ fn token_role(tokens: &Tokens, value: &http::HeaderValue) -> Result<Role, Status
 pub struct AuthLayer {
     auth: Auth,
     cluster: Arc<str>,
+    tls: Option<crate::tls::Tls>,
 }
 
 impl<S> tower_layer::Layer<S> for AuthLayer {
@@ -543,6 +649,7 @@ impl<S> tower_layer::Layer<S> for AuthLayer {
             inner,
             auth: self.auth.clone(),
             cluster: self.cluster.clone(),
+            tls: self.tls.clone(),
         }
     }
 }
@@ -553,23 +660,23 @@ pub struct Authenticated<S> {
     inner: S,
     auth: Auth,
     cluster: Arc<str>,
+    tls: Option<crate::tls::Tls>,
 }
 
 type BoxFuture<T, E> = Pin<Box<dyn Future<Output = Result<T, E>> + Send>>;
 
-/// The leaf certificate the client of this request presented on its TLS connection.
-fn client_certificate<B>(request: &http::Request<B>) -> Option<Vec<u8>> {
+/// The certificate chain (leaf first) the client of this request presented on its TLS
+/// connection; `None` on plaintext.
+fn client_certificates<B>(
+    request: &http::Request<B>,
+) -> Option<Arc<Vec<rustls::pki_types::CertificateDer<'static>>>> {
     use tonic::transport::server::{TcpConnectInfo, TlsConnectInfo};
     let info = request
         .extensions()
         .get::<TlsConnectInfo<TcpConnectInfo>>()?;
     // A TLS connection without a client certificate cannot happen (the servers require
     // one); it would count as a certificate naming nobody.
-    Some(
-        info.peer_certs()
-            .and_then(|certs| certs.first().map(|c| c.to_vec()))
-            .unwrap_or_default(),
-    )
+    Some(info.peer_certs().unwrap_or_default())
 }
 
 impl<S, B> tower_service::Service<http::Request<B>> for Authenticated<S>
@@ -586,7 +693,20 @@ where
     }
 
     fn call(&mut self, mut request: http::Request<B>) -> Self::Future {
-        let cert = client_certificate(&request);
+        let chain = client_certificates(&request);
+        // The certificate was good at the handshake; is it still (a CRL reloaded since, an
+        // expiry)? Checked on every call, before anything else.
+        if let (Some(tls), Some(chain)) = (&self.tls, &chain)
+            && let Err(why) = tls.check_client(chain)
+        {
+            let method = request.uri().path().rsplit('/').next().unwrap_or_default();
+            let status = self.auth.refuse_connection(method, &why);
+            let response = status.into_http::<Body>();
+            return Box::pin(async move { Ok(response) });
+        }
+        let cert = chain
+            .as_ref()
+            .map(|c| c.first().map(|c| c.to_vec()).unwrap_or_default());
         match self.auth.check(
             request.uri().path(),
             request.headers(),

@@ -56,36 +56,48 @@ impl Connected<IncomingStream<'_, TlsListener>> for ClientCert {
 /// `shutdown`; with `tls` (the daemon's `--tls-*`), over mutual TLS like its gRPC ports (a
 /// scraper presents a certificate of the CA: Prometheus' `tls_config`
 /// `cert_file`/`key_file`), refusals counted in the same metrics.
+///
+/// `/metrics` needs the role `viewer` (`auth`'s table): a certificate with a role, or with
+/// `--auth-tokens` a bearer token (Prometheus' `authorization: credentials_file`); a node's
+/// certificate has no role. Open only on plaintext without tokens. On TLS every request's
+/// certificate is checked again against the CA and CRLs in force, so a revocation reaches
+/// connections already open.
 pub async fn serve(
     listener: TcpListener,
     registry: Arc<Registry>,
     shutdown: CancellationToken,
     tls: Option<(Tls, TlsMetrics)>,
     routes: Option<axum::Router>,
+    auth: (super::auth::Auth, String),
 ) -> std::io::Result<()> {
-    let app = routes.unwrap_or_default().route(
-        "/metrics",
-        axum::routing::get(move || {
-            let registry = registry.clone();
-            async move {
-                let mut body = String::new();
-                match prometheus_client::encoding::text::encode(&mut body, &registry) {
-                    Ok(()) => (
-                        [(
-                            axum::http::header::CONTENT_TYPE,
-                            "text/plain; version=0.0.4; charset=utf-8",
-                        )],
-                        body,
-                    )
-                        .into_response(),
-                    Err(e) => (
-                        axum::http::StatusCode::INTERNAL_SERVER_ERROR,
-                        format!("encoding failed: {e}"),
-                    )
-                        .into_response(),
-                }
+    let scrape = axum::routing::get(move || {
+        let registry = registry.clone();
+        async move {
+            let mut body = String::new();
+            match prometheus_client::encoding::text::encode(&mut body, &registry) {
+                Ok(()) => (
+                    [(
+                        axum::http::header::CONTENT_TYPE,
+                        "text/plain; version=0.0.4; charset=utf-8",
+                    )],
+                    body,
+                )
+                    .into_response(),
+                Err(e) => (
+                    axum::http::StatusCode::INTERNAL_SERVER_ERROR,
+                    format!("encoding failed: {e}"),
+                )
+                    .into_response(),
             }
-        }),
+        }
+    });
+    let gate = Gate {
+        auth: auth.0,
+        cluster: auth.1,
+        tls: tls.as_ref().map(|(tls, _)| tls.clone()),
+    };
+    let app = routes.unwrap_or_default().route("/metrics", scrape).layer(
+        axum::middleware::from_fn_with_state(Arc::new(gate), gate_request),
     );
     match tls {
         None => {
@@ -103,6 +115,56 @@ pub async fn serve(
                 .await
         }
     }
+}
+
+/// What every HTTP request passes before its route: the certificate still good, and
+/// `/metrics`' role.
+struct Gate {
+    auth: super::auth::Auth,
+    cluster: String,
+    tls: Option<Tls>,
+}
+
+async fn gate_request(
+    axum::extract::State(gate): axum::extract::State<Arc<Gate>>,
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    use axum::http::StatusCode;
+    let cert = request
+        .extensions()
+        .get::<axum::extract::ConnectInfo<ClientCert>>()
+        .map(|info| info.0.clone());
+    let Some(cert) = cert else {
+        // Fails closed: without the connection's kind no role can be checked.
+        return (
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "the connection's kind is unknown\n",
+        )
+            .into_response();
+    };
+    if let (Some(tls), Some(der)) = (&gate.tls, cert.der()) {
+        let leaf = rustls::pki_types::CertificateDer::from(der);
+        if let Err(why) = tls.check_client(&[leaf]) {
+            return (
+                StatusCode::UNAUTHORIZED,
+                format!("this connection's client certificate is no longer accepted ({why})\n"),
+            )
+                .into_response();
+        }
+    }
+    if request.uri().path() == "/metrics"
+        && let Err(status) =
+            gate.auth
+                .check("/metrics", request.headers(), cert.der(), &gate.cluster)
+    {
+        let code = match status.code() {
+            tonic::Code::Unauthenticated => StatusCode::UNAUTHORIZED,
+            _ => StatusCode::FORBIDDEN,
+        };
+        return (code, format!("{}\n", status.message())).into_response();
+    }
+    next.run(request).await
 }
 
 /// The connections of [`super::tls::incoming`] as an axum listener.
