@@ -408,16 +408,13 @@ enum Probe {
 }
 
 /// Connects to `address` and asks it whether it leads, within [`PROBE_TIMEOUT`]. With TLS
-/// the certificate must name the host of `address` (an address the user gave), or, for a
-/// leader a follower named (`named`), `DNS:coordinator` as the daemons check it: a replica
+/// the certificate must name `DNS:coordinator`, as the daemons check it, whatever address
+/// is dialed: a node's certificate also names `IP:127.0.0.1` and `localhost`, so checking
+/// the dialed host would take a node for the coordinator on loopback; and a replica
 /// advertises an address (a pod IP) its certificate need not name.
-async fn probe(address: &str, tls: Option<&crate::tls::Tls>, named: bool) -> Probe {
+async fn probe(address: &str, tls: Option<&crate::tls::Tls>) -> Probe {
     let ask = async {
-        let endpoint = if named {
-            crate::tls::endpoint_for(address, COORDINATOR_NAME, tls)
-        } else {
-            crate::tls::endpoint(address, tls)
-        };
+        let endpoint = crate::tls::endpoint_for(address, COORDINATOR_NAME, tls);
         let channel = endpoint
             .map_err(|e| with_causes(&e))?
             .connect()
@@ -512,14 +509,14 @@ async fn ask_each(
     let mut asked: Vec<String> = Vec::new();
     for address in candidates {
         asked.push(address.clone());
-        match probe(address, tls, false).await {
+        match probe(address, tls).await {
             Probe::Leader(channel) => return Ok((address.clone(), channel)),
             Probe::Follower(channel, hint) => {
                 if let Some(hint) = hint
                     && !asked.contains(&hint)
                 {
                     asked.push(hint.clone());
-                    if let Probe::Leader(channel) = probe(&hint, tls, true).await {
+                    if let Probe::Leader(channel) = probe(&hint, tls).await {
                         return Ok((hint, channel));
                     }
                     tracing::debug!("{address} names {hint} the leader, which does not lead");

@@ -112,6 +112,11 @@ impl CoordinatorService {
         self.meta.parts(id).await
     }
 
+    /// [`loss_or_gone`] with this replica's store.
+    async fn loss_or_gone(&self, id: SnapshotId, error: Error) -> Error {
+        loss_or_gone(&self.meta, id, error).await
+    }
+
     /// A follower's `ListNodes`: the roster and the members as the leader stored them.
     async fn stored_nodes(&self) -> Result<pb::ListNodesResponse, Error> {
         let members: BTreeMap<String, MemberRecord> = self
@@ -260,7 +265,10 @@ impl pb::coordinator_server::Coordinator for CoordinatorService {
         let mut snapshot = snapshot_pb(&record);
         let parts = self.parts(SnapshotId(r.snapshot_id)).await?;
         for part in &parts {
-            let full = parts::read_part(&self.blobs, part, r.include_data).await?;
+            let full = match parts::read_part(&self.blobs, part, r.include_data).await {
+                Ok(full) => full,
+                Err(e) => return Err(self.loss_or_gone(SnapshotId(r.snapshot_id), e).await.into()),
+            };
             if let Some(slot) = snapshot.nodes.iter_mut().find(|n| n.node_id == part.node) {
                 *slot = full;
             }
@@ -364,7 +372,10 @@ impl pb::coordinator_server::Coordinator for CoordinatorService {
         let id = SnapshotId(request.into_inner().snapshot_id);
         let record = self.completed(id, "has data to verify").await?;
         let parts = self.parts(id).await?;
-        let (chunks, bytes) = parts::verify(&self.blobs, id, &record, &parts).await?;
+        let (chunks, bytes) = match parts::verify(&self.blobs, id, &record, &parts).await {
+            Ok(verified) => verified,
+            Err(e) => return Err(self.loss_or_gone(id, e).await.into()),
+        };
         Ok(Response::new(pb::VerifySnapshotResponse {
             snapshot_id: id.0,
             chunks,
@@ -476,11 +487,34 @@ impl pb::coordinator_server::Coordinator for CoordinatorService {
         // One manifest at a time (each may be tens of MiB); the first before answering, so a
         // missing one fails the call itself.
         let first = match parts.first() {
-            Some(part) => Some(parts::manifest_of(&self.blobs, part).await?),
+            Some(part) => match parts::manifest_of(&self.blobs, part).await {
+                Ok(manifest) => Some(manifest),
+                Err(e) => return Err(self.loss_or_gone(id, e).await.into()),
+            },
             None => None,
         };
         let (tx, rx) = mpsc::channel(4);
         let blobs = self.blobs.clone();
+        // A loss found while streaming is checked the same way before it is sent.
+        let (stream_tx, mut stream_rx) = mpsc::channel::<Result<pb::SnapshotData, Status>>(4);
+        let meta = self.meta.clone();
+        tokio::spawn(async move {
+            while let Some(item) = stream_rx.recv().await {
+                let item = match item {
+                    Err(status) if status.code() == tonic::Code::DataLoss => {
+                        match meta.snapshot(id).await {
+                            Ok(None) => Err(Status::from(Error::SnapshotNotFound(id))),
+                            _ => Err(status),
+                        }
+                    }
+                    item => item,
+                };
+                if tx.send(item).await.is_err() {
+                    return;
+                }
+            }
+        });
+        let tx = stream_tx;
         tokio::spawn(async move {
             use pb::snapshot_data::Kind;
             let mut first = first;
@@ -950,4 +984,67 @@ fn session_msg(node: &NodeId, kind: pb::node_to_coordinator::Kind) -> Option<Msg
         Kind::Leave(_) => Msg::Leave { node },
         Kind::Register(_) => return None,
     })
+}
+
+/// A read that found bytes missing or corrupt (`error` DATA_LOSS) reads the snapshot's
+/// record again: if retention or a delete removed the snapshot meanwhile, the chunks went
+/// with it, and the answer is NOT_FOUND — not a false data-loss alarm. Any other error,
+/// or a record still there, is returned as it was.
+async fn loss_or_gone(meta: &crate::store::Metadata, id: SnapshotId, error: Error) -> Error {
+    if !matches!(error, Error::DataLoss(_)) {
+        return error;
+    }
+    match meta.snapshot(id).await {
+        Ok(None) => Error::SnapshotNotFound(id),
+        _ => error,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::store::{AnyKv, Keys, MemoryKv, Metadata};
+
+    /// A read that races retention's delete of the same snapshot answers NOT_FOUND, not
+    /// DATA_LOSS (issue 31, finding 7): the record is read again before loss is reported.
+    #[tokio::test]
+    async fn a_loss_of_a_snapshot_deleted_meanwhile_is_not_found() {
+        let meta = Metadata::new(Arc::new(AnyKv::Memory(MemoryKv::default())), Keys::new("c"));
+        let loss = || Error::DataLoss("node n1's state: chunk abc is missing".into());
+        let gone = loss_or_gone(&meta, SnapshotId(7), loss()).await;
+        assert!(
+            matches!(gone, Error::SnapshotNotFound(SnapshotId(7))),
+            "{gone}"
+        );
+        assert_eq!(Status::from(gone).code(), tonic::Code::NotFound);
+        let record = SnapshotRecord {
+            id: 7,
+            mode: "CHANDY_LAMPORT".into(),
+            initiators: vec!["n1".into()],
+            alignment_timeout_ms: 0,
+            status: SnapshotStatus::Completed,
+            failure: None,
+            verdict: None,
+            started_at_ms: 1,
+            finished_at_ms: 2,
+            timeout_ms: 3,
+            labels: Default::default(),
+            nodes: vec!["n1".into()],
+            channels: Vec::new(),
+            recorded: Vec::new(),
+            reported: Vec::new(),
+            bytes_new: 0,
+            bytes_reused: 0,
+            epoch: 0,
+            term: 0,
+            events: Vec::new(),
+        };
+        meta.put_snapshot(&record).await.unwrap();
+        let still = loss_or_gone(&meta, SnapshotId(7), loss()).await;
+        assert!(matches!(still, Error::DataLoss(_)), "{still}");
+        let other = loss_or_gone(&meta, SnapshotId(8), Error::Blob("timeout".into())).await;
+        assert!(matches!(other, Error::Blob(_)), "{other}");
+    }
 }

@@ -527,6 +527,22 @@ async fn each_role_is_allowed_exactly_its_rpcs() {
         stderr.contains("Unauthenticated") && stderr.contains("a bearer token is required"),
         "{stderr}"
     );
+    // The coordinator's identity is checked whatever address is dialed (issue 31, finding
+    // 7): the daemon's port on loopback presents n1's certificate, which names
+    // IP:127.0.0.1, and is not taken for the coordinator's.
+    let out = Command::new(binary("cairnctl").unwrap())
+        .args(["--coordinator", &peer])
+        .args(tls_args(&certs, "n2"))
+        .args(["--token", &viewer, "nodes"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success()
+            && stderr.contains("coordinator")
+            && !stderr.contains("Unimplemented"),
+        "a node's certificate taken for the coordinator's: {stderr}"
+    );
     let out = cairnctl(&["snapshot", "delete", "999"], Some(&operator));
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
