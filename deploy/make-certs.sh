@@ -12,7 +12,11 @@
 # --servers NAME writes NAME.pem and NAME-key.pem for a server that is not a cairn process:
 # etcd, which serves mutual TLS with it (DNS:NAME, DNS:localhost, IP:127.0.0.1, no cairn
 # identity). NAME is the host name its clients dial: `etcd` in compose, the Service
-# `cairn-etcd` in Kubernetes.
+# `cairn-etcd` in Kubernetes. That certificate is signed by a CA of etcd's own
+# (etcd-ca.pem, etcd-ca-key.pem), not the cluster's CA, and so is the one client
+# certificate etcd admits: the coordinator's (coordinator-etcd.pem, coordinator-etcd-key.pem;
+# CN coordinator). etcd's --trusted-ca-file is etcd-ca.pem: no node's, person's or tool's
+# certificate (all of ca.pem) reaches it.
 #
 # The flags after DIR go to `cairnctl certs init --dir DIR` (see its --help). Then it
 # writes DIR/tokens, the --auth-tokens file admitting one new token with role admin (the
@@ -21,10 +25,11 @@
 # files are kept (an error) unless --force.
 #
 # Permissions: DIR is made 0700, so on this host only you reach its files; within it the
-# coordinator's, the nodes' and the servers' (etcd's) keys are made 0644, because the
-# containers run as another uid (10001 in the image of deploy/Dockerfile; etcd's root has
-# no capabilities, so no CAP_DAC_OVERRIDE) and compose mounts each file by itself, so a
-# container sees the file's own mode, not DIR's. The CA's key (ca-key.pem: never mounted
+# coordinator's (coordinator-key.pem and, with --servers, coordinator-etcd-key.pem), the
+# nodes' and the servers' (etcd's) keys are made 0644, because the containers run as
+# another uid (10001 in the image of deploy/Dockerfile; etcd's root has no capabilities, so
+# no CAP_DAC_OVERRIDE) and compose mounts each file by itself, so a container sees the
+# file's own mode, not DIR's. The CAs' keys (ca-key.pem, etcd-ca-key.pem: never mounted
 # anywhere) and the users' keys stay 0600.
 #
 # cairnctl is $CAIRNCTL, or the one on PATH (cargo build --bins: target/debug/cairnctl).
@@ -56,7 +61,9 @@ fi
 
 "$cairnctl" certs init --dir "$dir" "$@"
 chmod 700 "$dir"
-for key in coordinator "${nodes[@]}" "${servers[@]}"; do chmod 644 "$dir/$key-key.pem"; done
+keys=(coordinator "${nodes[@]}" "${servers[@]}")
+[ ${#servers[@]} -eq 0 ] || keys+=(coordinator-etcd)
+for key in "${keys[@]}"; do chmod 644 "$dir/$key-key.pem"; done
 
 out=$("$cairnctl" auth token --role admin --name admin)
 token=$(sed -n 's/^token: //p' <<<"$out")

@@ -22,6 +22,9 @@ a cairn binary is checked against that binary's `--help`:
   - etcd (compose, and the bundled one in Kubernetes) serves mutual TLS only: https://
     client URLs, --client-cert-auth, --cert-file/--key-file/--trusted-ca-file on read-only
     mounts, and its probes and healthcheck are etcdctl over TLS with a certificate;
+  - in compose, etcd's --trusted-ca-file is a CA of its own: not the file any cairn
+    container has as CAIRN_TLS_CA, and the file the coordinator has as CAIRN_ETCD_CA, whose
+    CAIRN_ETCD_CERT/KEY are not its CAIRN_TLS_CERT/KEY;
   - an S3 blob store (CAIRN_BLOB_STORE s3://...) is a valid bucket and prefix, with
     AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY given (in Kubernetes from a Secret, by
     secretKeyRef; in compose from an env file, never written in the compose file),
@@ -48,7 +51,10 @@ the keys mounted, and each certificate names the identity its pod needs (the coo
 URI:cairn://cairn/coordinator and DNS:cairn-coordinator, the Service the daemons dial; node
 Secret cairn-node-<i>-tls URI:cairn://cairn/node/cairn-node-<i> and DNS:cairn-node-<i>;
 etcd's Secret cairn-etcd-tls DNS:cairn-etcd, the host the coordinator dials, and
-IP:127.0.0.1, its probes', and no cairn identity).
+IP:127.0.0.1, its probes', and no cairn identity); and the CA etcd trusts (ca.crt of
+cairn-etcd-tls) is that of Secret cairn-coordinator-etcd-tls, whose certificate it signed
+and which names no cairn identity, while no other Secret's certificate (the coordinator's
+cairn one, the nodes') chains to it nor has it as ca.crt: only the coordinator reaches etcd.
 
     deploy/test/check-config.py BIN_DIR [DEV_CERTS]
 """
@@ -489,8 +495,45 @@ def check_secrets(name, text):
         names = sans(base64.b64decode(secrets[secret]["tls.crt"]).decode())
         if wanted - names:
             errors.append(f"k8s {name} Secret/{secret}: the certificate lacks {sorted(wanted - names)} (it has {sorted(names)})")
-        if secret == "cairn-etcd-tls" and any(n.startswith("URI:cairn://") for n in names):
-            errors.append(f"k8s {name} Secret/{secret}: etcd's certificate carries a cairn identity ({sorted(names)})")
+        if secret in ("cairn-etcd-tls", "cairn-coordinator-etcd-tls") and any(n.startswith("URI:cairn://") for n in names):
+            errors.append(f"k8s {name} Secret/{secret}: a certificate of etcd's CA carries a cairn identity ({sorted(names)})")
+    check_etcd_trust(name, secrets)
+
+
+def chains(ca_pem, cert_pem):
+    """Whether `cert_pem` chains to `ca_pem` (openssl verify)."""
+    with tempfile.TemporaryDirectory() as d:
+        with open(f"{d}/ca.pem", "w") as f:
+            f.write(ca_pem)
+        with open(f"{d}/cert.pem", "w") as f:
+            f.write(cert_pem)
+        return subprocess.run(["openssl", "verify", "-CAfile", f"{d}/ca.pem", f"{d}/cert.pem"],
+                              capture_output=True).returncode == 0
+
+
+def check_etcd_trust(name, secrets):
+    """etcd trusts a CA of its own: the coordinator's etcd client certificate chains to
+    it, no other Secret's certificate does, and no other Secret has it as its ca.crt."""
+    where = f"k8s {name}"
+    pem = lambda secret, key: base64.b64decode(secrets[secret][key]).decode()
+    if "ca.crt" not in secrets.get("cairn-etcd-tls", {}):
+        return
+    etcd_ca = pem("cairn-etcd-tls", "ca.crt")
+    client = "cairn-coordinator-etcd-tls"
+    if not {"tls.crt", "tls.key", "ca.crt"} <= set(secrets.get(client, {})):
+        errors.append(f"{where}: no Secret {client} with tls.crt, tls.key and ca.crt (the coordinator's client certificate for etcd)")
+    else:
+        if pem(client, "ca.crt") != etcd_ca:
+            errors.append(f"{where} Secret/{client}: its ca.crt is not the CA etcd trusts (cairn-etcd-tls ca.crt)")
+        if not chains(etcd_ca, pem(client, "tls.crt")):
+            errors.append(f"{where} Secret/{client}: its certificate is not signed by the CA etcd trusts")
+    for secret, data in secrets.items():
+        if secret in ("cairn-etcd-tls", client):
+            continue
+        if data.get("ca.crt") and pem(secret, "ca.crt") == etcd_ca:
+            errors.append(f"{where} Secret/{secret}: its ca.crt is etcd's CA (etcd must trust a CA of its own, not cairn's)")
+        if data.get("tls.crt") and chains(etcd_ca, pem(secret, "tls.crt")):
+            errors.append(f"{where} Secret/{secret}: its certificate is signed by the CA etcd trusts, so it can read and rewrite cairn's metadata")
 
 
 BIND = "${CAIRN_BIND:-127.0.0.1}:"
@@ -546,6 +589,44 @@ def check_compose_exposure(raw, text, everywhere, label="compose"):
             errors.append(f"{label} service {name}: security_opt lacks no-new-privileges:true")
 
 
+def check_compose_etcd_trust(text, label="compose"):
+    """etcd's --trusted-ca-file is a CA of its own: no cairn container's CAIRN_TLS_CA, and
+    the coordinators' CAIRN_ETCD_CA; the coordinators' etcd client certificate is not their
+    cairn one. Compared by the bind mounts' sources (the files need not exist)."""
+    services = yaml.safe_load(text)["services"]
+
+    def source(s, path):
+        for v in s.get("volumes", []):
+            if isinstance(v, dict) and v.get("target") == path:
+                return v.get("source")
+        return None
+
+    trusted = {}
+    for name, s in services.items():
+        command = s.get("command") or []
+        if command[:1] == ["etcd"]:
+            path = flag_values(command).get("--trusted-ca-file")
+            trusted[name] = source(s, path) if isinstance(path, str) else None
+    for etcd, ca in trusted.items():
+        if ca is None:
+            continue  # check_etcd names it
+        for name, s in services.items():
+            command, env = s.get("command") or [""], s.get("environment") or {}
+            if command[0] not in ("cairn-coordinator", "cairn-node", "cairn-bank"):
+                continue
+            where = f"{label} service {name}"
+            if source(s, env.get("CAIRN_TLS_CA")) == ca:
+                errors.append(f"{where}: its CAIRN_TLS_CA is the CA etcd ({etcd}) trusts: every certificate of cairn's CA could reach etcd")
+            if command[0] != "cairn-coordinator":
+                continue
+            if source(s, env.get("CAIRN_ETCD_CA")) != ca:
+                errors.append(f"{where}: CAIRN_ETCD_CA is not the CA etcd ({etcd}) trusts ({ca})")
+            for key in ("CERT", "KEY"):
+                mine = source(s, env.get(f"CAIRN_ETCD_{key}"))
+                if mine is not None and mine == source(s, env.get(f"CAIRN_TLS_{key}")):
+                    errors.append(f"{where}: CAIRN_ETCD_{key} is its CAIRN_TLS_{key} (etcd's client certificate must be of etcd's CA)")
+
+
 def check_compose(text, label="compose"):
     services = yaml.safe_load(text)["services"]
     listening_of = {}
@@ -589,6 +670,7 @@ def check_compose(text, label="compose"):
             if port not in listening:
                 errors.append(f"{label} service {name}: publishes {port}, but nothing there listens on it ({sorted(listening)})")
     check_stores(label, stores)
+    check_compose_etcd_trust(text, label)
 
 
 def check_compose_services(label, raws, text):

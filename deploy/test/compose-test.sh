@@ -10,8 +10,10 @@
 #   token for an operator's call, an unknown token and a node's certificate are refused on
 #   the coordinator's port, and the first two on a daemon's peer port too;
 #   transfers and a snapshot that completes, verifies and accounts for all the money;
-#   the snapshot readable in etcd over mutual TLS (etcdctl with a certificate of the CA),
-#   and etcd refusing plaintext and certificate-less etcdctl; a node container stopped in the middle of a snapshot
+#   the snapshot readable in etcd over mutual TLS (etcdctl with the coordinator's client
+#   certificate of etcd's own CA, coordinator-etcd.pem), and etcd refusing plaintext and
+#   certificate-less etcdctl and the certificates of cairn's CA (an admin's, a viewer's, a
+#   node's); a node container stopped in the middle of a snapshot
 #   (held there by fault injection) and the failure naming it; the node started again and
 #   the next snapshot completing; the leading coordinator replica killed (docker kill), the
 #   other one taking over, the daemons following it and a snapshot completing there, and
@@ -303,9 +305,10 @@ for port in "$p3" "$p4" "$p5"; do
   [ "$ok" = True ] || fail "the bank beside 127.0.0.1:$port acknowledges nothing: $status"
 done
 say "each bank acknowledges its deliveries (GetNodeStatus deliveryWindow)"
-# etcd serves mutual TLS only: etcdctl with a certificate of the CA (the admin's).
-ectl() { etcdctl --endpoints "https://127.0.0.1:$p2" --cacert "$certs/ca.pem" --cert "$certs/admin.pem" \
-  --key "$certs/admin-key.pem" --dial-timeout 3s --command-timeout 5s "$@"; }
+# etcd serves mutual TLS only, to a certificate of its own CA: etcdctl with the
+# coordinator's (coordinator-etcd.pem, the only client certificate of etcd-ca.pem).
+ectl() { etcdctl --endpoints "https://127.0.0.1:$p2" --cacert "$certs/etcd-ca.pem" --cert "$certs/coordinator-etcd.pem" \
+  --key "$certs/coordinator-etcd-key.pem" --dial-timeout 3s --command-timeout 5s "$@"; }
 ectl get --prefix /cairn/ > "$work/etcd.txt" || fail "etcdctl get over TLS"
 key=$(printf '/cairn/cairn/snapshots/%020d' "$id")
 grep -qx "$key" "$work/etcd.txt" || fail "$key is not in etcd"
@@ -320,7 +323,18 @@ etcd_refused() { # WHAT REASON ETCDCTL-ARGS...: the read fails, and etcd logs RE
 }
 etcd_refused "plaintext etcdctl" "first record does not look like a TLS handshake" --endpoints "http://127.0.0.1:$p2"
 etcd_refused "etcdctl without a client certificate" "client didn't provide a certificate" \
-  --endpoints "https://127.0.0.1:$p2" --cacert "$certs/ca.pem"
+  --endpoints "https://127.0.0.1:$p2" --cacert "$certs/etcd-ca.pem"
+# Certificates of cairn's CA, however privileged there, are not etcd's clients: each read
+# fails, and etcd logs one more rejection of an unknown issuer.
+rejections() { "${compose[@]}" logs --no-color etcd 2>/dev/null | grep -c "certificate signed by unknown authority"; }
+for who in admin monitor n1; do
+  before=$(rejections) || before=0
+  out=$(etcdctl --dial-timeout 1s --command-timeout 1s --endpoints "https://127.0.0.1:$p2" --cacert "$certs/etcd-ca.pem" \
+    --cert "$certs/$who.pem" --key "$certs/$who-key.pem" get "$key" 2>&1) && fail "etcd accepted $who's certificate: $out"
+  more() { [ "$(rejections)" -gt "$before" ]; }
+  wait_for 10 "etcd logging that it rejected $who's certificate (unknown authority)" more
+  say "refused: etcdctl with $who's certificate (cairn's CA; etcd: certificate signed by unknown authority)"
+done
 
 # --- a node stopped in the middle of a snapshot ---------------------------------------
 gc -d '{"channel":{"from":"n1","to":"n2"},"hold":{}}' "127.0.0.1:$p4" cairn.v1.NodeAdmin/InjectFault >/dev/null || fail "hold n1->n2"

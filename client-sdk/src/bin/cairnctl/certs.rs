@@ -7,6 +7,12 @@
 //! `cairn://<cluster>/coordinator` for the coordinator, and `cairn://<cluster>/<role>/<user>`
 //! for a person or tool (client authentication only).
 //!
+//! With `--servers` (the metadata store, etcd), a second CA of its own (`etcd-ca.pem`)
+//! signs those servers' certificates and one client certificate, the coordinator's for
+//! etcd (`coordinator-etcd.pem`): etcd trusts that CA alone, so no certificate of the
+//! cluster's CA (a node's, a person's, a tool's) reaches etcd, and the etcd CA signs no
+//! cairn identity.
+//!
 //! `cairnctl certs revoke`: a CRL (`crl.pem`) of that CA revoking certificates, for the
 //! daemons' `--tls-crl`.
 
@@ -32,9 +38,13 @@ pub(crate) enum CertsCommand {
     /// coordinator-key.pem; URI:cairn://CLUSTER/coordinator, DNS:coordinator, DNS:localhost,
     /// IP:127.0.0.1 and each --san), each user (USER.pem, USER-key.pem: client auth only;
     /// URI:cairn://CLUSTER/ROLE/USER, which gives the user that role on the coordinator and
-    /// NodeAdmin) and each --server (SERVER.pem: DNS:SERVER, DNS:localhost, IP:127.0.0.1, no
-    /// cairn identity). Keys are P-256 and written 0600. Existing files are an error unless
-    /// --force.
+    /// NodeAdmin). With --servers, a second CA for the metadata store (etcd-ca.pem,
+    /// etcd-ca-key.pem), which signs each --server's certificate (SERVER.pem, SERVER-key.pem:
+    /// server and client auth; DNS:SERVER, DNS:localhost, IP:127.0.0.1, no cairn identity)
+    /// and the coordinator's client certificate for it (coordinator-etcd.pem,
+    /// coordinator-etcd-key.pem: client auth only, CN coordinator): give etcd
+    /// --trusted-ca-file etcd-ca.pem, and only the coordinator can reach it. Keys are P-256
+    /// and written 0600. Existing files are an error unless --force.
     Init {
         /// The cluster's name (in every identity: a certificate of another cluster is
         /// refused).
@@ -55,7 +65,9 @@ pub(crate) enum CertsCommand {
         san: Vec<String>,
         /// Other servers of the deployment that are not cairn processes (e.g. `etcd`), a
         /// server and client certificate each, with no cairn identity (it can act as no node
-        /// and has no role), comma-separated or repeated.
+        /// and has no role), comma-separated or repeated. They are signed by a CA of their
+        /// own (etcd-ca.pem), which also signs the coordinator's client certificate for them
+        /// (coordinator-etcd.pem) and nothing else.
         #[arg(long, value_delimiter = ',')]
         servers: Vec<String>,
         /// Where to write the files (created if missing).
@@ -87,6 +99,9 @@ pub(crate) enum CertsCommand {
 const CA_DAYS: u64 = 3650;
 const LEAF_DAYS: u64 = 825;
 
+/// Names no node, user or server can have: the CAs' and the coordinator's files.
+const RESERVED: [&str; 4] = ["ca", "coordinator", "etcd-ca", "coordinator-etcd"];
+
 pub(crate) fn certs(command: CertsCommand) -> anyhow::Result<ExitCode> {
     let (cluster, nodes, users, san, servers, dir, force) = match command {
         CertsCommand::Init {
@@ -114,9 +129,14 @@ pub(crate) fn certs(command: CertsCommand) -> anyhow::Result<ExitCode> {
         .collect::<anyhow::Result<Vec<_>>>()?;
     let files = init(&cluster, &nodes, &people, &san, &servers, &dir, force)?;
     println!(
-        "wrote {} files to {} (CA: ca.pem; keys 0600)",
+        "wrote {} files to {} (CA: ca.pem{}; keys 0600)",
         files.len(),
-        dir.display()
+        dir.display(),
+        if servers.is_empty() {
+            ""
+        } else {
+            "; the servers' CA: etcd-ca.pem, trusting only coordinator-etcd.pem"
+        }
     );
     Ok(ExitCode::SUCCESS)
 }
@@ -135,8 +155,11 @@ fn parse_user(user: &str) -> anyhow::Result<(String, Role)> {
 
 /// Writes to `dir` a development CA of `cluster` (`ca.pem`, `ca-key.pem`) and a
 /// certificate and key for the coordinator, each of `nodes` and each of `people` (a name
-/// and its role) and each of `servers` (no cairn identity), as `certs init` documents;
-/// `san`: more host names for the coordinator's certificate. Refuses to overwrite a file unless `force`. Returns the files' names.
+/// and its role); with `servers`, a second CA (`etcd-ca.pem`, `etcd-ca-key.pem`) that signs
+/// each of `servers` (no cairn identity) and the coordinator's client certificate for them
+/// (`coordinator-etcd.pem`), as `certs init` documents; `san`: more host names for the
+/// coordinator's certificate. Refuses to overwrite a file unless `force`. Returns the
+/// files' names.
 /// `certs init` and the local cluster (`cluster up`, `demo`) both make their
 /// certificates here.
 pub(crate) fn init(
@@ -165,9 +188,14 @@ pub(crate) fn init(
         .chain(people.iter().map(|(name, _)| name.as_str()))
         .chain(servers.iter().map(String::as_str))
     {
-        if !valid(name) || name == "ca" || name == "coordinator" {
+        if !valid(name) || RESERVED.contains(&name) {
             bail!(
-                "`{name}` cannot name a certificate (letters, digits, '-', '.', '_'; not `ca` or `coordinator`)"
+                "`{name}` cannot name a certificate (letters, digits, '-', '.', '_'; not {})",
+                RESERVED
+                    .iter()
+                    .map(|r| format!("`{r}`"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
             );
         }
         if names.contains(&name) {
@@ -180,10 +208,33 @@ pub(crate) fn init(
             .map_err(|e| anyhow::anyhow!("--san `{name}` is not a DNS name or IP address: {e}"))?;
     }
     std::fs::create_dir_all(dir).with_context(|| format!("--dir {}", dir.display()))?;
-    let mut files = vec!["ca.pem".to_owned(), "ca-key.pem".to_owned()];
-    for name in std::iter::once(&"coordinator").chain(names.iter()) {
-        files.push(format!("{name}.pem"));
-        files.push(format!("{name}-key.pem"));
+    let mut files: Vec<String> = [
+        "ca.pem",
+        "ca-key.pem",
+        "coordinator.pem",
+        "coordinator-key.pem",
+    ]
+    .map(str::to_owned)
+    .into();
+    if !servers.is_empty() {
+        files.extend(
+            [
+                "etcd-ca.pem",
+                "etcd-ca-key.pem",
+                "coordinator-etcd.pem",
+                "coordinator-etcd-key.pem",
+            ]
+            .map(str::to_owned),
+        );
+    }
+    for name in &names {
+        for file in [format!("{name}.pem"), format!("{name}-key.pem")] {
+            // `ca-key` would write its certificate over the CA's key (ca-key.pem).
+            if files.contains(&file) {
+                bail!("`{name}` cannot name a certificate: {file} is another file of the set");
+            }
+            files.push(file);
+        }
     }
     if !force {
         let existing: Vec<_> = files.iter().filter(|f| dir.join(f).exists()).collect();
@@ -208,25 +259,39 @@ pub(crate) fn init(
         rcgen::date_time_ymd(1970, 1, 1) + now.saturating_sub(Duration::from_secs(3600));
     let days = |n: u64| not_before + Duration::from_secs(n * 86_400);
 
-    let ca_key = KeyPair::generate()?;
-    let mut ca = CertificateParams::new(Vec::<String>::new())?;
-    ca.distinguished_name
-        .push(DnType::CommonName, format!("cairn {cluster} CA"));
-    ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    ca.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
-    ca.not_before = not_before;
-    ca.not_after = days(CA_DAYS);
-    let ca_cert = ca.self_signed(&ca_key)?;
-    write(dir, "ca.pem", &ca_cert.pem(), false)?;
-    write(dir, "ca-key.pem", &ca_key.serialize_pem(), true)?;
-    let issuer = Issuer::new(ca, ca_key);
+    // A CA of CN `cn`, written as FILE.pem and FILE-key.pem (0600).
+    let new_ca = |file: &str, cn: String| {
+        let ca_key = KeyPair::generate()?;
+        let mut ca = CertificateParams::new(Vec::<String>::new())?;
+        ca.distinguished_name.push(DnType::CommonName, cn);
+        ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        ca.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
+        ca.not_before = not_before;
+        ca.not_after = days(CA_DAYS);
+        let ca_cert = ca.self_signed(&ca_key)?;
+        write(dir, &format!("{file}.pem"), &ca_cert.pem(), false)?;
+        write(
+            dir,
+            &format!("{file}-key.pem"),
+            &ca_key.serialize_pem(),
+            true,
+        )?;
+        anyhow::Ok(Issuer::new(ca, ca_key))
+    };
+    let issuer: Issuer<'static, KeyPair> = new_ca("ca", format!("cairn {cluster} CA"))?;
 
-    // `who`: the path of the identity URI after the cluster (none: no cairn identity);
-    // `server`: a server (server and client auth, host names: its own, loopback's and
-    // `extra`), or a person (client auth only).
-    let leaf = |name: &str, who: Option<String>, server: bool, extra: &[String]| {
+    // `file`: the files' name (FILE.pem, FILE-key.pem); `cn`: the common name; `who`: the
+    // path of the identity URI after the cluster (none: no cairn identity); `server`: a
+    // server (server and client auth, host names: `cn`, loopback's and `extra`), or a
+    // person (client auth only); `issuer`: the CA that signs it.
+    let leaf = |file: &str,
+                cn: &str,
+                who: Option<String>,
+                server: bool,
+                extra: &[String],
+                issuer: &Issuer<'static, KeyPair>| {
         let dns = if server {
-            [name, "localhost", "127.0.0.1"]
+            [cn, "localhost", "127.0.0.1"]
                 .into_iter()
                 .map(str::to_owned)
                 .chain(extra.iter().cloned())
@@ -244,7 +309,7 @@ pub(crate) fn init(
                 .subject_alt_names
                 .push(rcgen::SanType::URI(uri.as_str().try_into()?));
         }
-        params.distinguished_name.push(DnType::CommonName, name);
+        params.distinguished_name.push(DnType::CommonName, cn);
         params.is_ca = IsCa::ExplicitNoCa;
         params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
         params.extended_key_usages = if server {
@@ -259,20 +324,49 @@ pub(crate) fn init(
         params.not_before = not_before;
         params.not_after = days(LEAF_DAYS);
         let key = KeyPair::generate()?;
-        let cert = params.signed_by(&key, &issuer)?;
-        write(dir, &format!("{name}.pem"), &cert.pem(), false)?;
-        write(dir, &format!("{name}-key.pem"), &key.serialize_pem(), true)?;
+        let cert = params.signed_by(&key, issuer)?;
+        write(dir, &format!("{file}.pem"), &cert.pem(), false)?;
+        write(dir, &format!("{file}-key.pem"), &key.serialize_pem(), true)?;
         anyhow::Ok(())
     };
-    leaf("coordinator", Some("coordinator".into()), true, san)?;
+    let coordinator = "coordinator";
+    leaf(
+        coordinator,
+        coordinator,
+        Some(coordinator.into()),
+        true,
+        san,
+        &issuer,
+    )?;
     for node in nodes {
-        leaf(node, Some(format!("node/{node}")), true, &[])?;
+        leaf(node, node, Some(format!("node/{node}")), true, &[], &issuer)?;
     }
     for (user, role) in people {
-        leaf(user, Some(format!("{role}/{user}")), false, &[])?;
+        leaf(
+            user,
+            user,
+            Some(format!("{role}/{user}")),
+            false,
+            &[],
+            &issuer,
+        )?;
     }
-    for server in servers {
-        leaf(server, None, true, &[])?;
+    if !servers.is_empty() {
+        // The metadata store's own CA: it signs the servers' certificates and the
+        // coordinator's client certificate for them, nothing of the cluster's CA, so
+        // their --trusted-ca-file admits the coordinator alone.
+        let etcd_issuer = new_ca("etcd-ca", format!("cairn {cluster} etcd CA"))?;
+        for server in servers {
+            leaf(server, server, None, true, &[], &etcd_issuer)?;
+        }
+        leaf(
+            "coordinator-etcd",
+            coordinator,
+            None,
+            false,
+            &[],
+            &etcd_issuer,
+        )?;
     }
     Ok(files)
 }
