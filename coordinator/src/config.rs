@@ -27,6 +27,8 @@ pub struct CoordinatorConfig {
     pub default_timeout: Duration,
     /// Most snapshots in flight at once.
     pub max_concurrent: usize,
+    /// MiB that responses may hold in memory at once (inline data, diffs).
+    pub response_memory_mib: u64,
     /// Completed snapshots kept; 0 keeps all.
     pub retention: usize,
     /// How long shutdown waits for the coordinator's task.
@@ -80,6 +82,7 @@ impl CoordinatorConfig {
             remove_after: None,
             default_timeout: Duration::from_secs(30),
             max_concurrent: 4,
+            response_memory_mib: crate::budget::DEFAULT_MIB,
             retention: 0,
             grace_period: Duration::from_secs(5),
             topology: None,

@@ -165,6 +165,9 @@ pub enum Error {
     /// The coordinator is shutting down.
     #[error("the coordinator is shutting down")]
     ShuttingDown,
+    /// A response would hold more memory than the budget has left (`budget.rs`).
+    #[error("{0}")]
+    TooMuchMemory(String),
     /// A write whose answer was lost and not read back before its term ended (or not yet
     /// stored): it may or may not take effect, and the store decides — never a failure.
     #[error("outcome unknown: {what} may or may not have been stored ({cause}); see {see}")]
@@ -217,7 +220,7 @@ impl From<Error> for Status {
             | Error::StillConnected { .. }
             | Error::Removed(_) => Code::FailedPrecondition,
             Error::NotAMember(_) => Code::NotFound,
-            Error::TooManyInFlight(_) => Code::ResourceExhausted,
+            Error::TooManyInFlight(_) | Error::TooMuchMemory(_) => Code::ResourceExhausted,
             Error::Store(e) if e.outcome_unknown => Code::Aborted,
             Error::OutcomeUnknown { .. } => Code::Aborted,
             Error::Store(_) | Error::ShuttingDown => Code::Unavailable,

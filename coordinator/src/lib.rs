@@ -17,6 +17,7 @@
 
 #![forbid(unsafe_code)]
 
+mod budget;
 pub mod config;
 mod console;
 mod election;
@@ -227,6 +228,7 @@ pub async fn run(
         flags_policy: config.policy.clone(),
         max_in_flight: config.max_concurrent.max(1),
         follows: Arc::new(tokio::sync::Semaphore::new(service::MAX_FOLLOWS)),
+        budget: budget::ResponseBudget::new(config.response_memory_mib.saturating_mul(1 << 20)),
     });
     if let Some(listener) = metrics_listener {
         // The console and its API beside /metrics, calling the gRPC methods they mirror.

@@ -68,6 +68,13 @@ struct Args {
     /// Most snapshots in flight at once.
     #[arg(long, env = "CAIRN_MAX_CONCURRENT", default_value_t = 4)]
     max_concurrent: usize,
+    /// MiB that responses may hold in memory at once, on every replica: GetSnapshot's inline
+    /// data (reserved twice its size) and DiffSnapshots (16 MiB each). A call past it is
+    /// refused with RESOURCE_EXHAUSTED naming ReadSnapshotData, which streams the data
+    /// (`cairnctl snapshot export`). 16 to 65536.
+    #[arg(long, env = "CAIRN_RESPONSE_MEMORY_MIB", default_value_t = 256,
+          value_parser = clap::value_parser!(u64).range(16..=65536))]
+    response_memory_mib: u64,
     /// A file of directed channels, one FROM>TO per line (a ring, a DAG…); only the nodes it
     /// names may register. Default: a full mesh of every node that registers.
     #[arg(long, env = "CAIRN_TOPOLOGY")]
@@ -330,6 +337,7 @@ fn main() -> ExitCode {
         config.remove_after = args.remove_after;
         config.default_timeout = args.snapshot_timeout;
         config.max_concurrent = args.max_concurrent;
+        config.response_memory_mib = args.response_memory_mib;
         config.retention = args.retention;
         config.topology = topology;
         config.policy = policy;

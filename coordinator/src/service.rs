@@ -44,7 +44,12 @@ pub(crate) struct CoordinatorService {
     pub max_in_flight: usize,
     /// Room for `WatchSnapshot` streams that follow the stored record ([`MAX_FOLLOWS`]).
     pub follows: Arc<tokio::sync::Semaphore>,
+    /// What responses may hold in memory at once (inline data, diffs).
+    pub budget: crate::budget::ResponseBudget,
 }
+
+/// What a `DiffSnapshots` call reserves: two manifests' chunk lists per node at a time.
+const DIFF_RESERVE: u64 = 16 << 20;
 
 /// Most `WatchSnapshot` streams a replica follows by reading the store at once (each reads
 /// etcd four times a second).
@@ -264,7 +269,18 @@ impl pb::coordinator_server::Coordinator for CoordinatorService {
         let record = self.record(SnapshotId(r.snapshot_id)).await?;
         let mut snapshot = snapshot_pb(&record);
         let parts = self.parts(SnapshotId(r.snapshot_id)).await?;
+        // Inline data is read whole: its bytes are reserved first (twice: the chunks read
+        // and the messages decoded from them), and held until the response is built.
+        let mut reserved = Vec::new();
         for part in &parts {
+            if r.include_data {
+                let bytes = part
+                    .local_state_bytes
+                    .saturating_add(part.recorded_bytes())
+                    .saturating_mul(2);
+                let what = format!("snapshot {}'s inline data", r.snapshot_id);
+                reserved.push(self.budget.reserve(bytes, &what)?);
+            }
             let full = match parts::read_part(&self.blobs, part, r.include_data).await {
                 Ok(full) => full,
                 Err(e) => return Err(self.loss_or_gone(SnapshotId(r.snapshot_id), e).await.into()),
@@ -392,6 +408,10 @@ impl pb::coordinator_server::Coordinator for CoordinatorService {
         self.record(from).await?;
         self.record(to).await?;
         let (parts_from, parts_to) = (self.parts(from).await?, self.parts(to).await?);
+        let _reserved = self.budget.reserve(
+            DIFF_RESERVE,
+            &format!("the diff of snapshots {from} and {to}"),
+        )?;
         let nodes = parts::diff(&self.blobs, &parts_from, &parts_to).await?;
         Ok(Response::new(pb::SnapshotDiff {
             from_snapshot_id: from.0,

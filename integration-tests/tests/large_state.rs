@@ -254,3 +254,111 @@ async fn a_large_state_streams_and_a_one_percent_change_moves_only_new_chunks() 
         .unwrap();
     }
 }
+
+/// The coordinator's peak resident memory bound under 32 concurrent inline reads: the
+/// response budget (256 MiB by default) plus 256 MiB for everything else.
+const INLINE_READS_PEAK: u64 = 512 << 20;
+
+/// Issue 31, finding 5: 32 concurrent `GetSnapshot` calls with `include_data` of a snapshot
+/// of three 32 MiB states. Each needs about 192 MiB in memory; past the response budget a
+/// call is refused at once with RESOURCE_EXHAUSTED naming `ReadSnapshotData`, so the
+/// coordinator's peak resident memory stays under [`INLINE_READS_PEAK`] (without a budget
+/// 16 such calls grew it by 1.7 GiB), and at least one call returns every byte.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_inline_reads_stay_within_the_response_budget() {
+    const PART: usize = 32 << 20;
+    let cluster = CoordinatedCluster::start(3, Store::Embedded, &[0, 1, 2], &[])
+        .await
+        .unwrap();
+    let mut apps = Vec::new();
+    for i in 0..3 {
+        let address = cluster.nodes[i].app.clone();
+        let state = Bytes::from(noise(PART, 10 + i as u64));
+        apps.push(tokio::spawn(async move {
+            let mut session = AppSession::connect(&address, "inline-reads").await.unwrap();
+            let sender = session.sender();
+            while let Ok(Some(event)) = session.next_event().await {
+                if let AppEvent::RecordState { snapshot_id } = event {
+                    sender.state_recorded(snapshot_id, state.clone()).unwrap();
+                }
+            }
+        }));
+    }
+    for i in 0..3 {
+        cluster.wait_ready(i).await.unwrap();
+    }
+    let taken = snapshot(&cluster).await;
+    let id = taken.plan.as_ref().unwrap().snapshot_id;
+    let before = peak_rss(cluster.coordinator_pid().unwrap());
+
+    let mut calls = Vec::new();
+    for _ in 0..32 {
+        let mut client = cluster
+            .client()
+            .await
+            .unwrap()
+            .max_decoding_message_size(256 << 20);
+        calls.push(tokio::spawn(async move {
+            client
+                .get_snapshot(pb::GetSnapshotRequest {
+                    snapshot_id: id,
+                    include_data: true,
+                })
+                .await
+                .map(|r| {
+                    r.into_inner()
+                        .nodes
+                        .iter()
+                        .map(|n| n.local_state.len())
+                        .sum::<usize>()
+                })
+        }));
+    }
+    let (mut whole, mut refused) = (0, 0);
+    for call in calls {
+        match call.await.unwrap() {
+            Ok(bytes) => {
+                assert_eq!(bytes, 3 * PART, "an inline read returns every byte");
+                whole += 1;
+            }
+            Err(status) => {
+                assert_eq!(status.code(), tonic::Code::ResourceExhausted, "{status:?}");
+                assert!(
+                    status.message().contains("ReadSnapshotData"),
+                    "names the streamed read: {status:?}"
+                );
+                refused += 1;
+            }
+        }
+    }
+    let peak = peak_rss(cluster.coordinator_pid().unwrap());
+    println!(
+        "32 concurrent inline reads of 96 MiB: {whole} whole, {refused} refused; coordinator \
+         peak {} MiB (before them {} MiB)",
+        peak >> 20,
+        before >> 20
+    );
+    assert!(whole >= 1, "no inline read got through");
+    assert!(
+        peak < INLINE_READS_PEAK,
+        "the coordinator peaked at {} MiB",
+        peak >> 20
+    );
+    // Given back: a call after them all gets through.
+    let mut client = cluster
+        .client()
+        .await
+        .unwrap()
+        .max_decoding_message_size(256 << 20);
+    let again = client
+        .get_snapshot(pb::GetSnapshotRequest {
+            snapshot_id: id,
+            include_data: true,
+        })
+        .await
+        .unwrap();
+    assert_eq!(again.into_inner().nodes.len(), 3);
+    for app in apps {
+        app.abort();
+    }
+}

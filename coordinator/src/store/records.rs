@@ -265,6 +265,23 @@ pub struct PartRecord {
     pub recorded_channels: Vec<RecordedChannelRecord>,
 }
 
+impl PartRecord {
+    /// Bytes of the messages this part recorded, as counted per channel (parts stored
+    /// before that was counted: the inline list's size, or, with messages but no size
+    /// known, the most a part returns inline), for the response budget.
+    pub fn recorded_bytes(&self) -> u64 {
+        let counted = self
+            .recorded_channels
+            .iter()
+            .fold(0u64, |sum, c| sum.saturating_add(c.bytes));
+        let known = counted.max(self.channel_states.size);
+        if known == 0 && self.recorded_messages > 0 {
+            return crate::parts::MAX_INLINE_DATA;
+        }
+        known
+    }
+}
+
 /// A registered node daemon.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct MemberRecord {
