@@ -69,6 +69,10 @@ pub enum Loss {
     /// The request, and everything after it on that connection, is held for the hold time,
     /// then the connection is cut: the request never reaches the server.
     Request,
+    /// The request, and everything after it on that connection, is held for the hold time,
+    /// then delivered (even if the client gave up and closed meanwhile): the request
+    /// reaches the server late, after the client's timeout.
+    Delay,
 }
 
 struct Armed {
@@ -160,6 +164,7 @@ async fn relay(
     const OPEN: u8 = 0;
     const HOLD_UP: u8 = 1;
     const HOLD_DOWN: u8 = 2;
+    const DELAY_UP: u8 = 3;
     let (mut client_read, mut client_write) = inbound.into_split();
     let (mut server_read, mut server_write) = outbound.into_split();
     let state = Arc::new(AtomicU8::new(OPEN));
@@ -169,10 +174,35 @@ async fn relay(
         let mut cut_tx = Some(cut_tx);
         let mut tail: Vec<u8> = Vec::new();
         let mut buf = vec![0u8; 64 * 1024];
+        // Loss::Delay: what is held, and until when.
+        let mut delayed: Vec<u8> = Vec::new();
+        let mut deliver_at: Option<tokio::time::Instant> = None;
+        let mut closed = false;
         loop {
-            let n = match client_read.read(&mut buf).await {
-                Ok(0) | Err(_) => return,
-                Ok(n) => n,
+            let wake = deliver_at.unwrap_or_else(tokio::time::Instant::now);
+            let n = tokio::select! {
+                read = client_read.read(&mut buf), if !closed => match read {
+                    Ok(0) | Err(_) => {
+                        closed = true;
+                        if deliver_at.is_none() {
+                            return;
+                        }
+                        continue;
+                    }
+                    Ok(n) => n,
+                },
+                () = tokio::time::sleep_until(wake), if deliver_at.is_some() => {
+                    deliver_at = None;
+                    up_state.store(OPEN, Ordering::SeqCst);
+                    if server_write.write_all(&delayed).await.is_err() || closed {
+                        // Delivered; the client is gone: let the server answer into the void
+                        // for a moment before the connection goes.
+                        tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+                        return;
+                    }
+                    delayed = Vec::new();
+                    continue;
+                }
             };
             let chunk = &buf[..n];
             if up_state.load(Ordering::SeqCst) == OPEN {
@@ -183,13 +213,22 @@ async fn relay(
                     if window.windows(a.pattern.len()).any(|w| w == a.pattern) {
                         let a = armed_now.take().expect("armed");
                         fired.fetch_add(1, Ordering::SeqCst);
-                        let held = match a.loss {
-                            Loss::Answer => HOLD_DOWN,
-                            Loss::Request => HOLD_UP,
-                        };
-                        up_state.store(held, Ordering::SeqCst);
-                        if let Some(tx) = cut_tx.take() {
-                            let _ = tx.send(a.hold);
+                        match a.loss {
+                            Loss::Answer | Loss::Request => {
+                                let held = if a.loss == Loss::Answer {
+                                    HOLD_DOWN
+                                } else {
+                                    HOLD_UP
+                                };
+                                up_state.store(held, Ordering::SeqCst);
+                                if let Some(tx) = cut_tx.take() {
+                                    let _ = tx.send(a.hold);
+                                }
+                            }
+                            Loss::Delay => {
+                                up_state.store(DELAY_UP, Ordering::SeqCst);
+                                deliver_at = Some(tokio::time::Instant::now() + a.hold);
+                            }
                         }
                     } else {
                         let keep = a.pattern.len().saturating_sub(1).min(window.len());
@@ -197,8 +236,13 @@ async fn relay(
                     }
                 }
             }
-            if up_state.load(Ordering::SeqCst) == HOLD_UP {
-                continue; // held, then lost with the connection
+            match up_state.load(Ordering::SeqCst) {
+                HOLD_UP => continue, // held, then lost with the connection
+                DELAY_UP => {
+                    delayed.extend_from_slice(chunk);
+                    continue;
+                }
+                _ => {}
             }
             if server_write.write_all(chunk).await.is_err() {
                 return;
@@ -208,16 +252,22 @@ async fn relay(
     let down_state = state.clone();
     let down = async move {
         let mut buf = vec![0u8; 64 * 1024];
+        let mut client_gone = false;
         loop {
             let n = match server_read.read(&mut buf).await {
                 Ok(0) | Err(_) => return,
                 Ok(n) => n,
             };
-            if down_state.load(Ordering::SeqCst) == HOLD_DOWN {
+            if down_state.load(Ordering::SeqCst) == HOLD_DOWN || client_gone {
                 continue; // held, then lost with the connection
             }
             if client_write.write_all(&buf[..n]).await.is_err() {
-                return;
+                // A request still being delayed is delivered all the same (the relay ends
+                // when `up` has delivered it); the answers go nowhere.
+                if down_state.load(Ordering::SeqCst) != DELAY_UP {
+                    return;
+                }
+                client_gone = true;
             }
         }
     };

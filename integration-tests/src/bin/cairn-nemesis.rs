@@ -15,6 +15,7 @@ use cairn_integration_tests::nemesis::history::{
 };
 use cairn_integration_tests::netns::{self, Net, NetFault};
 use cairn_integration_tests::processes::{eventually, signal_pid};
+use cairn_integration_tests::proxy::{Loss, LossyProxy};
 use cairn_integration_tests::restore::newest_restore;
 use cairn_proto::v1 as pb;
 use clap::Parser;
@@ -83,6 +84,11 @@ struct Args {
     /// --net`, so nothing of the machine's own network is touched and it all goes with it.
     #[arg(long)]
     netns: bool,
+    /// Leaves out the faults between the coordinators and etcd (by default a proxy sits
+    /// there and, now and then, loses the answer to a record's write — etcd applied it —,
+    /// loses the request, or delivers it late, each held past the client's 5 s timeout).
+    #[arg(long)]
+    no_etcd_faults: bool,
 }
 
 const NODES: usize = 4;
@@ -111,6 +117,9 @@ enum Fault {
     NetControl,
     NetLoss,
     NetThrottle,
+    EtcdLoseAnswer,
+    EtcdLoseRequest,
+    EtcdDelayRequest,
 }
 
 const FAULTS: [(Fault, u32); 13] = [
@@ -136,6 +145,23 @@ const NET_FAULTS: [(Fault, u32); 5] = [
     (Fault::NetControl, 1),
     (Fault::NetLoss, 2),
     (Fault::NetThrottle, 1),
+];
+
+/// The faults between the coordinators and etcd (a proxy in front of etcd), drawn unless
+/// --no-etcd-faults.
+const ETCD_FAULTS: [(Fault, u32); 3] = [
+    (Fault::EtcdLoseAnswer, 1),
+    (Fault::EtcdLoseRequest, 1),
+    (Fault::EtcdDelayRequest, 1),
+];
+
+/// What the etcd faults look for in a coordinator's request: a write of a record whose end
+/// or start matters (only writes carry these bytes: reads name keys, not values).
+const ETCD_PATTERNS: [&[u8]; 4] = [
+    b"\"status\": \"COMPLETED\"",
+    b"\"status\": \"FAILED\"",
+    b"\"status\": \"IN_PROGRESS\"",
+    b"\"requested_by\"",
 ];
 
 /// How a durative fault ends.
@@ -220,6 +246,42 @@ struct Nemesis {
     harness_errors: Vec<String>,
     /// The newest COMPLETED snapshot, and the newest holding a transfer in flight.
     newest_completed: (u64, u64),
+    /// The proxy between the coordinators and etcd (none with --no-etcd-faults).
+    etcd_proxy: Option<LossyProxy>,
+}
+
+/// Milliseconds since the epoch, by this machine's clock (the coordinators' too).
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+/// Watches snapshot `id` at `client`'s replica and writes the end it is told, if it is
+/// told one (a term that ends first closes the stream with an error: nothing told).
+async fn watch_told(
+    shared: SharedRef,
+    mut client: pb::coordinator_client::CoordinatorClient<Channel>,
+    id: u64,
+) {
+    let watched = async {
+        let mut stream = client
+            .watch_snapshot(pb::WatchSnapshotRequest { snapshot_id: id })
+            .await?
+            .into_inner();
+        while let Some(progress) = stream.message().await? {
+            if progress.status != pb::SnapshotStatus::InProgress as i32 {
+                return anyhow::Ok(Some(status_name(progress.status)));
+            }
+        }
+        Ok(None)
+    };
+    // Past the snapshot's own 10 s timeout and a lost answer's settling.
+    if let Ok(Ok(Some(status))) = timeout(Duration::from_secs(60), watched).await {
+        let mut shared = lock(&shared);
+        let at = shared.history.at();
+        shared.push(&Entry::Told { at, id, status });
+    }
 }
 
 fn status_name(status: i32) -> String {
@@ -459,7 +521,12 @@ impl Nemesis {
 
     fn pick(&mut self) -> Fault {
         let net: &[(Fault, u32)] = if self.net.is_some() { &NET_FAULTS } else { &[] };
-        let all = || FAULTS.iter().chain(net).copied();
+        let etcd: &[(Fault, u32)] = if self.etcd_proxy.is_some() {
+            &ETCD_FAULTS
+        } else {
+            &[]
+        };
+        let all = || FAULTS.iter().chain(net).chain(etcd).copied();
         let total: u32 = all().map(|(_, w)| w).sum();
         let mut at = self.rng.random_range(0..total);
         for (fault, weight) in all() {
@@ -582,6 +649,7 @@ impl Nemesis {
             return None;
         }
         let mut client = self.client().await.ok()?;
+        let sent_ms = now_ms();
         match client
             .restore_snapshot(pb::RestoreSnapshotRequest { snapshot_id: id })
             .await
@@ -596,7 +664,16 @@ impl Nemesis {
                 });
                 Some((id, restore_id))
             }
-            Err(_) => {
+            Err(status) => {
+                let at = self.at();
+                self.push(Entry::RestoreRefused {
+                    at,
+                    snapshot: id,
+                    sent_ms,
+                    answered_ms: now_ms(),
+                    code: format!("{:?}", status.code()),
+                    message: status.message().to_owned(),
+                });
                 self.client = None;
                 None
             }
@@ -811,6 +888,21 @@ impl Nemesis {
                     self.fault_line("restore", "cluster", format!("snapshot {id}: {restore_id}"));
                 }
             }
+            Fault::EtcdLoseAnswer | Fault::EtcdLoseRequest | Fault::EtcdDelayRequest => {
+                let (kind, loss) = match fault {
+                    Fault::EtcdLoseAnswer => ("etcd-lose-answer", Loss::Answer),
+                    Fault::EtcdLoseRequest => ("etcd-lose-request", Loss::Request),
+                    _ => ("etcd-delay-request", Loss::Delay),
+                };
+                let pattern = ETCD_PATTERNS[self.rng.random_range(0..ETCD_PATTERNS.len())];
+                // Past the coordinator's 5 s request timeout.
+                let ms = self.rng.random_range(5_500..8_000);
+                if let Some(proxy) = &self.etcd_proxy {
+                    proxy.arm(pattern, loss, Duration::from_millis(ms));
+                    let what = String::from_utf8_lossy(pattern).into_owned();
+                    self.fault_line(kind, "etcd", format!("the next write with {what}, {ms} ms"));
+                }
+            }
             // Too many durative faults open, or a bank's recovery under way: none this time.
             _ => {}
         }
@@ -837,6 +929,7 @@ impl Nemesis {
 /// Starts a snapshot in a random mode every 150–250 ms, at whichever replica accepts it
 /// (a follower refuses; the next is tried), each call bounded.
 async fn snapshots(shared: SharedRef, replicas: String, seed: u64) {
+    let shared_ref = shared.clone();
     let replicas: Vec<String> = replicas.split(',').map(str::to_owned).collect();
     let mut rng = StdRng::seed_from_u64(seed ^ 0x5eed_5eed);
     let mut at = 0;
@@ -884,6 +977,9 @@ async fn snapshots(shared: SharedRef, replicas: String, seed: u64) {
                     id,
                     mode: mode_name(mode as i32),
                 });
+                if let Some(c) = client.clone() {
+                    tokio::spawn(watch_told(shared_ref.clone(), c, id));
+                }
             }
             Ok(Err(e)) => {
                 let code = e.downcast_ref::<tonic::Status>().map(tonic::Status::code);
@@ -957,11 +1053,26 @@ async fn run(args: &Args, seconds: u64) -> anyhow::Result<Verdict> {
         None
     };
     let placement = net.as_ref().map(Net::placement).unwrap_or_default();
+    // The coordinators reach etcd through a proxy that can lose or delay what passes
+    // (the nemesis, its checks and the closing reads use etcd directly).
+    let etcd_proxy = if args.no_etcd_faults {
+        None
+    } else {
+        let target = etcd
+            .endpoint
+            .trim_start_matches("http://")
+            .parse()
+            .map_err(|e| anyhow::anyhow!("etcd's endpoint {}: {e}", etcd.endpoint))?;
+        Some(LossyProxy::start(target).await?)
+    };
+    let coordinators_etcd = etcd_proxy
+        .as_ref()
+        .map_or_else(|| etcd.endpoint.clone(), |p| format!("http://{}", p.addr));
     let cluster = CoordinatedCluster::start_placed(
         placement,
         usize::from(args.replicas),
         NODES,
-        Store::Etcd(etcd.endpoint.clone()),
+        Store::Etcd(coordinators_etcd),
         &[],
         &[
             "--auto-restore",
@@ -1000,6 +1111,7 @@ async fn run(args: &Args, seconds: u64) -> anyhow::Result<Verdict> {
         recovered: false,
         harness_errors: Vec::new(),
         newest_completed: (0, 0),
+        etcd_proxy,
     };
     nemesis.push(Entry::Setup {
         seed: args.seed,
@@ -1268,6 +1380,7 @@ async fn settle(
             requested_by: r.requested_by,
             done: r.done,
             failure: r.failure.map(|f| f.message).unwrap_or_default(),
+            started_at_ms: r.started_at_ms,
         });
     }
     let at = nemesis.at();

@@ -29,6 +29,13 @@
 //! - **Restores**: none is left neither done nor failed, and after the closing restore the
 //!   banks hold exactly the restored snapshot's balances plus its in-flight transfers.
 //! - **Recovery**: after every fault ends, a snapshot started within the bound completes.
+//! - **Stored before told**: every end a watcher was told is the end the store holds at
+//!   the end of the run (told COMPLETED, stored FAILED — or the other way — is an outcome
+//!   published that was not stored).
+//! - **A restore told failed is never applied**: a restore call answered with an error that
+//!   does not say its outcome is unknown leaves no restore of that snapshot started while
+//!   the call was open (the coordinator stamps a restore when it starts it, before storing
+//!   it, and the answer comes after the store's).
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -96,6 +103,8 @@ pub struct Verdict {
     pub longest_recovery_s: f64,
     /// Terms seen, with the replica that led each.
     pub terms: BTreeMap<u64, usize>,
+    /// Ends a watcher was told, compared with the store's.
+    pub told_checked: u64,
 }
 
 impl Verdict {
@@ -197,6 +206,8 @@ pub fn check(entries: &[Entry], recovery_bound_s: f64) -> Verdict {
     }
     check_banks(entries, &nodes, total, &original, &mut v);
     check_restores(entries, &snapshots, &mut v);
+    check_told(entries, &snapshots, &mut v);
+    check_refused_restores(entries, &mut v);
     check_recovery(entries, &snapshots, recovery_bound_s, &mut v);
     // A run that checked little proves little.
     let modes: BTreeSet<&str> = snapshots
@@ -681,6 +692,75 @@ fn check_banks(
 }
 
 /// Restores end, and the closing one gives the banks exactly the snapshot's money.
+/// Every end a watcher was told is the end the store holds.
+fn check_told(entries: &[Entry], snapshots: &BTreeMap<u64, &SnapshotView>, v: &mut Verdict) {
+    for e in entries {
+        if let Entry::Told { id, status, .. } = e {
+            v.told_checked += 1;
+            match snapshots.get(id) {
+                Some(stored) if stored.status == *status => {}
+                Some(stored) => v.violation(format!(
+                    "snapshot {id}: a watcher was told {status}, the store holds {} (an \
+                     outcome published that was not stored)",
+                    stored.status
+                )),
+                None => v.violation(format!(
+                    "snapshot {id}: a watcher was told {status}, the store holds no end"
+                )),
+            }
+        }
+    }
+}
+
+/// No restore was started while a restore call was open that was answered as a failure
+/// (not "outcome unknown"): such a restore would be applied after its caller heard it
+/// failed.
+fn check_refused_restores(entries: &[Entry], v: &mut Verdict) {
+    let restores: Vec<(&str, u64, &str, u64)> = entries
+        .iter()
+        .filter_map(|e| match e {
+            Entry::Restore {
+                restore_id,
+                snapshot,
+                requested_by,
+                started_at_ms,
+                ..
+            } => Some((
+                restore_id.as_str(),
+                *snapshot,
+                requested_by.as_str(),
+                *started_at_ms,
+            )),
+            _ => None,
+        })
+        .collect();
+    for e in entries {
+        let Entry::RestoreRefused {
+            snapshot,
+            sent_ms,
+            answered_ms,
+            code,
+            message,
+            ..
+        } = e
+        else {
+            continue;
+        };
+        if code == "Aborted" && message.contains("outcome unknown") {
+            continue; // told unknown: whatever the store holds is the answer
+        }
+        for (id, restored, by, started) in &restores {
+            if *by == "user" && restored == snapshot && (*sent_ms..=*answered_ms).contains(started)
+            {
+                v.violation(format!(
+                    "{id} (of snapshot {snapshot}) started while a restore call was open that \
+                     was answered {code}: {message}"
+                ));
+            }
+        }
+    }
+}
+
 fn check_restores(entries: &[Entry], snapshots: &BTreeMap<u64, &SnapshotView>, v: &mut Verdict) {
     for e in entries {
         if let Entry::Restore {

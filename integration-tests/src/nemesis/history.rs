@@ -98,6 +98,34 @@ pub enum Entry {
         done: bool,
         /// Why it failed; empty if it did not.
         failure: String,
+        /// When the coordinator started it (ms since the epoch; 0 in older histories).
+        #[serde(default)]
+        started_at_ms: u64,
+    },
+    /// A watcher of a snapshot the nemesis started was told it ended (before the nemesis
+    /// read the store): what it was told.
+    Told {
+        /// When.
+        at: f64,
+        /// The snapshot.
+        id: u64,
+        /// The status it was told (`COMPLETED`, `FAILED`, …).
+        status: String,
+    },
+    /// The coordinator answered a restore the nemesis asked for with an error.
+    RestoreRefused {
+        /// When.
+        at: f64,
+        /// The snapshot it asked to restore.
+        snapshot: u64,
+        /// When the call was sent and answered (ms since the epoch).
+        sent_ms: u64,
+        /// See `sent_ms`.
+        answered_ms: u64,
+        /// The gRPC code.
+        code: String,
+        /// The message.
+        message: String,
     },
     /// The closing check of a restore: with the workload stopped, snapshot `snapshot` was
     /// restored and the channels drained; the banks then.

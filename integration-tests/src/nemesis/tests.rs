@@ -129,6 +129,7 @@ fn good() -> Vec<Entry> {
         requested_by: "user".into(),
         done: true,
         failure: String::new(),
+        started_at_ms: 5_000,
     });
     h.push(Entry::FinalRestore {
         at: 15.0,
@@ -303,8 +304,55 @@ fn a_wrong_restore_and_a_stuck_one_are_caught() {
         requested_by: "b restarted".into(),
         done: false,
         failure: String::new(),
+        started_at_ms: 0,
     });
     caught(&h, "restore r2 is neither done nor failed");
+}
+
+/// Issue 31: an outcome told that the store does not hold, and a restore started under a
+/// call answered as a failure, are caught; told what the store holds, or a refusal that
+/// says the outcome is unknown, are not.
+#[test]
+fn an_end_told_but_not_stored_and_a_restore_told_failed_are_caught() {
+    let mut h = good();
+    h.push(Entry::Told {
+        at: 3.0,
+        id: 8,
+        status: "COMPLETED".into(),
+    });
+    assert!(check(&h, 45.0).violations.is_empty(), "told as stored");
+    h.push(Entry::Told {
+        at: 3.0,
+        id: 9,
+        status: "FAILED".into(),
+    });
+    caught(
+        &h,
+        "snapshot 9: a watcher was told FAILED, the store holds COMPLETED",
+    );
+    let refused = |code: &str, message: &str| Entry::RestoreRefused {
+        at: 4.0,
+        snapshot: 12,
+        sent_ms: 4_000,
+        answered_ms: 9_000,
+        code: code.into(),
+        message: message.into(),
+    };
+    let mut h = good();
+    h.push(refused(
+        "Aborted",
+        "outcome unknown: restore-1 of snapshot 12 may or may not have been stored",
+    ));
+    assert!(check(&h, 45.0).violations.is_empty(), "told unknown");
+    let mut h = good();
+    h.push(refused(
+        "Unavailable",
+        "metadata store: etcd unavailable: timeout",
+    ));
+    caught(
+        &h,
+        "r1 (of snapshot 12) started while a restore call was open that was answered Unavailable",
+    );
 }
 
 #[test]
