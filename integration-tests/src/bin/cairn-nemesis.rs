@@ -150,9 +150,9 @@ const NET_FAULTS: [(Fault, u32); 5] = [
 /// The faults between the coordinators and etcd (a proxy in front of etcd), drawn unless
 /// --no-etcd-faults.
 const ETCD_FAULTS: [(Fault, u32); 3] = [
-    (Fault::EtcdLoseAnswer, 1),
-    (Fault::EtcdLoseRequest, 1),
-    (Fault::EtcdDelayRequest, 1),
+    (Fault::EtcdLoseAnswer, 2),
+    (Fault::EtcdLoseRequest, 2),
+    (Fault::EtcdDelayRequest, 2),
 ];
 
 /// What the etcd faults look for in a coordinator's request: a write of a record whose end
@@ -901,6 +901,17 @@ impl Nemesis {
                     proxy.arm(pattern, loss, Duration::from_millis(ms));
                     let what = String::from_utf8_lossy(pattern).into_owned();
                     self.fault_line(kind, "etcd", format!("the next write with {what}, {ms} ms"));
+                    // A restore record's write comes only with a restore: ask for one, whose
+                    // answer must then be the restore or "outcome unknown", never a failure.
+                    if pattern == ETCD_PATTERNS[3]
+                        && let Some((id, restore_id)) = self.restore().await
+                    {
+                        self.fault_line(
+                            "restore",
+                            "cluster",
+                            format!("snapshot {id}: {restore_id}"),
+                        );
+                    }
                 }
             }
             // Too many durative faults open, or a bank's recovery under way: none this time.
@@ -1225,6 +1236,22 @@ async fn run(args: &Args, seconds: u64) -> anyhow::Result<Verdict> {
     nemesis.push(Entry::Quiet { at });
     lock(&nemesis.shared).after_quiet = Some(BTreeSet::new());
     println!("[{at:7.2}s] faults stopped; settling");
+    if let Some(proxy) = &nemesis.etcd_proxy {
+        let armed: u64 = [
+            "etcd-lose-answer",
+            "etcd-lose-request",
+            "etcd-delay-request",
+        ]
+        .iter()
+        .filter_map(|k| nemesis.faults.get(*k))
+        .sum();
+        // A fault armed for a write that never came before the next one replaced it fires
+        // not at all.
+        println!(
+            "etcd faults: {armed} armed, {} fired on a coordinator's write",
+            proxy.fired()
+        );
+    }
     let settled = settle(&mut nemesis, snapshots).await.and_then(|()| {
         anyhow::ensure!(
             nemesis.harness_errors.is_empty(),
