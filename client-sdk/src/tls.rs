@@ -467,10 +467,13 @@ impl Tls {
     }
 
     /// Whether a client certificate chain (leaf first) that a connection presented when it
-    /// opened is still good under the CA and CRLs in force *now*, and not expired: a server
-    /// checks it on every call, so a CRL reload (or an expiry) reaches connections already
-    /// open, not only new handshakes. The error says why not (`revoked`, `expired`, …).
-    /// `Ok` for a process without a server identity (it verifies no clients).
+    /// opened is still good under the CA and CRLs in force *now*: a server checks it on
+    /// every call, so a CRL reload reaches connections already open, not only new
+    /// handshakes. A certificate that merely expired since the handshake is judged as of
+    /// its last valid second — still refused if a CRL revokes it, but not refused for its
+    /// age: a client that renewed its certificate keeps its connection until it reconnects
+    /// (new handshakes check the dates). The error says why not (`revoked`, `unknown
+    /// issuer`, …). `Ok` for a process without a server identity (it verifies no clients).
     pub fn check_client(&self, chain: &[CertificateDer<'_>]) -> Result<(), String> {
         let Some(verifier) = self.current().verifier.clone() else {
             return Ok(());
@@ -478,7 +481,18 @@ impl Tls {
         let Some((leaf, intermediates)) = chain.split_first() else {
             return Err("the connection presented no client certificate".into());
         };
-        match verifier.verify_client_cert(leaf, intermediates, UnixTime::now()) {
+        let mut verified = verifier.verify_client_cert(leaf, intermediates, UnixTime::now());
+        if let Err(rustls::Error::InvalidCertificate(CertificateError::ExpiredContext {
+            not_after,
+            ..
+        })) = &verified
+        {
+            let last = UnixTime::since_unix_epoch(Duration::from_secs(
+                not_after.as_secs().saturating_sub(1),
+            ));
+            verified = verifier.verify_client_cert(leaf, intermediates, last);
+        }
+        match verified {
             Ok(_) => Ok(()),
             Err(rustls::Error::InvalidCertificate(e)) => {
                 let (reason, words) = certificate_problem(&e);

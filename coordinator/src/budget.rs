@@ -1,12 +1,19 @@
 //! The process-wide budget for what responses hold in memory: inline snapshot data
 //! (`GetSnapshot` with `include_data`) and snapshot diffs, on every replica. A response
-//! reserves its bytes before it reads them and gives them back when it is built; past the
-//! budget the call is refused at once with RESOURCE_EXHAUSTED naming the streaming read,
+//! reserves its bytes before it reads them, and gives them back only once its body has been
+//! sent (or dropped: the client went away): the handler puts its reservation in the
+//! response's extensions ([`Held`]), and [`HoldLayer`] moves it into the body. So a client
+//! that asks and never reads holds its reservation, not more memory than the budget. Past
+//! the budget a call is refused at once with RESOURCE_EXHAUSTED naming the streaming read,
 //! instead of the process growing with every concurrent call.
 
-use std::sync::Arc;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
 
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tonic::body::Body;
 
 use crate::error::Error;
 
@@ -68,6 +75,95 @@ impl ResponseBudget {
                 ))
             })?;
         Ok(Reserved(Some(permit)))
+    }
+}
+
+/// Reservations a handler hands to its response (`response.extensions_mut().insert(..)`),
+/// held by [`HoldLayer`] until the body is sent.
+#[derive(Clone, Default)]
+pub(crate) struct Held(Arc<Mutex<Vec<Reserved>>>);
+
+impl Held {
+    /// Holds `reserved`s.
+    pub(crate) fn new(reserved: Vec<Reserved>) -> Self {
+        Self(Arc::new(Mutex::new(reserved)))
+    }
+
+    fn take(&self) -> Vec<Reserved> {
+        std::mem::take(&mut *self.0.lock().unwrap_or_else(|e| e.into_inner()))
+    }
+}
+
+/// A response body that keeps reservations until it is dropped (sent, or abandoned).
+struct HoldingBody {
+    inner: Body,
+    _held: Vec<Reserved>,
+}
+
+impl http_body::Body for HoldingBody {
+    type Data = bytes::Bytes;
+    type Error = tonic::Status;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<Self::Data>, Self::Error>>> {
+        Pin::new(&mut self.inner).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+/// Moves a response's [`Held`] reservations into its body.
+#[derive(Clone, Copy)]
+pub(crate) struct HoldLayer;
+
+impl<S> tower_layer::Layer<S> for HoldLayer {
+    type Service = Holding<S>;
+
+    fn layer(&self, inner: S) -> Holding<S> {
+        Holding { inner }
+    }
+}
+
+/// The service [`HoldLayer`] makes.
+#[derive(Clone)]
+pub(crate) struct Holding<S> {
+    inner: S,
+}
+
+type BoxFuture<T, E> = Pin<Box<dyn Future<Output = Result<T, E>> + Send>>;
+
+impl<S, B> tower_service::Service<http::Request<B>> for Holding<S>
+where
+    S: tower_service::Service<http::Request<B>, Response = http::Response<Body>>,
+    S::Future: Send + 'static,
+{
+    type Response = http::Response<Body>;
+    type Error = S::Error;
+    type Future = BoxFuture<http::Response<Body>, S::Error>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: http::Request<B>) -> Self::Future {
+        let call = self.inner.call(request);
+        Box::pin(async move {
+            let response = call.await?;
+            let Some(held) = response.extensions().get::<Held>().map(Held::take) else {
+                return Ok(response);
+            };
+            let (parts, inner) = response.into_parts();
+            let body = Body::new(HoldingBody { inner, _held: held });
+            Ok(http::Response::from_parts(parts, body))
+        })
     }
 }
 

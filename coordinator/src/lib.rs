@@ -262,6 +262,8 @@ pub async fn run(
         .initial_connection_window_size(16 << 20)
         // A follower names the leader on every answer (`cairn-leader`).
         .layer(HintLayer(replica))
+        // A response's memory reservation is held until its body has been sent.
+        .layer(budget::HoldLayer)
         // Bearer tokens and roles (`--auth-tokens`), before a byte of a body is read.
         .layer(config.auth.layer(&config.cluster, config.tls.as_ref()))
         .layer(

@@ -70,6 +70,33 @@ impl CoordinatorService {
         ask_task(&leading.tx, make, &self.replica).await
     }
 
+    /// [`Self::ask`] for a request that writes (start, abort, delete, restore, policy,
+    /// removal): once the task took it, a term that ends before it answers (the task is
+    /// dropped with a write in flight, whose request may still reach etcd while the lease
+    /// lives) leaves its outcome unknown — ABORTED, never a failure.
+    async fn ask_write<T>(
+        &self,
+        what: &str,
+        make: impl FnOnce(oneshot::Sender<T>) -> Msg,
+    ) -> Result<T, Status> {
+        let leading = self.replica.leading()?;
+        let (reply, answer) = oneshot::channel();
+        leading
+            .tx
+            .send(make(reply))
+            .await
+            .map_err(|_| self.replica.not_leader())?;
+        answer.await.map_err(|_| {
+            Status::from(Error::OutcomeUnknown {
+                what: what.to_owned(),
+                see: "the read calls (GetSnapshot, ListSnapshots, GetRestore, GetPolicy, \
+                      ListNodes) once a leader answers"
+                    .into(),
+                cause: "this coordinator's term ended while it handled the call".into(),
+            })
+        })
+    }
+
     /// A snapshot's record: stored, or with its live progress while it is in flight (on
     /// the leader; a follower has the stored record).
     async fn record(&self, id: SnapshotId) -> Result<SnapshotRecord, Error> {
@@ -249,7 +276,7 @@ impl pb::coordinator_server::Coordinator for CoordinatorService {
         };
         let labels: BTreeMap<String, String> = r.labels.into_iter().collect();
         let id = self
-            .ask(|reply| Msg::Start {
+            .ask_write("StartSnapshot", |reply| Msg::Start {
                 request,
                 timeout,
                 labels,
@@ -269,18 +296,22 @@ impl pb::coordinator_server::Coordinator for CoordinatorService {
         let record = self.record(SnapshotId(r.snapshot_id)).await?;
         let mut snapshot = snapshot_pb(&record);
         let parts = self.parts(SnapshotId(r.snapshot_id)).await?;
-        // Inline data is read whole: its bytes are reserved first (twice: the chunks read
-        // and the messages decoded from them), and held until the response is built.
+        // Inline data is read whole: its bytes are reserved first, for every part at once
+        // (twice: the chunks read and the messages decoded from them), and held until the
+        // response's body has been sent (`budget::HoldLayer`).
         let mut reserved = Vec::new();
+        if r.include_data {
+            let bytes = parts.iter().fold(0u64, |sum, part| {
+                sum.saturating_add(
+                    part.local_state_bytes
+                        .saturating_add(part.recorded_bytes())
+                        .saturating_mul(2),
+                )
+            });
+            let what = format!("snapshot {}'s inline data", r.snapshot_id);
+            reserved.push(self.budget.reserve(bytes, &what)?);
+        }
         for part in &parts {
-            if r.include_data {
-                let bytes = part
-                    .local_state_bytes
-                    .saturating_add(part.recorded_bytes())
-                    .saturating_mul(2);
-                let what = format!("snapshot {}'s inline data", r.snapshot_id);
-                reserved.push(self.budget.reserve(bytes, &what)?);
-            }
             let full = match parts::read_part(&self.blobs, part, r.include_data).await {
                 Ok(full) => full,
                 Err(e) => return Err(self.loss_or_gone(SnapshotId(r.snapshot_id), e).await.into()),
@@ -289,7 +320,11 @@ impl pb::coordinator_server::Coordinator for CoordinatorService {
                 *slot = full;
             }
         }
-        Ok(Response::new(snapshot))
+        let mut response = Response::new(snapshot);
+        response
+            .extensions_mut()
+            .insert(crate::budget::Held::new(reserved));
+        Ok(response)
     }
 
     async fn list_snapshots(
@@ -363,7 +398,7 @@ impl pb::coordinator_server::Coordinator for CoordinatorService {
         let r = request.into_inner();
         limits::check_reason(&r.reason)?;
         let record = self
-            .ask(|reply| Msg::Abort {
+            .ask_write("AbortSnapshot", |reply| Msg::Abort {
                 id: SnapshotId(r.snapshot_id),
                 reason: r.reason,
                 reply,
@@ -377,7 +412,9 @@ impl pb::coordinator_server::Coordinator for CoordinatorService {
         request: Request<pb::DeleteSnapshotRequest>,
     ) -> Result<Response<pb::DeleteSnapshotResponse>, Status> {
         let id = SnapshotId(request.into_inner().snapshot_id);
-        let bytes_freed = self.ask(|reply| Msg::Delete { id, reply }).await??;
+        let bytes_freed = self
+            .ask_write("DeleteSnapshot", |reply| Msg::Delete { id, reply })
+            .await??;
         Ok(Response::new(pb::DeleteSnapshotResponse { bytes_freed }))
     }
 
@@ -408,16 +445,20 @@ impl pb::coordinator_server::Coordinator for CoordinatorService {
         self.record(from).await?;
         self.record(to).await?;
         let (parts_from, parts_to) = (self.parts(from).await?, self.parts(to).await?);
-        let _reserved = self.budget.reserve(
+        let reserved = self.budget.reserve(
             DIFF_RESERVE,
             &format!("the diff of snapshots {from} and {to}"),
         )?;
         let nodes = parts::diff(&self.blobs, &parts_from, &parts_to).await?;
-        Ok(Response::new(pb::SnapshotDiff {
+        let mut response = Response::new(pb::SnapshotDiff {
             from_snapshot_id: from.0,
             to_snapshot_id: to.0,
             nodes,
-        }))
+        });
+        response
+            .extensions_mut()
+            .insert(crate::budget::Held::new(vec![reserved]));
+        Ok(response)
     }
 
     async fn restore_snapshot(
@@ -426,7 +467,10 @@ impl pb::coordinator_server::Coordinator for CoordinatorService {
     ) -> Result<Response<pb::RestoreOperation>, Status> {
         let snapshot_id = SnapshotId(request.into_inner().snapshot_id);
         let record = self
-            .ask(|reply| Msg::Restore { snapshot_id, reply })
+            .ask_write("RestoreSnapshot", |reply| Msg::Restore {
+                snapshot_id,
+                reply,
+            })
             .await??;
         Ok(Response::new(restore_pb(&record)))
     }
@@ -737,7 +781,9 @@ impl pb::coordinator_server::Coordinator for CoordinatorService {
             return Err(Error::InvalidArgument("RemoveNode needs a node_id".into()).into());
         }
         let node = NodeId::new(r.node_id);
-        let nodes = self.ask(|reply| Msg::RemoveNode { node, reply }).await??;
+        let nodes = self
+            .ask_write("RemoveNode", |reply| Msg::RemoveNode { node, reply })
+            .await??;
         Ok(Response::new(nodes))
     }
 
@@ -821,7 +867,7 @@ impl pb::coordinator_server::Coordinator for CoordinatorService {
     ) -> Result<Response<pb::Policy>, Status> {
         let request = request.into_inner();
         let policy = self
-            .ask(|reply| Msg::SetPolicy { request, reply })
+            .ask_write("SetPolicy", |reply| Msg::SetPolicy { request, reply })
             .await??;
         Ok(Response::new(policy))
     }

@@ -694,8 +694,8 @@ where
 
     fn call(&mut self, mut request: http::Request<B>) -> Self::Future {
         let chain = client_certificates(&request);
-        // The certificate was good at the handshake; is it still (a CRL reloaded since, an
-        // expiry)? Checked on every call, before anything else.
+        // The certificate was good at the handshake; is it still (a CRL reloaded since)?
+        // Checked on every call, before anything else.
         if let (Some(tls), Some(chain)) = (&self.tls, &chain)
             && let Err(why) = tls.check_client(chain)
         {

@@ -23,17 +23,17 @@ use crate::tls::Tls;
 pub enum ClientCert {
     /// A plaintext connection.
     Plain,
-    /// A TLS connection and the leaf certificate (DER) its client presented — empty, a
-    /// certificate naming nobody, if it presented none (the servers require one).
-    Tls(Arc<[u8]>),
+    /// A TLS connection and the certificate chain its client presented, leaf first —
+    /// empty, a certificate naming nobody, if it presented none (the servers require one).
+    Tls(Arc<[rustls::pki_types::CertificateDer<'static>]>),
 }
 
 impl ClientCert {
-    /// The certificate to check, `None` on plaintext.
+    /// The leaf certificate to check, `None` on plaintext.
     pub fn der(&self) -> Option<&[u8]> {
         match self {
             ClientCert::Plain => None,
-            ClientCert::Tls(der) => Some(der),
+            ClientCert::Tls(chain) => Some(chain.first().map_or(&[][..], |c| c.as_ref())),
         }
     }
 }
@@ -47,8 +47,8 @@ impl Connected<IncomingStream<'_, TcpListener>> for ClientCert {
 impl Connected<IncomingStream<'_, TlsListener>> for ClientCert {
     fn connect_info(stream: IncomingStream<'_, TlsListener>) -> Self {
         let (_, connection) = stream.io().get_ref();
-        let first = connection.peer_certificates().and_then(|c| c.first());
-        ClientCert::Tls(first.map_or_else(|| Arc::from(&[][..]), |c| Arc::from(c.as_ref())))
+        let chain = connection.peer_certificates().unwrap_or_default();
+        ClientCert::Tls(chain.iter().map(|c| c.clone().into_owned()).collect())
     }
 }
 
@@ -143,15 +143,14 @@ async fn gate_request(
         )
             .into_response();
     };
-    if let (Some(tls), Some(der)) = (&gate.tls, cert.der()) {
-        let leaf = rustls::pki_types::CertificateDer::from(der);
-        if let Err(why) = tls.check_client(&[leaf]) {
-            return (
-                StatusCode::UNAUTHORIZED,
-                format!("this connection's client certificate is no longer accepted ({why})\n"),
-            )
-                .into_response();
-        }
+    if let (Some(tls), ClientCert::Tls(chain)) = (&gate.tls, &cert)
+        && let Err(why) = tls.check_client(chain)
+    {
+        return (
+            StatusCode::UNAUTHORIZED,
+            format!("this connection's client certificate is no longer accepted ({why})\n"),
+        )
+            .into_response();
     }
     if request.uri().path() == "/metrics"
         && let Err(status) =

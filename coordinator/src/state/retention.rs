@@ -24,7 +24,9 @@ impl State {
     }
 
     pub(super) async fn delete(&mut self, id: SnapshotId) -> Result<u64, Error> {
-        if self.inflight.contains_key(&id) {
+        // An end not yet stored is still in progress for the store: deleting its record now
+        // would let the end's next store bring it back without its parts.
+        if self.inflight.contains_key(&id) || self.unstored.contains_key(&id) {
             return Err(Error::StillInProgress(id));
         }
         if self.get_record(id).await?.is_none() {

@@ -232,6 +232,15 @@ impl State {
         id: SnapshotId,
         reason: String,
     ) -> Result<SnapshotRecord, Error> {
+        if self.unstored.contains_key(&id) {
+            return Err(Error::OutcomeUnknown {
+                what: format!("snapshot {id}'s end"),
+                see: format!("GetSnapshot {id}"),
+                cause: "it ended and its end is not stored yet (tried again while this term \
+                        lasts): an abort can no longer change it"
+                    .into(),
+            });
+        }
         if !self.inflight.contains_key(&id) {
             return match self.get_record(id).await? {
                 Some(record) => Err(Error::AlreadyEnded {

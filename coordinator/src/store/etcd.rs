@@ -23,6 +23,7 @@
 //! [`StoreError::unknown`] — the next term's recovery, which reads the store, decides — and
 //! a write that cannot be settled within [`SETTLE_LIMIT`] ends the term itself.
 
+use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -86,11 +87,13 @@ impl Fence {
         *self.barrier.lock().unwrap_or_else(|e| e.into_inner()) = value;
     }
 
-    /// The compare every guarded write of the term carries for the barrier.
-    fn barrier_compare(&self) -> Compare {
-        match self.barrier() {
+    /// The compare a guarded write carries for the barrier at `value` (`None`: absent).
+    fn barrier_compare_with(&self, value: &Option<Vec<u8>>) -> Compare {
+        match value {
             None => Compare::version(self.barrier_key.clone(), CompareOp::Equal, 0),
-            Some(value) => Compare::value(self.barrier_key.clone(), CompareOp::Equal, value),
+            Some(value) => {
+                Compare::value(self.barrier_key.clone(), CompareOp::Equal, value.clone())
+            }
         }
     }
 
@@ -297,7 +300,13 @@ impl EtcdKv {
             if !fence.leadership.valid() {
                 return Err(lost(fence));
             }
-            let mut when = vec![fence.term_compare(), fence.barrier_compare()];
+            // The barrier as this write compares it (a settlement may move the cached one
+            // while the write is in flight: the failure below is judged against this).
+            let sent_barrier = fence.barrier();
+            let mut when = vec![
+                fence.term_compare(),
+                fence.barrier_compare_with(&sent_barrier),
+            ];
             let checks_extra = !extra.is_empty();
             when.extend(extra.iter().cloned());
             let txn = Txn::new().when(when).and_then(ops.clone()).or_else([
@@ -337,10 +346,14 @@ impl EtcdKv {
                 return Err(lost(fence));
             }
             let barrier = got(1).map(|kv| kv.value().to_vec());
-            if barrier != fence.barrier() {
+            if barrier != sent_barrier {
                 // A settlement of this term moved the barrier after this write read it (one
-                // whose own answer was lost): this write did not apply; again, with it.
-                fence.set_barrier(barrier);
+                // whose own answer was lost): this write did not apply; again, with the
+                // barrier as etcd holds it (unless a settlement of this process set a newer
+                // one meanwhile).
+                if fence.barrier() == sent_barrier {
+                    fence.set_barrier(barrier);
+                }
                 continue;
             }
             if checks_extra {
@@ -378,7 +391,9 @@ impl EtcdKv {
                 return Err(unknown(fence));
             }
             let n = fence.settlements.fetch_add(1, Ordering::Relaxed);
-            let token = format!("settled {n} of term {}", fence.rev).into_bytes();
+            // Never used before, even by another view of the same term: a random part too.
+            let nonce = std::collections::hash_map::RandomState::new().hash_one(n);
+            let token = format!("settled {n} ({nonce:016x}) of term {}", fence.rev).into_bytes();
             let lease = PutOptions::new().with_lease(fence.leadership.lease());
             let txn = Txn::new()
                 .when([fence.term_compare()])
@@ -612,8 +627,10 @@ impl Kv for EtcdKv {
                 .ok_or_else(|| StoreError::new(format!("{key} is at its largest value")))?;
             let value = next.to_string().into_bytes();
             let put = TxnOp::put(key, value.clone(), None);
-            // Read back, `key` holding `next` is this increment: only the term's leader
-            // writes the counter, one increment at a time.
+            // Read back, `key` holding `next` is this increment: only the term's task
+            // increments the counters (`take_snapshot_id`, `allocate_epoch`), one at a time —
+            // were two increments of one term concurrent, a lost answer could be taken for
+            // the other's, and a number handed out twice.
             match self
                 .guarded(vec![compare], vec![put], After::Holds(key, &value))
                 .await?
