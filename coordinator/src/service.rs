@@ -1085,28 +1085,7 @@ mod tests {
             "{gone}"
         );
         assert_eq!(Status::from(gone).code(), tonic::Code::NotFound);
-        let record = SnapshotRecord {
-            id: 7,
-            mode: "CHANDY_LAMPORT".into(),
-            initiators: vec!["n1".into()],
-            alignment_timeout_ms: 0,
-            status: SnapshotStatus::Completed,
-            failure: None,
-            verdict: None,
-            started_at_ms: 1,
-            finished_at_ms: 2,
-            timeout_ms: 3,
-            labels: Default::default(),
-            nodes: vec!["n1".into()],
-            channels: Vec::new(),
-            recorded: Vec::new(),
-            reported: Vec::new(),
-            bytes_new: 0,
-            bytes_reused: 0,
-            epoch: 0,
-            term: 0,
-            events: Vec::new(),
-        };
+        let record = crate::store::records::sample_snapshot(7);
         meta.put_snapshot(&record).await.unwrap();
         let still = loss_or_gone(&meta, SnapshotId(7), loss()).await;
         assert!(matches!(still, Error::DataLoss(_)), "{still}");

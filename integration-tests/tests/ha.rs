@@ -839,14 +839,7 @@ async fn a_listing_larger_than_one_etcd_response_comes_back_whole_and_in_order()
 /// carried out either way.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restore_whose_answer_is_lost_is_never_told_failed() {
-    let etcd = Etcd::start().await.expect("etcd starts");
-    let proxy = LossyProxy::start(etcd_addr(&etcd)).await.unwrap();
-    let endpoint = format!("http://{}", proxy.addr);
-    let cluster = CoordinatedCluster::start_ha(1, 3, &endpoint, &FAST, &[])
-        .await
-        .unwrap();
-    cluster.set_workload(50.0).await.unwrap();
-    cluster.wait_leader(None).await.unwrap();
+    let (_etcd, proxy, cluster) = behind_a_lossy_proxy().await;
     let snapshot = restore::snapshot(&cluster, pb::SnapshotMode::ChandyLamport).await;
     restore::moved_on(&cluster, &snapshot).await;
     // Quiet, so that the restored balances can be compared with the snapshot's.
@@ -889,14 +882,7 @@ async fn a_restore_whose_answer_is_lost_is_never_told_failed() {
 /// (read directly, not through the proxy) says COMPLETED too.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_snapshot_end_is_told_only_once_stored() {
-    let etcd = Etcd::start().await.expect("etcd starts");
-    let proxy = LossyProxy::start(etcd_addr(&etcd)).await.unwrap();
-    let endpoint = format!("http://{}", proxy.addr);
-    let cluster = CoordinatedCluster::start_ha(1, 3, &endpoint, &FAST, &[])
-        .await
-        .unwrap();
-    cluster.set_workload(50.0).await.unwrap();
-    cluster.wait_leader(None).await.unwrap();
+    let (etcd, proxy, cluster) = behind_a_lossy_proxy().await;
     // One snapshot first, so the cluster is known to complete them.
     restore::snapshot(&cluster, pb::SnapshotMode::ChandyLamport).await;
     proxy.arm(
@@ -955,10 +941,21 @@ async fn a_snapshot_end_is_told_only_once_stored() {
     );
 }
 
-/// etcd's client address, for a proxy in front of it.
-fn etcd_addr(etcd: &Etcd) -> std::net::SocketAddr {
-    etcd.endpoint
+/// etcd, a lossy proxy in front of it, and one coordinator replica reaching etcd through
+/// the proxy, with three banks moving money and the replica leading.
+async fn behind_a_lossy_proxy() -> (Etcd, LossyProxy, CoordinatedCluster) {
+    let etcd = Etcd::start().await.expect("etcd starts");
+    let target = etcd
+        .endpoint
         .trim_start_matches("http://")
         .parse()
-        .expect("etcd listens on an IP address")
+        .expect("etcd listens on an IP address");
+    let proxy = LossyProxy::start(target).await.unwrap();
+    let endpoint = format!("http://{}", proxy.addr);
+    let cluster = CoordinatedCluster::start_ha(1, 3, &endpoint, &FAST, &[])
+        .await
+        .unwrap();
+    cluster.set_workload(50.0).await.unwrap();
+    cluster.wait_leader(None).await.unwrap();
+    (etcd, proxy, cluster)
 }

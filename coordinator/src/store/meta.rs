@@ -246,35 +246,14 @@ impl Metadata {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::{MemoryKv, SnapshotStatus};
+    use crate::store::MemoryKv;
 
     /// The stored JSON is what it always was: pretty for snapshots, compact for the roster.
     #[tokio::test]
     async fn records_are_stored_as_before() {
         let kv = Arc::new(AnyKv::Memory(MemoryKv::default()));
         let meta = Metadata::new(kv.clone(), Keys::new("c"));
-        let snapshot = SnapshotRecord {
-            id: 7,
-            mode: "CHANDY_LAMPORT".into(),
-            initiators: vec!["n1".into()],
-            alignment_timeout_ms: 0,
-            status: SnapshotStatus::Completed,
-            failure: None,
-            verdict: None,
-            started_at_ms: 1,
-            finished_at_ms: 2,
-            timeout_ms: 3,
-            labels: Default::default(),
-            nodes: vec!["n1".into()],
-            channels: Vec::new(),
-            recorded: Vec::new(),
-            reported: Vec::new(),
-            bytes_new: 4,
-            bytes_reused: 5,
-            epoch: 0,
-            term: 0,
-            events: Vec::new(),
-        };
+        let snapshot = crate::store::records::sample_snapshot(7);
         meta.put_snapshot(&snapshot).await.unwrap();
         let raw = kv
             .get("/cairn/c/snapshots/00000000000000000007")

@@ -389,3 +389,30 @@ fn is_zero(n: &u64) -> bool {
 fn is_empty(list: &ChunkList) -> bool {
     list.size == 0 && list.chunks.is_empty()
 }
+
+/// A COMPLETED snapshot record of node `n1` with id `id`, for tests.
+#[cfg(test)]
+pub(crate) fn sample_snapshot(id: u64) -> SnapshotRecord {
+    SnapshotRecord {
+        id,
+        mode: "CHANDY_LAMPORT".into(),
+        initiators: vec!["n1".into()],
+        alignment_timeout_ms: 0,
+        status: SnapshotStatus::Completed,
+        failure: None,
+        verdict: None,
+        started_at_ms: 1,
+        finished_at_ms: 2,
+        timeout_ms: 3,
+        labels: Default::default(),
+        nodes: vec!["n1".into()],
+        channels: Vec::new(),
+        recorded: Vec::new(),
+        reported: Vec::new(),
+        bytes_new: 4,
+        bytes_reused: 5,
+        epoch: 0,
+        term: 0,
+        events: Vec::new(),
+    }
+}
