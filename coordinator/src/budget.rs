@@ -197,4 +197,53 @@ mod tests {
         let z = budget.reserve(0, "nothing").unwrap();
         drop(z);
     }
+
+    /// A response's reservation lives in its body: given back when the body is dropped
+    /// (sent, or abandoned by its client), not when the handler returns.
+    #[tokio::test]
+    async fn a_reservation_is_held_until_the_body_goes() {
+        use tower_layer::Layer;
+        use tower_service::Service;
+        /// One frame of bytes, then the end (not at its end before: tonic keeps it).
+        struct OneFrame(Option<bytes::Bytes>);
+        impl http_body::Body for OneFrame {
+            type Data = bytes::Bytes;
+            type Error = std::convert::Infallible;
+            fn poll_frame(
+                mut self: Pin<&mut Self>,
+                _: &mut Context<'_>,
+            ) -> Poll<Option<Result<http_body::Frame<Self::Data>, Self::Error>>> {
+                Poll::Ready(self.0.take().map(|b| Ok(http_body::Frame::data(b))))
+            }
+            fn is_end_stream(&self) -> bool {
+                self.0.is_none()
+            }
+        }
+        /// A handler that answers with `Held` in the response's extensions.
+        struct Handler(Held);
+        impl tower_service::Service<http::Request<()>> for Handler {
+            type Response = http::Response<Body>;
+            type Error = std::convert::Infallible;
+            type Future = std::future::Ready<Result<Self::Response, Self::Error>>;
+            fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+                Poll::Ready(Ok(()))
+            }
+            fn call(&mut self, _: http::Request<()>) -> Self::Future {
+                let body = Body::new(OneFrame(Some(bytes::Bytes::from_static(b"data"))));
+                let mut response = http::Response::new(body);
+                response.extensions_mut().insert(self.0.clone());
+                std::future::ready(Ok(response))
+            }
+        }
+        let budget = ResponseBudget::new(1 << 20);
+        let held = Held::new(vec![budget.reserve(1 << 20, "a response").unwrap()]);
+        let mut service = HoldLayer.layer(Handler(held));
+        let response = service.call(http::Request::new(())).await.unwrap();
+        assert!(
+            budget.reserve(1, "another").is_err(),
+            "held while the body is unsent"
+        );
+        drop(response);
+        budget.reserve(1 << 20, "after").unwrap();
+    }
 }
