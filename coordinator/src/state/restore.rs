@@ -23,6 +23,8 @@ const RECOVERY_BACKOFF: std::time::Duration = std::time::Duration::from_secs(5);
 pub(crate) struct ActiveRestore {
     pub record: RestoreRecord,
     pub progress: RestoreProgress,
+    /// Stores of its record that failed in a row (logged at the first and every 40th).
+    pub store_failures: u64,
 }
 
 /// The wire form of a restore record.
@@ -218,6 +220,7 @@ impl State {
         self.restore = Some(ActiveRestore {
             record: record.clone(),
             progress: RestoreProgress::new(nodes),
+            store_failures: 0,
         });
         Ok(record)
     }
@@ -324,12 +327,22 @@ impl State {
         let record = active.record.clone();
         if let Err(e) = self.put_restore(&record).await {
             // Stored before told: until the store takes it, the restore stays the active
-            // one (snapshots stay refused) and its end is stored again every tick.
-            tracing::error!(
-                restore = %record.id,
-                "cannot store the restore record ({e}); tried again every tick"
-            );
+            // one (snapshots stay refused) and its end is stored again every tick (logged at
+            // the first failure and every 40th: a full disk must not fill with this log).
+            if let Some(active) = self.restore.as_mut() {
+                active.store_failures = active.store_failures.saturating_add(1);
+                if active.store_failures % 40 == 1 {
+                    tracing::error!(
+                        restore = %record.id,
+                        failures = active.store_failures,
+                        "cannot store the restore record ({e}); tried again every tick"
+                    );
+                }
+            }
             return;
+        }
+        if let Some(active) = self.restore.as_mut() {
+            active.store_failures = 0;
         }
         match record.status {
             RestoreStatus::Done => self.unfinished_restore = None,
@@ -495,7 +508,11 @@ impl State {
                      that have not applied it get it again when they register"
                 );
                 self.restore_deadline(record.epoch);
-                self.restore = Some(ActiveRestore { record, progress });
+                self.restore = Some(ActiveRestore {
+                    record,
+                    progress,
+                    store_failures: 0,
+                });
             }
             Some(record) if record.status == RestoreStatus::Failed => {
                 tracing::warn!(

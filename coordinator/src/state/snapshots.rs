@@ -17,7 +17,13 @@ use crate::store::{EventKind, EventRecord, SnapshotRecord, SnapshotStatus, Verdi
 pub(super) struct Unstored {
     record: SnapshotRecord,
     failed: Option<FailureReason>,
+    /// Stores tried so far (the error is logged at the first and then every
+    /// [`LOG_EVERY`]th: a full disk must not fill up with this log).
+    tries: u64,
 }
+
+/// An end that stays unstored is logged again every this many tries (every 10 s or so).
+const LOG_EVERY: u64 = 40;
 
 /// A snapshot's end the store acknowledged. Only [`State::store_and_tell`] makes one (its
 /// fields are private to this module), and only [`State::tell_end`] takes one: nobody hears
@@ -433,7 +439,14 @@ impl State {
                     tracker::Outcome::Failed(reason) => Some(reason),
                     tracker::Outcome::Completed(_) => None,
                 };
-                self.unstored.insert(id, Unstored { record, failed });
+                self.unstored.insert(
+                    id,
+                    Unstored {
+                        record,
+                        failed,
+                        tries: 0,
+                    },
+                );
                 self.store_and_tell(id).await;
             }
         }
@@ -444,9 +457,10 @@ impl State {
     /// next tick ([`Self::store_unstored`]); if the term ends first, the next leader's
     /// recovery decides from what the store holds.
     pub(super) async fn store_and_tell(&mut self, id: SnapshotId) {
-        let Some(unstored) = self.unstored.remove(&id) else {
+        let Some(mut unstored) = self.unstored.remove(&id) else {
             return;
         };
+        unstored.tries = unstored.tries.saturating_add(1);
         match self.meta.put_snapshot(&unstored.record).await {
             Ok(()) => {
                 let stored = StoredEnd {
@@ -456,11 +470,14 @@ impl State {
                 self.tell_end(stored).await;
             }
             Err(e) => {
-                tracing::error!(
-                    snapshot = id.0,
-                    "cannot store the end of the snapshot ({e}): nobody is told until it is \
-                     stored (tried again every tick while this term lasts)"
-                );
+                if unstored.tries % LOG_EVERY == 1 {
+                    tracing::error!(
+                        snapshot = id.0,
+                        tries = unstored.tries,
+                        "cannot store the end of the snapshot ({e}): nobody is told until it \
+                         is stored (tried again every tick while this term lasts)"
+                    );
+                }
                 self.unstored.insert(id, unstored);
             }
         }

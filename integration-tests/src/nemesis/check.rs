@@ -220,6 +220,10 @@ pub fn check(entries: &[Entry], recovery_bound_s: f64) -> Verdict {
         ("snapshots had their money counted", v.money_checked),
         ("channels were checked id by id", v.channels_checked),
         ("transfers in flight were checked", v.in_flight_checked),
+        (
+            "ends told to a watcher were compared with the store's",
+            v.told_checked,
+        ),
     ] {
         if n < 10 {
             v.violation(format!("only {n} {what}: the run proves little"));

@@ -121,6 +121,13 @@ fn good() -> Vec<Entry> {
         ],
     });
     for k in 1..=12 {
+        h.push(Entry::Told {
+            at: k as f64 + 0.5,
+            id: k,
+            status: "COMPLETED".into(),
+        });
+    }
+    for k in 1..=12 {
         h.push(Entry::Snapshot(snapshot(k)));
     }
     h.push(Entry::Restore {
