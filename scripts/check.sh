@@ -28,15 +28,29 @@ cargo fmt --all --check
 say "cargo clippy --workspace --all-targets -- -D warnings"
 cargo clippy --workspace --all-targets --locked -- -D warnings
 
-say "the SDK without default features (the SDK an application links: no clap, tracing-subscriber, humantime, prometheus-client)"
+say "the SDK an application links (cairn-sdk: cairn-rpc without its server runtime; no clap, tracing-subscriber, humantime, axum, prometheus-client)"
 # CAIRN_CHECK_SDK_CLIPPY=no leaves its clippy out (scripts/test.sh runs it beside the fuzzers).
 if [ "${CAIRN_CHECK_SDK_CLIPPY:-yes}" != no ]; then
-  cargo clippy -p cairn-sdk --no-default-features --locked -- -D warnings
+  cargo clippy -p cairn-sdk --locked -- -D warnings
 fi
-if cargo tree -p cairn-sdk --no-default-features -e normal --prefix none --locked | grep -E '^(clap|tracing-subscriber|humantime|prometheus-client) '; then
-  echo "error: the SDK without default features depends on a CLI crate (above)" >&2
+if cargo tree -p cairn-sdk -e normal --prefix none --locked | grep -E '^(clap|tracing-subscriber|humantime|axum|prometheus-client) '; then
+  echo "error: the SDK depends on a server or CLI crate (above)" >&2
   exit 1
 fi
+
+say "the daemons do not stand on the client SDK; the fuzzers stand on cairn-proto alone"
+for daemon in cairn-node cairn-coordinator; do
+  if cargo tree -p "$daemon" -e normal --prefix none --locked | grep -E '^cairn-(sdk|cli) '; then
+    echo "error: $daemon depends on the client SDK (above): server code belongs in cairn-rpc" >&2
+    exit 1
+  fi
+done
+fuzz_packages=$(grep -c '^\[\[package\]\]' fuzz/Cargo.lock)
+if [ "$fuzz_packages" -ge 80 ]; then
+  echo "error: fuzz/Cargo.lock holds $fuzz_packages packages (fewer than 80: the fuzzers need cairn-proto, not the daemons)" >&2
+  exit 1
+fi
+echo "fuzz/Cargo.lock: $fuzz_packages packages"
 
 say "cairn-core stays pure (no tokio, tonic, prost, etcd-client)"
 if cargo tree -p cairn-core -e normal --prefix none --locked | grep -E '^(tokio|tonic|prost|etcd-client) '; then

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # cairn's one test command (CI runs it): first the static check (scripts/check.sh --static:
-# formatting, clippy with warnings as errors, the SDK without its CLI features, cairn-core's
+# formatting, clippy with warnings as errors, the SDK an application links, cairn-core's
 # purity, the docs), then it installs what the other tests need and runs every check a reviewer
 # would — the nemesis run, every test, the deployment checks, the compose cluster, the benches.
 #
@@ -120,13 +120,13 @@ cargo test --workspace --locked 2>&1 | tee "$log"
 awk '/^test result:/ { for (i = 1; i <= NF; i++) { if ($i ~ /^passed;?$/) p += $(i-1); if ($i ~ /^failed;?$/) f += $(i-1) } }
      END { printf "\ntests: %d passed, %d failed\n", p, f }' "$log"
 
-say "cargo clippy -p cairn-sdk --no-default-features (the SDK an application links), in the background while the fuzzers run"
+say "cargo clippy -p cairn-sdk (the SDK an application links: cairn-rpc without its server runtime), in the background while the fuzzers run"
 # It compiles tonic and tokio again with the SDK's own features (about 3 minutes); each fuzz
 # target runs on one core, so this takes the other, at low priority, in a process group of its
 # own (setsid) that cleanup kills if a stage fails first. check.sh without --static runs it in
 # line; its `cargo tree` check (no CLI crate in the SDK's tree) ran with the static check.
 sdk_log=target/sdk-clippy.log
-setsid nice -n 19 cargo clippy -j1 -p cairn-sdk --no-default-features --locked -- -D warnings \
+setsid nice -n 19 cargo clippy -j1 -p cairn-sdk --locked -- -D warnings \
   >"$sdk_log" 2>&1 &
 sdk_pid=$!
 
@@ -139,7 +139,7 @@ say "waiting for the SDK's clippy (started before the fuzzers)"
 if ! wait "$sdk_pid"; then
   sdk_pid=""
   cat "$sdk_log" >&2
-  echo "error: cargo clippy -p cairn-sdk --no-default-features failed (above)" >&2
+  echo "error: cargo clippy -p cairn-sdk failed (above)" >&2
   exit 1
 fi
 sdk_pid=""

@@ -23,10 +23,7 @@ pub fn digest(data: &[u8]) -> [u8; 32] {
     Sha256::digest(data).into()
 }
 
-/// Whether `name` is a chunk name: 64 lowercase hex digits.
-pub fn valid_name(name: &str) -> bool {
-    name.len() == 64 && name.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
-}
+pub use cairn_proto::stored::manifest::valid_name;
 
 /// One chunk: its bytes and their sha256.
 #[derive(Debug, Clone, PartialEq, Eq)]

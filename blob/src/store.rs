@@ -25,63 +25,13 @@ use std::time::{Duration, SystemTime};
 use bytes::Bytes;
 use futures_util::TryStreamExt;
 use object_store::{ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload};
-use serde::{Deserialize, Serialize};
 
 use crate::chunking::{Chunk, Chunker, MAX_CHUNK, digest, name_of, valid_name};
 use crate::location::{BlobArgs, Location};
+pub use cairn_proto::stored::manifest::{ChunkList, MAX_MANIFEST, Manifest, ManifestRef};
 
 /// How long garbage collection lets one delete take, retries included.
 const GC_DELETE_TIMEOUT: Duration = Duration::from_secs(5);
-
-/// The largest manifest read: about 1M chunks, 32 GiB of state at the average chunk size.
-pub const MAX_MANIFEST: u64 = 64 << 20;
-
-/// Bytes stored as content-addressed chunks.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ChunkList {
-    /// Total size.
-    pub size: u64,
-    /// The chunks' sha256, in order.
-    pub chunks: Vec<String>,
-}
-
-/// A part's chunk lists, stored as an object of its own (it can outgrow any metadata
-/// value: 1 GiB of state is ~2 MiB of names).
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Manifest {
-    /// The application's local state.
-    pub local_state: ChunkList,
-    /// The recorded channel states, as length-delimited `cairn.v1.ChannelState` messages.
-    pub channel_states: ChunkList,
-}
-
-impl Manifest {
-    /// A manifest from its stored bytes: JSON whose every chunk name is 64 lowercase hex
-    /// digits (a name is a path in the store); why not, otherwise.
-    pub fn parse(bytes: &[u8]) -> Result<Self, String> {
-        let manifest: Manifest = serde_json::from_slice(bytes).map_err(|e| e.to_string())?;
-        for name in manifest
-            .local_state
-            .chunks
-            .iter()
-            .chain(&manifest.channel_states.chunks)
-        {
-            if !valid_name(name) {
-                return Err(format!("bad chunk name `{}`", name.escape_debug()));
-            }
-        }
-        Ok(manifest)
-    }
-}
-
-/// Where a manifest is: the sha256 of its bytes, and their size.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ManifestRef {
-    /// The sha256 of the manifest's bytes.
-    pub sha256: String,
-    /// Their size.
-    pub size: u64,
-}
 
 /// What storing some bytes did.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

@@ -51,24 +51,21 @@
 //!
 //! - [`session`]: [`AppSession`], [`AppSender`], [`SendPermit`], [`AppEvent`].
 //! - [`coordinator`]: the coordinator client, [`CoordinatorClient`].
-//! - [`bank`]: the `cairn-bank` example application.
-//! - [`local_cluster`]: the processes of `cairnctl cluster up`.
-//! - `cli` (feature `cli`, on by default): start-up plumbing shared by cairn's binaries
-//!   (flags, logging, signals) and the daemons' `/metrics` endpoint. Build with
-//!   `default-features = false` for an application: no clap, no tracing-subscriber.
-//! - [`tls`]: TLS from PEM files (a CA, an identity) for servers and clients.
+//! - [`tls`]: TLS from PEM files (a CA, an identity) for clients (and servers): cairn-rpc's.
 //! - [`error`]: [`Error`], with [`Error::is_retryable`].
+//!
+//! No server code: the daemons' runtime is `cairn-rpc`'s `server` feature, which this
+//! crate does not enable; `cairnctl` and the example bank are `cairn-cli`
+//! (`client-sdk/cli/`).
 
 #![forbid(unsafe_code)]
 
-pub mod bank;
-#[cfg(feature = "cli")]
-pub mod cli;
 pub mod coordinator;
 pub mod error;
-pub mod local_cluster;
 pub mod session;
-pub mod tls;
+
+/// TLS from PEM files for cairn's gRPC links (cairn-rpc's, re-exported).
+pub use cairn_rpc::tls;
 
 pub use coordinator::CoordinatorClient;
 pub use error::Error;

@@ -5,7 +5,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 
 use bytes::{Bytes, BytesMut};
-use cairn_proto::v1 as pb;
+use cairn_rpc::v1 as pb;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, watch};
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::Streaming;
@@ -267,7 +267,7 @@ impl AppSession {
             // (about 50 ms of the application's work, at most 8 MiB), not by HTTP/2.
             .initial_stream_window_size(8 << 20)
             .initial_connection_window_size(16 << 20)
-            .max_frame_size(cairn_proto::limits::MAX_FRAME)
+            .max_frame_size(cairn_rpc::limits::MAX_FRAME)
             .connect()
             .await
             .map_err(|e| connect_error(crate::error::with_causes(&e)))?;

@@ -3,8 +3,8 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use cairn_core::Topology;
 use cairn_core::schedule::Policy;
-use cairn_core::{ChannelId, NodeId, Topology};
 
 /// Everything a coordinator needs to run.
 #[derive(Debug, Clone)]
@@ -43,10 +43,10 @@ pub struct CoordinatorConfig {
     /// How long a restore may take before it fails naming the nodes that did not apply.
     pub restore_timeout: Duration,
     /// Who may call what: the bearer tokens of `--auth-tokens`, or open (the default).
-    pub auth: cairn_sdk::cli::auth::Auth,
+    pub auth: cairn_rpc::server::auth::Auth,
     /// `--tls-*`: the gRPC port serves mutual TLS (client certificates required, checked
     /// against the CA). `None`: plaintext (the default).
-    pub tls: Option<cairn_sdk::tls::Tls>,
+    pub tls: Option<cairn_rpc::tls::Tls>,
     /// The address (`HOST:PORT`) other replicas, daemons and clients reach this replica at:
     /// the value of its election key, named to them in `cairn-leader`. `None`: the listen
     /// address, or `<hostname>:<port>` when listening on every interface.
@@ -89,7 +89,7 @@ impl CoordinatorConfig {
             policy: Policy::default(),
             auto_restore: false,
             restore_timeout: Duration::from_secs(60),
-            auth: cairn_sdk::cli::auth::Auth::open(),
+            auth: cairn_rpc::server::auth::Auth::open(),
             tls: None,
             advertise: None,
             leader_lease_ttl: Duration::from_secs(5),
@@ -322,7 +322,7 @@ impl EtcdFlags {
 /// Builds the TLS client configuration once so that a PEM file rustls cannot use (a
 /// damaged certificate, a key that is not the certificate's) is an error at start.
 fn check_tls(tls: &EtcdTls) -> Result<(), String> {
-    cairn_sdk::tls::install_crypto_provider();
+    cairn_rpc::tls::install_crypto_provider();
     let endpoint = tonic::transport::Endpoint::from_static("https://127.0.0.1");
     let ca = tonic::transport::Certificate::from_pem(&tls.ca);
     let config = tonic::transport::ClientTlsConfig::new().ca_certificate(ca.clone());
@@ -354,41 +354,7 @@ pub(crate) fn causes(error: &dyn std::error::Error) -> String {
     text
 }
 
-/// Parses a topology file: one directed channel `FROM>TO` per line, or a lone node id for a
-/// node without channels; blank lines and `#` comments are skipped. The nodes are every id
-/// named. Errors name the line.
-pub fn parse_topology(text: &str) -> Result<Topology, String> {
-    let mut nodes = Vec::new();
-    let mut channels = Vec::new();
-    for (number, line) in text.lines().enumerate() {
-        let line = line.split('#').next().unwrap_or("").trim();
-        if line.is_empty() {
-            continue;
-        }
-        let bad = |why: &str| format!("line {}: `{line}`: {why}", number + 1);
-        match line.split_once('>') {
-            Some((from, to)) => {
-                let (from, to) = (from.trim(), to.trim());
-                if from.is_empty() || to.is_empty() || to.contains('>') {
-                    return Err(bad("expected FROM>TO"));
-                }
-                if from.contains(char::is_whitespace) || to.contains(char::is_whitespace) {
-                    return Err(bad("node ids cannot hold spaces"));
-                }
-                nodes.extend([NodeId::new(from), NodeId::new(to)]);
-                channels.push(ChannelId::new(from, to));
-            }
-            None if line.contains(char::is_whitespace) => {
-                return Err(bad("expected FROM>TO or a single node id"));
-            }
-            None => nodes.push(NodeId::new(line)),
-        }
-    }
-    if nodes.is_empty() {
-        return Err("no nodes: the file names no channel and no node".into());
-    }
-    Topology::from_channels(nodes, channels).map_err(|e| e.to_string())
-}
+pub use cairn_proto::files::parse_topology;
 
 /// The lease TTLs a replica accepts (etcd's own minimum is about 2 s with its default
 /// timing).
@@ -396,10 +362,10 @@ pub const LEADER_LEASE_TTL: std::ops::RangeInclusive<Duration> =
     Duration::from_secs(2)..=Duration::from_secs(300);
 
 /// An advertised address is `HOST:PORT` as the daemons and clients accept a leader they are
-/// named (`cairn_sdk::coordinator::check_address`: a host name, an IPv4 address or a
+/// named (`cairn_rpc::leader::check_address`: a host name, an IPv4 address or a
 /// bracketed IPv6 one, a port, at most 255 bytes): it travels in `cairn-leader`.
 pub fn check_advertise(address: &str) -> Result<(), String> {
-    cairn_sdk::coordinator::check_address(address)
+    cairn_rpc::leader::check_address(address)
 }
 
 /// This machine's host name (`HOSTNAME`, else /etc/hostname, else `localhost`).
@@ -416,14 +382,6 @@ fn host_name() -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn a_ring_with_comments_and_a_lone_node() {
-        let t = parse_topology("# ring\nn1>n2\n n2 > n3 \nn3>n1 # back\n\nn4\n").unwrap();
-        assert_eq!(t.nodes().len(), 4);
-        assert_eq!(t.channels().len(), 3);
-        assert!(t.channels().contains(&ChannelId::new("n2", "n3")));
-    }
 
     /// A file in a fresh temporary directory holding `text`.
     fn temp_file(name: &str, text: &str) -> PathBuf {
@@ -629,14 +587,4 @@ mod tests {
         );
     }
 
-    #[test]
-    fn bad_lines_are_named() {
-        assert_eq!(
-            parse_topology("n1>n2\nn1>\n").unwrap_err(),
-            "line 2: `n1>`: expected FROM>TO"
-        );
-        assert!(parse_topology("n1>n1").unwrap_err().contains("n1"));
-        assert!(parse_topology("a b").unwrap_err().starts_with("line 1"));
-        assert!(parse_topology("# nothing\n").is_err());
-    }
 }

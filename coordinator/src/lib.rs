@@ -22,12 +22,10 @@ pub mod config;
 mod console;
 mod election;
 pub mod error;
-pub mod fuzzing;
 mod limits;
 mod metrics;
 mod parts;
 pub mod policy;
-mod records_conv;
 mod replica;
 mod roster;
 mod service;
@@ -39,7 +37,7 @@ use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
 use std::time::Duration;
 
-use cairn_proto::v1 as pb;
+use cairn_rpc::v1 as pb;
 use tokio::net::TcpListener;
 use tokio::sync::mpsc;
 use tokio::task::{JoinError, JoinHandle};
@@ -166,10 +164,10 @@ pub async fn run(
     let mut registry = prometheus_client::registry::Registry::default();
     metrics.register(&mut registry);
     config.auth.register(&mut registry);
-    let tls_metrics = cairn_sdk::cli::tls::TlsMetrics::default();
+    let tls_metrics = cairn_rpc::server::tls::TlsMetrics::default();
     tls_metrics.register(&mut registry);
     if let Some(tls) = &config.tls {
-        cairn_sdk::cli::tls::watch(tls, &tls_metrics, stop.clone());
+        cairn_rpc::server::tls::watch(tls, &tls_metrics, stop.clone());
     }
     let (health, health_service) = tonic_health::server::health_reporter();
     config.auth.start(
@@ -233,7 +231,7 @@ pub async fn run(
     if let Some(listener) = metrics_listener {
         // The console and its API beside /metrics, calling the gRPC methods they mirror.
         let console = console::router(service.clone(), config.auth.clone(), config.cluster.clone());
-        tokio::spawn(cairn_sdk::cli::metrics::serve(
+        tokio::spawn(cairn_rpc::server::metrics::serve(
             listener,
             Arc::new(registry),
             stop.clone(),
@@ -251,13 +249,13 @@ pub async fn run(
     // Windows of a few MiB: parts stream in pieces of up to about a MiB (h2's default 64 KiB
     // window would make each wait for window updates), and what a connection can leave
     // unread stays small. Uploads carry recorded messages up to the largest payload a
-    // daemon allows; every other call is a small control message (cairn_proto::limits).
+    // daemon allows; every other call is a small control message (cairn_rpc::limits).
     // A daemon's connection carries its session, its uploads and a fetch; cairnctl's one call.
     const COORDINATOR_STREAMS: u32 = 64;
     // A piece holds recorded messages up to 1 MiB plus the one that crossed it.
     const UPLOAD_MESSAGE: usize =
-        cairn_proto::limits::data_message(cairn_proto::limits::MAX_PAYLOAD_CEILING);
-    let server = cairn_proto::limits::server(COORDINATOR_STREAMS)
+        cairn_rpc::limits::data_message(cairn_rpc::limits::MAX_PAYLOAD_CEILING);
+    let server = cairn_rpc::limits::server(COORDINATOR_STREAMS)
         .initial_stream_window_size(4 << 20)
         .initial_connection_window_size(16 << 20)
         // A follower names the leader on every answer (`cairn-leader`).
@@ -267,23 +265,23 @@ pub async fn run(
         // Bearer tokens and roles (`--auth-tokens`), before a byte of a body is read.
         .layer(config.auth.layer(&config.cluster, config.tls.as_ref()))
         .layer(
-            cairn_proto::limits::MessageLimits::new(cairn_proto::limits::CONTROL_MESSAGE)
+            cairn_rpc::limits::MessageLimits::new(cairn_rpc::limits::CONTROL_MESSAGE)
                 .rpc("/cairn.v1.Coordinator/UploadSnapshotPart", UPLOAD_MESSAGE),
         )
         .add_service(health_service)
         .add_service(
-            cairn_proto::reflection::v1(cairn_proto::reflection::COORDINATOR)
+            cairn_rpc::reflection::v1(cairn_rpc::reflection::COORDINATOR)
                 .map_err(|e| RunError::Reflection(e.to_string()))?,
         )
         .add_service(
-            cairn_proto::reflection::v1alpha(cairn_proto::reflection::COORDINATOR)
+            cairn_rpc::reflection::v1alpha(cairn_rpc::reflection::COORDINATOR)
                 .map_err(|e| RunError::Reflection(e.to_string()))?,
         )
         .add_service(
             pb::coordinator_server::CoordinatorServer::from_arc(service)
                 .max_decoding_message_size(UPLOAD_MESSAGE),
         );
-    // With TLS, the handshakes run in cairn_sdk's accept loop (mutual TLS: a client without
+    // With TLS, the handshakes run in cairn-rpc's accept loop (mutual TLS: a client without
     // a certificate of the CA is refused there), with the certificate in force.
     let (tls, stop_serving) = (config.tls.clone(), stop_server.clone());
     let server = async move {
@@ -291,7 +289,7 @@ pub async fn run(
             Some(tls) => {
                 server
                     .serve_with_incoming_shutdown(
-                        cairn_sdk::cli::tls::incoming(
+                        cairn_rpc::server::tls::incoming(
                             listener,
                             tls,
                             tls_metrics,

@@ -9,7 +9,7 @@ use cairn_coordinator::CoordinatorConfig;
 use cairn_coordinator::config::EtcdFlags;
 use cairn_core::SnapshotMode;
 use cairn_core::schedule::{MAX_CONCURRENT, MAX_TIMEOUT, Policy, PolicyField};
-use cairn_sdk::cli;
+use cairn_rpc::server as cli;
 use clap::Parser;
 
 /// The cairn coordinator: node daemons register with it; it starts snapshots, collects

@@ -1,4 +1,4 @@
-//! The coordinator's Prometheus metrics (served by `cairn_sdk::cli::metrics::serve`).
+//! The coordinator's Prometheus metrics (served by `cairn_rpc::server::metrics::serve`).
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;

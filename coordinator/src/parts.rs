@@ -28,7 +28,7 @@ pub(crate) const MAX_PART_CHUNKS: usize = 900_000;
 
 /// The most data `GetSnapshot` returns inline per part; larger ones are read with the
 /// streaming `ReadSnapshotData`.
-pub(crate) const MAX_INLINE_DATA: u64 = 64 << 20;
+pub(crate) use cairn_proto::stored::records::MAX_INLINE_DATA;
 
 /// A stored part: its record (already in the blob store's terms) and what the tracker needs.
 pub(crate) struct StoredPart {
@@ -478,7 +478,7 @@ pub(crate) async fn send_chunks<T>(
 /// The largest recorded-messages piece an upload carries: ~1 MiB of messages plus one of the
 /// largest payload a daemon accepts.
 const MAX_CHANNEL_STATE: usize =
-    cairn_proto::limits::data_message(cairn_proto::limits::MAX_PAYLOAD_CEILING);
+    cairn_rpc::limits::data_message(cairn_rpc::limits::MAX_PAYLOAD_CEILING);
 
 /// Decodes the recorded messages of a part as their chunks arrive: each chunk is appended,
 /// and every `ChannelState` whose bytes are all here is taken out.

@@ -4,12 +4,12 @@
 use std::time::Duration;
 
 use cairn_core::schedule::{Policy, Status, saturating_millis};
-use cairn_proto::convert::{mode_from_pb, policy_error};
+use cairn_proto::convert::policy_error;
 use cairn_proto::v1 as pb;
 
 use crate::error::Error;
-use crate::records_conv::{mode_name, now_ms};
 use crate::store::PolicyRecord;
+use cairn_proto::stored::convert::{mode_name, now_ms};
 
 /// The health service name whose status follows the freshness of the newest snapshot.
 pub const FRESHNESS_SERVICE: &str = "cairn.v1.SnapshotFreshness";
@@ -32,33 +32,6 @@ impl Source {
         }
     }
 }
-
-/// The fields `SetPolicy` may change.
-const WRITABLE: &[&str] = &[
-    "interval_ms",
-    "mode",
-    "timeout_ms",
-    "alignment_timeout_ms",
-    "min_pause_ms",
-    "jitter_ms",
-    "max_concurrent",
-    "tolerated_failures",
-    "freshness_threshold_ms",
-];
-
-/// The fields only the coordinator sets.
-const READ_ONLY: &[&str] = &[
-    "consecutive_failures",
-    "skipped",
-    "newest_completed_age_ms",
-    "failing",
-    "last_failure",
-    "started",
-    "source",
-    "next_due_in_ms",
-    "stale",
-    "has_completed",
-];
 
 fn ms(d: Duration) -> u64 {
     saturating_millis(d)
@@ -174,78 +147,10 @@ pub fn to_pb(policy: &Policy, source: Source, status: &Status) -> pb::Policy {
     }
 }
 
-/// The fields of `wire` a `SetPolicy` without an update list changes: those not zero.
-fn set_fields(wire: &pb::Policy) -> Vec<String> {
-    let set = [
-        ("interval_ms", wire.interval_ms != 0),
-        ("mode", wire.mode != 0),
-        ("timeout_ms", wire.timeout_ms != 0),
-        ("alignment_timeout_ms", wire.alignment_timeout_ms != 0),
-        ("min_pause_ms", wire.min_pause_ms != 0),
-        ("jitter_ms", wire.jitter_ms != 0),
-        ("max_concurrent", wire.max_concurrent != 0),
-        ("tolerated_failures", wire.tolerated_failures != 0),
-        ("freshness_threshold_ms", wire.freshness_threshold_ms != 0),
-    ];
-    set.iter()
-        .filter(|(_, on)| *on)
-        .map(|(name, _)| (*name).to_owned())
-        .collect()
-}
-
-/// `current` with the fields `update` names (or, if it names none, the fields of `wire`
-/// that are not zero) taken from `wire`, checked. Switching the mode away from ALIGNED
-/// drops an alignment timeout the request does not name.
+/// `current` with `SetPolicy`'s update applied ([`cairn_proto::convert::apply_policy_update`]);
+/// a bad update is `INVALID_ARGUMENT`.
 pub fn apply(current: &Policy, wire: &pb::Policy, update: &[String]) -> Result<Policy, Error> {
-    let names = if update.is_empty() {
-        set_fields(wire)
-    } else {
-        update.to_vec()
-    };
-    if names.is_empty() {
-        return Err(Error::InvalidArgument(
-            "nothing to change: set a field of `policy` or name fields in `update`".into(),
-        ));
-    }
-    let mut next = current.clone();
-    for name in &names {
-        match name.as_str() {
-            "interval_ms" => next.interval = Duration::from_millis(wire.interval_ms),
-            "mode" => {
-                next.mode = mode_from_pb(wire.mode, None)
-                    .map_err(|e| Error::InvalidArgument(format!("mode: {e}")))?;
-                if next.mode != cairn_core::SnapshotMode::Aligned
-                    && !names.iter().any(|n| n == "alignment_timeout_ms")
-                {
-                    next.alignment_timeout = None;
-                }
-            }
-            "timeout_ms" => next.timeout = Duration::from_millis(wire.timeout_ms),
-            "alignment_timeout_ms" => next.alignment_timeout = from_ms(wire.alignment_timeout_ms),
-            "min_pause_ms" => next.min_pause = Duration::from_millis(wire.min_pause_ms),
-            "jitter_ms" => next.jitter = Duration::from_millis(wire.jitter_ms),
-            "max_concurrent" => next.max_concurrent = wire.max_concurrent,
-            "tolerated_failures" => next.tolerated_failures = wire.tolerated_failures,
-            "freshness_threshold_ms" => {
-                next.freshness_threshold = from_ms(wire.freshness_threshold_ms)
-            }
-            other if READ_ONLY.contains(&other) => {
-                return Err(Error::InvalidArgument(format!(
-                    "`{other}` is read-only; the fields SetPolicy changes are: {}",
-                    WRITABLE.join(", ")
-                )));
-            }
-            other => {
-                return Err(Error::InvalidArgument(format!(
-                    "unknown policy field `{other}`; the fields SetPolicy changes are: {}",
-                    WRITABLE.join(", ")
-                )));
-            }
-        }
-    }
-    next.check()
-        .map_err(|e| Error::InvalidArgument(policy_error(&e)))?;
-    Ok(next)
+    cairn_proto::convert::apply_policy_update(current, wire, update).map_err(Error::InvalidArgument)
 }
 
 /// A one-line account of a policy for logs.

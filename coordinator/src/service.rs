@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use cairn_core::{NodeId, SnapshotId, StartRequest};
 use cairn_proto::convert::channel_from_pb;
-use cairn_proto::v1 as pb;
-use cairn_sdk::cli::identity::{Peer, check_node};
+use cairn_rpc::server::identity::{Peer, check_node};
+use cairn_rpc::v1 as pb;
 use tokio::sync::{mpsc, oneshot};
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
@@ -19,13 +19,13 @@ use crate::error::Error;
 use crate::limits;
 use crate::parts;
 use crate::policy;
-use crate::records_conv::{mode_pb, progress_pb, snapshot_pb, status_from_pb};
 use crate::replica::Replica;
 use crate::state::{Msg, PartSizes, mode_of, restore_epoch, restore_pb};
 use crate::store::{
     MemberRecord, Metadata, PartRecord, RestoreRecord, SnapshotRecord, SnapshotStatus,
 };
 use cairn_blob::BlobStore;
+use cairn_proto::stored::convert::{mode_pb, progress_pb, snapshot_pb, status_from_pb};
 
 /// The `Coordinator` service. The leader answers everything; a follower answers reads
 /// from the metadata store and refuses the rest with UNAVAILABLE naming the leader.
@@ -1085,7 +1085,7 @@ mod tests {
             "{gone}"
         );
         assert_eq!(Status::from(gone).code(), tonic::Code::NotFound);
-        let record = crate::store::records::sample_snapshot(7);
+        let record = crate::store::sample_snapshot(7);
         meta.put_snapshot(&record).await.unwrap();
         let still = loss_or_gone(&meta, SnapshotId(7), loss()).await;
         assert!(matches!(still, Error::DataLoss(_)), "{still}");

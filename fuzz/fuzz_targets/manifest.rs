@@ -1,5 +1,5 @@
 #![no_main]
 
 libfuzzer_sys::fuzz_target!(|data: &[u8]| {
-    let _ = cairn_blob::Manifest::parse(data);
+    cairn_proto::fuzzing::manifest(data);
 });

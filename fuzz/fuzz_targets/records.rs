@@ -1,5 +1,5 @@
 #![no_main]
 
 libfuzzer_sys::fuzz_target!(|data: &[u8]| {
-    cairn_coordinator::fuzzing::records(data)
+    cairn_proto::fuzzing::records(data)
 });

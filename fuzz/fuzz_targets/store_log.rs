@@ -1,5 +1,5 @@
 #![no_main]
 
 libfuzzer_sys::fuzz_target!(|data: &[u8]| {
-    cairn_coordinator::fuzzing::store_log(data)
+    cairn_proto::fuzzing::store_log(data)
 });

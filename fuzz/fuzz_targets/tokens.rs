@@ -1,5 +1,5 @@
 #![no_main]
 
 libfuzzer_sys::fuzz_target!(|data: &[u8]| {
-    cairn_coordinator::fuzzing::tokens(data)
+    cairn_proto::fuzzing::tokens(data)
 });

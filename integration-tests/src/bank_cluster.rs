@@ -7,8 +7,8 @@ use std::process::Command;
 use std::time::Duration;
 
 use cairn_core::{NodeId, SnapshotMode, Topology};
-use cairn_proto::bank::v1 as bank_pb;
-use cairn_proto::v1 as pb;
+use cairn_rpc::bank::v1 as bank_pb;
+use cairn_rpc::v1 as pb;
 use tonic::Code;
 use tonic::transport::Channel;
 

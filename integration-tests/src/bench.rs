@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use cairn_proto::v1 as pb;
+use cairn_rpc::v1 as pb;
 use cairn_sdk::{AppEvent, AppSession};
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;

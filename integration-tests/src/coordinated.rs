@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
-use cairn_proto::v1 as pb;
+use cairn_rpc::v1 as pb;
 use tonic::transport::Channel;
 
 use crate::processes::{ChildGuard, binary, eventually, free_port};
@@ -680,7 +680,7 @@ impl CoordinatedCluster {
             .list_nodes(pb::ListNodesRequest {})
             .await?
             .into_inner();
-        let ready = cairn_sdk::local_cluster::Readiness {
+        let ready = cairn_cli::local_cluster::Readiness {
             channels: topology
                 .channels
                 .iter()
@@ -693,7 +693,7 @@ impl CoordinatedCluster {
                 .count(),
             app,
         };
-        cairn_sdk::local_cluster::wait_node_ready(
+        cairn_cli::local_cluster::wait_node_ready(
             &node.peer,
             node.bank.as_deref(),
             ready,
@@ -847,7 +847,7 @@ impl CoordinatedCluster {
     pub async fn bank(
         &self,
         i: usize,
-    ) -> anyhow::Result<cairn_proto::bank::v1::bank_client::BankClient<Channel>> {
+    ) -> anyhow::Result<cairn_rpc::bank::v1::bank_client::BankClient<Channel>> {
         let address = self.nodes[i]
             .bank
             .as_ref()
@@ -855,7 +855,7 @@ impl CoordinatedCluster {
         let channel = cairn_sdk::tls::endpoint(address, self.tls.as_ref())?
             .connect()
             .await?;
-        Ok(cairn_proto::bank::v1::bank_client::BankClient::new(channel))
+        Ok(cairn_rpc::bank::v1::bank_client::BankClient::new(channel))
     }
 
     /// Sets every bank's rate of random transfers (0 pauses them).
@@ -865,7 +865,7 @@ impl CoordinatedCluster {
             if self.nodes[i].bank_process.is_some() {
                 self.bank(i)
                     .await?
-                    .set_workload(cairn_proto::bank::v1::SetWorkloadRequest { rate })
+                    .set_workload(cairn_rpc::bank::v1::SetWorkloadRequest { rate })
                     .await?;
             }
         }
@@ -1080,12 +1080,12 @@ pub fn assert_completed(snapshot: &pb::Snapshot, total: u64) {
 pub fn bank_money(snapshot: &pb::Snapshot) -> anyhow::Result<u64> {
     let mut total = 0;
     for node in &snapshot.nodes {
-        let state: cairn_sdk::bank::BankState = serde_json::from_slice(&node.local_state)
+        let state: cairn_cli::bank::BankState = serde_json::from_slice(&node.local_state)
             .map_err(|e| anyhow::anyhow!("{}: {e}", node.node_id))?;
         total += state.balance;
         for channel in &node.channel_states {
             for m in &channel.messages {
-                total += cairn_sdk::bank::TransferPayload::decode(&m.payload)?.amount;
+                total += cairn_cli::bank::TransferPayload::decode(&m.payload)?.amount;
             }
         }
     }

@@ -3,13 +3,13 @@
 
 use std::collections::BTreeMap;
 
+use cairn_cli::bank::{BankState, TransferPayload};
 use cairn_core::{
     ChannelId, Consistent, IncomingCut, LocalReport, NodeId, NodePart, OutgoingCut, SnapshotId,
     Topology, verify,
 };
 use cairn_proto::convert::channel_from_pb;
 use cairn_proto::v1 as pb;
-use cairn_sdk::bank::{BankState, TransferPayload};
 
 /// What a snapshot of bank applications shows.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -6,7 +6,7 @@ use std::net::SocketAddr;
 
 use cairn_core::NodeId;
 use cairn_node::{Listeners, NodeConfig};
-use cairn_proto::v1 as pb;
+use cairn_rpc::v1 as pb;
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;

@@ -85,9 +85,9 @@ pub fn signal_pid(pid: u32, signal: &str) {
 }
 
 /// A free TCP port on 127.0.0.1 for a process to listen on (see
-/// [`cairn_sdk::local_cluster::free_port`]: never the same port twice in one process).
+/// [`cairn_cli::local_cluster::free_port`]: never the same port twice in one process).
 pub fn free_port() -> u16 {
-    cairn_sdk::local_cluster::free_port().expect("a free port below the ephemeral range")
+    cairn_cli::local_cluster::free_port().expect("a free port below the ephemeral range")
 }
 
 /// The path of the workspace's built binary `name` (next to the test executable), or the

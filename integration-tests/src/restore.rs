@@ -4,9 +4,9 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+use cairn_cli::bank::{BankState, TransferPayload};
 use cairn_proto::bank::v1 as bank;
 use cairn_proto::v1 as pb;
-use cairn_sdk::bank::{BankState, TransferPayload};
 
 use crate::coordinated::{CoordinatedCluster, assert_completed};
 use crate::processes::eventually;

@@ -18,7 +18,7 @@ use cairn_integration_tests::coordinated::{
     certs_init, http_get, http_request, scrape, scrape_with, tls_args,
 };
 use cairn_integration_tests::processes::{ChildGuard, binary, eventually, free_port};
-use cairn_proto::v1 as pb;
+use cairn_rpc::v1 as pb;
 use tonic::transport::Channel;
 use tonic::{Code, Status};
 

@@ -7,10 +7,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
+use cairn_cli::bank::{BankState, TransferPayload};
 use cairn_integration_tests::coordinated::{CoordinatedCluster, Store, assert_completed, scrape};
 use cairn_integration_tests::etcd::Etcd;
-use cairn_proto::v1 as pb;
-use cairn_sdk::bank::{BankState, TransferPayload};
+use cairn_rpc::v1 as pb;
 use cairn_sdk::{AppEvent, AppSession};
 use pb::failure_reason::Kind;
 use tokio::task::JoinHandle;

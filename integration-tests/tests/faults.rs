@@ -6,13 +6,13 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+use cairn_cli::bank::{self, BankConfig};
 use cairn_core::{NodeId, Topology};
 use cairn_integration_tests::coordinated::channel_fault;
 use cairn_integration_tests::cut::check_bank_cut;
 use cairn_integration_tests::local::{LocalCluster, bind};
-use cairn_proto::bank::v1 as bank_pb;
-use cairn_proto::v1 as pb;
-use cairn_sdk::bank::{self, BankConfig};
+use cairn_rpc::bank::v1 as bank_pb;
+use cairn_rpc::v1 as pb;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tonic::Code;

@@ -13,17 +13,13 @@ const TARGETS: &[(&str, Target)] = &[
     ("peer_frames", cairn_proto::fuzzing::peer_frames),
     ("app_messages", cairn_proto::fuzzing::app_messages),
     ("upload_chunk", cairn_proto::fuzzing::upload_chunk),
-    ("manifest", manifest),
-    ("records", cairn_coordinator::fuzzing::records),
-    ("store_log", cairn_coordinator::fuzzing::store_log),
-    ("topology", cairn_coordinator::fuzzing::topology),
-    ("tokens", cairn_coordinator::fuzzing::tokens),
-    ("policy", cairn_coordinator::fuzzing::policy),
+    ("manifest", cairn_proto::fuzzing::manifest),
+    ("records", cairn_proto::fuzzing::records),
+    ("store_log", cairn_proto::fuzzing::store_log),
+    ("topology", cairn_proto::fuzzing::topology),
+    ("tokens", cairn_proto::fuzzing::tokens),
+    ("policy", cairn_proto::fuzzing::policy),
 ];
-
-fn manifest(data: &[u8]) {
-    let _ = cairn_blob::Manifest::parse(data);
-}
 
 fn fuzz_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../fuzz")

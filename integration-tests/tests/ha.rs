@@ -12,7 +12,7 @@ use cairn_integration_tests::etcd::Etcd;
 use cairn_integration_tests::processes::{ChildGuard, binary, eventually, free_port};
 use cairn_integration_tests::proxy::{Loss, LossyProxy};
 use cairn_integration_tests::restore;
-use cairn_proto::v1 as pb;
+use cairn_rpc::v1 as pb;
 use etcd_client::{EventType, GetOptions, WatchOptions};
 use pb::failure_reason::Kind;
 

@@ -14,7 +14,7 @@ use cairn_integration_tests::bench::filler;
 use cairn_integration_tests::coordinated::{CoordinatedCluster, Store, assert_completed};
 use cairn_integration_tests::processes::{ChildGuard, binary, eventually, free_port};
 use cairn_integration_tests::restore::{assert_restored, snapshot, wait_newest_restore};
-use cairn_proto::v1 as pb;
+use cairn_rpc::v1 as pb;
 use cairn_sdk::{AppEvent, AppSession};
 use tonic::Code;
 

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use cairn_integration_tests::coordinated::channel_fault;
 use cairn_integration_tests::processes::{ChildGuard, binary, eventually, free_port};
-use cairn_proto::v1 as pb;
+use cairn_rpc::v1 as pb;
 use cairn_sdk::{AppEvent, AppSession};
 use tonic::Code;
 

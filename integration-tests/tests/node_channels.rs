@@ -7,7 +7,7 @@ use bytes::Bytes;
 use cairn_core::NodeId;
 use cairn_integration_tests::local::{LocalCluster, bind};
 use cairn_integration_tests::proxy::CuttingProxy;
-use cairn_proto::v1 as pb;
+use cairn_rpc::v1 as pb;
 use cairn_sdk::{AppEvent, AppSession};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;

@@ -7,13 +7,13 @@ use std::process::Command;
 use std::time::Duration;
 
 use bytes::Bytes;
+use cairn_cli::bank::TransferPayload;
 use cairn_integration_tests::coordinated::{CoordinatedCluster, Store};
 use cairn_integration_tests::etcd::Etcd;
 use cairn_integration_tests::processes::{ChildGuard, binary, eventually, free_port};
 use cairn_proto::bank::v1 as bank_pb;
 use cairn_proto::v1 as pb;
 use cairn_sdk::AppSession;
-use cairn_sdk::bank::TransferPayload;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_bank_counts_and_never_applies_a_malformed_or_overflowing_transfer() {

@@ -16,12 +16,12 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use cairn_blob::{ChunkList, Manifest};
+use cairn_cli::bank::{BankState, Order, Received, TransferPayload};
 use cairn_coordinator::store::{FileKv, Kv};
 use cairn_core::{ChannelId, IncomingCut, NodeId, OutgoingCut, Plan, SnapshotId, SnapshotMode};
 use cairn_proto::convert::plan_to_pb;
 use cairn_proto::runs::{RunBuilder, split};
 use cairn_proto::v1 as pb;
-use cairn_sdk::bank::{BankState, Order, Received, TransferPayload};
 use proptest::collection::{btree_map, btree_set, vec};
 use proptest::prelude::*;
 use prost::Message;

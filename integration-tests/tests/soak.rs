@@ -5,7 +5,7 @@
 //! complete.
 
 use cairn_integration_tests::coordinated::{CoordinatedCluster, Store, assert_completed};
-use cairn_proto::v1 as pb;
+use cairn_rpc::v1 as pb;
 use tonic::Code;
 
 const SNAPSHOTS: usize = 100;

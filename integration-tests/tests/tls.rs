@@ -16,7 +16,7 @@ use cairn_integration_tests::coordinated::{
 };
 use cairn_integration_tests::processes::{binary, free_port};
 use cairn_integration_tests::tls_support;
-use cairn_proto::v1 as pb;
+use cairn_rpc::v1 as pb;
 use cairn_sdk::tls::{Tls, endpoint};
 
 /// Calls ListNodes on the coordinator at `address` with `tls` (`None`: plaintext): `Ok` if
@@ -316,8 +316,8 @@ async fn a_tls_cluster_snapshots_in_every_mode_and_refuses_other_clients() {
         async move {
             let call = async {
                 let channel = endpoint(&bank, tls.as_ref())?.connect().await?;
-                cairn_proto::bank::v1::bank_client::BankClient::new(channel)
-                    .get_balance(cairn_proto::bank::v1::GetBalanceRequest {})
+                cairn_rpc::bank::v1::bank_client::BankClient::new(channel)
+                    .get_balance(cairn_rpc::bank::v1::GetBalanceRequest {})
                     .await?;
                 anyhow::Ok(())
             };
@@ -337,8 +337,8 @@ async fn a_tls_cluster_snapshots_in_every_mode_and_refuses_other_clients() {
                 .connect()
                 .await
                 .unwrap();
-            cairn_proto::bank::v1::bank_client::BankClient::new(channel)
-                .transfer(cairn_proto::bank::v1::TransferRequest {
+            cairn_rpc::bank::v1::bank_client::BankClient::new(channel)
+                .transfer(cairn_rpc::bank::v1::TransferRequest {
                     to: "n2".into(),
                     amount: 1,
                     ..Default::default()

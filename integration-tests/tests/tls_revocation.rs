@@ -17,7 +17,7 @@ use cairn_integration_tests::coordinated::{
 };
 use cairn_integration_tests::processes::{binary, eventually, free_port};
 use cairn_integration_tests::tls_support;
-use cairn_proto::v1 as pb;
+use cairn_rpc::v1 as pb;
 use cairn_sdk::tls::{Tls, endpoint};
 use rcgen::{
     CertificateRevocationListParams, Issuer, KeyIdMethod, KeyPair, RevocationReason,

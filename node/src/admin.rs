@@ -7,7 +7,7 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use cairn_core::SnapshotId;
-use cairn_proto::v1 as pb;
+use cairn_rpc::v1 as pb;
 use tokio::sync::{mpsc, oneshot};
 use tonic::{Request, Response, Status};
 

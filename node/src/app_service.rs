@@ -7,8 +7,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use bytes::Bytes;
 use cairn_core::{ChannelId, SnapshotId};
-use cairn_proto::v1 as pb;
-use cairn_sdk::cli::identity::{Peer, check_node};
+use cairn_rpc::server::identity::{Peer, check_node};
+use cairn_rpc::v1 as pb;
 use tokio::sync::{mpsc, oneshot};
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;

@@ -46,11 +46,11 @@ pub struct NodeConfig {
     pub advertise: Option<String>,
     /// Who may call NodeAdmin: the bearer tokens of `--auth-tokens`, or open (the default).
     /// The peer channels and the application session are not governed by tokens.
-    pub auth: cairn_sdk::cli::auth::Auth,
+    pub auth: cairn_rpc::server::auth::Auth,
     /// `--tls-*`: the peer port serves mutual TLS (client certificates required, checked
     /// against the CA) and the links to peers and to the coordinator use it. `None`:
     /// plaintext (the default).
-    pub tls: Option<cairn_sdk::tls::Tls>,
+    pub tls: Option<cairn_rpc::tls::Tls>,
     /// With a coordinator: the blob store this daemon writes its parts' new state chunks to
     /// itself (the coordinator's; `--blob-store`). No location: the chunks travel in the
     /// upload to the coordinator.
@@ -79,7 +79,7 @@ impl NodeConfig {
             keep_parts: 256,
             coordinators: Vec::new(),
             advertise: None,
-            auth: cairn_sdk::cli::auth::Auth::open(),
+            auth: cairn_rpc::server::auth::Auth::open(),
             tls: None,
             blob: cairn_blob::BlobArgs::default(),
         }
@@ -103,10 +103,10 @@ impl NodeConfig {
     /// The topology to start with, checked. With a coordinator: this node alone (the
     /// coordinator's membership follows). Without: this node must be a member and every
     /// channel must join members. Also checks `max_payload` against
-    /// [`cairn_proto::limits::MAX_PAYLOAD_CEILING`] (the coordinator's upload limit fits a
+    /// [`cairn_rpc::limits::MAX_PAYLOAD_CEILING`] (the coordinator's upload limit fits a
     /// message up to it).
     pub fn topology(&self) -> Result<Topology, ConfigError> {
-        let ceiling = cairn_proto::limits::MAX_PAYLOAD_CEILING;
+        let ceiling = cairn_rpc::limits::MAX_PAYLOAD_CEILING;
         if self.max_payload == 0 || self.max_payload > ceiling {
             return Err(ConfigError::Invalid(format!(
                 "--max-payload must be 1 to {ceiling} bytes (16 MiB); got {}",

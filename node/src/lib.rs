@@ -25,7 +25,7 @@
 //! - `part`: a node's part of a snapshot in core types, and its wire form (built at the
 //!   edges: `admin`, the link's upload); other conversions live in `cairn_proto::convert`.
 //! - [`error`]: the daemon's [`Error`] and its gRPC codes.
-//! - [`metrics`]: Prometheus metrics (served by `cairn_sdk::cli::metrics`).
+//! - [`metrics`]: Prometheus metrics (served by `cairn_rpc::server::metrics`).
 //! - `wiring`: the node's members and channels, and how they grow.
 //! - `coordinator_link`: the session with the coordinator (`upload`, `restore_fetch`;
 //!   `coordinators`: which replica to try next; `term`: the leadership-term rule).
@@ -56,8 +56,8 @@ use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use cairn_proto::v1 as pb;
-use cairn_proto::{limits, reflection};
+use cairn_rpc::v1 as pb;
+use cairn_rpc::{limits, reflection};
 use tokio::net::TcpListener;
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
@@ -134,7 +134,7 @@ pub async fn run(
     let mut registry = prometheus_client::registry::Registry::default();
     metrics.register(&mut registry);
     config.auth.register(&mut registry);
-    let tls_metrics = cairn_sdk::cli::tls::TlsMetrics::default();
+    let tls_metrics = cairn_rpc::server::tls::TlsMetrics::default();
     tls_metrics.register(&mut registry);
     let first = wiring::wiring(&me, topology, config.peers.clone(), buffer, None);
     let shared = Arc::new(Shared {
@@ -233,7 +233,7 @@ pub async fn run(
     if let Some(tls) = &config.tls {
         // New certificates go in force for new handshakes and for this daemon's new
         // connections to peers and the coordinator; channels that are up stay up.
-        cairn_sdk::cli::tls::watch(tls, &tls_metrics, stop.clone());
+        cairn_rpc::server::tls::watch(tls, &tls_metrics, stop.clone());
     }
     config.auth.start(
         "this daemon's NodeAdmin",
@@ -259,7 +259,7 @@ pub async fn run(
             pb::peer_server::PeerServer::new(peer_service).max_decoding_message_size(data_limit),
         )
         .add_service(pb::node_admin_server::NodeAdminServer::new(admin_service));
-    // With TLS, the handshakes run in cairn_sdk's accept loop (mutual TLS: a client without
+    // With TLS, the handshakes run in cairn-rpc's accept loop (mutual TLS: a client without
     // a certificate of the CA is refused there), with the certificate in force.
     let peer_server = {
         let (tls, tls_metrics, stop) = (config.tls.clone(), tls_metrics.clone(), stop.clone());
@@ -269,7 +269,7 @@ pub async fn run(
                 Some(tls) => {
                     peer_server
                         .serve_with_incoming_shutdown(
-                            cairn_sdk::cli::tls::incoming(
+                            cairn_rpc::server::tls::incoming(
                                 peer_listener,
                                 tls,
                                 tls_metrics,
@@ -320,7 +320,7 @@ pub async fn run(
                 Some(tls) => {
                     app_server
                         .serve_with_incoming_shutdown(
-                            cairn_sdk::cli::tls::incoming(
+                            cairn_rpc::server::tls::incoming(
                                 app_listener,
                                 tls,
                                 tls_metrics,
@@ -345,7 +345,7 @@ pub async fn run(
     let peer_server = tokio::spawn(peer_server);
     let app_server = tokio::spawn(app_server);
     if let Some(listener) = listeners.metrics {
-        tokio::spawn(cairn_sdk::cli::metrics::serve(
+        tokio::spawn(cairn_rpc::server::metrics::serve(
             listener,
             Arc::new(registry),
             stop.clone(),

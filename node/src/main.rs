@@ -8,7 +8,7 @@ use std::time::Duration;
 use cairn_core::NodeId;
 use cairn_node::config::{parse_channel, parse_peer};
 use cairn_node::{Listeners, NodeConfig};
-use cairn_sdk::cli;
+use cairn_rpc::server as cli;
 use clap::{Parser, ValueEnum};
 
 /// The cairn node daemon: runs beside one application process, carries its messages to

@@ -1,5 +1,5 @@
 //! Prometheus metrics: the daemon's counters (served at `/metrics` by
-//! `cairn_sdk::cli::metrics::serve`, as the coordinator's are).
+//! `cairn_rpc::server::metrics::serve`, as the coordinator's are).
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use cairn_core::ChannelId;
-use cairn_proto::v1 as pb;
+use cairn_rpc::v1 as pb;
 use rand::Rng;
 use tokio::sync::{mpsc, oneshot};
 use tokio_stream::wrappers::ReceiverStream;
@@ -146,13 +146,13 @@ impl Link {
             .ok_or_else(|| format!("no address for node {}", self.channel.to))?;
         // The peer's certificate must name the node dialed (SAN DNS:<node-id>), wherever its
         // address points: another node's certificate is refused.
-        cairn_sdk::tls::endpoint_for(&address, self.channel.to.as_str(), self.shared.tls.as_ref())
+        cairn_rpc::tls::endpoint_for(&address, self.channel.to.as_str(), self.shared.tls.as_ref())
             .map_err(|e| e.to_string())?
             .connect_timeout(Duration::from_secs(2))
             .tcp_nodelay(true)
             .initial_stream_window_size(16 << 20)
             .initial_connection_window_size(32 << 20)
-            .max_frame_size(cairn_proto::limits::MAX_FRAME)
+            .max_frame_size(cairn_rpc::limits::MAX_FRAME)
             .connect()
             .await
             .map_err(|e| format!("connect to {address}: {e}"))

@@ -7,8 +7,8 @@ use std::sync::Arc;
 
 use cairn_core::ChannelId;
 use cairn_proto::runs;
-use cairn_proto::v1 as pb;
-use cairn_sdk::cli::identity::{self, check_node};
+use cairn_rpc::server::identity::{self, check_node};
+use cairn_rpc::v1 as pb;
 use tokio::sync::{mpsc, oneshot};
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;

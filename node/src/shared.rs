@@ -146,7 +146,7 @@ pub(crate) struct Shared {
     pub epoch: tokio::sync::watch::Sender<u64>,
     /// `--tls-*`: the links to peers and to the coordinator use it (https, this node's
     /// certificate presented); `None`: plaintext.
-    pub tls: Option<cairn_sdk::tls::Tls>,
+    pub tls: Option<cairn_rpc::tls::Tls>,
     /// The highest coordinator leadership term this daemon has seen, for its lifetime: a
     /// message of a lower term comes from a deposed leader and is refused
     /// (`coordinator_link::term`). Written only by the coordinator link.

@@ -11,7 +11,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use cairn_core::{ChannelId, NodeId, Topology, TopologyError};
-use cairn_proto::v1 as pb;
+use cairn_rpc::v1 as pb;
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;

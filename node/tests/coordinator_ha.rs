@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use cairn_core::NodeId;
 use cairn_node::{Listeners, NodeConfig};
-use cairn_proto::v1 as pb;
+use cairn_rpc::v1 as pb;
 use pb::coordinator_server::{Coordinator, CoordinatorServer};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};

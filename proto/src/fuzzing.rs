@@ -1,6 +1,8 @@
-//! Entry points for fuzzing the decoders of what arrives from outside on the wire (issue 20):
-//! each takes arbitrary bytes, decodes them as the daemons and the coordinator would, and
-//! runs every check and conversion that follows the decoding. None may panic, whatever the
+//! Entry points for fuzzing every decoder of bytes from outside (issue 20): what arrives on
+//! the wire, the metadata records and the embedded store's files read back, a manifest from
+//! the blob store, topology and tokens files, policy changes. Each takes arbitrary bytes,
+//! decodes them as the daemons and the coordinator would, and runs every check and
+//! conversion that follows the decoding. None may panic, whatever the
 //! bytes; `fuzz/` (cargo-fuzz, outside the workspace) drives them, and
 //! `integration-tests/tests/fuzz_replay.rs` replays their corpora and past crashes on the
 //! stable toolchain.
@@ -8,6 +10,10 @@
 use prost::Message;
 
 use crate::runs;
+use crate::stored::records::{
+    MemberRecord, PartRecord, PolicyRecord, RemovedRecord, RestoreRecord, RosterRecord,
+    SnapshotRecord,
+};
 use crate::v1 as pb;
 
 /// The largest payload the fuzzers let a run carry (a daemon's default limit).
@@ -100,4 +106,55 @@ mod tests {
             upload_chunk(&batch[..end]);
         }
     }
+}
+
+/// A metadata value read back, as each record type, and a snapshot record on to the wire.
+pub fn records(data: &[u8]) {
+    if let Ok(record) = serde_json::from_slice::<SnapshotRecord>(data) {
+        let _ = crate::stored::convert::snapshot_pb(&record);
+    }
+    let _ = serde_json::from_slice::<PartRecord>(data);
+    let _ = serde_json::from_slice::<MemberRecord>(data);
+    let _ = serde_json::from_slice::<RemovedRecord>(data);
+    let _ = serde_json::from_slice::<RosterRecord>(data);
+    let _ = serde_json::from_slice::<RestoreRecord>(data);
+    let _ = serde_json::from_slice::<PolicyRecord>(data);
+}
+
+/// The embedded store's files: the bytes before the first NUL are its base file, the rest
+/// its log (no NUL: no base file, all log) — torn and garbage lines included.
+pub fn store_log(data: &[u8]) {
+    let (base, log) = match data.iter().position(|b| *b == 0) {
+        Some(at) => (Some(&data[..at]), &data[at + 1..]),
+        None => (None, data),
+    };
+    let _ = crate::stored::log::replay(base, log);
+}
+
+/// A `--topology` file.
+pub fn topology(data: &[u8]) {
+    if let Ok(text) = std::str::from_utf8(data) {
+        let _ = crate::files::parse_topology(text);
+    }
+}
+
+/// An `--auth-tokens` file.
+pub fn tokens(data: &[u8]) {
+    if let Ok(text) = std::str::from_utf8(data) {
+        let _ = crate::files::tokens::Tokens::parse(text);
+    }
+}
+
+/// A `SetPolicy` request applied to the default policy.
+pub fn policy(data: &[u8]) {
+    let Ok(request) = pb::SetPolicyRequest::decode(data) else {
+        return;
+    };
+    let wire = request.policy.unwrap_or_default();
+    let _ = crate::convert::apply_policy_update(&Default::default(), &wire, &request.update);
+}
+
+/// A part's manifest read back from the blob store.
+pub fn manifest(data: &[u8]) {
+    let _ = crate::stored::manifest::Manifest::parse(data);
 }

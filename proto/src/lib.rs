@@ -1,20 +1,24 @@
-//! The wire contract of cairn: the `.proto` files under `cairn/` and the code tonic and
-//! prost generate from them.
+//! The wire contract of cairn: the `.proto` files under `cairn/`, the prost messages
+//! generated from them, and every conversion and decoder of bytes from outside. No tonic:
+//! the services, clients and the server runtime are `cairn-rpc` (`proto/rpc/`), and the
+//! fuzzers (`fuzz/`) depend on this crate alone.
 //!
-//! Every message and field is documented in the `.proto` files themselves; this crate
-//! only includes what the build script generated. Payload fields are `bytes::Bytes`, so
-//! messages travel from the wire to the application without being copied.
+//! Every message and field is documented in the `.proto` files themselves. Payload fields
+//! are `bytes::Bytes`, so messages travel from the wire to the application without being
+//! copied.
 //!
 //! # Layout
 //!
-//! - [`v1`]: package `cairn.v1` — `Peer` (node to node channels), `App` (the
-//!   application session), `NodeAdmin`, `Coordinator`, and the shared types.
-//! - [`bank::v1`]: package `cairn.bank.v1` — the example application's `Bank` service.
+//! - [`v1`]: the messages of package `cairn.v1` — of `Peer` (node to node channels),
+//!   `App` (the application session), `NodeAdmin`, `Coordinator`, and the shared types.
+//! - [`bank::v1`]: the messages of package `cairn.bank.v1` (the example application).
 //! - [`FILE_DESCRIPTOR_SET`]: every file's descriptor, for server reflection.
-//! - [`reflection`]: the reflection services (v1 and v1alpha) every cairn server adds, so
-//!   `grpcurl` works with no proto files.
-//! - [`limits`]: the message sizes, stalls and HTTP/2 settings every cairn server bounds.
 //! - [`runs`]: payloads packed as runs (one blob plus lengths), large ones uncopied.
+//! - [`stored`]: the metadata records, the embedded store's files and a part's manifest,
+//!   as stored, and their conversions to the domain and the wire.
+//! - [`files`]: the text files the daemons read — a topology, a tokens file — and the
+//!   roles a token or certificate grants.
+//! - [`fuzzing`]: one entry point per decoder of bytes from outside, for `fuzz/`.
 //! - [`convert`]: every conversion between these messages and `cairn-core`'s domain
 //!   types, with the one [`ConvertError`](convert::ConvertError) a message that cannot
 //!   become a domain value gives.
@@ -22,9 +26,10 @@
 /// Package `cairn.v1`.
 #[allow(missing_docs, clippy::large_enum_variant)]
 pub mod v1 {
-    tonic::include_proto!("cairn.v1");
+    include!(concat!(env!("OUT_DIR"), "/cairn.v1.rs"));
     // serde in the protobuf JSON mapping (pbjson): field names in lowerCamelCase, enums
     // by name, 64-bit integers as strings, bytes in base64, defaults omitted.
+    #[cfg(feature = "json")]
     include!(concat!(env!("OUT_DIR"), "/cairn.v1.serde.rs"));
 }
 
@@ -33,7 +38,7 @@ pub mod bank {
     /// Package `cairn.bank.v1`.
     #[allow(missing_docs)]
     pub mod v1 {
-        tonic::include_proto!("cairn.bank.v1");
+        include!(concat!(env!("OUT_DIR"), "/cairn.bank.v1.rs"));
     }
 }
 
@@ -42,59 +47,7 @@ pub const FILE_DESCRIPTOR_SET: &[u8] =
     include_bytes!(concat!(env!("OUT_DIR"), "/cairn_descriptor.bin"));
 
 pub mod convert;
+pub mod files;
 pub mod fuzzing;
-pub mod limits;
 pub mod runs;
-
-/// Server reflection for every cairn server, in both `grpc.reflection.v1` and `v1alpha`
-/// (grpcurl 1.8 asks v1alpha). Each server lists only what it serves: the services it is
-/// given, `grpc.health.v1.Health` and reflection itself.
-pub mod reflection {
-    use tonic_reflection::server::{Builder, Error};
-
-    /// The services of `cairn.v1` a coordinator serves.
-    pub const COORDINATOR: &[&str] = &["cairn.v1.Coordinator"];
-    /// The services of a daemon's peer port.
-    pub const PEER_PORT: &[&str] = &["cairn.v1.Peer", "cairn.v1.NodeAdmin"];
-    /// The services of a daemon's application port.
-    pub const APP_PORT: &[&str] = &["cairn.v1.App"];
-    /// The services of the example bank.
-    pub const BANK: &[&str] = &["cairn.bank.v1.Bank"];
-
-    fn builder(services: &[&str]) -> Builder<'static> {
-        let mut builder = Builder::configure()
-            .register_encoded_file_descriptor_set(super::FILE_DESCRIPTOR_SET)
-            .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
-            .with_service_name("grpc.health.v1.Health")
-            .with_service_name("grpc.reflection.v1.ServerReflection")
-            .with_service_name("grpc.reflection.v1alpha.ServerReflection");
-        for service in services {
-            builder = builder.with_service_name(*service);
-        }
-        builder
-    }
-
-    /// The `grpc.reflection.v1` service of a server serving `services`.
-    pub fn v1(
-        services: &[&str],
-    ) -> Result<
-        tonic_reflection::server::v1::ServerReflectionServer<
-            impl tonic_reflection::server::v1::ServerReflection,
-        >,
-        Error,
-    > {
-        builder(services).build_v1()
-    }
-
-    /// The `grpc.reflection.v1alpha` service of a server serving `services`.
-    pub fn v1alpha(
-        services: &[&str],
-    ) -> Result<
-        tonic_reflection::server::v1alpha::ServerReflectionServer<
-            impl tonic_reflection::server::v1alpha::ServerReflection,
-        >,
-        Error,
-    > {
-        builder(services).build_v1alpha()
-    }
-}
+pub mod stored;

@@ -22,10 +22,10 @@ use axum::extract::{ConnectInfo, Path, Query, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Redirect, Response};
 use axum::routing::get;
-use cairn_proto::v1 as pb;
-use cairn_proto::v1::coordinator_server::Coordinator;
-use cairn_sdk::cli::auth::Auth;
-use cairn_sdk::cli::metrics::ClientCert;
+use cairn_rpc::server::auth::Auth;
+use cairn_rpc::server::metrics::ClientCert;
+use cairn_rpc::v1 as pb;
+use cairn_rpc::v1::coordinator_server::Coordinator;
 use serde::Deserialize;
 use tonic::{Code, Request};
 

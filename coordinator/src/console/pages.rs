@@ -100,7 +100,7 @@ fn time(ms: u64) -> String {
     if ms == 0 {
         return "—".into();
     }
-    let utc = cairn_sdk::tls::format_time(ms / 1000);
+    let utc = cairn_rpc::tls::format_time(ms / 1000);
     let (date, clock) = utc.split_once('T').unwrap_or((&utc, ""));
     format!("{date} {}.{:03}", clock.trim_end_matches('Z'), ms % 1000)
 }
@@ -606,7 +606,7 @@ pub(super) async fn nodes(
             query(q)?;
             let list = c.list_nodes(&caller).await?;
             let leadership = c.get_leadership(&caller).await?;
-            let now = crate::records_conv::now_ms();
+            let now = cairn_proto::stored::convert::now_ms();
             Ok(page(
                 "Nodes",
                 false,

@@ -10,8 +10,8 @@ use tokio::time::Instant;
 
 use super::{NodeTx, State};
 use crate::error::Error;
-use crate::records_conv::now_ms;
 use crate::store::MemberRecord;
+use cairn_proto::stored::convert::now_ms;
 
 pub(super) struct Member {
     pub(super) record: MemberRecord,

@@ -19,11 +19,11 @@ use tonic_health::server::HealthReporter;
 
 use crate::error::Error;
 use crate::policy;
-use crate::records_conv::{failure_record, now_ms};
 use crate::roster::Roster;
 use crate::store::Metadata;
 use crate::store::{RestoreRecord, SnapshotRecord, SnapshotStatus};
 use cairn_blob::BlobStore;
+use cairn_proto::stored::convert::{failure_record, now_ms};
 
 mod membership;
 mod restore;

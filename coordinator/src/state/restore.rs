@@ -10,8 +10,8 @@ use cairn_proto::v1 as pb;
 
 use super::{Msg, State};
 use crate::error::Error;
-use crate::records_conv::now_ms;
 use crate::store::{RestoreRecord, RestoreStatus, SnapshotRecord, SnapshotStatus};
+use cairn_proto::stored::convert::now_ms;
 
 /// How many of the newest completed snapshots automatic recovery tries to verify.
 const AUTO_RESTORE_CANDIDATES: usize = 10;

@@ -10,8 +10,8 @@ use tokio::time::Instant;
 
 use super::{Msg, PartSizes, State, WatchTx};
 use crate::error::Error;
-use crate::records_conv::{failure_record, mode_name, now_ms, progress_pb};
 use crate::store::{EventKind, EventRecord, SnapshotRecord, SnapshotStatus, VerdictRecord};
+use cairn_proto::stored::convert::{failure_record, mode_name, now_ms, progress_pb};
 
 /// A snapshot's end, waiting for the store.
 pub(super) struct Unstored {

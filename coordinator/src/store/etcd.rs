@@ -198,7 +198,7 @@ fn options(etcd: &EtcdConfig, timeout: bool) -> ConnectOptions {
         options = options.with_timeout(Duration::from_secs(5));
     }
     if let Some(tls) = &etcd.tls {
-        cairn_sdk::tls::install_crypto_provider();
+        cairn_rpc::tls::install_crypto_provider();
         let mut config = TlsOptions::new().ca_certificate(Certificate::from_pem(&tls.ca));
         if let Some((cert, key)) = &tls.identity {
             config = config.identity(Identity::from_pem(cert, key));

@@ -253,7 +253,7 @@ mod tests {
     async fn records_are_stored_as_before() {
         let kv = Arc::new(AnyKv::Memory(MemoryKv::default()));
         let meta = Metadata::new(kv.clone(), Keys::new("c"));
-        let snapshot = crate::store::records::sample_snapshot(7);
+        let snapshot = crate::store::sample_snapshot(7);
         meta.put_snapshot(&snapshot).await.unwrap();
         let raw = kv
             .get("/cairn/c/snapshots/00000000000000000007")

@@ -16,7 +16,8 @@ mod etcd;
 pub(crate) mod file;
 mod memory;
 mod meta;
-pub(crate) mod records;
+/// The stored records: their format is cairn-proto's (the fuzzers read it there).
+pub(crate) use cairn_proto::stored::records;
 
 use std::future::Future;
 
@@ -256,5 +257,32 @@ impl Keys {
     /// One restore record, by its epoch.
     pub fn restore(&self, epoch: u64) -> String {
         format!("{}restores/{epoch:020}", self.root)
+    }
+}
+
+/// A COMPLETED snapshot record of node `n1` with id `id`, for tests.
+#[cfg(test)]
+pub(crate) fn sample_snapshot(id: u64) -> SnapshotRecord {
+    SnapshotRecord {
+        id,
+        mode: "CHANDY_LAMPORT".into(),
+        initiators: vec!["n1".into()],
+        alignment_timeout_ms: 0,
+        status: SnapshotStatus::Completed,
+        failure: None,
+        verdict: None,
+        started_at_ms: 1,
+        finished_at_ms: 2,
+        timeout_ms: 3,
+        labels: Default::default(),
+        nodes: vec!["n1".into()],
+        channels: Vec::new(),
+        recorded: Vec::new(),
+        reported: Vec::new(),
+        bytes_new: 4,
+        bytes_reused: 5,
+        epoch: 0,
+        term: 0,
+        events: Vec::new(),
     }
 }

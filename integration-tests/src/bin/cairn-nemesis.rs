@@ -17,7 +17,7 @@ use cairn_integration_tests::netns::{self, Net, NetFault};
 use cairn_integration_tests::processes::{eventually, signal_pid};
 use cairn_integration_tests::proxy::{Loss, LossyProxy};
 use cairn_integration_tests::restore::newest_restore;
-use cairn_proto::v1 as pb;
+use cairn_rpc::v1 as pb;
 use clap::Parser;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -402,7 +402,7 @@ impl Nemesis {
             let answer = timeout(Duration::from_secs(2), async {
                 let mut bank = self.cluster.bank(i).await?;
                 anyhow::Ok(
-                    bank.get_balance(cairn_proto::bank::v1::GetBalanceRequest {})
+                    bank.get_balance(cairn_rpc::bank::v1::GetBalanceRequest {})
                         .await?
                         .into_inner(),
                 )

@@ -18,7 +18,7 @@ use std::time::Duration;
 
 use cairn_core::{FailureReason, SnapshotId};
 use cairn_proto::convert::ConvertError;
-use cairn_proto::v1 as pb;
+use cairn_rpc::v1 as pb;
 use rand::Rng;
 use tokio::sync::{mpsc, oneshot};
 use tokio_stream::wrappers::ReceiverStream;
@@ -57,7 +57,7 @@ pub(crate) enum LinkError {
     #[error("{0}")]
     Address(tonic::transport::Error),
     /// The coordinator could not be reached.
-    #[error("cannot connect: {}", cairn_sdk::error::with_causes(.0))]
+    #[error("cannot connect: {}", cairn_rpc::tls::with_causes(.0))]
     Connect(tonic::transport::Error),
     /// The coordinator refused the session (a node id held by a connected daemon, a node
     /// not in its topology, ...): its message.
@@ -249,7 +249,7 @@ impl CoordinatorLink {
         // node id), whatever address it is dialled at: a node's certificate, which also
         // names loopback, cannot answer as the coordinator. So a leader hint, which need
         // not be one of --coordinator's addresses, cannot lead to an impostor either.
-        cairn_sdk::tls::endpoint_for(address, "coordinator", self.shared.tls.as_ref())
+        cairn_rpc::tls::endpoint_for(address, "coordinator", self.shared.tls.as_ref())
             .map_err(LinkError::Address)?
             .connect_timeout(Duration::from_secs(3))
             .http2_keep_alive_interval(KEEPALIVE_INTERVAL)

@@ -16,7 +16,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use bytes::Bytes;
 use cairn_proto::convert::channel_from_pb;
-use cairn_proto::v1 as pb;
+use cairn_rpc::v1 as pb;
 use tokio::sync::{Semaphore, mpsc};
 use tonic::transport::Channel;
 

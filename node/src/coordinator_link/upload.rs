@@ -6,7 +6,7 @@
 use bytes::Bytes;
 use cairn_blob::{BlobStore, Chunk, Chunker};
 use cairn_core::FailureReason;
-use cairn_proto::v1 as pb;
+use cairn_rpc::v1 as pb;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::transport::Channel;

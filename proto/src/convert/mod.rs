@@ -28,7 +28,7 @@ pub use channel::channel_from_pb;
 pub use failure::{kind_from_word, kind_word};
 pub use mode::mode_from_pb;
 pub use plan::plan_to_pb;
-pub use policy::{policy_error, policy_field};
+pub use policy::{apply_policy_update, policy_error, policy_field};
 
 /// A wire message that cannot become a domain value: which field, and what is wrong.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

@@ -1,15 +1,19 @@
 //! The snapshot schedule's policy and status.
 //!
-//! Only the domain-to-wire half lives here: a `SetPolicy` applies the fields its update
-//! list names to the policy in force, which is the coordinator's rule
-//! (`cairn_coordinator::policy::apply`), and `source` (flags or the API) is the
-//! coordinator's to fill in.
+//! The domain-to-wire half, and `SetPolicy`'s update: the fields its update list names
+//! (or, naming none, those set), taken from the request onto the policy in force
+//! ([`apply_policy_update`]). `source` (flags or the API) is the coordinator's to fill in.
 
 use std::time::Duration;
 
 use cairn_core::schedule::{Policy, PolicyError, PolicyField, Status, saturating_millis};
 
+use super::mode_from_pb;
 use crate::v1 as pb;
+
+fn from_ms(v: u64) -> Option<Duration> {
+    (v != 0).then(|| Duration::from_millis(v))
+}
 
 fn opt_ms(d: Option<Duration>) -> u64 {
     d.map_or(0, saturating_millis)
@@ -60,4 +64,105 @@ pub fn policy_field(field: PolicyField) -> &'static str {
 /// A failed `Policy::check` in wire terms: `policy.<field>: <why, with the limit>`.
 pub fn policy_error(e: &PolicyError) -> String {
     format!("policy.{}: {}", policy_field(e.field), e.reason)
+}
+
+/// The fields `SetPolicy` may change.
+const WRITABLE: &[&str] = &[
+    "interval_ms",
+    "mode",
+    "timeout_ms",
+    "alignment_timeout_ms",
+    "min_pause_ms",
+    "jitter_ms",
+    "max_concurrent",
+    "tolerated_failures",
+    "freshness_threshold_ms",
+];
+
+/// The fields only the coordinator sets.
+const READ_ONLY: &[&str] = &[
+    "consecutive_failures",
+    "skipped",
+    "newest_completed_age_ms",
+    "failing",
+    "last_failure",
+    "started",
+    "source",
+    "next_due_in_ms",
+    "stale",
+    "has_completed",
+];
+
+/// The fields of `wire` a `SetPolicy` without an update list changes: those not zero.
+fn set_fields(wire: &pb::Policy) -> Vec<String> {
+    let set = [
+        ("interval_ms", wire.interval_ms != 0),
+        ("mode", wire.mode != 0),
+        ("timeout_ms", wire.timeout_ms != 0),
+        ("alignment_timeout_ms", wire.alignment_timeout_ms != 0),
+        ("min_pause_ms", wire.min_pause_ms != 0),
+        ("jitter_ms", wire.jitter_ms != 0),
+        ("max_concurrent", wire.max_concurrent != 0),
+        ("tolerated_failures", wire.tolerated_failures != 0),
+        ("freshness_threshold_ms", wire.freshness_threshold_ms != 0),
+    ];
+    set.iter()
+        .filter(|(_, on)| *on)
+        .map(|(name, _)| (*name).to_owned())
+        .collect()
+}
+
+/// `current` with the fields `update` names (or, if it names none, the fields of `wire`
+/// that are not zero) taken from `wire`, checked. Switching the mode away from ALIGNED
+/// drops an alignment timeout the request does not name.
+pub fn apply_policy_update(
+    current: &Policy,
+    wire: &pb::Policy,
+    update: &[String],
+) -> Result<Policy, String> {
+    let names = if update.is_empty() {
+        set_fields(wire)
+    } else {
+        update.to_vec()
+    };
+    if names.is_empty() {
+        return Err("nothing to change: set a field of `policy` or name fields in `update`".into());
+    }
+    let mut next = current.clone();
+    for name in &names {
+        match name.as_str() {
+            "interval_ms" => next.interval = Duration::from_millis(wire.interval_ms),
+            "mode" => {
+                next.mode = mode_from_pb(wire.mode, None).map_err(|e| format!("mode: {e}"))?;
+                if next.mode != cairn_core::SnapshotMode::Aligned
+                    && !names.iter().any(|n| n == "alignment_timeout_ms")
+                {
+                    next.alignment_timeout = None;
+                }
+            }
+            "timeout_ms" => next.timeout = Duration::from_millis(wire.timeout_ms),
+            "alignment_timeout_ms" => next.alignment_timeout = from_ms(wire.alignment_timeout_ms),
+            "min_pause_ms" => next.min_pause = Duration::from_millis(wire.min_pause_ms),
+            "jitter_ms" => next.jitter = Duration::from_millis(wire.jitter_ms),
+            "max_concurrent" => next.max_concurrent = wire.max_concurrent,
+            "tolerated_failures" => next.tolerated_failures = wire.tolerated_failures,
+            "freshness_threshold_ms" => {
+                next.freshness_threshold = from_ms(wire.freshness_threshold_ms)
+            }
+            other if READ_ONLY.contains(&other) => {
+                return Err(format!(
+                    "`{other}` is read-only; the fields SetPolicy changes are: {}",
+                    WRITABLE.join(", ")
+                ));
+            }
+            other => {
+                return Err(format!(
+                    "unknown policy field `{other}`; the fields SetPolicy changes are: {}",
+                    WRITABLE.join(", ")
+                ));
+            }
+        }
+    }
+    next.check().map_err(|e| policy_error(&e))?;
+    Ok(next)
 }

@@ -91,7 +91,7 @@ pub struct LocalCluster {
     /// Their addresses.
     pub addresses: Addresses,
     /// A client's TLS (the CA and [`Security::cert`]), for a secure cluster.
-    client_tls: Option<crate::tls::Tls>,
+    client_tls: Option<cairn_rpc::tls::Tls>,
     children: Vec<(String, Child)>,
 }
 
@@ -180,7 +180,7 @@ impl LocalCluster {
         }
         let client_tls = match &spec.security {
             Some(security) => Some(
-                crate::tls::Tls::from_files(
+                cairn_rpc::tls::Tls::from_files(
                     &security.ca,
                     Some((security.cert.as_path(), security.key.as_path())),
                 )
@@ -297,7 +297,7 @@ impl LocalCluster {
 
     /// The TLS a client of this cluster uses (the CA and [`Security::cert`]); `None` for a
     /// plaintext cluster.
-    pub fn client_tls(&self) -> Option<&crate::tls::Tls> {
+    pub fn client_tls(&self) -> Option<&cairn_rpc::tls::Tls> {
         self.client_tls.as_ref()
     }
 
@@ -385,16 +385,16 @@ pub async fn wait_node_ready(
     bank: Option<&str>,
     ready: Readiness,
     timeout: Duration,
-    tls: Option<&crate::tls::Tls>,
+    tls: Option<&cairn_rpc::tls::Tls>,
 ) -> anyhow::Result<()> {
-    use cairn_proto::bank::v1 as bank_pb;
-    use cairn_proto::v1 as pb;
+    use cairn_rpc::bank::v1 as bank_pb;
+    use cairn_rpc::v1 as pb;
     let deadline = tokio::time::Instant::now() + timeout;
     let want = ready.channels;
     let app = ready.app;
     loop {
         let check = async {
-            let channel = crate::tls::endpoint(peer, tls)?.connect().await?;
+            let channel = cairn_rpc::tls::endpoint(peer, tls)?.connect().await?;
             let mut admin = pb::node_admin_client::NodeAdminClient::new(channel);
             let status = admin
                 .get_node_status(pb::GetNodeStatusRequest {})
@@ -412,7 +412,7 @@ pub async fn wait_node_ready(
                 status.node_id
             );
             if let Some(bank) = bank {
-                let channel = crate::tls::endpoint(bank, tls)?.connect().await?;
+                let channel = cairn_rpc::tls::endpoint(bank, tls)?.connect().await?;
                 let mut client = bank_pb::bank_client::BankClient::new(channel);
                 let balance = client
                     .get_balance(bank_pb::GetBalanceRequest {})

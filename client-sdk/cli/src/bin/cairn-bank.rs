@@ -4,8 +4,8 @@ use std::net::SocketAddr;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use cairn_sdk::bank::{self, BankConfig};
-use cairn_sdk::cli;
+use cairn_cli::bank::{self, BankConfig};
+use cairn_rpc::server as cli;
 use clap::Parser;
 
 /// The cairn example application: a bank that holds a balance and moves money to the

@@ -10,11 +10,11 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
+use cairn_cli::bank::{BankState, TransferPayload};
+use cairn_cli::local_cluster::{ClusterSpec, LocalCluster, Security};
 use cairn_proto::v1 as pb;
+use cairn_rpc::server::auth::Role;
 use cairn_sdk::CoordinatorClient;
-use cairn_sdk::bank::{BankState, TransferPayload};
-use cairn_sdk::cli::auth::Role;
-use cairn_sdk::local_cluster::{ClusterSpec, LocalCluster, Security};
 use clap::Subcommand;
 
 use crate::output::{snapshot_row, table};
@@ -109,7 +109,7 @@ fn secure_files(
         &tls,
         true,
     )?;
-    let (token, line) = cairn_sdk::cli::auth::new_token(Role::Admin, Some(ADMIN));
+    let (token, line) = cairn_rpc::server::auth::new_token(Role::Admin, Some(ADMIN));
     crate::certs::write(
         &tls,
         "tokens",

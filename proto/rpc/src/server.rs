@@ -4,9 +4,9 @@
 //! daemons ([`metrics`]); their bearer tokens and roles ([`auth`]); and their TLS flags
 //! ([`tls`]).
 //!
-//! Behind the `cli` feature (on by default): the node and the coordinator enable it, as
-//! do this crate's binaries (`cairnctl`, `cairn-bank`); an application builds the SDK with
-//! `default-features = false` and links neither clap, tracing-subscriber, axum nor
+//! The server runtime of cairn's daemons, behind this crate's `server` feature: the node
+//! and the coordinator enable it, as does `cairn-cli` (`cairnctl`, `cairn-bank`); the SDK
+//! an application links does not, and so links neither clap, tracing-subscriber, axum nor
 //! prometheus-client.
 
 use std::net::SocketAddr;

@@ -1,7 +1,7 @@
 //! `cairnctl certs init`: a development CA and the certificates of a cluster's nodes and
 //! users, with rcgen (P-256 keys, X.509 v3).
 //!
-//! Every certificate names who it is in one URI SAN (`cairn_sdk::cli::identity`):
+//! Every certificate names who it is in one URI SAN (`cairn_rpc::server::identity`):
 //! `cairn://<cluster>/node/<id>` for a node (beside `DNS:<id>`, `DNS:localhost`,
 //! `IP:127.0.0.1` and the `--san` names, so that clients can check the server they dial),
 //! `cairn://<cluster>/coordinator` for the coordinator, and `cairn://<cluster>/<role>/<user>`
@@ -23,8 +23,8 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use anyhow::{Context, bail};
-use cairn_sdk::cli::auth::Role;
-use cairn_sdk::cli::identity;
+use cairn_rpc::server::auth::Role;
+use cairn_rpc::server::identity;
 use rcgen::{
     BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
     KeyUsagePurpose,

@@ -789,6 +789,23 @@ fn refused_by_server(alert: rustls::AlertDescription) -> String {
     }
 }
 
+/// An error with its causes, `a: b: c` — tonic's transport errors say little on their own.
+/// A TLS failure starts with what it means in words ([`explain`]: the server's
+/// certificate has expired, the server refused this client's certificate, ...).
+pub fn with_causes(error: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = match explain(error) {
+        Some(words) => format!("{words}: {error}"),
+        None => error.to_string(),
+    };
+    let mut source = error.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -26,8 +26,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
-use cairn_proto::bank::v1 as pb;
-use cairn_proto::{limits, reflection};
+use cairn_rpc::bank::v1 as pb;
+use cairn_rpc::{limits, reflection};
 use rand::Rng;
 use rand::seq::IteratorRandom;
 use serde::{Deserialize, Serialize};
@@ -35,8 +35,8 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status};
 
-use crate::error::Error;
-use crate::session::{AppEvent, AppSender, AppSession};
+use cairn_sdk::Error;
+use cairn_sdk::session::{AppEvent, AppSender, AppSession};
 
 /// Streams one connection may have open at once on the bank's port (its calls are unary).
 const BANK_STREAMS: u32 = 64;
@@ -211,7 +211,7 @@ pub struct BankConfig {
     /// Mutual TLS (the node's certificate): for the session with the daemon, and on the
     /// bank's own port (clients present a certificate of the CA). Serving TLS needs the
     /// SDK's `cli` feature.
-    pub tls: Option<crate::tls::Tls>,
+    pub tls: Option<cairn_rpc::tls::Tls>,
 }
 
 struct Bank {
@@ -397,9 +397,8 @@ pub async fn run(
     // On TLS connections, the roles of cairn's table: GetBalance for a viewer's
     // certificate, Transfer and SetWorkload for an operator's (a node's certificate has no
     // role); plaintext connections are let through (no TLS, no identity).
-    #[cfg(feature = "cli")]
-    let server =
-        server.layer(crate::cli::auth::Auth::open().layer(session.cluster(), config.tls.as_ref()));
+    let server = server
+        .layer(cairn_rpc::server::auth::Auth::open().layer(session.cluster(), config.tls.as_ref()));
     let server = server
         .layer(limits::MessageLimits::new(limits::CONTROL_MESSAGE))
         .add_service(health_service)
@@ -411,18 +410,15 @@ pub async fn run(
             tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true)),
             shutdown.clone().cancelled_owned(),
         )),
-        #[cfg(feature = "cli")]
         Some(tls) => tokio::spawn(server.serve_with_incoming_shutdown(
-            crate::cli::tls::incoming(
+            cairn_rpc::server::tls::incoming(
                 listener,
                 tls,
-                crate::cli::tls::TlsMetrics::default(),
+                cairn_rpc::server::tls::TlsMetrics::default(),
                 shutdown.clone(),
             ),
             shutdown.clone().cancelled_owned(),
         )),
-        #[cfg(not(feature = "cli"))]
-        Some(_) => anyhow::bail!("serving the bank over TLS needs cairn-sdk's `cli` feature"),
     };
     tokio::spawn(workload(bank.clone(), config.clone(), shutdown.clone()));
 

@@ -18,7 +18,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use cairn_sdk::cli;
+use cairn_rpc::server as cli;
 use clap::{Parser, Subcommand};
 
 use crate::output::Output;

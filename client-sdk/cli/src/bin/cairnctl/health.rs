@@ -4,7 +4,7 @@
 use std::process::ExitCode;
 use std::time::Duration;
 
-use cairn_proto::v1 as pb;
+use cairn_rpc::v1 as pb;
 
 use crate::output::{Output, mode_word, status_word, table};
 use crate::policy::{age, freshness, human, policy_json, policy_mode};

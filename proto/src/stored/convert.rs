@@ -2,11 +2,11 @@
 
 use std::time::{SystemTime, UNIX_EPOCH};
 
+use crate::convert::{kind_from_word, kind_word};
+use crate::v1 as pb;
 use cairn_core::{FailureReason, SnapshotMode};
-use cairn_proto::convert::{kind_from_word, kind_word};
-use cairn_proto::v1 as pb;
 
-use crate::store::{
+use super::records::{
     EventKind, EventRecord, FailureRecord, SnapshotRecord, SnapshotStatus, VerdictRecord,
 };
 
@@ -277,7 +277,7 @@ mod tests {
 #[cfg(test)]
 mod status_tests {
     use super::*;
-    use crate::store::RestoreStatus;
+    use crate::stored::records::RestoreStatus;
 
     #[test]
     fn every_snapshot_status_round_trips_through_the_wire_and_the_store() {

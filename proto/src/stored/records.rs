@@ -1,8 +1,14 @@
 //! The JSON records kept in the metadata store; `etcdctl get --prefix /cairn/` shows them.
+//! Their byte form is a contract with every store written before: the round-trip tests
+//! (`integration-tests/tests/roundtrip.rs`) and the fuzzers guard it.
 
 use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
+
+/// The most bytes of recorded messages `GetSnapshot` returns inline for one part; a part
+/// stored before its recorded bytes were counted is taken to hold this much.
+pub const MAX_INLINE_DATA: u64 = 64 << 20;
 
 /// Where a snapshot is in its life; stored as `IN_PROGRESS`, `COMPLETED`, `FAILED`, `ABORTED`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -210,7 +216,7 @@ pub struct VerdictRecord {
     pub recorded_messages: u64,
 }
 
-pub use cairn_blob::{ChunkList, ManifestRef};
+pub use super::manifest::{ChunkList, ManifestRef};
 
 /// One counter pair of a channel's cut.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -276,7 +282,7 @@ impl PartRecord {
             .fold(0u64, |sum, c| sum.saturating_add(c.bytes));
         let known = counted.max(self.channel_states.size);
         if known == 0 && self.recorded_messages > 0 {
-            return crate::parts::MAX_INLINE_DATA;
+            return MAX_INLINE_DATA;
         }
         known
     }
@@ -388,31 +394,4 @@ fn is_zero(n: &u64) -> bool {
 
 fn is_empty(list: &ChunkList) -> bool {
     list.size == 0 && list.chunks.is_empty()
-}
-
-/// A COMPLETED snapshot record of node `n1` with id `id`, for tests.
-#[cfg(test)]
-pub(crate) fn sample_snapshot(id: u64) -> SnapshotRecord {
-    SnapshotRecord {
-        id,
-        mode: "CHANDY_LAMPORT".into(),
-        initiators: vec!["n1".into()],
-        alignment_timeout_ms: 0,
-        status: SnapshotStatus::Completed,
-        failure: None,
-        verdict: None,
-        started_at_ms: 1,
-        finished_at_ms: 2,
-        timeout_ms: 3,
-        labels: Default::default(),
-        nodes: vec!["n1".into()],
-        channels: Vec::new(),
-        recorded: Vec::new(),
-        reported: Vec::new(),
-        bytes_new: 4,
-        bytes_reused: 5,
-        epoch: 0,
-        term: 0,
-        events: Vec::new(),
-    }
 }
