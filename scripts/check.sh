@@ -72,7 +72,7 @@ cargo test --workspace --lib --bins --locked
 say "cairn-core's tests (rules, tracker, verifier, doc-tests)"
 cargo test -p cairn-core --locked
 
-say "the deterministic simulation (integration-tests/tests/simulation.rs)"
-cargo test -p cairn-integration-tests --test simulation --locked
+say "the deterministic simulation (integration-tests/tests/it/simulation.rs)"
+cargo test -p cairn-integration-tests --test it simulation:: --locked
 
 printf '\ncheck: passed in %d s\n' "$((SECONDS - start))"

@@ -2,7 +2,7 @@
 # Runs every cargo-fuzz target under fuzz/ for a bounded time with a fixed seed, on the
 # stable toolchain (`-s none`: no sanitizer, which would need nightly). Fails on the first
 # crash; libFuzzer leaves the input in fuzz/artifacts/TARGET/ — copy it into
-# fuzz/regressions/TARGET/ with the fix, so tests/fuzz_replay.rs replays it forever.
+# fuzz/regressions/TARGET/ with the fix, so tests/it/fuzz_replay.rs replays it forever.
 #
 #   scripts/fuzz.sh                 # every target, CAIRN_FUZZ_SECONDS (30) each, seed 1
 #   scripts/fuzz.sh records 600     # one target, ten minutes

@@ -4,7 +4,7 @@
 //! # Layout
 //!
 //! - [`sim`]: the seeded simulation, its ground-truth oracle and the broken engines that
-//!   prove the oracle can fail. Its tests live in `tests/simulation.rs`.
+//!   prove the oracle can fail. Its tests live in `tests/it/simulation.rs`.
 //! - [`processes`]: child processes killed on drop, free ports, polling with a deadline.
 //! - [`bank_cluster`]: real `cairn-node` + `cairn-bank` processes on static config.
 //! - [`cut`]: a real snapshot's parts, verified and its money counted.

@@ -4,7 +4,7 @@
 //! decodes them as the daemons and the coordinator would, and runs every check and
 //! conversion that follows the decoding. None may panic, whatever the
 //! bytes; `fuzz/` (cargo-fuzz, outside the workspace) drives them, and
-//! `integration-tests/tests/fuzz_replay.rs` replays their corpora and past crashes on the
+//! `integration-tests/tests/it/fuzz_replay.rs` replays their corpora and past crashes on the
 //! stable toolchain.
 
 use prost::Message;

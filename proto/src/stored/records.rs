@@ -1,6 +1,6 @@
 //! The JSON records kept in the metadata store; `etcdctl get --prefix /cairn/` shows them.
 //! Their byte form is a contract with every store written before: the round-trip tests
-//! (`integration-tests/tests/roundtrip.rs`) and the fuzzers guard it.
+//! (`integration-tests/tests/it/roundtrip.rs`) and the fuzzers guard it.
 
 use std::collections::BTreeMap;
 

@@ -193,7 +193,7 @@ fn hosts_are_partitioned_isolated_slowed_and_healed() {
         .arg(std::env::current_exe().unwrap())
         .args([
             "--exact",
-            "hosts_are_partitioned_isolated_slowed_and_healed",
+            "netns::hosts_are_partitioned_isolated_slowed_and_healed",
             "--nocapture",
         ])
         .env(netns::INSIDE, netns::namespace().unwrap())

@@ -3,7 +3,7 @@
 //!
 //! - `CAIRN_SIM_SEED=<n>` replays one schedule (the seed a failure prints).
 //! - `CAIRN_SIM_SCHEDULES=<n>` sets how many schedules the sweep runs (default 6,000);
-//!   `CAIRN_SIM_SCHEDULES=200000 cargo test --release -p cairn-integration-tests --test simulation sweep`
+//!   `CAIRN_SIM_SCHEDULES=200000 cargo test --release -p cairn-integration-tests --test it simulation::sweep`
 //!   is the long sweep.
 
 use std::collections::BTreeMap;

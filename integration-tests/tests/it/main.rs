@@ -1,0 +1,33 @@
+//! cairn's integration tests, as one test binary (one link of the workspace instead of one per
+//! file): each module is one concern — a subsystem under real processes, etcd, S3, TLS or
+//! network namespaces, the simulation, the fuzz corpora, the round trips. Run one with
+//! `cargo test -p cairn-integration-tests --test it MODULE::` (e.g. `ha::`).
+
+mod auth;
+mod bank_snapshots;
+mod console;
+mod coordinator;
+mod etcd_tls;
+mod faults;
+mod fuzz_replay;
+mod grpcurl;
+mod ha;
+mod integrity;
+mod large_state;
+mod limits;
+mod limits_transport;
+mod local_cluster;
+mod membership;
+mod netns;
+mod node_channels;
+mod object_storage;
+mod operational;
+mod restore;
+mod roundtrip;
+mod s3_server;
+mod schedule;
+mod simulation;
+mod soak;
+mod tls;
+mod tls_lifecycle;
+mod tls_revocation;
