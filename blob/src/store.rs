@@ -115,6 +115,8 @@ pub struct BlobStore {
     /// `HasChunks` answer) and exclusively by garbage collection: a chunk is never deleted
     /// between the index saying it is stored and the record naming it.
     guard: Arc<tokio::sync::RwLock<()>>,
+    /// How many shared holds were ever taken ([`Self::holds_taken`]).
+    holds: Arc<std::sync::atomic::AtomicU64>,
 }
 
 /// An error of the store named with what was being done.
@@ -205,6 +207,7 @@ impl BlobStore {
             location: location.to_string(),
             index: index.then(Default::default),
             guard: Arc::default(),
+            holds: Arc::default(),
         }
     }
 
@@ -278,7 +281,23 @@ impl BlobStore {
     /// A shared hold on the store against garbage collection, for as long as a chunk the
     /// index vouched for may still be named by a record being written.
     pub async fn hold(&self) -> tokio::sync::OwnedRwLockReadGuard<()> {
+        self.holds.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         self.guard.clone().read_owned().await
+    }
+
+    /// How many holds ([`Self::hold`]) were ever asked for. Garbage collection decided on
+    /// at one count and run at a later one may sweep a chunk a hold taken in between
+    /// vouched for: [`Self::exclusive_since`] refuses it.
+    pub fn holds_taken(&self) -> u64 {
+        self.holds.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// As [`Self::exclusive`], for a collection decided on when [`Self::holds_taken`] was
+    /// `since`: `None` also if a hold was asked for since (a snapshot began uploading, or
+    /// asked which chunks are stored, after the collection was decided on).
+    pub async fn exclusive_since(&self, wait: Duration, since: u64) -> Option<Exclusive> {
+        let exclusive = self.exclusive(wait).await?;
+        (self.holds_taken() == since).then_some(exclusive)
     }
 
     fn note(&self, hash: [u8; 32], size: usize) {

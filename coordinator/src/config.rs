@@ -586,5 +586,4 @@ mod tests {
             format!("--etcd-password-file {}: is empty", empty.display())
         );
     }
-
 }

@@ -8,29 +8,33 @@
 //! # Layout
 //!
 //! - [`config`]: the configuration, [`CoordinatorConfig`].
-//! - `state`: the one task that owns membership, the tracker and the schedule.
+//! - `leader`: the election, what a replica serves while it follows or leads, and the
+//!   terms (each recovers the task from the store, runs it, and ends).
+//! - `task`: the one task that owns membership, the tracker, restores and the schedule;
+//!   it never awaits the blob store (a restore's verification and garbage collection run
+//!   on tasks of their own and come back as messages).
+//! - `parts`: a part's pipelines — upload, read back, stream, restore, verify.
+//! - `api`: the `cairn.v1.Coordinator` gRPC service.
 //! - [`policy`]: the snapshot policy's stored and wire forms.
-//! - `service`: the `cairn.v1.Coordinator` gRPC service.
-//! - [`store`]: the metadata store (etcd or a file) and its JSON records.
+//! - [`store`]: the metadata store (etcd or a file) and its typed access.
 //! - [`error`]: the coordinator's [`Error`] and its gRPC codes.
 //! - `limits`: the bounds on what requests carry (labels, reasons, timeouts).
 
 #![forbid(unsafe_code)]
 
+mod api;
 mod budget;
 pub mod config;
 mod console;
-mod election;
 pub mod error;
+mod leader;
 mod limits;
 mod metrics;
 mod parts;
 pub mod policy;
-mod replica;
 mod roster;
-mod service;
-mod state;
 pub mod store;
+mod task;
 
 use std::future::Future;
 use std::sync::Arc;
@@ -39,7 +43,6 @@ use std::time::Duration;
 
 use cairn_rpc::v1 as pb;
 use tokio::net::TcpListener;
-use tokio::sync::mpsc;
 use tokio::task::{JoinError, JoinHandle};
 use tokio_util::sync::CancellationToken;
 use tonic_health::ServingStatus;
@@ -49,20 +52,14 @@ pub use config::CoordinatorConfig;
 pub use error::Error;
 
 use cairn_blob::BlobStore;
-use election::{Elector, Leadership};
-use replica::{HintLayer, Leading, Replica};
-use store::{AnyKv, EtcdKv, FileKv, Keys, Metadata};
+use leader::election::{Elector, Leadership};
+use leader::replica::{HintLayer, Replica};
+use leader::{Terms, watch_leader};
+use store::{AnyKv, EtcdKv, FileKv, Keys};
 
 /// The health service name that is SERVING only on the leader (for a load balancer or a
 /// Kubernetes readiness probe that routes writes to it).
 pub const LEADER_HEALTH: &str = "cairn.v1.Leader";
-
-/// How long a term's task may take to stop once its term ended before it is dropped.
-const TERM_TASK_GRACE: Duration = Duration::from_secs(2);
-
-/// How often a replica reads who leads from etcd (a follower names the leader within this
-/// after an election).
-const WATCH_LEADER_EVERY: Duration = Duration::from_millis(200);
 
 /// Why the coordinator could not run.
 #[derive(Debug, thiserror::Error)]
@@ -216,7 +213,7 @@ pub async fn run(
     }
     let mut state_task = Some(tokio::spawn(terms.lead(first, shutdown.clone())));
 
-    let service = Arc::new(service::CoordinatorService {
+    let service = Arc::new(api::CoordinatorService {
         replica: replica.clone(),
         meta: store::Metadata::new(kv, keys),
         blobs,
@@ -225,7 +222,7 @@ pub async fn run(
         elector,
         flags_policy: config.policy.clone(),
         max_in_flight: config.max_concurrent.max(1),
-        follows: Arc::new(tokio::sync::Semaphore::new(service::MAX_FOLLOWS)),
+        follows: Arc::new(tokio::sync::Semaphore::new(api::MAX_FOLLOWS)),
         budget: budget::ResponseBudget::new(config.response_memory_mib.saturating_mul(1 << 20)),
     });
     if let Some(listener) = metrics_listener {
@@ -241,7 +238,7 @@ pub async fn run(
         ));
     }
     health
-        .set_serving::<pb::coordinator_server::CoordinatorServer<service::CoordinatorService>>()
+        .set_serving::<pb::coordinator_server::CoordinatorServer<api::CoordinatorService>>()
         .await;
     tracing::info!(addr = ?local, %advertise, cluster = %config.cluster, "coordinator serving");
     // The server stops on `shutdown`, or when the coordinator's task ends by itself.
@@ -327,237 +324,6 @@ pub async fn run(
     result
 }
 
-/// What every term needs.
-struct Terms {
-    config: CoordinatorConfig,
-    keys: Keys,
-    /// The store, unfenced (the embedded store's coordinator writes through it).
-    kv: Arc<AnyKv>,
-    /// etcd, when the store is etcd: each term writes through its own fenced view.
-    etcd: Option<EtcdKv>,
-    elector: Option<Elector>,
-    blobs: BlobStore,
-    metrics: metrics::CoordinatorMetrics,
-    health: HealthReporter,
-    replica: Arc<Replica>,
-}
-
-/// A term won and recovered, ready to run.
-struct Term {
-    state: state::State,
-    rx: mpsc::Receiver<state::Msg>,
-    tx: mpsc::Sender<state::Msg>,
-    meta: Metadata,
-    leadership: Arc<Leadership>,
-    /// The election key (none with the embedded store).
-    key: Option<etcd_client::LeaderKey>,
-}
-
-impl Terms {
-    /// A fresh task for a term: over the store fenced by the term's key, recovered from
-    /// what the previous leader left.
-    async fn start_term(
-        &self,
-        leadership: Arc<Leadership>,
-        key: Option<etcd_client::LeaderKey>,
-    ) -> Result<Term, RunError> {
-        if key.is_some() {
-            // What the previous leader stored and collected since this replica listed the
-            // store: its index must not answer from before.
-            self.blobs
-                .reload_index()
-                .await
-                .map_err(|error| RunError::Blob {
-                    path: self.blobs.location().to_owned(),
-                    error,
-                })?;
-        }
-        let kv = match (&self.etcd, &key) {
-            (Some(etcd), Some(key)) => {
-                let barrier = self.keys.barrier(leadership.lease());
-                Arc::new(AnyKv::Etcd(Box::new(etcd.fenced(
-                    leadership.clone(),
-                    key,
-                    barrier,
-                ))))
-            }
-            _ => self.kv.clone(),
-        };
-        let meta = Metadata::new(kv, self.keys.clone());
-        let (tx, rx) = mpsc::channel(1024);
-        let config = &self.config;
-        let mut state = state::State::new(
-            self.metrics.clone(),
-            state::Settings {
-                cluster: config.cluster.clone(),
-                retention: config.retention,
-                gc_grace: config.gc_grace,
-                remove_after: config.remove_after,
-                topology: config.topology.clone(),
-                policy: config.policy.clone(),
-                auto_restore: config.auto_restore,
-                restore_timeout: config.restore_timeout,
-                leadership: leadership.clone(),
-            },
-            meta.clone(),
-            self.blobs.clone(),
-            config.max_concurrent,
-            tx.clone(),
-            self.health.clone(),
-        );
-        state.recover().await?;
-        Ok(Term {
-            state,
-            rx,
-            tx,
-            meta,
-            leadership,
-            key,
-        })
-    }
-
-    /// Leads every term this replica wins until `shutdown`: `first` (the embedded
-    /// store's one term), or one won by campaigning, then campaigns again.
-    async fn lead(self, mut first: Option<Term>, shutdown: CancellationToken) {
-        loop {
-            let term = match first.take() {
-                Some(term) => term,
-                None => match self.elect(&shutdown).await {
-                    Some(term) => term,
-                    None => return,
-                },
-            };
-            let number = term.leadership.term();
-            self.replica.set_leading(Some(Leading {
-                tx: term.tx.clone(),
-                meta: term.meta.clone(),
-                leadership: term.leadership.clone(),
-            }));
-            self.health
-                .set_service_status(LEADER_HEALTH, ServingStatus::Serving)
-                .await;
-            self.metrics.is_leader.set(1);
-            self.metrics
-                .term
-                .set(i64::try_from(number).unwrap_or(i64::MAX));
-            if self.elector.is_some() {
-                tracing::info!(term = number, "leading: this replica won the election");
-            }
-            drop(term.tx);
-            let run = term.state.run(term.rx, shutdown.clone());
-            let mut run = std::pin::pin!(run);
-            tokio::select! {
-                () = &mut run => {}
-                () = term.leadership.ended() => {
-                    // Not a leader from this moment, whatever the task is doing: calls are
-                    // refused naming the leader, health says so. The task stops by itself
-                    // at its next message; one stuck (an I/O that hangs) is dropped.
-                    self.replica.set_leading(None);
-                    self.health
-                        .set_service_status(LEADER_HEALTH, ServingStatus::NotServing)
-                        .await;
-                    self.metrics.is_leader.set(0);
-                    if tokio::time::timeout(TERM_TASK_GRACE, &mut run).await.is_err() {
-                        tracing::error!(
-                            term = number,
-                            "the term's task did not stop within {TERM_TASK_GRACE:?} of the \
-                             term's end; dropped"
-                        );
-                    }
-                }
-            }
-            self.replica.set_leading(None);
-            self.health
-                .set_service_status(LEADER_HEALTH, ServingStatus::NotServing)
-                .await;
-            self.metrics.is_leader.set(0);
-            if self.elector.is_some() {
-                // What it said of freshness was its term's; a follower does not know.
-                self.health
-                    .set_service_status(policy::FRESHNESS_SERVICE, ServingStatus::Unknown)
-                    .await;
-            }
-            let (Some(elector), Some(key)) = (&self.elector, term.key) else {
-                return;
-            };
-            let why = term.leadership.why();
-            elector.step_down(&term.leadership, key).await;
-            if shutdown.is_cancelled() {
-                tracing::info!(term = number, "resigned: shutting down");
-                return;
-            }
-            tracing::warn!(
-                term = number,
-                "term ended ({why}); in-flight work failed, sessions closed; campaigning again as a follower"
-            );
-        }
-    }
-
-    /// Campaigns until this replica wins and recovers a term; `None` on `shutdown`.
-    async fn elect(&self, shutdown: &CancellationToken) -> Option<Term> {
-        let elector = self.elector.as_ref()?;
-        loop {
-            match elector.campaign(shutdown).await {
-                Ok(None) => return None,
-                Ok(Some((leadership, key))) => {
-                    match self.start_term(leadership.clone(), Some(key.clone())).await {
-                        Ok(term) => return Some(term),
-                        Err(e) => {
-                            tracing::error!(
-                                term = leadership.term(),
-                                "taking over failed: {e}; stepping down"
-                            );
-                            elector.step_down(&leadership, key).await;
-                        }
-                    }
-                }
-                Err(e) => tracing::warn!("campaign: {e}; trying again"),
-            }
-            tokio::select! {
-                () = shutdown.cancelled() => return None,
-                () = tokio::time::sleep(Duration::from_millis(500)) => {}
-            }
-        }
-    }
-}
-
-/// Reads who leads from etcd every [`WATCH_LEADER_EVERY`]: a follower names the leader in
-/// its answers, and the metrics count changes.
-async fn watch_leader(
-    elector: Elector,
-    replica: Arc<Replica>,
-    metrics: metrics::CoordinatorMetrics,
-    stop: CancellationToken,
-) {
-    loop {
-        match elector.replicas().await {
-            Ok(replicas) => {
-                let leader = replicas.leader().map(|(a, t)| (a.to_owned(), t));
-                if replica.set_known(replicas) {
-                    metrics.leader_changes.inc();
-                    match leader {
-                        Some((address, term)) => {
-                            metrics.term.set(i64::try_from(term).unwrap_or(i64::MAX));
-                            tracing::info!(leader = %address, term, "the leader is {address} (term {term})");
-                        }
-                        None => tracing::warn!("no coordinator leads (an election is under way)"),
-                    }
-                }
-            }
-            Err(e) => {
-                if replica.set_unknown(e.to_string()) {
-                    metrics.leader_changes.inc();
-                    tracing::warn!("who leads cannot be read: {e}");
-                }
-            }
-        }
-        tokio::select! {
-            () = stop.cancelled() => return,
-            () = tokio::time::sleep(WATCH_LEADER_EVERY) => {}
-        }
-    }
-}
-
 /// Runs `server` while the coordinator's task (`task`) runs. Should the task end while the
 /// server is meant to run (it panicked, or returned before `shutdown`), no request could be
 /// answered any more: health turns NOT_SERVING (the Coordinator service and the server as
@@ -590,7 +356,7 @@ where
     }
     let why = task_end(ended);
     health
-        .set_not_serving::<pb::coordinator_server::CoordinatorServer<service::CoordinatorService>>()
+        .set_not_serving::<pb::coordinator_server::CoordinatorServer<api::CoordinatorService>>()
         .await;
     health
         .set_service_status("", ServingStatus::NotServing)
@@ -644,7 +410,7 @@ async fn watch_store_files(
                  and must be restarted (snapshot ids stay above those the daemons saw)"
             );
             health
-                .set_not_serving::<pb::coordinator_server::CoordinatorServer<service::CoordinatorService>>()
+                .set_not_serving::<pb::coordinator_server::CoordinatorServer<api::CoordinatorService>>()
                 .await;
             health
                 .set_service_status("", tonic_health::ServingStatus::NotServing)
@@ -688,7 +454,7 @@ mod tests {
     async fn serving() -> HealthReporter {
         let (health, _service) = tonic_health::server::health_reporter();
         health
-            .set_serving::<pb::coordinator_server::CoordinatorServer<service::CoordinatorService>>()
+            .set_serving::<pb::coordinator_server::CoordinatorServer<api::CoordinatorService>>()
             .await;
         health
     }

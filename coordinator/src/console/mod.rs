@@ -29,7 +29,7 @@ use cairn_rpc::v1::coordinator_server::Coordinator;
 use serde::Deserialize;
 use tonic::{Code, Request};
 
-use crate::service::CoordinatorService;
+use crate::api::CoordinatorService;
 
 /// Requests the console serves at once; more are answered 503 at once, so that a flood
 /// of page loads can neither pile up memory nor crowd the coordinator's task.

@@ -56,7 +56,7 @@ fn prefix_end(prefix: &[u8]) -> Vec<u8> {
     vec![0]
 }
 use crate::config::{EtcdConfig, causes};
-use crate::election::Leadership;
+use crate::leader::election::Leadership;
 
 /// The term a fenced view writes in.
 #[derive(Clone)]

@@ -28,6 +28,7 @@ mod s3_server;
 mod schedule;
 mod simulation;
 mod soak;
+mod stalled_store;
 mod tls;
 mod tls_lifecycle;
 mod tls_revocation;

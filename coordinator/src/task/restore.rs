@@ -8,6 +8,8 @@ use cairn_core::restore::{RestoreProgress, RestoreState};
 use cairn_core::{FailureReason, NodeId, SnapshotId};
 use cairn_proto::v1 as pb;
 
+use tokio::sync::oneshot;
+
 use super::{Msg, State};
 use crate::error::Error;
 use crate::store::{RestoreRecord, RestoreStatus, SnapshotRecord, SnapshotStatus};
@@ -17,6 +19,25 @@ use cairn_proto::stored::convert::now_ms;
 const AUTO_RESTORE_CANDIDATES: usize = 10;
 
 /// How long automatic recovery waits before trying again after a failure.
+/// The answer a user's `RestoreSnapshot` waits for.
+pub(super) type RestoreReply = oneshot::Sender<Result<RestoreRecord, Error>>;
+
+/// Who asked for a restore being verified.
+pub(super) enum Requester {
+    /// A user's `RestoreSnapshot`, answered when the verification comes back.
+    User(RestoreReply),
+    /// Automatic recovery, and why it is due.
+    Recovery(String),
+}
+
+/// A restore whose snapshot is being verified off the task ([`State::verify_off_task`]):
+/// no other restore starts until it comes back.
+pub(super) struct Verification {
+    /// The snapshots tried, in order (automatic recovery tries the newest few).
+    snapshots: Vec<SnapshotId>,
+    requester: Requester,
+}
+
 const RECOVERY_BACKOFF: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// The restore under way.
@@ -90,35 +111,128 @@ impl State {
         })
     }
 
-    /// Starts restoring `snapshot_id`; see `Coordinator/RestoreSnapshot`.
-    pub(super) async fn restore(
-        &mut self,
-        snapshot_id: SnapshotId,
-        requested_by: String,
-    ) -> Result<RestoreRecord, Error> {
-        self.restore_with(snapshot_id, requested_by, Vec::new())
-            .await
+    /// Starts restoring `snapshot_id` (see `Coordinator/RestoreSnapshot`): checks what can
+    /// be checked at once, then verifies every chunk of the snapshot off this task
+    /// ([`Verification`]); `reply` is answered when the verification comes back
+    /// ([`Self::verified`]) and the restore is fenced, or refused.
+    pub(super) async fn restore(&mut self, snapshot_id: SnapshotId, reply: RestoreReply) {
+        let snapshot = match self.check_restore(snapshot_id).await {
+            Ok((snapshot, _)) => snapshot,
+            Err(e) => {
+                let _ = reply.send(Err(e));
+                return;
+            }
+        };
+        self.verify_off_task(vec![snapshot], Requester::User(reply));
     }
 
-    /// Checks that every chunk of a snapshot is there and matches its name.
-    pub(super) async fn verify_snapshot(&self, snapshot: &SnapshotRecord) -> Result<(), Error> {
-        let id = SnapshotId(snapshot.id);
-        let parts = self.meta.parts(id).await?;
-        crate::parts::verify(&self.blobs, id, snapshot, &parts).await?;
-        Ok(())
+    /// Verifies `candidates` in order on a task of its own until one verifies: the blob
+    /// store is read there, never on this task (a stalled store must not stall heartbeats,
+    /// registrations and snapshot starts). Its outcome comes back as [`Msg::Verified`].
+    fn verify_off_task(&mut self, candidates: Vec<SnapshotRecord>, requester: Requester) {
+        self.verifying = Some(Verification {
+            snapshots: candidates.iter().map(|s| SnapshotId(s.id)).collect(),
+            requester,
+        });
+        let (meta, blobs, tx) = (self.meta.clone(), self.blobs.clone(), self.self_tx.clone());
+        tokio::spawn(async move {
+            let mut skipped = Vec::new();
+            let mut chosen = None;
+            for snapshot in candidates {
+                let id = SnapshotId(snapshot.id);
+                let verified = match meta.parts(id).await {
+                    Ok(parts) => crate::parts::verify(&blobs, id, &snapshot, &parts)
+                        .await
+                        .map(|_| ()),
+                    Err(e) => Err(e),
+                };
+                match verified {
+                    Ok(()) => {
+                        chosen = Some(id);
+                        break;
+                    }
+                    Err(e) => skipped.push((id, e)),
+                }
+            }
+            let _ = tx.send(Msg::Verified { chosen, skipped }).await;
+        });
     }
 
-    /// [`Self::restore`], noting the snapshots automatic recovery passed over.
-    async fn restore_with(
+    /// A verification of [`Self::verify_off_task`] came back: the restore it was for starts
+    /// (checked once more: members, the roster and the snapshot may have changed while it
+    /// ran), or is refused naming why; automatic recovery names the snapshots it passed over.
+    pub(super) async fn verified(
         &mut self,
+        chosen: Option<SnapshotId>,
+        mut skipped: Vec<(SnapshotId, Error)>,
+    ) {
+        let Some(verification) = self.verifying.take() else {
+            return;
+        };
+        let requested_by = match &verification.requester {
+            Requester::User(_) => "user".to_owned(),
+            Requester::Recovery(reason) => format!("automatic recovery ({reason})"),
+        };
+        if let Requester::Recovery(_) = &verification.requester {
+            for (id, e) in &skipped {
+                tracing::error!(
+                    snapshot = id.0,
+                    "{requested_by} passes over snapshot {id}: {e}"
+                );
+            }
+        }
+        let result = match chosen {
+            Some(id) => {
+                let passed_over = skipped
+                    .iter()
+                    .map(|(id, e)| format!("snapshot {id}: {e}"))
+                    .collect();
+                self.restore_with(id, requested_by.clone(), passed_over)
+                    .await
+            }
+            // Never empty: a verification has a candidate, and each is chosen or skipped.
+            None => Err(skipped.pop().map_or_else(
+                || Error::Blob("no snapshot was verified".into()),
+                |(_, e)| e,
+            )),
+        };
+        match verification.requester {
+            Requester::User(reply) => {
+                let _ = reply.send(result);
+            }
+            Requester::Recovery(reason) => {
+                let Err(e) = result else { return };
+                if chosen.is_some() {
+                    tracing::error!("{requested_by} could not restore: {e}");
+                } else {
+                    tracing::error!(
+                        "{requested_by}: no completed snapshot that verifies (of the newest \
+                         {AUTO_RESTORE_CANDIDATES}); the cluster runs on as it is"
+                    );
+                }
+                // Perhaps the store answers again later: tried again after a pause.
+                self.pending_recovery = Some(reason);
+                self.recovery_not_before = tokio::time::Instant::now() + RECOVERY_BACKOFF;
+            }
+        }
+    }
+
+    /// What a restore of `snapshot_id` needs now: no restore under way or being verified,
+    /// the snapshot completed, every node of it connected, and no node joined since.
+    async fn check_restore(
+        &self,
         snapshot_id: SnapshotId,
-        requested_by: String,
-        skipped: Vec<String>,
-    ) -> Result<RestoreRecord, Error> {
+    ) -> Result<(SnapshotRecord, BTreeSet<NodeId>), Error> {
         if let Some(active) = &self.restore {
             return Err(Error::RestoreInProgress {
                 restore: active.record.id.clone(),
                 snapshot: SnapshotId(active.record.snapshot_id),
+            });
+        }
+        if let Some(verifying) = &self.verifying {
+            return Err(Error::RestoreInProgress {
+                restore: "a restore whose snapshot is being verified".into(),
+                snapshot: verifying.snapshots.first().copied().unwrap_or(snapshot_id),
             });
         }
         let snapshot = self
@@ -157,9 +271,21 @@ impl State {
                 nodes: extra.iter().map(ToString::to_string).collect(),
             });
         }
-        // Every byte the nodes will fetch is checked before anything is fenced: a restore
-        // that would fail halfway is refused now, naming the chunk and the node.
-        self.verify_snapshot(&snapshot).await?;
+        Ok((snapshot, nodes))
+    }
+
+    /// Fences and starts the restore of `snapshot_id`, whose chunks verified, noting the
+    /// snapshots automatic recovery passed over.
+    async fn restore_with(
+        &mut self,
+        snapshot_id: SnapshotId,
+        requested_by: String,
+        skipped: Vec<String>,
+    ) -> Result<RestoreRecord, Error> {
+        // Checked again: the verification ran off this task, and members, the roster and
+        // the snapshot may have changed meanwhile. Nothing else runs on this task from here
+        // to the fence, so what is checked now holds then.
+        let (_, nodes) = self.check_restore(snapshot_id).await?;
         // The fence: from here on, frames of the old epoch are dropped wherever they are.
         // The counter only allocates: the cluster's epoch is that of the newest restore
         // record, so an epoch is entered only once its record is stored.
@@ -380,6 +506,7 @@ impl State {
             return;
         };
         if self.restore.is_some()
+            || self.verifying.is_some()
             || self.roster.nodes().any(|n| !self.members.contains_key(n))
             || tokio::time::Instant::now() < self.recovery_not_before
         {
@@ -399,49 +526,19 @@ impl State {
                 return;
             }
         };
-        // The newest snapshot whose every chunk verifies; the ones passed over are named.
-        let mut skipped = Vec::new();
-        let mut chosen = None;
-        for snapshot in completed.into_iter().take(AUTO_RESTORE_CANDIDATES) {
-            match self.verify_snapshot(&snapshot).await {
-                Ok(()) => {
-                    chosen = Some(snapshot);
-                    break;
-                }
-                Err(e) => {
-                    tracing::error!(
-                        snapshot = snapshot.id,
-                        "automatic recovery ({reason}) passes over snapshot {}: {e}",
-                        snapshot.id
-                    );
-                    skipped.push(format!("snapshot {}: {e}", snapshot.id));
-                }
-            }
-        }
-        let Some(snapshot) = chosen else {
+        if completed.is_empty() {
             tracing::error!(
-                "automatic recovery ({reason}): no completed snapshot that verifies (of the \
-                 newest {AUTO_RESTORE_CANDIDATES}); the cluster runs on as it is"
+                "automatic recovery ({reason}): no completed snapshot; the cluster runs on as it is"
             );
-            if !skipped.is_empty() {
-                retry(self); // perhaps the store answers again later
-            }
             return;
-        };
-        if let Err(e) = self
-            .restore_with(
-                SnapshotId(snapshot.id),
-                format!("automatic recovery ({reason})"),
-                skipped,
-            )
-            .await
-        {
-            tracing::error!(
-                snapshot = snapshot.id,
-                "automatic recovery ({reason}) could not restore: {e}"
-            );
-            retry(self);
         }
+        // The newest snapshot whose every chunk verifies, found off this task; the ones
+        // passed over are named ([`Self::verified`]).
+        let candidates = completed
+            .into_iter()
+            .take(AUTO_RESTORE_CANDIDATES)
+            .collect();
+        self.verify_off_task(candidates, Requester::Recovery(reason));
     }
 
     async fn completed_newest_first(&self) -> Result<Vec<SnapshotRecord>, Error> {

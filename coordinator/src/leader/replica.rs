@@ -15,9 +15,9 @@ use tokio::sync::mpsc;
 use tonic::Status;
 use tonic::body::Body;
 
-use crate::election::Replicas;
-use crate::state::Msg;
+use crate::leader::election::Replicas;
 use crate::store::Metadata;
+use crate::task::Msg;
 
 /// The response metadata naming the leader.
 pub(crate) const LEADER_HEADER: &str = "cairn-leader";
@@ -30,7 +30,7 @@ pub(crate) struct Leading {
     /// The metadata, written through the term's fence.
     pub meta: Metadata,
     /// The term itself: what is sent on its behalf is checked against it when it leaves.
-    pub leadership: Arc<crate::election::Leadership>,
+    pub leadership: Arc<crate::leader::election::Leadership>,
 }
 
 /// This replica's role now.

@@ -58,7 +58,7 @@ impl Harness {
             policy: Policy::default(),
             auto_restore: false,
             restore_timeout: Duration::from_secs(60),
-            leadership: crate::election::Leadership::forever(),
+            leadership: crate::leader::election::Leadership::forever(),
         };
         let mut state = State::new(
             crate::metrics::CoordinatorMetrics::default(),

@@ -4,7 +4,11 @@
 //! ([`store_upload`]); a part's manifest read back ([`manifest_of`]); a part read for a
 //! client, with or without its bytes ([`read_part`]); its recorded messages
 //! ([`channel_states`]); and a whole snapshot's parts checked chunk by chunk ([`verify`]).
-//! The gRPC services only translate requests to these.
+//! The streaming pipelines are [`read`] (`ReadSnapshotData`) and [`restore`]
+//! (`FetchRestorePart`). The gRPC service only checks and translates requests to these.
+
+pub(crate) mod read;
+pub(crate) mod restore;
 
 use std::collections::BTreeMap;
 

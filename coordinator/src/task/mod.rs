@@ -157,6 +157,16 @@ pub(crate) enum Msg {
     RestoreTimedOut {
         epoch: u64,
     },
+    /// A garbage collection, run off the task, came back: the bytes it freed.
+    Collected {
+        result: Result<u64, Error>,
+    },
+    /// A restore's verification, run off the task, came back: the snapshot that verified
+    /// (the first of its candidates that did), and those that did not, with why.
+    Verified {
+        chosen: Option<SnapshotId>,
+        skipped: Vec<(SnapshotId, Error)>,
+    },
     SetPolicy {
         request: pb::SetPolicyRequest,
         reply: oneshot::Sender<Result<pb::Policy, Error>>,
@@ -180,13 +190,13 @@ pub(crate) struct Settings {
     /// How long a restore may take.
     pub restore_timeout: Duration,
     /// The term this task leads (the embedded store's: term 0, for good).
-    pub leadership: std::sync::Arc<crate::election::Leadership>,
+    pub leadership: std::sync::Arc<crate::leader::election::Leadership>,
 }
 
 pub(crate) struct State {
     /// The term this task leads: every command carries it, and nothing is sent or written
     /// once it ended.
-    leadership: std::sync::Arc<crate::election::Leadership>,
+    leadership: std::sync::Arc<crate::leader::election::Leadership>,
     metrics: crate::metrics::CoordinatorMetrics,
     settings: Settings,
     /// The metadata store, typed.
@@ -225,6 +235,10 @@ pub(crate) struct State {
     epoch: u64,
     /// The restore under way.
     restore: Option<restore::ActiveRestore>,
+    /// The restore whose snapshot is being verified off this task, before it is fenced.
+    verifying: Option<restore::Verification>,
+    /// The garbage collection running off this task.
+    collection: Option<retention::Collection>,
     /// Automatic recovery waits for every member to connect; why it is due.
     pending_recovery: Option<String>,
     /// The newest restore that did not finish (FAILED): until a later one is applied by
@@ -258,6 +272,8 @@ impl State {
             failing: false,
             epoch: 0,
             restore: None,
+            verifying: None,
+            collection: None,
             pending_recovery: None,
             unfinished_restore: None,
             id_floor: 0,
@@ -492,10 +508,8 @@ impl State {
                 let result = self.abort(id, reason).await;
                 let _ = reply.send(result);
             }
-            Msg::Delete { id, reply } => {
-                let result = self.delete(id).await;
-                let _ = reply.send(result);
-            }
+            Msg::Delete { id, reply } => self.delete(id, reply).await,
+            Msg::Collected { result } => self.collected(result),
             Msg::StorageFailed { id, node, why } => {
                 let nodes = vec![node];
                 let update = self.tracker.fail(id, FailureReason::Storage { nodes, why });
@@ -523,10 +537,8 @@ impl State {
             Msg::GetPolicy { reply } => {
                 let _ = reply.send(self.policy_pb());
             }
-            Msg::Restore { snapshot_id, reply } => {
-                let result = self.restore(snapshot_id, "user".into()).await;
-                let _ = reply.send(result);
-            }
+            Msg::Restore { snapshot_id, reply } => self.restore(snapshot_id, reply).await,
+            Msg::Verified { chosen, skipped } => self.verified(chosen, skipped).await,
             Msg::RestoreApplied { node, restore_id } => {
                 self.restore_applied(&node, &restore_id).await;
             }
