@@ -82,32 +82,6 @@ pub fn upload_chunk(data: &[u8]) {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// Valid messages and every prefix of them go through without a panic.
-    #[test]
-    fn valid_messages_and_their_prefixes_decode_without_panic() {
-        let batch = pb::FrameBatch {
-            first_seq: u64::MAX,
-            frames: vec![pb::Frame {
-                kind: Some(pb::frame::Kind::Data(pb::DataRun {
-                    payloads: bytes::Bytes::from_static(b"abc"),
-                    lengths: vec![1, 2],
-                })),
-            }],
-            epoch: 1,
-        }
-        .encode_to_vec();
-        for end in 0..=batch.len() {
-            peer_frames(&batch[..end]);
-            app_messages(&batch[..end]);
-            upload_chunk(&batch[..end]);
-        }
-    }
-}
-
 /// A metadata value read back, as each record type, and a snapshot record on to the wire.
 pub fn records(data: &[u8]) {
     if let Ok(record) = serde_json::from_slice::<SnapshotRecord>(data) {
@@ -157,4 +131,30 @@ pub fn policy(data: &[u8]) {
 /// A part's manifest read back from the blob store.
 pub fn manifest(data: &[u8]) {
     let _ = crate::stored::manifest::Manifest::parse(data);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Valid messages and every prefix of them go through without a panic.
+    #[test]
+    fn valid_messages_and_their_prefixes_decode_without_panic() {
+        let batch = pb::FrameBatch {
+            first_seq: u64::MAX,
+            frames: vec![pb::Frame {
+                kind: Some(pb::frame::Kind::Data(pb::DataRun {
+                    payloads: bytes::Bytes::from_static(b"abc"),
+                    lengths: vec![1, 2],
+                })),
+            }],
+            epoch: 1,
+        }
+        .encode_to_vec();
+        for end in 0..=batch.len() {
+            peer_frames(&batch[..end]);
+            app_messages(&batch[..end]);
+            upload_chunk(&batch[..end]);
+        }
+    }
 }

@@ -409,6 +409,15 @@ impl State {
             }
         }
         self.members.clear();
+        // Work off the task that has not come back is answered for what it is: a restore
+        // still being verified fenced nothing and stored nothing; a deletion waiting for its
+        // garbage collection is stored (the chunks go at a later collection).
+        if let Some(verification) = self.verifying.take() {
+            verification.abandon();
+        }
+        if let Some(collection) = self.collection.take() {
+            collection.abandon();
+        }
         // Whoever still watches a snapshot was told no end: the store has none from this
         // term (or this term could not store it), and the next leader decides.
         for (id, watchers) in std::mem::take(&mut self.watchers) {

@@ -38,6 +38,16 @@ pub(super) struct Verification {
     requester: Requester,
 }
 
+impl Verification {
+    /// The task ends before the verification came back: a user's restore hears that
+    /// nothing was fenced or stored (UNAVAILABLE: ask the next leader).
+    pub(super) fn abandon(self) {
+        if let Requester::User(reply) = self.requester {
+            let _ = reply.send(Err(Error::ShuttingDown));
+        }
+    }
+}
+
 const RECOVERY_BACKOFF: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// The restore under way.

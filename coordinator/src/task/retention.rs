@@ -165,6 +165,16 @@ pub(super) struct Collection {
     again: bool,
 }
 
+impl Collection {
+    /// The task ends before the collection came back: the deletions waiting for it are
+    /// stored; their chunks go at a later collection (nothing freed now).
+    pub(super) fn abandon(self) {
+        for reply in self.waiting.into_iter().chain(self.next) {
+            let _ = reply.send(Ok(0));
+        }
+    }
+}
+
 /// One garbage collection, off the coordinator's task: every chunk no stored part refers
 /// to, older than `grace`, is deleted while the term holds.
 async fn collect(

@@ -6,7 +6,7 @@
 //! the TLS accept loop and the `/metrics` endpoint.
 //!
 //! An application links this crate through `cairn-sdk`, without `server`: no clap,
-//! tracing-subscriber, axum or prometheus-client in its tree.
+//! tracing-subscriber, humantime or prometheus-client in its tree.
 //!
 //! # Layout
 //!

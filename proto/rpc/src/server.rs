@@ -6,7 +6,7 @@
 //!
 //! The server runtime of cairn's daemons, behind this crate's `server` feature: the node
 //! and the coordinator enable it, as does `cairn-cli` (`cairnctl`, `cairn-bank`); the SDK
-//! an application links does not, and so links neither clap, tracing-subscriber, axum nor
+//! an application links does not, and so links neither clap, tracing-subscriber, humantime nor
 //! prometheus-client.
 
 use std::net::SocketAddr;

@@ -1,8 +1,8 @@
 //! TLS for cairn's gRPC links: the CA and the identity (certificate and key) read from PEM
 //! files, turned into a rustls server configuration and tonic's client configurations.
 //! The flags that name the files (`--tls-cert`, `--tls-key`, `--tls-ca`) and a daemon's
-//! accept loop are in `cli::tls`; this part has no clap so that an application's
-//! [`CoordinatorClient`](crate::CoordinatorClient) can use TLS too.
+//! accept loop are in `server::tls` (feature `server`); this part has no clap so that an
+//! application's coordinator client (`cairn_sdk::CoordinatorClient`) can use TLS too.
 //!
 //! With TLS a server requires a client certificate signed by the CA (mutual TLS: rustls'
 //! `WebPkiClientVerifier` without `allow_unauthenticated`), and a client checks the
