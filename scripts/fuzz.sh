@@ -6,6 +6,7 @@
 #
 #   scripts/fuzz.sh                 # every target, CAIRN_FUZZ_SECONDS (30) each, seed 1, a core each
 #   scripts/fuzz.sh records 600     # one target, ten minutes
+#   CAIRN_FUZZ_BUILD_ONLY=1 scripts/fuzz.sh   # install cargo-fuzz and build the targets only
 set -euo pipefail
 cd "$(dirname "$0")/.."
 seconds="${2:-${CAIRN_FUZZ_SECONDS:-30}}"
@@ -23,6 +24,10 @@ cd fuzz
 targets="${1:-$(cargo fuzz list)}"
 echo "==> building the fuzz targets (release, coverage-instrumented)"
 cargo fuzz build "${build[@]}"
+# CAIRN_FUZZ_BUILD_ONLY=1: install and build only (scripts/test.sh builds in the background).
+if [ "${CAIRN_FUZZ_BUILD_ONLY:-0}" = 1 ]; then
+  exit 0
+fi
 # One target a core at a time (CAIRN_FUZZ_JOBS, default: the cores): each libFuzzer process
 # is single-threaded, so two cores fuzz two targets in the time of one.
 jobs="${CAIRN_FUZZ_JOBS:-$(nproc)}"

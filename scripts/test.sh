@@ -82,9 +82,11 @@ install_prerequisites() {
     { echo "error: the compose test needs Docker Engine and docker-compose (apt-get install docker.io docker-compose)" >&2; exit 1; }
 }
 
-say "the static check (scripts/check.sh --static: fmt, clippy, core purity, docs; the tests run below)"
-# The SDK's own clippy runs later, beside the fuzzers (below).
-CAIRN_CHECK_SDK_CLIPPY=no scripts/check.sh --static
+# Incremental compilation only costs a build from scratch (CI's) time.
+export CARGO_INCREMENTAL="${CARGO_INCREMENTAL:-0}"
+
+say "cargo fmt --all --check"
+cargo fmt --all --check
 
 install_prerequisites
 
@@ -94,6 +96,25 @@ say "cargo build --bins --tests (the multi-process tests run the built binaries)
 # library and binary instead of compiling tokio, tonic and our crates a second time (about
 # 4 minutes on two cores).
 cargo build --workspace --bins --tests --locked
+
+say "in the background, at low priority: the fuzzers' build, then the lints (check.sh --static in target/lint)"
+# The lints compile every crate again in check mode and the fuzzers' build is instrumented:
+# neither shares artifacts with the build above, so they take the CPU the nemesis run and the
+# multi-process tests leave idle, in a process group of their own (setsid) that cleanup
+# kills if a stage fails first. Their output is shown when they are waited for.
+background_pid=""
+log=$(mktemp)
+k8s=""
+cleanup() {
+  rm -rf "$log" ${k8s:+"$k8s"}
+  # The background lints and fuzz build, if they still run (a stage failed first).
+  if [ -n "$background_pid" ]; then kill -- "-$background_pid" 2>/dev/null || true; fi
+}
+trap cleanup EXIT
+background_log=target/background.log
+setsid nice -n 19 bash -c 'CAIRN_FUZZ_BUILD_ONLY=1 scripts/fuzz.sh &&
+  CARGO_TARGET_DIR=target/lint scripts/check.sh --static' >"$background_log" 2>&1 &
+background_pid=$!
 
 say "nemesis run (cairn-nemesis --quick --netns: etcd, 2 coordinators, 4 nodes on hosts of their own; kills, pauses, cuts, holds, delays, partitions, packet loss, slow links, restores; independent checker)"
 # Seeded and bounded: ${CAIRN_NEMESIS_SECONDS:-90} s of faults, then about 10 s of checks.
@@ -106,44 +127,24 @@ say "the checker's mutation check (scripts/nemesis-mutants.sh: each planted bug 
 scripts/nemesis-mutants.sh
 
 say "cargo test --workspace"
-log=$(mktemp)
-k8s=""
-sdk_pid=""
-cleanup() {
-  rm -rf "$log" ${k8s:+"$k8s"}
-  # The SDK's clippy, if it still runs (a stage after it started failed): its whole group.
-  if [ -n "$sdk_pid" ]; then kill -- "-$sdk_pid" 2>/dev/null || true; fi
-}
-trap cleanup EXIT
 cargo test --workspace --locked 2>&1 | tee "$log"
 # One closing line over every test binary and doc-test run.
 awk '/^test result:/ { for (i = 1; i <= NF; i++) { if ($i ~ /^passed;?$/) p += $(i-1); if ($i ~ /^failed;?$/) f += $(i-1) } }
      END { printf "\ntests: %d passed, %d failed\n", p, f }' "$log"
 
-say "cargo clippy -p cairn-sdk (the SDK an application links: cairn-rpc without its server runtime), in the background while the fuzzers run"
-# It compiles tonic and tokio again with the SDK's own features (about 3 minutes); each fuzz
-# target runs on one core, so this takes the other, at low priority, in a process group of its
-# own (setsid) that cleanup kills if a stage fails first. check.sh without --static runs it in
-# line; its `cargo tree` check (no CLI crate in the SDK's tree) ran with the static check.
-sdk_log=target/sdk-clippy.log
-setsid nice -n 19 cargo clippy -j1 -p cairn-sdk --locked -- -D warnings \
-  >"$sdk_log" 2>&1 &
-sdk_pid=$!
-
-say "fuzzing every decoder (scripts/fuzz.sh: cargo-fuzz on stable, ${CAIRN_FUZZ_SECONDS:-30} s a target, seed 1)"
-# About 10 minutes: cargo-fuzz's install (once, ~2 min), the instrumented build (~5 min),
-# then 30 s for each of the nine targets.
-CAIRN_FUZZ_SECONDS="${CAIRN_FUZZ_SECONDS:-30}" scripts/fuzz.sh
-
-say "waiting for the SDK's clippy (started before the fuzzers)"
-if ! wait "$sdk_pid"; then
-  sdk_pid=""
-  cat "$sdk_log" >&2
-  echo "error: cargo clippy -p cairn-sdk failed (above)" >&2
+say "waiting for the background's fuzz build and lints (started after the build)"
+if ! wait "$background_pid"; then
+  background_pid=""
+  cat "$background_log" >&2
+  echo "error: the fuzzers' build or the lints (scripts/check.sh --static) failed (above)" >&2
   exit 1
 fi
-sdk_pid=""
-tail -n 1 "$sdk_log"
+background_pid=""
+grep -E '^(==>|check --static|fuzz/Cargo.lock)' "$background_log"
+
+say "fuzzing every decoder (scripts/fuzz.sh: cargo-fuzz on stable, ${CAIRN_FUZZ_SECONDS:-30} s a target, a target a core, seed 1)"
+# Built in the background above: 30 s for each of the nine targets, two at a time.
+CAIRN_FUZZ_SECONDS="${CAIRN_FUZZ_SECONDS:-30}" scripts/fuzz.sh
 
 say "Kubernetes manifests: kubectl kustomize, kubernetes-validate, flags against the binaries"
 # The dev-certs overlay needs the files deploy/make-certs.sh writes (as README says): built

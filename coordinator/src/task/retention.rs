@@ -101,14 +101,20 @@ impl State {
             collection.again = true;
             return;
         }
+        self.start_collection(reply.into_iter().collect());
+    }
+
+    /// Starts a collection that `waiting` hear the end of (nothing freed, at once, while a
+    /// snapshot is in flight).
+    fn start_collection(&mut self, waiting: Vec<DeleteReply>) {
         if !self.inflight.is_empty() {
-            if let Some(reply) = reply {
+            for reply in waiting {
                 let _ = reply.send(Ok(0));
             }
             return;
         }
         self.collection = Some(Collection {
-            waiting: reply.into_iter().collect(),
+            waiting,
             next: Vec::new(),
             again: false,
         });
@@ -143,11 +149,7 @@ impl State {
             let _ = reply.send(Ok(freed));
         }
         if collection.again {
-            let mut next = collection.next.into_iter();
-            self.collect_garbage(next.next());
-            for reply in next {
-                self.collect_garbage(Some(reply));
-            }
+            self.start_collection(collection.next);
         }
     }
 }
