@@ -57,11 +57,11 @@ impl Error {
     }
 }
 
-/// The leader an UNAVAILABLE `status` names ([`crate::coordinator::LEADER_METADATA`],
-/// checked by [`crate::coordinator::check_address`]); `None` for any other status.
+/// The leader an UNAVAILABLE `status` names ([`cairn_rpc::leader::LEADER_METADATA`],
+/// checked by [`cairn_rpc::leader::check_address`]); `None` for any other status.
 pub fn leader_of(status: &Status) -> Option<String> {
     (status.code() == Code::Unavailable)
-        .then(|| crate::coordinator::leader_in(status.metadata()))
+        .then(|| cairn_rpc::leader::leader_in(status.metadata()))
         .flatten()
 }
 

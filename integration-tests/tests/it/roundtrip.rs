@@ -103,6 +103,24 @@ fn apply(model: &mut BTreeMap<String, String>, change: &Change) {
     }
 }
 
+/// Opens the embedded store at `base`. Its lock (an `flock`) is released when the previous
+/// handle is dropped, but a process another test of this binary spawns at that moment holds
+/// a copy of the lock's descriptor from its fork until it execs (the descriptor is
+/// close-on-exec): so "in use" by this very process is waited out, up to 5 s.
+async fn reopen(base: &std::path::Path) -> FileKv {
+    let ours = format!("(pid {};", std::process::id());
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    loop {
+        match FileKv::open(base, "members/").await {
+            Ok(kv) => return kv,
+            Err(e) if e.message.contains(&ours) && std::time::Instant::now() < deadline => {
+                tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+            }
+            Err(e) => panic!("cannot open the embedded store at {}: {e}", base.display()),
+        }
+    }
+}
+
 async fn contents(kv: &FileKv) -> BTreeMap<String, String> {
     kv.list("")
         .await
@@ -243,7 +261,7 @@ proptest! {
             // The model after each change: states[i] holds the first i.
             let mut states = vec![BTreeMap::new()];
             {
-                let kv = FileKv::open(&base, "members/").await.unwrap();
+                let kv = reopen(&base).await;
                 for change in &changes {
                     match change {
                         Change::Put(k, v) => kv.put(k, v.clone().into_bytes()).await.unwrap(),
@@ -260,7 +278,7 @@ proptest! {
             let log_path = base.with_extension("log");
             let log = std::fs::read(&log_path).unwrap();
             {
-                let kv = FileKv::open(&base, "members/").await.unwrap();
+                let kv = reopen(&base).await;
                 prop_assert_eq!(&contents(&kv).await, states.last().unwrap());
             }
             // Reopening compacted the log into the base: put the log back over the first
@@ -268,7 +286,7 @@ proptest! {
             std::fs::write(&base, b"{}").unwrap();
             let at = cut.index(log.len() + 1);
             std::fs::write(&log_path, &log[..at]).unwrap();
-            let kv = FileKv::open(&base, "members/").await.unwrap();
+            let kv = reopen(&base).await;
             let got = contents(&kv).await;
             // The changes of some first lines (a change that changes nothing writes no
             // line), never a mix; all of them when nothing was cut.

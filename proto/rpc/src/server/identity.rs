@@ -23,7 +23,7 @@ use prometheus_client::registry::Registry;
 use tonic::Status;
 use x509_parser::prelude::{FromDer, GeneralName, X509Certificate};
 
-use super::auth::Role;
+use cairn_proto::files::tokens::Role;
 
 /// The scheme of identity URIs.
 pub const SCHEME: &str = "cairn://";
