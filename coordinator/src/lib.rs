@@ -280,33 +280,13 @@ pub async fn run(
         );
     // With TLS, the handshakes run in cairn-rpc's accept loop (mutual TLS: a client without
     // a certificate of the CA is refused there), with the certificate in force.
-    let (tls, stop_serving) = (config.tls.clone(), stop_server.clone());
-    let server = async move {
-        match tls {
-            Some(tls) => {
-                server
-                    .serve_with_incoming_shutdown(
-                        cairn_rpc::server::tls::incoming(
-                            listener,
-                            tls,
-                            tls_metrics,
-                            stop_serving.clone(),
-                        ),
-                        stop_serving.cancelled_owned(),
-                    )
-                    .await
-            }
-            None => {
-                server
-                    .serve_with_incoming_shutdown(
-                        tonic::transport::server::TcpIncoming::from(listener)
-                            .with_nodelay(Some(true)),
-                        stop_serving.cancelled_owned(),
-                    )
-                    .await
-            }
-        }
-    };
+    let server = cairn_rpc::server::tls::serve(
+        server,
+        listener,
+        config.tls.clone(),
+        tls_metrics,
+        stop_server.clone(),
+    );
     let result = serve_beside_task(
         server,
         &mut state_task,

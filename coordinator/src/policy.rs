@@ -3,8 +3,8 @@
 
 use std::time::Duration;
 
-use cairn_core::schedule::{Policy, Status, saturating_millis};
-use cairn_proto::convert::policy_error;
+use cairn_core::schedule::{Policy, PolicyUpdate, Status, saturating_millis};
+use cairn_proto::convert::{policy_error, policy_update_from_pb};
 use cairn_proto::v1 as pb;
 
 use crate::error::Error;
@@ -139,18 +139,62 @@ pub fn at_start(flags: &Policy, stored: Option<&[u8]>, max_in_flight: usize) -> 
     }
 }
 
-/// The wire form, with the schedule's state.
-pub fn to_pb(policy: &Policy, source: Source, status: &Status) -> pb::Policy {
-    pb::Policy {
-        source: source.name().into(),
-        ..(policy, status).into()
+/// The policy in force as `GetPolicy` and `SetPolicy` answer it: where it came from and
+/// the schedule's state.
+#[derive(Debug, Clone)]
+pub struct View {
+    /// The policy.
+    pub policy: Policy,
+    /// Where it came from.
+    pub source: Source,
+    /// The schedule's state now.
+    pub status: Status,
+}
+
+impl View {
+    /// The wire form.
+    pub fn to_pb(&self) -> pb::Policy {
+        pb::Policy {
+            source: self.source.name().into(),
+            ..(&self.policy, &self.status).into()
+        }
     }
 }
 
-/// `current` with `SetPolicy`'s update applied ([`cairn_proto::convert::apply_policy_update`]);
-/// a bad update is `INVALID_ARGUMENT`.
-pub fn apply(current: &Policy, wire: &pb::Policy, update: &[String]) -> Result<Policy, Error> {
-    cairn_proto::convert::apply_policy_update(current, wire, update).map_err(Error::InvalidArgument)
+/// What `SetPolicy` asks for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Change {
+    /// Back to the coordinator's flags.
+    ResetToFlags,
+    /// These fields changed on the policy in force.
+    Update(PolicyUpdate),
+}
+
+impl TryFrom<pb::SetPolicyRequest> for Change {
+    type Error = Error;
+
+    /// A reset takes nothing else; an update names at least one writable field.
+    fn try_from(request: pb::SetPolicyRequest) -> Result<Self, Error> {
+        if request.reset_to_flags {
+            if request.policy.is_some() || !request.update.is_empty() {
+                return Err(Error::InvalidArgument(
+                    "reset_to_flags takes no policy and no update".into(),
+                ));
+            }
+            return Ok(Self::ResetToFlags);
+        }
+        let wire = request.policy.unwrap_or_default();
+        policy_update_from_pb(&wire, &request.update)
+            .map(Self::Update)
+            .map_err(Error::InvalidArgument)
+    }
+}
+
+/// `current` with `update` applied; a bad value is `INVALID_ARGUMENT` naming its wire field.
+pub fn apply(current: &Policy, update: &PolicyUpdate) -> Result<Policy, Error> {
+    update
+        .apply(current)
+        .map_err(|e| Error::InvalidArgument(policy_error(&e)))
 }
 
 /// A one-line account of a policy for logs.
@@ -174,6 +218,12 @@ pub fn describe(policy: &Policy) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `SetPolicy`'s path: the wire's update read, then applied.
+    fn apply(current: &Policy, wire: &pb::Policy, update: &[String]) -> Result<Policy, Error> {
+        let update = policy_update_from_pb(wire, update).map_err(Error::InvalidArgument)?;
+        super::apply(current, &update)
+    }
 
     #[test]
     fn a_record_round_trips() {

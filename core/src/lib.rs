@@ -53,10 +53,13 @@
 //! - [`verifier`]: [`verify`], the consistent-cut check, and its [`Violation`]s.
 //! - [`tracker`]: [`SnapshotTracker`], the coordinator's view of every snapshot.
 //! - [`restore`]: the replay of recorded channel state, and a restore's progress.
+//! - [`control`]: what the coordinator and the nodes tell each other (registrations,
+//!   commands, membership), as data.
 //! - [`schedule`]: [`schedule::Schedule`], when the coordinator takes scheduled snapshots.
 
 #![forbid(unsafe_code)]
 
+pub mod control;
 pub mod engine;
 pub mod event;
 pub mod report;

@@ -103,6 +103,28 @@ pub enum FailureReason {
     },
 }
 
+impl FailureReason {
+    /// The reason's own words beyond its kind, its nodes and its channel: what its
+    /// sentence says after the kind's words. Empty for a kind that has none.
+    pub fn detail(&self) -> String {
+        match self {
+            Self::Inconsistent(violation) => violation.to_string(),
+            Self::CoordinatorFailover(what)
+            | Self::MembershipChanged(what)
+            | Self::Aborted(what) => what.clone(),
+            Self::MixedEpochs { detail, .. } => detail.clone(),
+            Self::Storage { why, .. } => why.clone(),
+            Self::Timeout { .. }
+            | Self::NodeLost(_)
+            | Self::ChannelReset(_)
+            | Self::NoApplication(_)
+            | Self::CoordinatorRestarted
+            | Self::Restore
+            | Self::Shutdown(_) => String::new(),
+        }
+    }
+}
+
 impl fmt::Display for FailureReason {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {

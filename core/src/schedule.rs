@@ -166,6 +166,70 @@ fn show_limit(limit: Duration) -> String {
     format!("{} ({human})", show(limit))
 }
 
+/// A change to the policy in force: the fields it sets, each taken as given (the rest stay).
+/// Setting the mode to one other than `Aligned` without an alignment timeout drops the
+/// alignment timeout (it applies to aligned snapshots only).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct PolicyUpdate {
+    /// A new interval.
+    pub interval: Option<Duration>,
+    /// A new mode.
+    pub mode: Option<SnapshotMode>,
+    /// A new timeout.
+    pub timeout: Option<Duration>,
+    /// A new alignment timeout (`Some(None)`: none).
+    pub alignment_timeout: Option<Option<Duration>>,
+    /// A new least pause.
+    pub min_pause: Option<Duration>,
+    /// A new jitter.
+    pub jitter: Option<Duration>,
+    /// A new limit of scheduled snapshots in flight.
+    pub max_concurrent: Option<u32>,
+    /// A new count of tolerated failures.
+    pub tolerated_failures: Option<u32>,
+    /// A new freshness threshold (`Some(None)`: none).
+    pub freshness_threshold: Option<Option<Duration>>,
+}
+
+impl PolicyUpdate {
+    /// `current` with this update's fields, checked ([`Policy::check`]).
+    pub fn apply(&self, current: &Policy) -> Result<Policy, PolicyError> {
+        let mut next = current.clone();
+        if let Some(v) = self.interval {
+            next.interval = v;
+        }
+        if let Some(mode) = self.mode {
+            next.mode = mode;
+            if mode != SnapshotMode::Aligned && self.alignment_timeout.is_none() {
+                next.alignment_timeout = None;
+            }
+        }
+        if let Some(v) = self.timeout {
+            next.timeout = v;
+        }
+        if let Some(v) = self.alignment_timeout {
+            next.alignment_timeout = v;
+        }
+        if let Some(v) = self.min_pause {
+            next.min_pause = v;
+        }
+        if let Some(v) = self.jitter {
+            next.jitter = v;
+        }
+        if let Some(v) = self.max_concurrent {
+            next.max_concurrent = v;
+        }
+        if let Some(v) = self.tolerated_failures {
+            next.tolerated_failures = v;
+        }
+        if let Some(v) = self.freshness_threshold {
+            next.freshness_threshold = v;
+        }
+        next.check()?;
+        Ok(next)
+    }
+}
+
 impl Policy {
     /// Checks that the policy makes sense and every value is within its limit:
     ///

@@ -261,36 +261,13 @@ pub async fn run(
         .add_service(pb::node_admin_server::NodeAdminServer::new(admin_service));
     // With TLS, the handshakes run in cairn-rpc's accept loop (mutual TLS: a client without
     // a certificate of the CA is refused there), with the certificate in force.
-    let peer_server = {
-        let (tls, tls_metrics, stop) = (config.tls.clone(), tls_metrics.clone(), stop.clone());
-        let peer_listener = listeners.peer;
-        async move {
-            match tls {
-                Some(tls) => {
-                    peer_server
-                        .serve_with_incoming_shutdown(
-                            cairn_rpc::server::tls::incoming(
-                                peer_listener,
-                                tls,
-                                tls_metrics,
-                                stop.clone(),
-                            ),
-                            stop.cancelled_owned(),
-                        )
-                        .await
-                }
-                None => {
-                    peer_server
-                        .serve_with_incoming_shutdown(
-                            tonic::transport::server::TcpIncoming::from(peer_listener)
-                                .with_nodelay(Some(true)),
-                            stop.cancelled_owned(),
-                        )
-                        .await
-                }
-            }
-        }
-    };
+    let peer_server = cairn_rpc::server::tls::serve(
+        peer_server,
+        listeners.peer,
+        config.tls.clone(),
+        tls_metrics.clone(),
+        stop.clone(),
+    );
     // The application is beside the daemon: small windows keep what waits in HTTP/2
     // buffers small, so backpressure reaches a fast application quickly.
     let app_server = limits::server(APP_PORT_STREAMS)
@@ -311,37 +288,13 @@ pub async fn run(
         );
     // With TLS the application port is mutual TLS too (the application presents its
     // node's certificate).
-    let app_server = {
-        let (tls, tls_metrics, accepting) =
-            (config.tls.clone(), tls_metrics.clone(), accepting.clone());
-        let app_listener = listeners.app;
-        async move {
-            match tls {
-                Some(tls) => {
-                    app_server
-                        .serve_with_incoming_shutdown(
-                            cairn_rpc::server::tls::incoming(
-                                app_listener,
-                                tls,
-                                tls_metrics,
-                                accepting.clone(),
-                            ),
-                            accepting.cancelled_owned(),
-                        )
-                        .await
-                }
-                None => {
-                    app_server
-                        .serve_with_incoming_shutdown(
-                            tonic::transport::server::TcpIncoming::from(app_listener)
-                                .with_nodelay(Some(true)),
-                            accepting.cancelled_owned(),
-                        )
-                        .await
-                }
-            }
-        }
-    };
+    let app_server = cairn_rpc::server::tls::serve(
+        app_server,
+        listeners.app,
+        config.tls.clone(),
+        tls_metrics.clone(),
+        accepting.clone(),
+    );
     let peer_server = tokio::spawn(peer_server);
     let app_server = tokio::spawn(app_server);
     if let Some(listener) = listeners.metrics {

@@ -17,15 +17,15 @@ use crate::leader::election::Elector;
 use crate::leader::replica::Replica;
 use crate::limits;
 use crate::policy;
-use crate::store::{
-    MemberRecord, Metadata, PartRecord, RestoreRecord, SnapshotRecord, SnapshotStatus,
-};
-use crate::task::{Msg, mode_of, restore_epoch, restore_pb};
+use crate::store::{Metadata, RestoreRecord};
+use crate::task::{Msg, mode_of, restore_epoch};
+pub(crate) use stored::MAX_FOLLOWS;
 mod nodes;
 mod reads;
+mod stored;
 
 use cairn_blob::BlobStore;
-use cairn_proto::stored::convert::{progress_pb, snapshot_pb};
+use cairn_proto::stored::convert::{progress_pb, restore_pb, snapshot_pb};
 
 /// The `Coordinator` service. The leader answers everything; a follower answers reads
 /// from the metadata store and refuses the rest with UNAVAILABLE naming the leader.
@@ -51,16 +51,9 @@ pub(crate) struct CoordinatorService {
 /// What a `DiffSnapshots` call reserves: two manifests' chunk lists per node at a time.
 const DIFF_RESERVE: u64 = 16 << 20;
 
-/// Most `WatchSnapshot` streams a replica follows by reading the store at once (each reads
-/// etcd four times a second).
-pub(crate) const MAX_FOLLOWS: usize = 256;
-
 /// How long a daemon's session request waits on a replica that knows no leader yet (below
 /// the 10 s a daemon gives a registration).
 const ELECTION_HOLD: Duration = Duration::from_secs(8);
-
-/// How often a follower's `WatchSnapshot` reads the record it follows.
-const FOLLOW_EVERY: Duration = Duration::from_millis(250);
 
 impl CoordinatorService {
     /// Asks the task of the term this replica leads; UNAVAILABLE naming the leader on a
@@ -96,144 +89,12 @@ impl CoordinatorService {
             })
         })
     }
-
-    /// A snapshot's record: stored, or with its live progress while it is in flight (on
-    /// the leader; a follower has the stored record).
-    async fn record(&self, id: SnapshotId) -> Result<SnapshotRecord, Error> {
-        let stored = self
-            .meta
-            .snapshot(id)
-            .await?
-            .ok_or(Error::SnapshotNotFound(id))?;
-        if stored.status != SnapshotStatus::InProgress {
-            return Ok(stored);
-        }
-        let Ok(leading) = self.replica.leading() else {
-            return Ok(stored);
-        };
-        let (reply, answer) = oneshot::channel();
-        if leading.tx.send(Msg::Live { id, reply }).await.is_err() {
-            return Ok(stored);
-        }
-        match answer.await {
-            Ok(Some(live)) => Ok(live),
-            // Ended meanwhile (or the term did): read it again.
-            _ => self
-                .meta
-                .snapshot(id)
-                .await?
-                .ok_or(Error::SnapshotNotFound(id)),
-        }
-    }
-
-    /// Snapshot `id`'s record if it is COMPLETED; otherwise FAILED_PRECONDITION saying it
-    /// `only` (e.g. "can be restored") when completed.
-    async fn completed(&self, id: SnapshotId, only: &'static str) -> Result<SnapshotRecord, Error> {
-        let record = self.record(id).await?;
-        if record.status != SnapshotStatus::Completed {
-            return Err(Error::NotCompleted {
-                id,
-                status: record.status,
-                only,
-            });
-        }
-        Ok(record)
-    }
-
-    async fn parts(&self, id: SnapshotId) -> Result<Vec<PartRecord>, Error> {
-        self.meta.parts(id).await
-    }
-
-    /// [`loss_or_gone`] with this replica's store.
-    async fn loss_or_gone(&self, id: SnapshotId, error: Error) -> Error {
-        loss_or_gone(&self.meta, id, error).await
-    }
-
-    /// A follower's `ListNodes`: the roster and the members as the leader stored them.
-    async fn stored_nodes(&self) -> Result<pb::ListNodesResponse, Error> {
-        let members: BTreeMap<String, MemberRecord> = self
-            .meta
-            .members()
-            .await?
-            .into_iter()
-            .map(|m| (m.node.clone(), m))
-            .collect();
-        let nodes = self
-            .meta
-            .roster()
-            .await?
-            .into_iter()
-            .map(|r| {
-                let live = members.get(&r.node);
-                pb::NodeInfo {
-                    incarnation: live.map_or(r.incarnation, |m| m.incarnation),
-                    connected: live.is_some(),
-                    last_seen_ms: live.map_or(0, |m| m.registered_at_ms),
-                    application_attached: false,
-                    node_id: r.node,
-                    address: r.address,
-                    channels: Vec::new(),
-                }
-            })
-            .collect();
-        Ok(pb::ListNodesResponse {
-            nodes,
-            channels: Vec::new(),
-        })
-    }
-
-    /// A follower's `WatchSnapshot`: the stored record, read again every
-    /// [`FOLLOW_EVERY`], each change sent, until it ends or the watcher goes.
-    async fn follow(&self, id: SnapshotId) -> Result<WatchStream, Status> {
-        let permit = self.follows.clone().try_acquire_owned().map_err(|_| {
-            Status::resource_exhausted(format!(
-                "{MAX_FOLLOWS} snapshots are followed on this replica already, the most \
-                 allowed: watch on the leader, or later"
-            ))
-        })?;
-        let first = self
-            .meta
-            .snapshot(id)
-            .await?
-            .ok_or(Error::SnapshotNotFound(id))?;
-        let (tx, rx) = mpsc::channel(64);
-        let meta = self.meta.clone();
-        tokio::spawn(async move {
-            let _permit = permit;
-            let mut last = progress_pb(&first);
-            let mut ended = first.status != SnapshotStatus::InProgress;
-            if tx.send(Ok(last.clone())).await.is_err() {
-                return;
-            }
-            while !ended {
-                tokio::select! {
-                    () = tx.closed() => return,
-                    () = tokio::time::sleep(FOLLOW_EVERY) => {}
-                }
-                let record = match meta.snapshot(id).await {
-                    Ok(Some(record)) => record,
-                    Ok(None) => {
-                        let _ = tx.send(Err(Error::SnapshotNotFound(id).into())).await;
-                        return;
-                    }
-                    // etcd unreachable for a moment: keep following.
-                    Err(_) => continue,
-                };
-                ended = record.status != SnapshotStatus::InProgress;
-                let now = progress_pb(&record);
-                if now != last {
-                    if tx.send(Ok(now.clone())).await.is_err() {
-                        return;
-                    }
-                    last = now;
-                }
-            }
-        });
-        Ok(ReceiverStream::new(rx))
-    }
 }
 
-type WatchStream = ReceiverStream<Result<pb::SnapshotProgress, Status>>;
+/// A snapshot's progress as `WatchSnapshot` streams it.
+type WatchStream = std::pin::Pin<
+    Box<dyn tokio_stream::Stream<Item = Result<pb::SnapshotProgress, Status>> + Send>,
+>;
 
 /// Sends a request to a term's task and waits for its answer; a task that is gone (the
 /// term ended meanwhile) is UNAVAILABLE naming the leader if known.
@@ -302,7 +163,7 @@ impl pb::coordinator_server::Coordinator for CoordinatorService {
         self.list_snapshots_call(request).await
     }
 
-    type WatchSnapshotStream = ReceiverStream<Result<pb::SnapshotProgress, Status>>;
+    type WatchSnapshotStream = WatchStream;
 
     async fn watch_snapshot(
         &self,
@@ -314,10 +175,13 @@ impl pb::coordinator_server::Coordinator for CoordinatorService {
             // A term that ends meanwhile: follow the record like a follower.
             if let Ok(answer) = self.ask(|reply| Msg::Watch { id, tx, reply }).await {
                 answer?;
-                return Ok(Response::new(ReceiverStream::new(rx)));
+                let progress = tokio_stream::StreamExt::map(ReceiverStream::new(rx), |item| {
+                    item.map(|record| progress_pb(&record))
+                });
+                return Ok(Response::new(Box::pin(progress)));
             }
         }
-        Ok(Response::new(self.follow(id).await?))
+        Ok(Response::new(Box::pin(self.follow(id).await?)))
     }
 
     async fn abort_snapshot(
@@ -434,7 +298,7 @@ impl pb::coordinator_server::Coordinator for CoordinatorService {
         if self.replica.is_leading()
             && let Ok(nodes) = self.ask(|reply| Msg::ListNodes { reply }).await
         {
-            return Ok(Response::new(nodes));
+            return Ok(Response::new((&nodes).into()));
         }
         Ok(Response::new(self.stored_nodes().await?))
     }
@@ -451,7 +315,7 @@ impl pb::coordinator_server::Coordinator for CoordinatorService {
         let nodes = self
             .ask_write("RemoveNode", |reply| Msg::RemoveNode { node, reply })
             .await??;
-        Ok(Response::new(nodes))
+        Ok(Response::new((&nodes).into()))
     }
 
     async fn get_policy(
@@ -459,18 +323,19 @@ impl pb::coordinator_server::Coordinator for CoordinatorService {
         _request: Request<pb::GetPolicyRequest>,
     ) -> Result<Response<pb::Policy>, Status> {
         if self.replica.is_leading()
-            && let Ok(policy) = self.ask(|reply| Msg::GetPolicy { reply }).await
+            && let Ok(view) = self.ask(|reply| Msg::GetPolicy { reply }).await
         {
-            return Ok(Response::new(policy));
+            return Ok(Response::new(view.to_pb()));
         }
         // The stored policy (or the flags'); the schedule's state is the leader's.
         let stored = self.meta.policy_bytes().await?;
         let chosen = policy::at_start(&self.flags_policy, stored.as_deref(), self.max_in_flight);
-        Ok(Response::new(policy::to_pb(
-            &chosen.policy,
-            chosen.source,
-            &Default::default(),
-        )))
+        let view = policy::View {
+            policy: chosen.policy,
+            source: chosen.source,
+            status: Default::default(),
+        };
+        Ok(Response::new(view.to_pb()))
     }
 
     async fn get_leadership(
@@ -484,11 +349,13 @@ impl pb::coordinator_server::Coordinator for CoordinatorService {
         &self,
         request: Request<pb::SetPolicyRequest>,
     ) -> Result<Response<pb::Policy>, Status> {
-        let request = request.into_inner();
-        let policy = self
-            .ask_write("SetPolicy", |reply| Msg::SetPolicy { request, reply })
+        // A follower refuses it naming the leader, whatever it asks (as every write).
+        self.replica.leading()?;
+        let change = policy::Change::try_from(request.into_inner())?;
+        let view = self
+            .ask_write("SetPolicy", |reply| Msg::SetPolicy { change, reply })
             .await??;
-        Ok(Response::new(policy))
+        Ok(Response::new(view.to_pb()))
     }
 
     type NodeSessionStream = std::pin::Pin<
@@ -507,47 +374,5 @@ impl pb::coordinator_server::Coordinator for CoordinatorService {
         request: Request<Streaming<pb::UploadChunk>>,
     ) -> Result<Response<pb::UploadSnapshotPartResponse>, Status> {
         self.upload_snapshot_part_call(request).await
-    }
-}
-
-/// A read that found bytes missing or corrupt (`error` DATA_LOSS) reads the snapshot's
-/// record again: if retention or a delete removed the snapshot meanwhile, the chunks went
-/// with it, and the answer is NOT_FOUND — not a false data-loss alarm. Any other error,
-/// or a record still there, is returned as it was.
-async fn loss_or_gone(meta: &crate::store::Metadata, id: SnapshotId, error: Error) -> Error {
-    if !matches!(error, Error::DataLoss(_)) {
-        return error;
-    }
-    match meta.snapshot(id).await {
-        Ok(None) => Error::SnapshotNotFound(id),
-        _ => error,
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use std::sync::Arc;
-
-    use super::*;
-    use crate::store::{AnyKv, Keys, MemoryKv, Metadata};
-
-    /// A read that races retention's delete of the same snapshot answers NOT_FOUND, not
-    /// DATA_LOSS (issue 31, finding 7): the record is read again before loss is reported.
-    #[tokio::test]
-    async fn a_loss_of_a_snapshot_deleted_meanwhile_is_not_found() {
-        let meta = Metadata::new(Arc::new(AnyKv::Memory(MemoryKv::default())), Keys::new("c"));
-        let loss = || Error::DataLoss("node n1's state: chunk abc is missing".into());
-        let gone = loss_or_gone(&meta, SnapshotId(7), loss()).await;
-        assert!(
-            matches!(gone, Error::SnapshotNotFound(SnapshotId(7))),
-            "{gone}"
-        );
-        assert_eq!(Status::from(gone).code(), tonic::Code::NotFound);
-        let record = crate::store::sample_snapshot(7);
-        meta.put_snapshot(&record).await.unwrap();
-        let still = loss_or_gone(&meta, SnapshotId(7), loss()).await;
-        assert!(matches!(still, Error::DataLoss(_)), "{still}");
-        let other = loss_or_gone(&meta, SnapshotId(8), Error::Blob("timeout".into())).await;
-        assert!(matches!(other, Error::Blob(_)), "{other}");
     }
 }

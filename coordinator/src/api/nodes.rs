@@ -5,7 +5,9 @@
 
 use std::sync::atomic::Ordering;
 
-use cairn_core::{NodeId, SnapshotId};
+use cairn_core::control::{ChannelStatus, NodeReport};
+use cairn_core::{FailureReason, NodeId, SnapshotId};
+use cairn_proto::convert::command_to_pb;
 use cairn_rpc::server::identity::{Peer, check_node};
 use cairn_rpc::v1 as pb;
 use pb::coordinator_server::Coordinator;
@@ -17,7 +19,7 @@ use super::{CoordinatorService, ELECTION_HOLD, ask_task};
 use crate::error::Error;
 use crate::limits;
 use crate::parts;
-use crate::task::{Msg, PartSizes};
+use crate::task::{Msg, PartSizes, ToNode};
 
 impl CoordinatorService {
     pub(super) async fn has_chunks_call(
@@ -99,7 +101,7 @@ impl CoordinatorService {
         ask_task(
             &leading.tx,
             |reply| Msg::Register {
-                register,
+                registration: (&register).into(),
                 session,
                 tx,
                 reply,
@@ -129,7 +131,7 @@ impl CoordinatorService {
         let leadership = leading.leadership;
         let commands = tokio_stream::StreamExt::map(ReceiverStream::new(rx), move |item| {
             if leadership.valid() {
-                item
+                item.map(|sent: ToNode| command_to_pb(&sent.command, sent.term))
             } else {
                 Err(Status::unavailable(format!(
                     "coordinator term {} ended: reconnect to the leader",
@@ -213,21 +215,33 @@ impl CoordinatorService {
 }
 
 /// The task's message for what a node's session says; `None` for what needs nothing (a
-/// second `Register`).
+/// second `Register`, a part uploaded: its upload tells).
 fn session_msg(node: &NodeId, kind: pb::node_to_coordinator::Kind) -> Option<Msg> {
+    use pb::node_snapshot_event::Kind as Event;
     use pb::node_to_coordinator::Kind;
     let node = node.clone();
     Some(match kind {
-        Kind::Snapshot(event) => Msg::NodeEvent { node, event },
+        Kind::Snapshot(event) => {
+            let report = match event.kind? {
+                Event::StateRecorded(_) => NodeReport::StateRecorded,
+                Event::Failed(reason) => NodeReport::Failed(node_failure(&node, &reason)),
+                Event::PartUploaded(_) => return None,
+            };
+            Msg::NodeEvent {
+                node,
+                id: SnapshotId(event.snapshot_id),
+                report,
+            }
+        }
         Kind::Heartbeat(beat) => {
             // Only the node's own channels, and not more than a node can have.
-            let mut channels = beat.channels;
-            channels.retain(|c| {
-                c.channel
-                    .as_ref()
-                    .is_some_and(|c| c.from == node.as_str() || c.to == node.as_str())
-            });
-            channels.truncate(crate::task::MAX_HEARTBEAT_CHANNELS);
+            let channels = beat
+                .channels
+                .iter()
+                .filter_map(|c| ChannelStatus::try_from(c).ok())
+                .filter(|c| c.channel.from == node || c.channel.to == node)
+                .take(crate::task::MAX_HEARTBEAT_CHANNELS)
+                .collect();
             Msg::Heartbeat {
                 node,
                 application_attached: beat.application_attached,
@@ -246,4 +260,96 @@ fn session_msg(node: &NodeId, kind: pb::node_to_coordinator::Kind) -> Option<Msg
         Kind::Leave(_) => Msg::Leave { node },
         Kind::Register(_) => return None,
     })
+}
+
+/// The failure `node` reported. The wire's reason is taken exactly
+/// (`cairn_proto::convert::failure`), except where the reporter is who it concerns: a
+/// node lost, without an application or shutting down is the reporting node (whatever
+/// the wire names), a reset without its channel is the reporter lost, and a reason
+/// without a kind (or one this coordinator does not know, or cannot read) is an abort
+/// naming the node.
+fn node_failure(node: &NodeId, reason: &pb::FailureReason) -> FailureReason {
+    use pb::failure_reason::Kind;
+    let aborted = |why: String| FailureReason::Aborted(format!("on node {node}: {why}"));
+    match Kind::try_from(reason.kind).unwrap_or(Kind::Unspecified) {
+        Kind::ChannelReset if reason.channel.is_none() => FailureReason::NodeLost(node.clone()),
+        Kind::NoApplication => FailureReason::NoApplication(node.clone()),
+        Kind::Shutdown => FailureReason::Shutdown(node.clone()),
+        Kind::NodeLost => FailureReason::NodeLost(node.clone()),
+        // A daemon's own storage failure names the daemon, whatever it says.
+        Kind::Storage => match FailureReason::try_from(reason) {
+            Ok(FailureReason::Storage { why, .. }) => FailureReason::Storage {
+                nodes: vec![node.clone()],
+                why,
+            },
+            _ => aborted(reason.message.clone()),
+        },
+        Kind::Unspecified => aborted(reason.message.clone()),
+        _ => FailureReason::try_from(reason)
+            .unwrap_or_else(|e| aborted(format!("{} ({e})", reason.message))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use cairn_core::ChannelId;
+
+    use super::*;
+
+    #[test]
+    fn a_node_failure_is_exact_and_names_its_reporter() {
+        let node = NodeId::from("n2");
+        let wire = |reason: &FailureReason| pb::FailureReason::from(reason);
+        // Taken exactly (Timeout and MixedEpochs once became aborts).
+        for reason in [
+            FailureReason::ChannelReset(ChannelId::new("n1", "n2")),
+            FailureReason::Storage {
+                nodes: vec![NodeId::new("n2")],
+                why: "upload of n2's part failed: no space".into(),
+            },
+            FailureReason::MembershipChanged("node n3 joined".into()),
+            FailureReason::Timeout {
+                missing: vec!["n1".into()],
+            },
+            FailureReason::Restore,
+            FailureReason::MixedEpochs {
+                nodes: vec!["n2".into()],
+                detail: "n2 is in epoch 2".into(),
+            },
+        ] {
+            assert_eq!(node_failure(&node, &wire(&reason)), reason);
+        }
+        // The reporter is who these concern, whatever the wire names.
+        for (sent, taken) in [
+            (
+                FailureReason::NoApplication("n9".into()),
+                FailureReason::NoApplication(node.clone()),
+            ),
+            (
+                FailureReason::Shutdown("n9".into()),
+                FailureReason::Shutdown(node.clone()),
+            ),
+            (
+                FailureReason::NodeLost("n9".into()),
+                FailureReason::NodeLost(node.clone()),
+            ),
+        ] {
+            assert_eq!(node_failure(&node, &wire(&sent)), taken);
+        }
+        let mut reset = wire(&FailureReason::ChannelReset(ChannelId::new("n1", "n2")));
+        reset.channel = None;
+        assert_eq!(
+            node_failure(&node, &reset),
+            FailureReason::NodeLost(node.clone())
+        );
+        let unknown = pb::FailureReason {
+            kind: 99,
+            message: "what".into(),
+            ..Default::default()
+        };
+        assert_eq!(
+            node_failure(&node, &unknown),
+            FailureReason::Aborted("on node n2: what".into())
+        );
+    }
 }

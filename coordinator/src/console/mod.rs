@@ -13,6 +13,7 @@
 //! flight, ask the coordinator's task one short question: a page never holds the task.
 //! Bad input is a 400 naming it, an unknown id a 404; nothing here panics on input.
 
+mod api;
 mod pages;
 
 use std::sync::Arc;
@@ -62,13 +63,13 @@ pub(crate) fn router(
         .route("/restores", get(pages::restores))
         .route("/nodes", get(pages::nodes))
         .route("/policy", get(pages::policy))
-        .route("/api/v1/snapshots", get(api_snapshots))
-        .route("/api/v1/snapshots/{id}", get(api_snapshot))
-        .route("/api/v1/restores", get(api_restores))
-        .route("/api/v1/restores/{id}", get(api_restore))
-        .route("/api/v1/nodes", get(api_nodes))
-        .route("/api/v1/policy", get(api_policy))
-        .route("/api/v1/leadership", get(api_leadership))
+        .route("/api/v1/snapshots", get(api::api_snapshots))
+        .route("/api/v1/snapshots/{id}", get(api::api_snapshot))
+        .route("/api/v1/restores", get(api::api_restores))
+        .route("/api/v1/restores/{id}", get(api::api_restore))
+        .route("/api/v1/nodes", get(api::api_nodes))
+        .route("/api/v1/policy", get(api::api_policy))
+        .route("/api/v1/leadership", get(api::api_leadership))
         .fallback(not_found)
         .method_not_allowed_fallback(not_allowed)
         .with_state(console)
@@ -378,135 +379,6 @@ impl From<tonic::Status> for Failure {
             message: status.message().to_owned(),
         }
     }
-}
-
-/// A message as the API's JSON.
-fn json<T: serde::Serialize>(value: &T) -> Response {
-    match serde_json::to_string(value) {
-        Ok(body) => ([(header::CONTENT_TYPE, "application/json")], body).into_response(),
-        Err(e) => Failure {
-            status: StatusCode::INTERNAL_SERVER_ERROR,
-            message: format!("cannot encode the answer: {e}"),
-        }
-        .json(),
-    }
-}
-
-/// The API's answer: the message as JSON, or the failure as JSON.
-fn answer<T: serde::Serialize>(result: Result<T, Failure>) -> Response {
-    match result {
-        Ok(value) => json(&value),
-        Err(failure) => failure.json(),
-    }
-}
-
-async fn api_snapshots(
-    State(c): State<Arc<Console>>,
-    caller: Caller,
-    q: Result<Query<ListQuery>, QueryRejection>,
-) -> Response {
-    answer(async { c.list_snapshots(&caller, &query(q)?).await }.await)
-}
-
-async fn api_snapshot(
-    State(c): State<Arc<Console>>,
-    caller: Caller,
-    id: Result<Path<String>, PathRejection>,
-    q: Result<Query<SnapshotQuery>, QueryRejection>,
-) -> Response {
-    answer(
-        async {
-            let id = path(id)?;
-            if query(q)?.include_data {
-                return Err(Failure::bad(
-                    "include_data: the API returns no states or recorded messages (they may be \
-                 large); stream them with ReadSnapshotData (cairnctl snapshot export)"
-                        .into(),
-                ));
-            }
-            c.get_snapshot(&caller, &id, false).await
-        }
-        .await,
-    )
-}
-
-async fn api_restores(
-    State(c): State<Arc<Console>>,
-    caller: Caller,
-    q: Result<Query<RestoresQuery>, QueryRejection>,
-) -> Response {
-    answer(
-        async {
-            let limit = query(q)?.limit;
-            c.list_restores(&caller, limit).await
-        }
-        .await,
-    )
-}
-
-async fn api_restore(
-    State(c): State<Arc<Console>>,
-    caller: Caller,
-    id: Result<Path<String>, PathRejection>,
-    q: Result<Query<NoQuery>, QueryRejection>,
-) -> Response {
-    answer(
-        async {
-            let id = path(id)?;
-            query(q)?;
-            c.allow(&caller, "/cairn.v1.Coordinator/GetRestore")?;
-            let request = pb::GetRestoreRequest {
-                restore_id: restore_id(&id)?,
-            };
-            Ok(c.service
-                .get_restore(Request::new(request))
-                .await?
-                .into_inner())
-        }
-        .await,
-    )
-}
-
-async fn api_nodes(
-    State(c): State<Arc<Console>>,
-    caller: Caller,
-    q: Result<Query<NoQuery>, QueryRejection>,
-) -> Response {
-    answer(
-        async {
-            query(q)?;
-            c.list_nodes(&caller).await
-        }
-        .await,
-    )
-}
-
-async fn api_policy(
-    State(c): State<Arc<Console>>,
-    caller: Caller,
-    q: Result<Query<NoQuery>, QueryRejection>,
-) -> Response {
-    answer(
-        async {
-            query(q)?;
-            c.get_policy(&caller).await
-        }
-        .await,
-    )
-}
-
-async fn api_leadership(
-    State(c): State<Arc<Console>>,
-    caller: Caller,
-    q: Result<Query<NoQuery>, QueryRejection>,
-) -> Response {
-    answer(
-        async {
-            query(q)?;
-            c.get_leadership(&caller).await
-        }
-        .await,
-    )
 }
 
 /// Any other path: a 404, as JSON under `/api/`, as a page elsewhere.

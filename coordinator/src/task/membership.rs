@@ -4,8 +4,10 @@
 
 use std::time::Duration;
 
+use cairn_core::control::{
+    ChannelStatus, Membership, NodeCommand, NodeInfo, NodeRestore, Registration,
+};
 use cairn_core::{FailureReason, NodeId, SnapshotId, Topology};
-use cairn_proto::v1 as pb;
 use tokio::time::Instant;
 
 use super::{NodeTx, State};
@@ -24,7 +26,7 @@ pub(super) struct Member {
     /// The epoch the daemon is in, as far as the coordinator knows.
     pub(super) epoch: u64,
     /// Its channels as of its last heartbeat.
-    pub(super) channels: Vec<pb::ChannelStatus>,
+    pub(super) channels: Vec<ChannelStatus>,
 }
 
 /// What a registering node still has to do about a restore.
@@ -33,7 +35,7 @@ pub(super) enum OnRegister {
     /// It had applied the restore under way (its word was lost with a session).
     Applied(String),
     /// It has not: send it the restore.
-    Restore(pb::NodeRestore),
+    Restore(NodeRestore),
 }
 
 /// A daemon that has not been heard from for this long is taken as gone (three
@@ -55,24 +57,29 @@ impl State {
     }
 
     /// What nodes are told: every known node with its address, and the channels among them.
-    pub(super) fn membership(&self) -> pb::Membership {
-        let (nodes, channels) = self.list_nodes_parts();
-        pb::Membership {
-            nodes,
-            channels,
+    pub(super) fn membership(&self) -> Membership {
+        Membership {
+            nodes: self.nodes(),
+            channels: self
+                .roster
+                .known_topology()
+                .channels()
+                .iter()
+                .cloned()
+                .collect(),
             epoch: self.epoch,
-            removed: self.removed.keys().map(ToString::to_string).collect(),
+            removed: self.removed.keys().cloned().collect(),
         }
     }
 
-    pub(super) fn list_nodes_parts(&self) -> (Vec<pb::NodeInfo>, Vec<pb::ChannelRef>) {
-        let nodes = self
-            .roster
+    /// Every roster node as `ListNodes` and the membership show it.
+    fn nodes(&self) -> Vec<NodeInfo> {
+        self.roster
             .iter()
             .map(|(id, r)| {
                 let live = self.members.get(id);
-                pb::NodeInfo {
-                    node_id: r.node.clone(),
+                NodeInfo {
+                    node: id.clone(),
                     address: r.address.clone(),
                     // The incarnation admitted last, connected or not: peers accept
                     // streams from this daemon only.
@@ -83,30 +90,21 @@ impl State {
                     channels: live.map(|m| m.channels.clone()).unwrap_or_default(),
                 }
             })
-            .collect();
-        let channels = self
-            .roster
-            .known_topology()
-            .channels()
-            .iter()
-            .map(pb::ChannelRef::from)
-            .collect();
-        (nodes, channels)
+            .collect()
     }
 
     /// Sends `membership` to every connected member but `except`.
-    fn tell_members(&self, membership: &pb::Membership, except: Option<&NodeId>) {
+    fn tell_members(&self, membership: &Membership, except: Option<&NodeId>) {
         for (id, member) in &self.members {
             if Some(id) != except {
-                let update = pb::coordinator_to_node::Kind::Membership(membership.clone());
-                self.command(&member.tx, update);
+                self.command(&member.tx, NodeCommand::Membership(membership.clone()));
             }
         }
     }
 
-    pub(super) fn list_nodes(&self) -> pb::ListNodesResponse {
-        let (nodes, channels) = self.list_nodes_parts();
-        pb::ListNodesResponse { nodes, channels }
+    /// What `ListNodes` answers (the membership's nodes and channels).
+    pub(super) fn list_nodes(&self) -> Membership {
+        self.membership()
     }
 
     /// Puts a registering node on the roster, or moves it to its new address, and notes its
@@ -147,22 +145,22 @@ impl State {
 
     pub(super) async fn register(
         &mut self,
-        register: pb::Register,
+        register: Registration,
         session: u64,
         tx: NodeTx,
-    ) -> Result<pb::Membership, Error> {
+    ) -> Result<Membership, Error> {
         if register.cluster != self.settings.cluster {
             return Err(Error::ClusterMismatch {
                 ours: self.settings.cluster.clone(),
                 theirs: register.cluster.clone(),
             });
         }
-        if register.node_id.is_empty() || register.address.is_empty() {
+        if register.node.is_empty() || register.address.is_empty() {
             return Err(Error::InvalidArgument(
                 "register needs node_id and address".into(),
             ));
         }
-        let node = NodeId::new(register.node_id.clone());
+        let node = NodeId::new(register.node.clone());
         // One live process per node id: a second daemon claiming an id whose holder is
         // connected and heard from is refused (a restarted daemon's predecessor has gone
         // silent or its session has ended).
@@ -252,7 +250,7 @@ impl State {
         }
         let (epoch, next) = self.epoch_on_register(&node, &register, fresh);
         let record = MemberRecord {
-            node: register.node_id.clone(),
+            node: register.node.clone(),
             address: register.address,
             incarnation: register.incarnation,
             registered_at_ms: now_ms(),
@@ -276,7 +274,7 @@ impl State {
         let membership = self.membership();
         // `Registered` goes first on the new session, before any command can. It carries
         // the epoch this node is to be in, which is the cluster's only if it may enter it.
-        let registered = pb::coordinator_to_node::Kind::Registered(pb::Membership {
+        let registered = NodeCommand::Registered(Membership {
             epoch,
             ..membership.clone()
         });
@@ -290,7 +288,7 @@ impl State {
             OnRegister::Applied(restore_id) => self.restore_applied(&node, &restore_id).await,
             OnRegister::Restore(command) => {
                 tracing::info!(%node, restore = %command.restore_id, "the node has not applied the restore under way: sending it again");
-                self.command(&tx, pb::coordinator_to_node::Kind::Restore(command));
+                self.command(&tx, NodeCommand::Restore(command));
             }
         }
         self.maybe_auto_restore().await;
@@ -305,7 +303,7 @@ impl State {
     pub(super) fn epoch_on_register(
         &self,
         node: &NodeId,
-        register: &pb::Register,
+        register: &Registration,
         fresh: bool,
     ) -> (u64, OnRegister) {
         if let Some(active) = &self.restore
@@ -319,9 +317,9 @@ impl State {
                 // In the epoch, its application about to apply: its word comes later.
                 return (restore.epoch, OnRegister::Nothing);
             }
-            let command = pb::NodeRestore {
+            let command = NodeRestore {
                 restore_id: restore.id.clone(),
-                snapshot_id: restore.snapshot_id,
+                snapshot: SnapshotId(restore.snapshot_id),
                 epoch: restore.epoch,
             };
             return (register.epoch, OnRegister::Restore(command));
@@ -342,10 +340,7 @@ impl State {
     /// Takes a node that is down off the roster and out of the topology: snapshots in
     /// flight fail (planned over it), and every member is told its new membership (its
     /// daemon drops the channels to and from the node).
-    pub(super) async fn remove_node(
-        &mut self,
-        node: &NodeId,
-    ) -> Result<pb::ListNodesResponse, Error> {
+    pub(super) async fn remove_node(&mut self, node: &NodeId) -> Result<Membership, Error> {
         if !self.roster.contains(node) {
             return Err(Error::NotAMember(node.to_string()));
         }
@@ -406,10 +401,8 @@ impl State {
         if let Some(e) = &error {
             tracing::warn!(%node, "node asked to leave and stays on the roster: {e}");
         }
-        let answer = pb::LeaveAnswer {
-            error: error.map(|e| e.to_string()).unwrap_or_default(),
-        };
-        self.command(&tx, pb::coordinator_to_node::Kind::Left(answer));
+        let answer = error.map(|e| e.to_string());
+        self.command(&tx, NodeCommand::Left(answer));
     }
 
     pub(super) async fn session_ended(&mut self, node: NodeId, session: u64) {

@@ -6,12 +6,12 @@ use std::collections::BTreeMap;
 use std::hash::BuildHasher;
 use std::time::Duration;
 
+use cairn_core::control::{ChannelStatus, Membership, NodeCommand, NodeReport, Registration};
 use cairn_core::schedule::{Policy, Schedule};
 use cairn_core::{
     FailureReason, NodeId, NodePart, SnapshotId, SnapshotMode, SnapshotTracker, StartRequest,
     Topology, tracker,
 };
-use cairn_proto::v1 as pb;
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 use tonic::Status;
@@ -25,7 +25,9 @@ use crate::store::{RestoreRecord, SnapshotRecord, SnapshotStatus};
 use cairn_blob::BlobStore;
 use cairn_proto::stored::convert::{failure_record, now_ms};
 
+mod ends;
 mod membership;
+mod recovery;
 mod restore;
 mod retention;
 mod schedule;
@@ -34,12 +36,20 @@ mod snapshots;
 mod tests;
 
 use membership::Member;
-pub(crate) use restore::{restore_epoch, restore_pb};
+pub(crate) use restore::restore_epoch;
+
+/// A command to a node, with the term it leaves in.
+pub(crate) struct ToNode {
+    /// The leader's term.
+    pub term: u64,
+    /// What the node is to do.
+    pub command: NodeCommand,
+}
 
 /// The stream a node's session reads its commands from.
-pub(crate) type NodeTx = mpsc::Sender<Result<pb::CoordinatorToNode, Status>>;
-/// A watcher's stream.
-pub(crate) type WatchTx = mpsc::Sender<Result<pb::SnapshotProgress, Status>>;
+pub(crate) type NodeTx = mpsc::Sender<Result<ToNode, Status>>;
+/// A watcher's stream: the snapshot's record at each step (its session sends the progress).
+pub(crate) type WatchTx = mpsc::Sender<Result<SnapshotRecord, Status>>;
 
 /// A request to the coordinator task.
 /// What a stored part weighs, for the snapshot's record and its event.
@@ -61,10 +71,10 @@ pub(crate) const MAX_HEARTBEAT_CHANNELS: usize = 4096;
 
 pub(crate) enum Msg {
     Register {
-        register: pb::Register,
+        registration: Registration,
         session: u64,
         tx: NodeTx,
-        reply: oneshot::Sender<Result<pb::Membership, Error>>,
+        reply: oneshot::Sender<Result<Membership, Error>>,
     },
     SessionEnded {
         node: NodeId,
@@ -72,13 +82,14 @@ pub(crate) enum Msg {
     },
     NodeEvent {
         node: NodeId,
-        event: pb::NodeSnapshotEvent,
+        id: SnapshotId,
+        report: NodeReport,
     },
     Heartbeat {
         node: NodeId,
         application_attached: bool,
         /// Its channels' status, checked to be its own and bounded.
-        channels: Vec<pb::ChannelStatus>,
+        channels: Vec<ChannelStatus>,
     },
     CheckUpload {
         id: SnapshotId,
@@ -123,11 +134,11 @@ pub(crate) enum Msg {
         reply: oneshot::Sender<Result<(), Error>>,
     },
     ListNodes {
-        reply: oneshot::Sender<pb::ListNodesResponse>,
+        reply: oneshot::Sender<Membership>,
     },
     RemoveNode {
         node: NodeId,
-        reply: oneshot::Sender<Result<pb::ListNodesResponse, Error>>,
+        reply: oneshot::Sender<Result<Membership, Error>>,
     },
     /// A node's daemon leaves for good (`--leave-on-shutdown`).
     Leave {
@@ -139,7 +150,7 @@ pub(crate) enum Msg {
         reply: oneshot::Sender<Option<SnapshotRecord>>,
     },
     GetPolicy {
-        reply: oneshot::Sender<pb::Policy>,
+        reply: oneshot::Sender<policy::View>,
     },
     Restore {
         snapshot_id: SnapshotId,
@@ -168,8 +179,8 @@ pub(crate) enum Msg {
         skipped: Vec<(SnapshotId, Error)>,
     },
     SetPolicy {
-        request: pb::SetPolicyRequest,
-        reply: oneshot::Sender<Result<pb::Policy, Error>>,
+        change: policy::Change,
+        reply: oneshot::Sender<Result<policy::View, Error>>,
     },
 }
 
@@ -216,7 +227,7 @@ pub(crate) struct State {
     inflight: BTreeMap<SnapshotId, SnapshotRecord>,
     /// Snapshots that ended but whose end the store has not acknowledged: told to nobody,
     /// stored again every tick.
-    unstored: BTreeMap<SnapshotId, snapshots::Unstored>,
+    unstored: BTreeMap<SnapshotId, ends::Unstored>,
     /// Each snapshot in flight's `tracing` span (`snapshot{snapshot=ID mode=…}`): the
     /// coordinator's part of the snapshot's trace, its steps logged inside.
     spans: BTreeMap<SnapshotId, tracing::Span>,
@@ -334,7 +345,7 @@ impl State {
                 record.status = SnapshotStatus::Failed;
                 record.failure = Some(failure_record(&left));
                 record.finished_at_ms = now_ms();
-                snapshots::push_ended(&mut record);
+                ends::push_ended(&mut record);
                 tracing::warn!(snapshot = record.id, "snapshot failed: {left}");
                 self.put_record(&record).await?;
             }
@@ -435,16 +446,16 @@ impl State {
     async fn handle(&mut self, msg: Msg) {
         match msg {
             Msg::Register {
-                register,
+                registration,
                 session,
                 tx,
                 reply,
             } => {
-                let result = self.register(register, session, tx).await;
+                let result = self.register(registration, session, tx).await;
                 let _ = reply.send(result);
             }
             Msg::SessionEnded { node, session } => self.session_ended(node, session).await,
-            Msg::NodeEvent { node, event } => self.node_event(node, event).await,
+            Msg::NodeEvent { node, id, report } => self.node_event(node, id, report).await,
             Msg::Heartbeat {
                 node,
                 application_attached,
@@ -544,7 +555,7 @@ impl State {
                 let _ = reply.send(self.live_record(id));
             }
             Msg::GetPolicy { reply } => {
-                let _ = reply.send(self.policy_pb());
+                let _ = reply.send(self.policy_view());
             }
             Msg::Restore { snapshot_id, reply } => self.restore(snapshot_id, reply).await,
             Msg::Verified { chosen, skipped } => self.verified(chosen, skipped).await,
@@ -560,8 +571,8 @@ impl State {
                     .await;
             }
             Msg::RestoreTimedOut { epoch } => self.restore_timed_out(epoch).await,
-            Msg::SetPolicy { request, reply } => {
-                let result = self.set_policy(request).await;
+            Msg::SetPolicy { change, reply } => {
+                let result = self.set_policy(change).await;
                 let _ = reply.send(result);
             }
         }
@@ -572,21 +583,21 @@ impl State {
         self.clock.elapsed().as_millis() as u64
     }
 
-    fn broadcast(&self, kind: pb::coordinator_to_node::Kind) {
+    fn broadcast(&self, command: &NodeCommand) {
         for member in self.members.values() {
-            self.command(&member.tx, kind.clone());
+            self.command(&member.tx, command.clone());
         }
     }
 
-    /// Sends `kind` to one node, carrying this term; nothing once the term ended (a
+    /// Sends `command` to one node, carrying this term; nothing once the term ended (a
     /// deposed leader commands nobody). Returns whether it was queued.
-    fn command(&self, tx: &NodeTx, kind: pb::coordinator_to_node::Kind) -> bool {
+    fn command(&self, tx: &NodeTx, command: NodeCommand) -> bool {
         if !self.leadership.valid() {
             return false;
         }
-        tx.try_send(Ok(pb::CoordinatorToNode {
-            kind: Some(kind),
+        tx.try_send(Ok(ToNode {
             term: self.leadership.term(),
+            command,
         }))
         .is_ok()
     }

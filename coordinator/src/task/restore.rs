@@ -1,24 +1,21 @@
 //! Restores, as the coordinator's task runs them: checks, the epoch fence, the command to
-//! every node, their acknowledgements, the deadline, the record in the metadata store, and
-//! automatic recovery after a member restarts.
+//! every node, their acknowledgements, the deadline and the record in the metadata store
+//! (automatic recovery and a term's resumption are `recovery.rs`'s).
 
 use std::collections::BTreeSet;
 
+use cairn_core::control::{NodeCommand, NodeRestore};
 use cairn_core::restore::{RestoreProgress, RestoreState};
 use cairn_core::{FailureReason, NodeId, SnapshotId};
-use cairn_proto::v1 as pb;
 
 use tokio::sync::oneshot;
 
+use super::recovery::{AUTO_RESTORE_CANDIDATES, RECOVERY_BACKOFF};
 use super::{Msg, State};
 use crate::error::Error;
 use crate::store::{RestoreRecord, RestoreStatus, SnapshotRecord, SnapshotStatus};
 use cairn_proto::stored::convert::now_ms;
 
-/// How many of the newest completed snapshots automatic recovery tries to verify.
-const AUTO_RESTORE_CANDIDATES: usize = 10;
-
-/// How long automatic recovery waits before trying again after a failure.
 /// The answer a user's `RestoreSnapshot` waits for.
 pub(super) type RestoreReply = oneshot::Sender<Result<RestoreRecord, Error>>;
 
@@ -48,35 +45,12 @@ impl Verification {
     }
 }
 
-const RECOVERY_BACKOFF: std::time::Duration = std::time::Duration::from_secs(5);
-
 /// The restore under way.
 pub(crate) struct ActiveRestore {
     pub record: RestoreRecord,
     pub progress: RestoreProgress,
     /// Stores of its record that failed in a row (logged at the first and every 40th).
     pub store_failures: u64,
-}
-
-/// The wire form of a restore record.
-pub(crate) fn restore_pb(r: &RestoreRecord) -> pb::RestoreOperation {
-    pb::RestoreOperation {
-        restore_id: r.id.clone(),
-        snapshot_id: r.snapshot_id,
-        epoch: r.epoch,
-        applied: r.applied.clone(),
-        done: r.status == RestoreStatus::Done,
-        failure: r.failure.as_ref().map(|message| pb::FailureReason {
-            kind: pb::failure_reason::Kind::Restore as i32,
-            message: message.clone(),
-            ..Default::default()
-        }),
-        requested_by: r.requested_by.clone(),
-        started_at_ms: r.started_at_ms,
-        nodes: r.nodes.clone(),
-        finished_at_ms: r.finished_at_ms,
-        skipped: r.skipped.clone(),
-    }
 }
 
 /// The epoch a restore id names (`restore-<epoch>`).
@@ -139,7 +113,11 @@ impl State {
     /// Verifies `candidates` in order on a task of its own until one verifies: the blob
     /// store is read there, never on this task (a stalled store must not stall heartbeats,
     /// registrations and snapshot starts). Its outcome comes back as [`Msg::Verified`].
-    fn verify_off_task(&mut self, candidates: Vec<SnapshotRecord>, requester: Requester) {
+    pub(super) fn verify_off_task(
+        &mut self,
+        candidates: Vec<SnapshotRecord>,
+        requester: Requester,
+    ) {
         self.verifying = Some(Verification {
             snapshots: candidates.iter().map(|s| SnapshotId(s.id)).collect(),
             requester,
@@ -332,17 +310,14 @@ impl State {
             });
         }
         self.epoch = epoch;
-        let command = pb::NodeRestore {
+        let command = NodeRestore {
             restore_id: record.id.clone(),
-            snapshot_id: snapshot_id.0,
+            snapshot: snapshot_id,
             epoch,
         };
         for node in &nodes {
             if let Some(member) = self.members.get(node) {
-                self.command(
-                    &member.tx,
-                    pb::coordinator_to_node::Kind::Restore(command.clone()),
-                );
+                self.command(&member.tx, NodeCommand::Restore(command.clone()));
             }
         }
         self.restore_deadline(epoch);
@@ -362,7 +337,7 @@ impl State {
     }
 
     /// The restore of `epoch` fails unless it ends within the restore timeout from now.
-    fn restore_deadline(&self, epoch: u64) {
+    pub(super) fn restore_deadline(&self, epoch: u64) {
         let tx = self.self_tx.clone();
         let timeout = self.settings.restore_timeout;
         tokio::spawn(async move {
@@ -509,133 +484,7 @@ impl State {
         }
     }
 
-    /// Automatic recovery: once a restarted member and every other one are connected (and
-    /// no restore runs), restores the newest completed snapshot.
-    pub(super) async fn maybe_auto_restore(&mut self) {
-        let Some(reason) = self.pending_recovery.clone() else {
-            return;
-        };
-        if self.restore.is_some()
-            || self.verifying.is_some()
-            || self.roster.nodes().any(|n| !self.members.contains_key(n))
-            || tokio::time::Instant::now() < self.recovery_not_before
-        {
-            return; // again when that changes (a registration, a restore's end, a tick)
-        }
-        self.pending_recovery = None;
-        // Until a restore starts, the recovery stays due (tried again after a pause).
-        let retry = |state: &mut Self| {
-            state.pending_recovery = Some(reason.clone());
-            state.recovery_not_before = tokio::time::Instant::now() + RECOVERY_BACKOFF;
-        };
-        let completed = match self.completed_newest_first().await {
-            Ok(completed) => completed,
-            Err(e) => {
-                tracing::error!("automatic recovery ({reason}): cannot list snapshots: {e}");
-                retry(self);
-                return;
-            }
-        };
-        if completed.is_empty() {
-            tracing::error!(
-                "automatic recovery ({reason}): no completed snapshot; the cluster runs on as it is"
-            );
-            return;
-        }
-        // The newest snapshot whose every chunk verifies, found off this task; the ones
-        // passed over are named ([`Self::verified`]).
-        let candidates = completed
-            .into_iter()
-            .take(AUTO_RESTORE_CANDIDATES)
-            .collect();
-        self.verify_off_task(candidates, Requester::Recovery(reason));
-    }
-
-    async fn completed_newest_first(&self) -> Result<Vec<SnapshotRecord>, Error> {
-        let mut completed: Vec<SnapshotRecord> = self
-            .meta
-            .snapshots()
-            .await?
-            .into_iter()
-            .filter(|record| record.status == SnapshotStatus::Completed)
-            .collect();
-        completed.sort_by_key(|r| std::cmp::Reverse(r.id));
-        Ok(completed)
-    }
-
-    async fn put_restore(&self, record: &RestoreRecord) -> Result<(), Error> {
+    pub(super) async fn put_restore(&self, record: &RestoreRecord) -> Result<(), Error> {
         self.meta.put_restore(record).await
-    }
-
-    /// At start: the current epoch, and the restores a previous coordinator left. A restore
-    /// is durable: one left in progress is resumed (nodes that have not applied it are sent
-    /// it again as they register, under a new deadline); the newest one, if it failed,
-    /// keeps the cluster fenced until a later restore is applied by every node.
-    pub(super) async fn recover_restores(&mut self) -> Result<(), Error> {
-        let mut newest: Option<RestoreRecord> = None;
-        for record in self.meta.restores().await? {
-            if record.status == RestoreStatus::InProgress
-                && newest.as_ref().is_some_and(|n| n.epoch > record.epoch)
-            {
-                // Superseded long ago by a later restore: it can no longer finish.
-                let mut record = record;
-                record.status = RestoreStatus::Failed;
-                record.failure = Some("superseded by a later restore".into());
-                record.finished_at_ms = now_ms();
-                self.put_restore(&record).await?;
-                continue;
-            }
-            if newest.as_ref().is_none_or(|n| n.epoch < record.epoch) {
-                if let Some(mut older) = newest.take()
-                    && older.status == RestoreStatus::InProgress
-                {
-                    older.status = RestoreStatus::Failed;
-                    older.failure = Some(format!("superseded by {}", record.id));
-                    older.finished_at_ms = now_ms();
-                    self.put_restore(&older).await?;
-                }
-                newest = Some(record);
-            }
-        }
-        // The cluster is in the epoch of its newest restore (the counter may be ahead of it
-        // if a coordinator died between allocating an epoch and storing its restore).
-        self.epoch = newest.as_ref().map_or(0, |r| r.epoch);
-        match newest {
-            Some(record) if record.status == RestoreStatus::InProgress => {
-                let nodes: BTreeSet<NodeId> = record.nodes.iter().map(NodeId::new).collect();
-                let mut progress = RestoreProgress::new(nodes);
-                for node in &record.applied {
-                    progress.node_applied(&NodeId::new(node.clone()));
-                }
-                tracing::warn!(
-                    restore = %record.id,
-                    snapshot = record.snapshot_id,
-                    applied = ?record.applied,
-                    "resuming the restore a previous coordinator left in progress: nodes \
-                     that have not applied it get it again when they register"
-                );
-                self.restore_deadline(record.epoch);
-                self.restore = Some(ActiveRestore {
-                    record,
-                    progress,
-                    store_failures: 0,
-                });
-            }
-            Some(record) if record.status == RestoreStatus::Failed => {
-                tracing::warn!(
-                    restore = %record.id,
-                    "the newest restore failed: no snapshot starts until a restore is \
-                     applied by every node"
-                );
-                if self.settings.auto_restore {
-                    // The recovery a previous coordinator had pending goes on here.
-                    self.pending_recovery = Some(format!("{} failed", record.id));
-                }
-                self.unfinished_restore = Some(record);
-            }
-            _ => {}
-        }
-        tracing::info!(epoch = self.epoch, "epoch loaded");
-        Ok(())
     }
 }

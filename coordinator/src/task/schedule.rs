@@ -6,7 +6,6 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use cairn_core::StartRequest;
 use cairn_core::schedule::{Due, Failing, Policy};
-use cairn_proto::v1 as pb;
 use tonic_health::ServingStatus;
 
 use super::State;
@@ -57,26 +56,24 @@ impl State {
         Ok(())
     }
 
-    pub(super) fn policy_pb(&self) -> pb::Policy {
-        let status = self.schedule.status(self.clock_ms());
-        policy::to_pb(self.schedule.policy(), self.policy_source, &status)
+    pub(super) fn policy_view(&self) -> policy::View {
+        policy::View {
+            policy: self.schedule.policy().clone(),
+            source: self.policy_source,
+            status: self.schedule.status(self.clock_ms()),
+        }
     }
 
     pub(super) async fn set_policy(
         &mut self,
-        request: pb::SetPolicyRequest,
-    ) -> Result<pb::Policy, Error> {
-        let (next, source) = if request.reset_to_flags {
-            if request.policy.is_some() || !request.update.is_empty() {
-                return Err(Error::InvalidArgument(
-                    "reset_to_flags takes no policy and no update".into(),
-                ));
-            }
-            (self.settings.policy.clone(), policy::Source::Flags)
-        } else {
-            let wire = request.policy.unwrap_or_default();
-            let next = policy::apply(self.schedule.policy(), &wire, &request.update)?;
-            (next, policy::Source::Api)
+        change: policy::Change,
+    ) -> Result<policy::View, Error> {
+        let (next, source) = match change {
+            policy::Change::ResetToFlags => (self.settings.policy.clone(), policy::Source::Flags),
+            policy::Change::Update(update) => (
+                policy::apply(self.schedule.policy(), &update)?,
+                policy::Source::Api,
+            ),
         };
         let limit = self.tracker.max_in_flight();
         if next.max_concurrent as usize > limit {
@@ -87,7 +84,7 @@ impl State {
         }
         self.adopt_policy(next, source).await?;
         self.refresh().await;
-        Ok(self.policy_pb())
+        Ok(self.policy_view())
     }
 
     /// A scheduled snapshot is due: start it, or count the skip.

@@ -5,13 +5,12 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
+use cairn_core::control::{Membership, NodeCommand as Command, NodeReport, Registration};
 use cairn_core::schedule::Policy;
 use cairn_core::{
     ChannelId, IncomingCut, LocalReport, NodeId, NodePart, OutgoingCut, SnapshotId, SnapshotMode,
     StartRequest,
 };
-use cairn_proto::v1 as pb;
-use pb::coordinator_to_node::Kind as Command;
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 use tonic::Status;
@@ -23,7 +22,7 @@ use crate::store::{
 };
 use cairn_blob::BlobStore;
 
-type Session = mpsc::Receiver<Result<pb::CoordinatorToNode, Status>>;
+type Session = mpsc::Receiver<Result<super::ToNode, Status>>;
 
 struct Harness {
     tx: mpsc::Sender<Msg>,
@@ -97,23 +96,23 @@ impl Harness {
         self.sessions += 1;
         let session = self.sessions;
         let (tx, mut rx) = mpsc::channel(64);
-        let register = pb::Register {
+        let registration = Registration {
             cluster: "t".into(),
-            node_id: node.into(),
+            node: node.into(),
             address: format!("{node}:1"),
             incarnation,
             highest_snapshot_id,
             ..Default::default()
         };
         self.ask(|reply| Msg::Register {
-            register,
+            registration,
             session,
             tx,
             reply,
         })
         .await?;
         let first = rx.recv().await.unwrap().unwrap();
-        assert!(matches!(first.kind, Some(Command::Registered(_))));
+        assert!(matches!(first.command, Command::Registered(_)));
         Ok(rx)
     }
 
@@ -238,7 +237,7 @@ async fn command(session: &mut Session) -> Command {
             .expect("a command")
             .unwrap()
             .unwrap();
-        match next.kind.unwrap() {
+        match next.command {
             Command::Membership(_) => continue,
             other => return other,
         }
@@ -255,7 +254,7 @@ async fn a_started_snapshot_completes_when_every_part_is_stored() {
     let Command::Initiate(plan) = command(&mut a).await else {
         panic!("the initiator is told to initiate")
     };
-    assert_eq!(plan.snapshot_id, 1);
+    assert_eq!(plan.id, SnapshotId(1));
     h.part(id, "a", "b").await;
     h.part(id, "b", "a").await;
     let record = h.ended(id).await;
@@ -274,13 +273,11 @@ async fn a_snapshot_keeps_its_timeline_once_per_node_and_step() {
     let _b = h.register("b").await;
     let id = h.start_snapshot().await.unwrap();
     for node in ["a", "b", "a"] {
-        let event = pb::NodeSnapshotEvent {
-            snapshot_id: id,
-            kind: Some(pb::node_snapshot_event::Kind::StateRecorded(pb::Empty {})),
-        };
+        let report = NodeReport::StateRecorded;
         h.tx.send(Msg::NodeEvent {
             node: NodeId::new(node),
-            event,
+            id: SnapshotId(id),
+            report,
         })
         .await
         .unwrap();
@@ -322,13 +319,11 @@ async fn a_snapshot_keeps_its_timeline_once_per_node_and_step() {
     let id = h.start_snapshot().await.unwrap();
     let reason = cairn_core::FailureReason::NoApplication(NodeId::new("b"));
     for _ in 0..2 {
-        let event = pb::NodeSnapshotEvent {
-            snapshot_id: id,
-            kind: Some(pb::node_snapshot_event::Kind::Failed((&reason).into())),
-        };
+        let report = NodeReport::Failed(reason.clone());
         h.tx.send(Msg::NodeEvent {
             node: NodeId::new("b"),
-            event,
+            id: SnapshotId(id),
+            report,
         })
         .await
         .unwrap();
@@ -352,23 +347,21 @@ async fn a_failure_reported_by_a_node_fails_the_snapshot_and_aborts_it_everywher
     let mut b = h.register("b").await;
     let id = h.start_snapshot().await.unwrap();
     let reason = cairn_core::FailureReason::NoApplication(NodeId::new("b"));
-    let event = pb::NodeSnapshotEvent {
-        snapshot_id: id,
-        kind: Some(pb::node_snapshot_event::Kind::Failed((&reason).into())),
-    };
+    let report = NodeReport::Failed(reason.clone());
     h.tx.send(Msg::NodeEvent {
         node: NodeId::new("b"),
-        event,
+        id: SnapshotId(id),
+        report,
     })
     .await
     .unwrap();
     let record = h.ended(id).await;
     assert_eq!(record.status, SnapshotStatus::Failed);
     assert_eq!(record.failure.unwrap().kind, "NO_APPLICATION");
-    let Command::Abort(abort) = command(&mut b).await else {
+    let Command::Abort { snapshot, .. } = command(&mut b).await else {
         panic!("nodes are told to drop it")
     };
-    assert_eq!(abort.snapshot_id, id);
+    assert_eq!(snapshot, SnapshotId(id));
     h.stop().await;
 }
 
@@ -492,13 +485,11 @@ async fn a_watcher_and_a_reader_see_the_progress_the_tracker_has() {
     let _a = h.register("a").await;
     let _b = h.register("b").await;
     let id = h.start_snapshot().await.unwrap();
-    let event = pb::NodeSnapshotEvent {
-        snapshot_id: id,
-        kind: Some(pb::node_snapshot_event::Kind::StateRecorded(pb::Empty {})),
-    };
+    let report = NodeReport::StateRecorded;
     h.tx.send(Msg::NodeEvent {
         node: NodeId::new("a"),
-        event,
+        id: SnapshotId(id),
+        report,
     })
     .await
     .unwrap();
@@ -528,17 +519,14 @@ async fn a_watcher_and_a_reader_see_the_progress_the_tracker_has() {
 }
 
 /// The first membership update a node's session gets that `holds`.
-async fn membership(
-    session: &mut Session,
-    holds: impl Fn(&pb::Membership) -> bool,
-) -> pb::Membership {
+async fn membership(session: &mut Session, holds: impl Fn(&Membership) -> bool) -> Membership {
     loop {
         let next = tokio::time::timeout(Duration::from_secs(5), session.recv())
             .await
             .expect("a membership")
             .unwrap()
             .unwrap();
-        if let Command::Membership(m) = next.kind.unwrap()
+        if let Command::Membership(m) = next.command
             && holds(&m)
         {
             return m;
@@ -571,20 +559,22 @@ async fn a_removed_node_is_named_in_memberships_and_only_a_new_process_may_retur
     .unwrap();
     // The others hear it is down.
     membership(&mut a, |m| {
-        m.nodes.iter().any(|n| n.node_id == "b" && !n.connected)
+        m.nodes
+            .iter()
+            .any(|n| n.node.as_str() == "b" && !n.connected)
     })
     .await;
     let left = h.ask(remove("b")).await.unwrap();
     assert_eq!(left.nodes.len(), 1);
     let told = membership(&mut a, |m| !m.removed.is_empty()).await;
-    assert_eq!(told.removed, ["b"]);
-    assert!(told.nodes.iter().all(|n| n.node_id != "b"));
+    assert_eq!(told.removed, [NodeId::new("b")]);
+    assert!(told.nodes.iter().all(|n| n.node.as_str() != "b"));
     assert_eq!(h.meta.removed().await.unwrap().len(), 1);
 
     let refused = h.register_as("b", 1, 0).await.unwrap_err();
     assert!(matches!(refused, Error::Removed(_)), "{refused}");
     let _b2 = h.register_as("b", 2, 0).await.unwrap();
-    let joined = membership(&mut a, |m| m.nodes.iter().any(|n| n.node_id == "b")).await;
+    let joined = membership(&mut a, |m| m.nodes.iter().any(|n| n.node.as_str() == "b")).await;
     assert!(joined.removed.is_empty(), "{joined:?}");
     assert!(h.meta.removed().await.unwrap().is_empty());
     h.stop().await;

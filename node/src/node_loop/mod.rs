@@ -4,11 +4,13 @@
 
 mod app;
 mod channels;
+mod commands;
 mod events;
 mod flow;
 mod messages;
 mod recording;
 mod restore;
+mod rewire;
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::Arc;
@@ -147,82 +149,6 @@ impl NodeLoop {
         };
         this.take_up_channels(&wiring);
         this
-    }
-
-    /// Adds the wiring's channels this loop does not have yet.
-    fn take_up_channels(&mut self, wiring: &Wiring) {
-        let me = &self.shared.node_id;
-        for channel in wiring.topology.incoming(me) {
-            let handles = wiring.channels[&channel].clone();
-            self.incoming
-                .entry(channel)
-                .or_insert_with(|| Incoming::new(handles));
-        }
-        for channel in wiring.topology.outgoing(me) {
-            let handles = wiring.channels[&channel].clone();
-            self.outgoing
-                .entry(channel)
-                .or_insert_with(|| Outgoing::new(handles));
-        }
-    }
-
-    /// Drops the channels the wiring no longer has (their peer was removed): what is queued
-    /// for it and what it sent that was not taken in yet are dropped and counted; messages of
-    /// it already in the inbox are still delivered (they were received).
-    fn drop_channels(&mut self, wiring: &Wiring) {
-        let mut dropped = 0u64;
-        let gone: Vec<ChannelId> = self
-            .outgoing
-            .keys()
-            .filter(|c| !wiring.channels.contains_key(*c))
-            .cloned()
-            .collect();
-        for channel in gone {
-            let out = self.outgoing.remove(&channel).expect("listed");
-            // A send waiting for room on it wakes and drops its message (counted there).
-            out.handles.credits.close();
-            let queued = out
-                .queue
-                .iter()
-                .filter(|i| matches!(i, OutItem::Data { .. }))
-                .count() as u64;
-            tracing::warn!(%channel, queued, "channel removed: messages queued for its peer dropped");
-            dropped += queued;
-        }
-        let gone: Vec<ChannelId> = self
-            .incoming
-            .keys()
-            .filter(|c| !wiring.channels.contains_key(*c))
-            .cloned()
-            .collect();
-        for channel in gone {
-            let incoming = self.incoming.remove(&channel).expect("listed");
-            // The peer stream's reader, if it waits for room, ends.
-            incoming.handles.credits.close();
-            let held = incoming
-                .held
-                .iter()
-                .filter(|i| matches!(i, InItem::Data(_)))
-                .count() as u64;
-            tracing::warn!(%channel, held, "channel removed: messages of its peer not taken in dropped");
-            dropped += held;
-        }
-        self.shared.metrics.removed_peer_messages.inc_by(dropped);
-    }
-
-    /// The membership changed: the new channels are taken up, those of removed members
-    /// dropped, the wiring published, and snapshots in flight fail (they were planned over
-    /// the old topology).
-    fn rewire(&mut self, wiring: Arc<Wiring>, what: String) {
-        tracing::info!(%what, channels = wiring.channels.len(), "membership changed");
-        self.take_up_channels(&wiring);
-        self.drop_channels(&wiring);
-        *self.shared.wiring.write().expect("wiring lock") = wiring.clone();
-        self.peers_changed = self.app.is_some();
-        self.feed(Event::TopologyChanged {
-            topology: wiring.topology.clone(),
-            what,
-        });
     }
 
     /// Runs until `shutdown`; then fails every snapshot in flight here with that reason.
@@ -425,7 +351,6 @@ impl NodeLoop {
         }
     }
 
-    /// Feeds one event, then every event its commands cause, executing commands in order.
     /// Feeds the engine and executes its commands, in order. An event raised while
     /// commands execute is handled at once (a marker taken in by `UnblockChannel` must block
     /// its channel before the next frame is taken), except a marker's transmission, which
@@ -448,165 +373,6 @@ impl NodeLoop {
             self.pending.extend(self.deferred.drain(..));
         }
         self.depth -= 1;
-    }
-
-    /// Feeds `event` once every command being executed has run (at once if none is).
-    fn after_commands(&mut self, event: Event) {
-        if self.depth > 0 {
-            self.deferred.push_back(event);
-        } else {
-            self.feed(event);
-        }
-    }
-
-    fn execute(&mut self, command: Command) {
-        match command {
-            Command::EnqueueRecordState { id, front } => {
-                self.recordings.started(id);
-                if self.app.is_none() {
-                    tracing::warn!(snapshot = %id, "no application attached: snapshot fails here");
-                    let reason = FailureReason::NoApplication(self.shared.node_id.clone());
-                    self.pending
-                        .push_back(Event::SnapshotAborted { id, reason });
-                } else if front {
-                    self.inbox.push_front(InboxItem::Record(id));
-                } else {
-                    self.inbox.push_back(InboxItem::Record(id));
-                }
-            }
-            Command::SendMarker {
-                channel,
-                plan,
-                front,
-            } => {
-                self.shared.metrics.marker("sent");
-                self.remember(plan.id);
-                let out = self.outgoing.get_mut(&channel).expect("outgoing channel");
-                if front {
-                    out.queue.push_front(OutItem::Marker(plan));
-                } else {
-                    out.queue.push_back(OutItem::Marker(plan));
-                }
-                self.serve_pull(&channel);
-            }
-            Command::RecordChannelMessages {
-                id,
-                channel,
-                indices,
-            } => {
-                let mut messages = self.copy_messages(&channel, indices.clone());
-                if crate::mutants::is(crate::mutants::Mutant::RecordOneTooFew) {
-                    messages.pop();
-                }
-                self.shared
-                    .metrics
-                    .recorded_messages
-                    .inc_by(messages.len() as u64);
-                debug_assert!(
-                    messages.len() as u64 == indices.end - indices.start
-                        || crate::mutants::is(crate::mutants::Mutant::RecordOneTooFew)
-                );
-                self.recordings.record_messages(id, channel, messages);
-            }
-            Command::BlockChannel { channel } => {
-                if let Some(incoming) = self.incoming.get_mut(&channel) {
-                    incoming.blocked = true;
-                }
-            }
-            Command::UnblockChannel { channel } => self.unblock(channel),
-            Command::OvertakeMarker { id, channel } => {
-                let out = self.outgoing.get_mut(&channel).expect("outgoing channel");
-                if let Some(at) = out
-                    .queue
-                    .iter()
-                    .position(|item| matches!(item, OutItem::Marker(plan) if plan.id == id))
-                {
-                    if let Some(OutItem::Marker(mut plan)) = out.queue.remove(at) {
-                        plan.timed_out = true;
-                        out.queue.push_front(OutItem::Marker(plan));
-                    }
-                    tracing::debug!(snapshot = %id, %channel, overtaken = at, "alignment timeout: the marker overtakes the queue");
-                }
-                self.serve_pull(&channel);
-            }
-            Command::ScheduleAlignmentTimeout {
-                id,
-                after,
-                since_ms,
-            } => {
-                // Counted from the snapshot's start where known (a clock behind or far
-                // ahead of the starter's only shortens or lengthens it, up to `after`).
-                let elapsed = now_ms().saturating_sub(since_ms);
-                let after = if since_ms == 0 {
-                    after
-                } else {
-                    after.saturating_sub(std::time::Duration::from_millis(elapsed))
-                };
-                let tx = self.self_tx.clone();
-                tokio::spawn(async move {
-                    tokio::time::sleep(after).await;
-                    let _ = tx.send(LoopMsg::AlignmentTimedOut { id }).await;
-                });
-            }
-            Command::ReportLocalDone { report } => {
-                tracing::debug!(snapshot = %report.id, "local part complete");
-                self.shared.metrics.outcome("completed");
-                self.recordings.report(report);
-            }
-            Command::Abort { id, reason } => {
-                tracing::warn!(snapshot = %id, %reason, "snapshot failed on this node");
-                self.shared.metrics.outcome("failed");
-                self.awaiting_state.remove(&id);
-                self.recordings.fail(id, reason);
-            }
-        }
-    }
-
-    /// Copies the payloads of `indices` on `channel`: from the inbox for an incoming
-    /// channel, from the outgoing queue for an outgoing one (the engine promises they are
-    /// there). Searched from the back, where the newest messages are.
-    fn copy_messages(
-        &self,
-        channel: &ChannelId,
-        indices: std::ops::Range<u64>,
-    ) -> Vec<(u64, Bytes)> {
-        let mut found: Vec<(u64, Bytes)> =
-            Vec::with_capacity((indices.end - indices.start) as usize);
-        if let Some(incoming) = self.incoming.get(channel) {
-            let generation = incoming.generation;
-            for item in self.inbox.iter().rev() {
-                if let InboxItem::Deliver {
-                    channel: c,
-                    generation: g,
-                    index,
-                    payload,
-                    ..
-                } = item
-                    && c == channel
-                    && *g == generation
-                {
-                    if *index < indices.start {
-                        break;
-                    }
-                    if indices.contains(index) {
-                        found.push((*index, payload.clone()));
-                    }
-                }
-            }
-        } else if let Some(out) = self.outgoing.get(channel) {
-            for item in out.queue.iter().rev() {
-                if let OutItem::Data { index, payload } = item {
-                    if *index < indices.start {
-                        break;
-                    }
-                    if indices.contains(index) {
-                        found.push((*index, payload.clone()));
-                    }
-                }
-            }
-        }
-        found.reverse();
-        found
     }
 }
 

@@ -1,10 +1,10 @@
 //! Failure reasons, losslessly in both directions.
 //!
 //! The wire carries a stable `kind`, the reason's sentence (`message`, the domain's
-//! `Display`), the nodes and the channel concerned. Every domain variant maps to one kind
-//! (a user's abort to `KIND_UNSPECIFIED`, as it always has), and back: the nodes and the
-//! channel come from their fields, a variant's own text from the sentence, after the
-//! words `Display` puts before it (a sentence without them is taken whole).
+//! `Display`), the nodes and the channel concerned, and the variant's own words
+//! (`detail`). Every domain variant maps to one kind (a user's abort to
+//! `KIND_UNSPECIFIED`, as it always has), and back: each part from its own field. A
+//! reason from a sender older than `detail` has its whole sentence as its words.
 //!
 //! An inconsistent cut is judged by the coordinator's verifier, which stores and sends
 //! only the violation's sentence: no [`Violation`] ever crosses the wire structured, and
@@ -16,14 +16,6 @@ use cairn_core::{FailureReason, NodeId, Violation};
 use super::{ConvertError, channel_from_pb};
 use crate::v1 as pb;
 use pb::failure_reason::Kind;
-
-/// The words each variant's `Display` puts before its own text.
-const INCONSISTENT: &str = "inconsistent cut: ";
-const MIXED_EPOCHS: &str = "parts recorded in different epochs: ";
-const STORAGE: &str = "storage failed: ";
-const ABORTED: &str = "aborted: ";
-const MEMBERSHIP_CHANGED: &str = "membership changed: ";
-const COORDINATOR_FAILOVER: &str = "coordinator failover: ";
 
 impl From<&FailureReason> for pb::FailureReason {
     fn from(reason: &FailureReason) -> Self {
@@ -47,6 +39,7 @@ impl From<&FailureReason> for pb::FailureReason {
             message: reason.to_string(),
             nodes: nodes.iter().map(ToString::to_string).collect(),
             channel,
+            detail: reason.detail(),
         }
     }
 }
@@ -75,29 +68,33 @@ impl TryFrom<&pb::FailureReason> for FailureReason {
                 .map(|n| NodeId::new(n.clone()))
                 .ok_or(ConvertError::Missing("nodes"))
         };
-        let text = |prefix: &str| {
-            let message = reason.message.as_str();
-            message.strip_prefix(prefix).unwrap_or(message).to_owned()
+        // The variant's words; a sender older than `detail` sent the sentence only.
+        let text = || {
+            if reason.detail.is_empty() {
+                reason.message.clone()
+            } else {
+                reason.detail.clone()
+            }
         };
         Ok(match kind {
-            Kind::Unspecified => Self::Aborted(text(ABORTED)),
+            Kind::Unspecified => Self::Aborted(text()),
             Kind::Timeout => Self::Timeout { missing: nodes() },
             Kind::NodeLost => Self::NodeLost(node()?),
             Kind::ChannelReset => Self::ChannelReset(channel_from_pb(reason.channel.as_ref())?),
-            Kind::Inconsistent => Self::Inconsistent(Violation::Described(text(INCONSISTENT))),
+            Kind::Inconsistent => Self::Inconsistent(Violation::Described(text())),
             Kind::NoApplication => Self::NoApplication(node()?),
             Kind::CoordinatorRestarted => Self::CoordinatorRestarted,
-            Kind::CoordinatorFailover => Self::CoordinatorFailover(text(COORDINATOR_FAILOVER)),
+            Kind::CoordinatorFailover => Self::CoordinatorFailover(text()),
             Kind::Restore => Self::Restore,
             Kind::Shutdown => Self::Shutdown(node()?),
             Kind::Storage => Self::Storage {
                 nodes: nodes(),
-                why: text(STORAGE),
+                why: text(),
             },
-            Kind::MembershipChanged => Self::MembershipChanged(text(MEMBERSHIP_CHANGED)),
+            Kind::MembershipChanged => Self::MembershipChanged(text()),
             Kind::MixedEpochs => Self::MixedEpochs {
                 nodes: nodes(),
-                detail: text(MIXED_EPOCHS),
+                detail: text(),
             },
         })
     }
@@ -226,19 +223,25 @@ pub(crate) mod tests {
     }
 
     #[test]
-    fn a_sentence_without_its_words_is_taken_whole() {
-        let wire = pb::FailureReason {
+    fn the_words_come_from_detail_and_an_older_senders_sentence_is_taken_whole() {
+        let storage = |message: &str, detail: &str| pb::FailureReason {
             kind: Kind::Storage as i32,
-            message: "disk full".into(),
+            message: message.into(),
+            detail: detail.into(),
             ..Default::default()
         };
+        let why = |wire: pb::FailureReason| match FailureReason::try_from(&wire) {
+            Ok(FailureReason::Storage { why, .. }) => why,
+            other => panic!("{other:?}"),
+        };
+        // The words are the detail field's, whatever the sentence says.
         assert_eq!(
-            FailureReason::try_from(&wire),
-            Ok(FailureReason::Storage {
-                nodes: vec![],
-                why: "disk full".into()
-            })
+            why(storage("storage failed: disk full", "disk full")),
+            "disk full"
         );
+        assert_eq!(why(storage("anything at all", "disk full")), "disk full");
+        // A sender from before `detail`: nothing is cut from its sentence.
+        assert_eq!(why(storage("disk full", "")), "disk full");
     }
 
     #[test]

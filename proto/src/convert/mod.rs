@@ -15,9 +15,11 @@
 //! | [`channel`] | `ChannelId` ⇄ `pb::ChannelRef` |
 //! | [`cut`] | `(ChannelId, IncomingCut)` ⇄ `pb::IncomingCut`, the same for outgoing |
 //! | [`failure`] | `FailureReason` ⇄ `pb::FailureReason`, losslessly |
+//! | [`control`] | registrations, commands to nodes, membership, channel status |
 //! | [`policy`] | `(Policy, schedule Status)` → `pb::Policy`; policy field names |
 
 pub mod channel;
+pub mod control;
 pub mod cut;
 pub mod failure;
 pub mod mode;
@@ -25,10 +27,11 @@ pub mod plan;
 pub mod policy;
 
 pub use channel::channel_from_pb;
+pub use control::command_to_pb;
 pub use failure::{kind_from_word, kind_word};
 pub use mode::mode_from_pb;
 pub use plan::plan_to_pb;
-pub use policy::{apply_policy_update, policy_error, policy_field};
+pub use policy::{apply_policy_update, policy_error, policy_field, policy_update_from_pb};
 
 /// A wire message that cannot become a domain value: which field, and what is wrong.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

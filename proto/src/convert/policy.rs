@@ -2,11 +2,13 @@
 //!
 //! The domain-to-wire half, and `SetPolicy`'s update: the fields its update list names
 //! (or, naming none, those set), taken from the request onto the policy in force
-//! ([`apply_policy_update`]). `source` (flags or the API) is the coordinator's to fill in.
+//! ([`policy_update_from_pb`], applied by [`PolicyUpdate::apply`]). `source` (flags or the API) is the coordinator's to fill in.
 
 use std::time::Duration;
 
-use cairn_core::schedule::{Policy, PolicyError, PolicyField, Status, saturating_millis};
+use cairn_core::schedule::{
+    Policy, PolicyError, PolicyField, PolicyUpdate, Status, saturating_millis,
+};
 
 use super::mode_from_pb;
 use crate::v1 as pb;
@@ -112,14 +114,10 @@ fn set_fields(wire: &pb::Policy) -> Vec<String> {
         .collect()
 }
 
-/// `current` with the fields `update` names (or, if it names none, the fields of `wire`
-/// that are not zero) taken from `wire`, checked. Switching the mode away from ALIGNED
-/// drops an alignment timeout the request does not name.
-pub fn apply_policy_update(
-    current: &Policy,
-    wire: &pb::Policy,
-    update: &[String],
-) -> Result<Policy, String> {
+/// `SetPolicy`'s change: the fields `update` names (or, if it names none, the fields of
+/// `wire` that are not zero), taken from `wire`. A name that is not a writable field, or no
+/// field at all, is refused, saying which fields may be named.
+pub fn policy_update_from_pb(wire: &pb::Policy, update: &[String]) -> Result<PolicyUpdate, String> {
     let names = if update.is_empty() {
         set_fields(wire)
     } else {
@@ -128,26 +126,24 @@ pub fn apply_policy_update(
     if names.is_empty() {
         return Err("nothing to change: set a field of `policy` or name fields in `update`".into());
     }
-    let mut next = current.clone();
+    let mut change = PolicyUpdate::default();
     for name in &names {
         match name.as_str() {
-            "interval_ms" => next.interval = Duration::from_millis(wire.interval_ms),
+            "interval_ms" => change.interval = Some(Duration::from_millis(wire.interval_ms)),
             "mode" => {
-                next.mode = mode_from_pb(wire.mode, None).map_err(|e| format!("mode: {e}"))?;
-                if next.mode != cairn_core::SnapshotMode::Aligned
-                    && !names.iter().any(|n| n == "alignment_timeout_ms")
-                {
-                    next.alignment_timeout = None;
-                }
+                change.mode =
+                    Some(mode_from_pb(wire.mode, None).map_err(|e| format!("mode: {e}"))?);
             }
-            "timeout_ms" => next.timeout = Duration::from_millis(wire.timeout_ms),
-            "alignment_timeout_ms" => next.alignment_timeout = from_ms(wire.alignment_timeout_ms),
-            "min_pause_ms" => next.min_pause = Duration::from_millis(wire.min_pause_ms),
-            "jitter_ms" => next.jitter = Duration::from_millis(wire.jitter_ms),
-            "max_concurrent" => next.max_concurrent = wire.max_concurrent,
-            "tolerated_failures" => next.tolerated_failures = wire.tolerated_failures,
+            "timeout_ms" => change.timeout = Some(Duration::from_millis(wire.timeout_ms)),
+            "alignment_timeout_ms" => {
+                change.alignment_timeout = Some(from_ms(wire.alignment_timeout_ms));
+            }
+            "min_pause_ms" => change.min_pause = Some(Duration::from_millis(wire.min_pause_ms)),
+            "jitter_ms" => change.jitter = Some(Duration::from_millis(wire.jitter_ms)),
+            "max_concurrent" => change.max_concurrent = Some(wire.max_concurrent),
+            "tolerated_failures" => change.tolerated_failures = Some(wire.tolerated_failures),
             "freshness_threshold_ms" => {
-                next.freshness_threshold = from_ms(wire.freshness_threshold_ms)
+                change.freshness_threshold = Some(from_ms(wire.freshness_threshold_ms));
             }
             other if READ_ONLY.contains(&other) => {
                 return Err(format!(
@@ -163,6 +159,17 @@ pub fn apply_policy_update(
             }
         }
     }
-    next.check().map_err(|e| policy_error(&e))?;
-    Ok(next)
+    Ok(change)
+}
+
+/// `current` with `SetPolicy`'s change ([`policy_update_from_pb`]) applied and checked; a
+/// failed check in wire terms ([`policy_error`]).
+pub fn apply_policy_update(
+    current: &Policy,
+    wire: &pb::Policy,
+    update: &[String],
+) -> Result<Policy, String> {
+    policy_update_from_pb(wire, update)?
+        .apply(current)
+        .map_err(|e| policy_error(&e))
 }

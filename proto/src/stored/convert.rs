@@ -7,7 +7,8 @@ use crate::v1 as pb;
 use cairn_core::{FailureReason, SnapshotMode};
 
 use super::records::{
-    EventKind, EventRecord, FailureRecord, SnapshotRecord, SnapshotStatus, VerdictRecord,
+    EventKind, EventRecord, FailureRecord, RestoreRecord, RestoreStatus, SnapshotRecord,
+    SnapshotStatus, VerdictRecord,
 };
 
 /// Milliseconds since the Unix epoch.
@@ -64,6 +65,7 @@ pub fn failure_record(reason: &FailureReason) -> FailureRecord {
         message: wire.message,
         nodes: wire.nodes,
         channel: wire.channel.map(|c| format!("{}->{}", c.from, c.to)),
+        detail: wire.detail,
     }
 }
 
@@ -80,6 +82,7 @@ pub fn failure_pb(record: &FailureRecord) -> pb::FailureReason {
                 to: to.into(),
             })
         }),
+        detail: record.detail.clone(),
     }
 }
 
@@ -160,6 +163,27 @@ pub fn event_pb(event: &EventRecord) -> pb::SnapshotEvent {
     }
 }
 
+/// The wire form of a restore record.
+pub fn restore_pb(r: &RestoreRecord) -> pb::RestoreOperation {
+    pb::RestoreOperation {
+        restore_id: r.id.clone(),
+        snapshot_id: r.snapshot_id,
+        epoch: r.epoch,
+        applied: r.applied.clone(),
+        done: r.status == RestoreStatus::Done,
+        failure: r.failure.as_ref().map(|message| pb::FailureReason {
+            kind: pb::failure_reason::Kind::Restore as i32,
+            message: message.clone(),
+            ..Default::default()
+        }),
+        requested_by: r.requested_by.clone(),
+        started_at_ms: r.started_at_ms,
+        nodes: r.nodes.clone(),
+        finished_at_ms: r.finished_at_ms,
+        skipped: r.skipped.clone(),
+    }
+}
+
 /// A snapshot's progress for watchers.
 pub fn progress_pb(record: &SnapshotRecord) -> pb::SnapshotProgress {
     pb::SnapshotProgress {
@@ -209,8 +233,9 @@ mod tests {
     }
 
     /// The record as the coordinator stored it before the conversions moved to
-    /// `cairn_proto::convert` (the enum's name without `KIND_`, `ABORTED` for an abort):
-    /// what is stored must not change.
+    /// `cairn_proto::convert` (the enum's name without `KIND_`, `ABORTED` for an abort),
+    /// with the reason's own words added as `detail`: what is stored must not change
+    /// otherwise.
     fn record_before(reason: &FailureReason) -> FailureRecord {
         let wire = pb::FailureReason::from(reason);
         let kind = pb::failure_reason::Kind::try_from(wire.kind)
@@ -225,6 +250,7 @@ mod tests {
             message: wire.message,
             nodes: wire.nodes,
             channel: wire.channel.map(|c| format!("{}->{}", c.from, c.to)),
+            detail: reason.detail(),
         }
     }
 
@@ -248,11 +274,27 @@ mod tests {
     }
 
     #[test]
+    fn a_failure_stored_before_detail_keeps_its_sentence() {
+        let old = r#"{"kind":"STORAGE","message":"storage failed: no space","nodes":["n1"]}"#;
+        let record: FailureRecord = serde_json::from_str(old).unwrap();
+        let wire = failure_pb(&record);
+        assert_eq!(
+            (wire.message.as_str(), wire.detail.as_str()),
+            ("storage failed: no space", "")
+        );
+        assert_eq!(
+            serde_json::to_string(&record).unwrap(),
+            old,
+            "read and written back as it was"
+        );
+    }
+
+    #[test]
     fn stored_failures_keep_their_json() {
         let json = |reason: FailureReason| serde_json::to_string(&failure_record(&reason)).unwrap();
         assert_eq!(
             json(FailureReason::Aborted("enough".into())),
-            r#"{"kind":"ABORTED","message":"aborted: enough","nodes":[]}"#
+            r#"{"kind":"ABORTED","message":"aborted: enough","nodes":[],"detail":"enough"}"#
         );
         assert_eq!(
             json(FailureReason::ChannelReset(ChannelId::new("a", "b"))),
@@ -269,7 +311,7 @@ mod tests {
                 nodes: vec!["n1".into()],
                 detail: "n1 is in epoch 5".into()
             }),
-            r#"{"kind":"MIXED_EPOCHS","message":"parts recorded in different epochs: n1 is in epoch 5","nodes":["n1"]}"#
+            r#"{"kind":"MIXED_EPOCHS","message":"parts recorded in different epochs: n1 is in epoch 5","nodes":["n1"],"detail":"n1 is in epoch 5"}"#
         );
     }
 }

@@ -381,6 +381,49 @@ impl Drop for Pass {
     }
 }
 
+/// An error a gRPC server's service may answer with (tonic's `BoxError`).
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// Serves `router` on `listener` until `stop` is cancelled: with `tls`, mutual TLS through
+/// [`incoming`]'s accept loop (the configuration in force, handshakes bounded and their
+/// refusals counted in `metrics`); without, plain TCP. TCP_NODELAY is on either way. The
+/// one way the daemons' and the bank's gRPC ports serve.
+pub async fn serve<L, ResBody>(
+    router: tonic::transport::server::Router<L>,
+    listener: TcpListener,
+    tls: Option<Tls>,
+    metrics: TlsMetrics,
+    stop: CancellationToken,
+) -> Result<(), tonic::transport::Error>
+where
+    L: tower_layer::Layer<tonic::service::Routes>,
+    L::Service: tower_service::Service<http::Request<tonic::body::Body>, Response = http::Response<ResBody>>
+        + Clone
+        + Send
+        + 'static,
+    <L::Service as tower_service::Service<http::Request<tonic::body::Body>>>::Future: Send,
+    <L::Service as tower_service::Service<http::Request<tonic::body::Body>>>::Error:
+        Into<BoxError> + Send,
+    ResBody: http_body::Body<Data = bytes::Bytes> + Send + 'static,
+    ResBody::Error: Into<BoxError>,
+{
+    match tls {
+        Some(tls) => {
+            let connections = incoming(listener, tls, metrics, stop.clone());
+            router
+                .serve_with_incoming_shutdown(connections, stop.cancelled_owned())
+                .await
+        }
+        None => {
+            let connections =
+                tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
+            router
+                .serve_with_incoming_shutdown(connections, stop.cancelled_owned())
+                .await
+        }
+    }
+}
+
 /// Accepts TCP connections on `listener` until `stop` and runs each TLS handshake in its
 /// own task, with the server configuration of `tls` in force when the connection came
 /// (a reload applies to new connections; those up keep their session). TCP_NODELAY is on.
