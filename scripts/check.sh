@@ -52,6 +52,16 @@ if [ "$fuzz_packages" -ge 80 ]; then
 fi
 echo "fuzz/Cargo.lock: $fuzz_packages packages"
 
+say "the shape of issue 32: no wire message in the coordinator's task, no non-test file over 500 lines in node/, coordinator/, client-sdk/"
+if grep -rn 'pb::\|cairn_proto::v1\|cairn_rpc::v1' coordinator/src/task/; then
+  echo "error: the coordinator's task speaks domain types only (cairn_core::control, the stored records): convert at its edges (coordinator/src/api/)" >&2
+  exit 1
+fi
+if ! scripts/long-files.sh; then
+  echo "error: the files above have over 500 lines besides their tests: split them by concern" >&2
+  exit 1
+fi
+
 say "cairn-core stays pure (no tokio, tonic, prost, etcd-client)"
 if cargo tree -p cairn-core -e normal --prefix none --locked | grep -E '^(tokio|tonic|prost|etcd-client) '; then
   echo "error: cairn-core depends on an I/O crate (above); keep the algorithm sans-IO" >&2

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The non-test files of node/, coordinator/ and client-sdk/ over 500 lines (a file's
-# `#[cfg(test)] mod tests` at its end, and tests.rs files, are not counted): issue 32's bound.
+# `#[cfg(test)] mod tests` at its end, and tests.rs files, are not counted): issue 32's bound,
+# which scripts/check.sh enforces.
 #
 #   scripts/long-files.sh          # lists them; exits 1 if there is one
 set -euo pipefail

@@ -14,7 +14,7 @@
 #   drop-frame-on-reconnect  a channel drops its first data frame after a reconnect: the
 #                            receiving bank's ids skip one, and the drained banks disagree
 #
-#   scripts/nemesis-mutants.sh            # every mutant, 30 s of faults each
+#   scripts/nemesis-mutants.sh            # every mutant, 30 s of faults each, the three at once
 #   CAIRN_MUTANT_SECONDS=60 scripts/nemesis-mutants.sh
 #
 # Needs what cairn-nemesis needs (the binaries, etcd). The mutant daemon is written to
@@ -46,13 +46,23 @@ if cmp -s target/debug/cairn-node target/debug/cairn-node-mutants; then
   exit 1
 fi
 
+# The three runs at once: each is a cluster of its own on loopback (free ports, its own
+# directories), and a run mostly waits on its processes. Each run's exit status is kept.
+declare -A pids=()
+for mutant in "${mutants[@]}"; do
+  echo "mutant $mutant: cairn-nemesis --mutant $mutant --seconds $seconds"
+  CAIRN_BINARY_CAIRN_NODE=target/debug/cairn-node-mutants \
+    target/debug/cairn-nemesis --mutant "$mutant" --seconds "$seconds" --seed 1 \
+    --history "target/nemesis-mutant-$mutant.jsonl" >"target/nemesis-mutant-$mutant.log" 2>&1 &
+  pids[$mutant]=$!
+done
+# A failing script (or a signal) stops the runs still going.
+trap 'for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done' EXIT
+
 status=0
 for mutant in "${mutants[@]}"; do
   log="target/nemesis-mutant-$mutant.log"
-  echo "mutant $mutant: cairn-nemesis --mutant $mutant --seconds $seconds"
-  if CAIRN_BINARY_CAIRN_NODE=target/debug/cairn-node-mutants \
-    target/debug/cairn-nemesis --mutant "$mutant" --seconds "$seconds" --seed 1 \
-    --history "target/nemesis-mutant-$mutant.jsonl" >"$log" 2>&1; then
+  if wait "${pids[$mutant]}"; then
     echo "error: the checker found nothing wrong with mutant $mutant (see $log)" >&2
     status=1
   elif ! grep -q '^verdict: [0-9]* violations' "$log"; then
