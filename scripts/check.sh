@@ -29,7 +29,8 @@ say "cargo clippy --workspace --all-targets -- -D warnings"
 cargo clippy --workspace --all-targets --locked -- -D warnings
 
 say "the SDK an application links (cairn-sdk: cairn-rpc without its server runtime; no clap, tracing-subscriber, humantime, prometheus-client; axum comes with tonic's router)"
-# CAIRN_CHECK_SDK_CLIPPY=no leaves its clippy out (scripts/test.sh runs it beside the fuzzers).
+# CAIRN_CHECK_SDK_CLIPPY=no leaves its clippy out (scripts/test.sh runs it on its own, beside the
+# deployment checks and the compose test).
 if [ "${CAIRN_CHECK_SDK_CLIPPY:-yes}" != no ]; then
   cargo clippy -p cairn-sdk --locked -- -D warnings
 fi

@@ -34,6 +34,21 @@ pub const MAX_LABEL_VALUE: usize = 63;
 pub const MAX_REASON: usize = 1024;
 /// Most chunks one `HasChunks` call asks about (32 KiB of hashes).
 pub const MAX_HAS_CHUNKS: usize = 1024;
+/// The longest sentence, and the longest words, of a failure a node reports: the record
+/// keeps both, and must stay storable (etcd takes 1.5 MiB a request).
+pub const MAX_NODE_REASON: usize = 16 << 10;
+
+/// `text` cut to at most `max` bytes at a character, marked `…` where it was cut.
+pub fn cut(text: &str, max: usize) -> String {
+    if text.len() <= max {
+        return text.to_owned();
+    }
+    let mut end = max;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}…", &text[..end])
+}
 
 /// At most the first 40 characters of `text`, for an error message: a refused value is
 /// never echoed whole.

@@ -4,7 +4,8 @@
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 use crate::event::{Command, Event, Ignored, Outcome};
-use crate::report::{FailureReason, IncomingCut, LocalReport, OutgoingCut};
+use crate::failure::FailureReason;
+use crate::report::{IncomingCut, LocalReport, OutgoingCut};
 use crate::topology::Topology;
 use crate::types::{ChannelId, NodeId, Plan, SnapshotId, SnapshotMode};
 

@@ -8,7 +8,8 @@
 use std::ops::Range;
 use std::time::Duration;
 
-use crate::report::{FailureReason, LocalReport};
+use crate::failure::FailureReason;
+use crate::report::LocalReport;
 use crate::topology::Topology;
 use crate::types::{ChannelId, Plan, SnapshotId};
 

@@ -49,7 +49,8 @@
 //! - [`topology`]: [`Topology`], reachability and the aligned mode's feedback channels.
 //! - [`event`]: the engine's [`Event`]s, [`Command`]s and [`Outcome`]s.
 //! - [`engine`]: [`SnapshotEngine`], one process's side of every snapshot.
-//! - [`report`]: [`LocalReport`] (a process's counters) and [`FailureReason`].
+//! - [`report`]: [`LocalReport`] (a process's counters).
+//! - [`failure`]: [`FailureReason`], why a snapshot can fail.
 //! - [`verifier`]: [`verify`], the consistent-cut check, and its [`Violation`]s.
 //! - [`tracker`]: [`SnapshotTracker`], the coordinator's view of every snapshot.
 //! - [`restore`]: the replay of recorded channel state, and a restore's progress.
@@ -62,6 +63,7 @@
 pub mod control;
 pub mod engine;
 pub mod event;
+pub mod failure;
 pub mod report;
 pub mod restore;
 pub mod schedule;
@@ -72,7 +74,8 @@ pub mod verifier;
 
 pub use engine::SnapshotEngine;
 pub use event::{Command, Event, Ignored, Outcome};
-pub use report::{FailureReason, IncomingCut, LocalReport, OutgoingCut};
+pub use failure::FailureReason;
+pub use report::{IncomingCut, LocalReport, OutgoingCut};
 pub use topology::{Topology, TopologyError};
 pub use tracker::{SnapshotTracker, StartError, StartRequest, Update};
 pub use types::{ChannelId, NodeId, Plan, SnapshotId, SnapshotMode};

@@ -4,7 +4,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
-use crate::report::FailureReason;
+use crate::failure::FailureReason;
 use crate::topology::Topology;
 use crate::types::{NodeId, Plan, SnapshotId, SnapshotMode};
 use crate::verifier::{Consistent, NodePart, Violation, verify};

@@ -270,6 +270,15 @@ fn session_msg(node: &NodeId, kind: pb::node_to_coordinator::Kind) -> Option<Msg
 /// naming the node.
 fn node_failure(node: &NodeId, reason: &pb::FailureReason) -> FailureReason {
     use pb::failure_reason::Kind;
+    // Bounded before anything keeps it (the record stores the sentence and the words).
+    let reason = &pb::FailureReason {
+        message: limits::cut(&reason.message, limits::MAX_NODE_REASON),
+        detail: reason
+            .detail
+            .as_deref()
+            .map(|words| limits::cut(words, limits::MAX_NODE_REASON)),
+        ..reason.clone()
+    };
     let aborted = |why: String| FailureReason::Aborted(format!("on node {node}: {why}"));
     match Kind::try_from(reason.kind).unwrap_or(Kind::Unspecified) {
         Kind::ChannelReset if reason.channel.is_none() => FailureReason::NodeLost(node.clone()),
@@ -282,7 +291,8 @@ fn node_failure(node: &NodeId, reason: &pb::FailureReason) -> FailureReason {
                 nodes: vec![node.clone()],
                 why,
             },
-            _ => aborted(reason.message.clone()),
+            // Never: a storage reason always converts.
+            other => other.unwrap_or_else(|e| aborted(format!("{} ({e})", reason.message))),
         },
         Kind::Unspecified => aborted(reason.message.clone()),
         _ => FailureReason::try_from(reason)
@@ -295,6 +305,37 @@ mod tests {
     use cairn_core::ChannelId;
 
     use super::*;
+
+    #[test]
+    fn a_node_failure_is_bounded_before_it_is_kept() {
+        let node = NodeId::from("n2");
+        let huge = FailureReason::Storage {
+            nodes: vec![node.clone()],
+            why: "é".repeat(1 << 19),
+        };
+        let FailureReason::Storage { why, .. } = node_failure(&node, &(&huge).into()) else {
+            panic!("a storage failure stays one");
+        };
+        assert!(
+            why.len() <= limits::MAX_NODE_REASON + '…'.len_utf8(),
+            "{}",
+            why.len()
+        );
+        assert!(why.ends_with('…'));
+        // The sentence alone (a daemon older than `detail`) is bounded too.
+        let old = pb::FailureReason {
+            detail: None,
+            ..(&huge).into()
+        };
+        let FailureReason::Storage { why, .. } = node_failure(&node, &old) else {
+            panic!("a storage failure stays one");
+        };
+        assert!(
+            why.len() <= limits::MAX_NODE_REASON + '…'.len_utf8(),
+            "{}",
+            why.len()
+        );
+    }
 
     #[test]
     fn a_node_failure_is_exact_and_names_its_reporter() {

@@ -2,6 +2,8 @@
 //! (again at every tick while the store refuses it), and only then told — to the nodes,
 //! retention, watchers, metrics, freshness and the schedule.
 
+use std::sync::Arc;
+
 use cairn_core::control::NodeCommand;
 use cairn_core::{FailureReason, SnapshotId, tracker};
 
@@ -35,14 +37,7 @@ const MAX_EVENT_DETAIL: usize = 512;
 
 /// `text` as an event keeps it: at most [`MAX_EVENT_DETAIL`] bytes, cut at a character.
 pub(super) fn event_detail(text: &str) -> String {
-    if text.len() <= MAX_EVENT_DETAIL {
-        return text.to_owned();
-    }
-    let mut end = MAX_EVENT_DETAIL;
-    while !text.is_char_boundary(end) {
-        end -= 1;
-    }
-    format!("{}…", &text[..end])
+    crate::limits::cut(text, MAX_EVENT_DETAIL)
 }
 
 /// Ends `record`'s timeline: its status and, if it did not complete, why.
@@ -70,9 +65,12 @@ impl State {
     pub(super) async fn settle(&mut self, id: SnapshotId, update: tracker::Update) {
         match update {
             tracker::Update::Ignored => {}
+            // Progress is told to watchers only: a record is made for them if there are any.
             tracker::Update::Progress => {
-                if let Some(record) = self.live_record(id) {
-                    self.publish(&record);
+                if self.watchers.contains_key(&id)
+                    && let Some(record) = self.live_record(id)
+                {
+                    self.publish(&Arc::new(record));
                 }
             }
             tracker::Update::Finished(outcome, progress) => {
@@ -199,8 +197,9 @@ impl State {
             tracing::warn!("retention: {e}");
         }
         if let Some(watchers) = self.watchers.remove(&id) {
+            let told = Arc::new(record.clone());
             for watcher in watchers {
-                let _ = watcher.try_send(Ok(record.clone()));
+                let _ = watcher.try_send(Ok(told.clone()));
             }
         }
         self.count_end(&record);
@@ -235,7 +234,7 @@ impl State {
     /// flight lives in `inflight` only (a restarted coordinator fails such a snapshot
     /// anyway), which spares the store a synced write per node and step; its end is told by
     /// [`Self::tell_end`] only.
-    pub(super) fn publish(&mut self, record: &SnapshotRecord) {
+    pub(super) fn publish(&mut self, record: &Arc<SnapshotRecord>) {
         debug_assert_eq!(record.status, SnapshotStatus::InProgress);
         if let Some(watchers) = self.watchers.get_mut(&SnapshotId(record.id)) {
             watchers.retain(|w| w.try_send(Ok(record.clone())).is_ok() || !w.is_closed());

@@ -48,8 +48,9 @@ pub(crate) struct ToNode {
 
 /// The stream a node's session reads its commands from.
 pub(crate) type NodeTx = mpsc::Sender<Result<ToNode, Status>>;
-/// A watcher's stream: the snapshot's record at each step (its session sends the progress).
-pub(crate) type WatchTx = mpsc::Sender<Result<SnapshotRecord, Status>>;
+/// A watcher's stream: the snapshot's record at each step, one shared by every watcher
+/// (its session makes the progress of it).
+pub(crate) type WatchTx = mpsc::Sender<Result<std::sync::Arc<SnapshotRecord>, Status>>;
 
 /// A request to the coordinator task.
 /// What a stored part weighs, for the snapshot's record and its event.

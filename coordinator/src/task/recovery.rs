@@ -8,16 +8,10 @@ use cairn_core::NodeId;
 use cairn_core::restore::RestoreProgress;
 
 use super::State;
-use super::restore::{ActiveRestore, Requester};
+use super::restore::{AUTO_RESTORE_CANDIDATES, ActiveRestore, RECOVERY_BACKOFF, Requester};
 use crate::error::Error;
 use crate::store::{RestoreRecord, RestoreStatus, SnapshotRecord, SnapshotStatus};
 use cairn_proto::stored::convert::now_ms;
-
-/// How many of the newest completed snapshots automatic recovery tries to verify.
-pub(super) const AUTO_RESTORE_CANDIDATES: usize = 10;
-
-/// How long automatic recovery waits before trying again after a failure.
-pub(super) const RECOVERY_BACKOFF: std::time::Duration = std::time::Duration::from_secs(5);
 
 impl State {
     /// Automatic recovery: once a restarted member and every other one are connected (and

@@ -10,11 +10,16 @@ use cairn_core::{FailureReason, NodeId, SnapshotId};
 
 use tokio::sync::oneshot;
 
-use super::recovery::{AUTO_RESTORE_CANDIDATES, RECOVERY_BACKOFF};
 use super::{Msg, State};
 use crate::error::Error;
 use crate::store::{RestoreRecord, RestoreStatus, SnapshotRecord, SnapshotStatus};
 use cairn_proto::stored::convert::now_ms;
+
+/// How many of the newest completed snapshots automatic recovery tries to verify.
+pub(super) const AUTO_RESTORE_CANDIDATES: usize = 10;
+
+/// How long automatic recovery waits before trying again after a failure.
+pub(super) const RECOVERY_BACKOFF: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// The answer a user's `RestoreSnapshot` waits for.
 pub(super) type RestoreReply = oneshot::Sender<Result<RestoreRecord, Error>>;

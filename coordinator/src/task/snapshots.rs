@@ -194,8 +194,9 @@ impl State {
                 .await?
                 .ok_or(Error::SnapshotNotFound(id))?,
         };
-        let _ = tx.try_send(Ok(record.clone()));
-        if record.status == SnapshotStatus::InProgress {
+        let in_progress = record.status == SnapshotStatus::InProgress;
+        let _ = tx.try_send(Ok(std::sync::Arc::new(record)));
+        if in_progress {
             self.watchers.entry(id).or_default().push(tx);
         }
         Ok(())

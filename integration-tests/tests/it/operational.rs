@@ -61,6 +61,7 @@ async fn the_bank_counts_and_never_applies_a_malformed_or_overflowing_transfer()
     ] {
         sender.send("n2", payload).await.unwrap();
     }
+    let applied = before.balance + 12;
     let after = eventually(
         "n2's bank applied the last transfer",
         Duration::from_secs(30),
@@ -71,7 +72,10 @@ async fn the_bank_counts_and_never_applies_a_malformed_or_overflowing_transfer()
                     .get_balance(bank_pb::GetBalanceRequest {})
                     .await?
                     .into_inner();
+                // The two refusals come before the 7 in FIFO order: seeing them is not
+                // seeing the 7 applied (a balance read in between once failed this test).
                 anyhow::ensure!(balance.rejected_transfers >= 2, "{balance:?}");
+                anyhow::ensure!(balance.balance >= applied, "{balance:?}");
                 Ok(balance)
             }
         },

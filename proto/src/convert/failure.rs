@@ -2,9 +2,12 @@
 //!
 //! The wire carries a stable `kind`, the reason's sentence (`message`, the domain's
 //! `Display`), the nodes and the channel concerned, and the variant's own words
-//! (`detail`). Every domain variant maps to one kind (a user's abort to
-//! `KIND_UNSPECIFIED`, as it always has), and back: each part from its own field. A
-//! reason from a sender older than `detail` has its whole sentence as its words.
+//! (`detail`, absent when there are none). Every domain variant maps to one kind (a user's
+//! abort to `KIND_UNSPECIFIED`, as it always has), and back: each part from its own field.
+//! A reason without `detail` — one with no words of its own, or from a sender older than
+//! the field — is read as senders' reasons always were: its words are its sentence after
+//! the words its kind puts before them ([`words_of_sentence`]), so a rolling upgrade reads
+//! an older daemon's failures as that daemon meant them.
 //!
 //! An inconsistent cut is judged by the coordinator's verifier, which stores and sends
 //! only the violation's sentence: no [`Violation`] ever crosses the wire structured, and
@@ -39,7 +42,7 @@ impl From<&FailureReason> for pb::FailureReason {
             message: reason.to_string(),
             nodes: nodes.iter().map(ToString::to_string).collect(),
             channel,
-            detail: reason.detail(),
+            detail: Some(reason.detail()).filter(|words| !words.is_empty()),
         }
     }
 }
@@ -68,13 +71,9 @@ impl TryFrom<&pb::FailureReason> for FailureReason {
                 .map(|n| NodeId::new(n.clone()))
                 .ok_or(ConvertError::Missing("nodes"))
         };
-        // The variant's words; a sender older than `detail` sent the sentence only.
-        let text = || {
-            if reason.detail.is_empty() {
-                reason.message.clone()
-            } else {
-                reason.detail.clone()
-            }
+        let text = || match &reason.detail {
+            Some(words) => words.clone(),
+            None => words_of_sentence(kind, &reason.message),
         };
         Ok(match kind {
             Kind::Unspecified => Self::Aborted(text()),
@@ -98,6 +97,29 @@ impl TryFrom<&pb::FailureReason> for FailureReason {
             },
         })
     }
+}
+
+/// The words a reason's `Display` puts before its own, by kind.
+fn kind_words(kind: Kind) -> &'static str {
+    match kind {
+        Kind::Inconsistent => "inconsistent cut: ",
+        Kind::MixedEpochs => "parts recorded in different epochs: ",
+        Kind::Storage => "storage failed: ",
+        Kind::Unspecified => "aborted: ",
+        Kind::MembershipChanged => "membership changed: ",
+        Kind::CoordinatorFailover => "coordinator failover: ",
+        _ => "",
+    }
+}
+
+/// The words of a reason that carries no `detail`: its sentence after its kind's words
+/// (a sentence without them is taken whole). Only for reasons without the field: a sender
+/// older than it, or a reason whose words are empty.
+fn words_of_sentence(kind: Kind, message: &str) -> String {
+    message
+        .strip_prefix(kind_words(kind))
+        .unwrap_or(message)
+        .to_owned()
 }
 
 /// A kind's stable word, as the store and scripts spell it: the enum's name without
@@ -223,11 +245,11 @@ pub(crate) mod tests {
     }
 
     #[test]
-    fn the_words_come_from_detail_and_an_older_senders_sentence_is_taken_whole() {
-        let storage = |message: &str, detail: &str| pb::FailureReason {
+    fn the_words_come_from_detail_and_an_older_senders_sentence_is_read_as_before() {
+        let storage = |message: &str, detail: Option<&str>| pb::FailureReason {
             kind: Kind::Storage as i32,
             message: message.into(),
-            detail: detail.into(),
+            detail: detail.map(str::to_owned),
             ..Default::default()
         };
         let why = |wire: pb::FailureReason| match FailureReason::try_from(&wire) {
@@ -235,13 +257,23 @@ pub(crate) mod tests {
             other => panic!("{other:?}"),
         };
         // The words are the detail field's, whatever the sentence says.
+        let current = storage("storage failed: disk full", Some("disk full"));
+        assert_eq!(why(current), "disk full");
         assert_eq!(
-            why(storage("storage failed: disk full", "disk full")),
+            why(storage("anything at all", Some("disk full"))),
             "disk full"
         );
-        assert_eq!(why(storage("anything at all", "disk full")), "disk full");
-        // A sender from before `detail`: nothing is cut from its sentence.
-        assert_eq!(why(storage("disk full", "")), "disk full");
+        // A sender from before `detail`: its words are its sentence after the kind's.
+        assert_eq!(why(storage("storage failed: disk full", None)), "disk full");
+        assert_eq!(why(storage("disk full", None)), "disk full");
+        // Empty words travel as no detail, and come back empty.
+        let empty = FailureReason::Storage {
+            nodes: vec![],
+            why: String::new(),
+        };
+        let wire = pb::FailureReason::from(&empty);
+        assert_eq!(wire.detail, None);
+        assert_eq!(FailureReason::try_from(&wire), Ok(empty));
     }
 
     #[test]

@@ -250,7 +250,7 @@ mod tests {
             message: wire.message,
             nodes: wire.nodes,
             channel: wire.channel.map(|c| format!("{}->{}", c.from, c.to)),
-            detail: reason.detail(),
+            detail: Some(reason.detail()).filter(|words| !words.is_empty()),
         }
     }
 
@@ -279,8 +279,16 @@ mod tests {
         let record: FailureRecord = serde_json::from_str(old).unwrap();
         let wire = failure_pb(&record);
         assert_eq!(
-            (wire.message.as_str(), wire.detail.as_str()),
-            ("storage failed: no space", "")
+            (wire.message.as_str(), wire.detail.as_deref()),
+            ("storage failed: no space", None)
+        );
+        assert_eq!(
+            FailureReason::try_from(&wire),
+            Ok(FailureReason::Storage {
+                nodes: vec!["n1".into()],
+                why: "no space".into()
+            }),
+            "read as its coordinator meant it"
         );
         assert_eq!(
             serde_json::to_string(&record).unwrap(),

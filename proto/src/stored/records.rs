@@ -203,10 +203,10 @@ pub struct FailureRecord {
     /// The channel concerned, as `from->to`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub channel: Option<String>,
-    /// The reason's own words beyond its kind (the wire's `detail`); empty for kinds that
-    /// have none, and in records stored before it was kept.
-    #[serde(default, skip_serializing_if = "String::is_empty")]
-    pub detail: String,
+    /// The reason's own words beyond its kind (the wire's `detail`); absent when there are
+    /// none, and in records stored before it was kept.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub detail: Option<String>,
 }
 
 /// The consistency check's verdict.
