@@ -103,12 +103,15 @@ say "in the background, at low priority: the fuzzers' build, then the lints (che
 # multi-process tests leave idle, in a process group of their own (setsid) that cleanup
 # kills if a stage fails first. Their output is shown when they are waited for.
 background_pid=""
+fuzz_pid=""
 log=$(mktemp)
 k8s=""
 cleanup() {
   rm -rf "$log" ${k8s:+"$k8s"}
-  # The background lints and fuzz build, if they still run (a stage failed first).
+  # The background jobs (lints, fuzz build, fuzzers, the SDK's clippy), if they still run (a
+  # stage failed first): each is a process group of its own.
   if [ -n "$background_pid" ]; then kill -- "-$background_pid" 2>/dev/null || true; fi
+  if [ -n "$fuzz_pid" ]; then kill -- "-$fuzz_pid" 2>/dev/null || true; fi
 }
 trap cleanup EXIT
 background_log=target/background.log
@@ -144,12 +147,13 @@ fi
 background_pid=""
 grep -E '^(==>|check --static|fuzz/Cargo.lock)' "$background_log"
 
-say "fuzzing every decoder (scripts/fuzz.sh: cargo-fuzz on stable, ${CAIRN_FUZZ_SECONDS:-30} s a target, a target a core, seed 1)"
-# Built in the background above: 30 s for each of the nine targets, two at a time.
-CAIRN_FUZZ_SECONDS="${CAIRN_FUZZ_SECONDS:-30}" scripts/fuzz.sh
-
-say "in the background, at low priority: the SDK's clippy on its own (its features alone), beside the deployment checks"
-# The compose test mostly waits on containers; this compile takes the CPU it leaves.
+say "in the background, at low priority: fuzzing every decoder (scripts/fuzz.sh: ${CAIRN_FUZZ_SECONDS:-30} s a target, a target a core, seed 1) and the SDK's clippy on its own (its features alone), beside the deployment checks"
+# Both take the CPU the deployment checks leave: the Kubernetes checks and the compose test
+# mostly wait (on kubectl, on containers). libFuzzer runs each target for a fixed time, so
+# the fuzzers only try fewer inputs while the compose test needs the CPU. Built above.
+fuzz_log=target/fuzz.log
+setsid nice -n 19 env CAIRN_FUZZ_SECONDS="${CAIRN_FUZZ_SECONDS:-30}" scripts/fuzz.sh >"$fuzz_log" 2>&1 &
+fuzz_pid=$!
 sdk_log=target/sdk-clippy.log
 setsid nice -n 19 env CARGO_TARGET_DIR=target/lint cargo clippy -p cairn-sdk --locked -- -D warnings \
   >"$sdk_log" 2>&1 &
@@ -175,7 +179,15 @@ python3 deploy/test/check-config.py target/debug "$k8s/k8s/dev-certs"
 say "docker-compose cluster (deploy/test/compose-test.sh)"
 deploy/test/compose-test.sh target/debug
 
-say "waiting for the SDK's clippy (started before the deployment checks)"
+say "waiting for the fuzzers and the SDK's clippy (started before the deployment checks)"
+if ! wait "$fuzz_pid"; then
+  fuzz_pid=""
+  cat "$fuzz_log" >&2
+  echo "error: scripts/fuzz.sh failed (above): a crashing input is in fuzz/artifacts/" >&2
+  exit 1
+fi
+fuzz_pid=""
+grep '^==>' "$fuzz_log"
 if ! wait "$background_pid"; then
   background_pid=""
   cat "$sdk_log" >&2
