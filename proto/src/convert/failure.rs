@@ -6,7 +6,7 @@
 //! abort to `KIND_UNSPECIFIED`, as it always has), and back: each part from its own field.
 //! A reason without `detail` — one with no words of its own, or from a sender older than
 //! the field — is read as senders' reasons always were: its words are its sentence after
-//! the words its kind puts before them ([`words_of_sentence`]), so a rolling upgrade reads
+//! the words its kind puts before them (`words_of_sentence`), so a rolling upgrade reads
 //! an older daemon's failures as that daemon meant them.
 //!
 //! An inconsistent cut is judged by the coordinator's verifier, which stores and sends
