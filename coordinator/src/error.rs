@@ -165,6 +165,9 @@ pub enum Error {
     /// The coordinator is shutting down.
     #[error("the coordinator is shutting down")]
     ShuttingDown,
+    /// A bug: the coordinator's engine did not answer a request (see its log).
+    #[error("the coordinator did not answer {0} (a bug: see its log)")]
+    Unanswered(&'static str),
     /// A response would hold more memory than the budget has left (`budget.rs`).
     #[error("{0}")]
     TooMuchMemory(String),
@@ -224,7 +227,7 @@ impl From<Error> for Status {
             Error::Store(e) if e.outcome_unknown => Code::Aborted,
             Error::OutcomeUnknown { .. } => Code::Aborted,
             Error::Store(_) | Error::ShuttingDown => Code::Unavailable,
-            Error::Blob(_) | Error::Storage(_) => Code::Internal,
+            Error::Blob(_) | Error::Storage(_) | Error::Unanswered(_) => Code::Internal,
             Error::DataLoss(_) | Error::CorruptRecord { .. } => Code::DataLoss,
             Error::Stream(status) => status.code(),
         };

@@ -52,7 +52,128 @@ pub enum FailureReason {
     },
 }
 
+/// What kind of reason a [`FailureReason`] is: its stable word is how the store, the wire's
+/// JSON and scripts name it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum FailureKind {
+    /// [`FailureReason::Aborted`]: stored as `ABORTED`.
+    Aborted,
+    /// [`FailureReason::Timeout`].
+    Timeout,
+    /// [`FailureReason::NodeLost`].
+    NodeLost,
+    /// [`FailureReason::ChannelReset`].
+    ChannelReset,
+    /// [`FailureReason::Inconsistent`].
+    Inconsistent,
+    /// [`FailureReason::NoApplication`].
+    NoApplication,
+    /// [`FailureReason::CoordinatorRestarted`].
+    CoordinatorRestarted,
+    /// [`FailureReason::Restore`].
+    Restore,
+    /// [`FailureReason::Shutdown`].
+    Shutdown,
+    /// [`FailureReason::Storage`].
+    Storage,
+    /// [`FailureReason::MembershipChanged`].
+    MembershipChanged,
+    /// [`FailureReason::MixedEpochs`].
+    MixedEpochs,
+    /// [`FailureReason::CoordinatorFailover`].
+    CoordinatorFailover,
+}
+
+impl FailureKind {
+    /// Every kind.
+    pub const ALL: [Self; 13] = [
+        Self::Aborted,
+        Self::Timeout,
+        Self::NodeLost,
+        Self::ChannelReset,
+        Self::Inconsistent,
+        Self::NoApplication,
+        Self::CoordinatorRestarted,
+        Self::Restore,
+        Self::Shutdown,
+        Self::Storage,
+        Self::MembershipChanged,
+        Self::MixedEpochs,
+        Self::CoordinatorFailover,
+    ];
+
+    /// The kind's stable word, as the store and scripts spell it.
+    pub fn word(self) -> &'static str {
+        match self {
+            Self::Aborted => "ABORTED",
+            Self::Timeout => "TIMEOUT",
+            Self::NodeLost => "NODE_LOST",
+            Self::ChannelReset => "CHANNEL_RESET",
+            Self::Inconsistent => "INCONSISTENT",
+            Self::NoApplication => "NO_APPLICATION",
+            Self::CoordinatorRestarted => "COORDINATOR_RESTARTED",
+            Self::Restore => "RESTORE",
+            Self::Shutdown => "SHUTDOWN",
+            Self::Storage => "STORAGE",
+            Self::MembershipChanged => "MEMBERSHIP_CHANGED",
+            Self::MixedEpochs => "MIXED_EPOCHS",
+            Self::CoordinatorFailover => "COORDINATOR_FAILOVER",
+        }
+    }
+
+    /// The kind of a stable word ([`Self::word`]'s inverse); `None` for a word no kind has.
+    pub fn of_word(word: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|k| k.word() == word)
+    }
+}
+
 impl FailureReason {
+    /// Its kind.
+    pub fn kind(&self) -> FailureKind {
+        match self {
+            Self::Timeout { .. } => FailureKind::Timeout,
+            Self::NodeLost(_) => FailureKind::NodeLost,
+            Self::ChannelReset(_) => FailureKind::ChannelReset,
+            Self::Inconsistent(_) => FailureKind::Inconsistent,
+            Self::NoApplication(_) => FailureKind::NoApplication,
+            Self::CoordinatorRestarted => FailureKind::CoordinatorRestarted,
+            Self::CoordinatorFailover(_) => FailureKind::CoordinatorFailover,
+            Self::Restore => FailureKind::Restore,
+            Self::Shutdown(_) => FailureKind::Shutdown,
+            Self::Storage { .. } => FailureKind::Storage,
+            Self::Aborted(_) => FailureKind::Aborted,
+            Self::MembershipChanged(_) => FailureKind::MembershipChanged,
+            Self::MixedEpochs { .. } => FailureKind::MixedEpochs,
+        }
+    }
+
+    /// The nodes it names (none for a kind that names none).
+    pub fn nodes(&self) -> Vec<NodeId> {
+        match self {
+            Self::Timeout { missing: nodes }
+            | Self::Storage { nodes, .. }
+            | Self::MixedEpochs { nodes, .. } => nodes.clone(),
+            Self::NodeLost(node) | Self::NoApplication(node) | Self::Shutdown(node) => {
+                vec![node.clone()]
+            }
+            Self::ChannelReset(_)
+            | Self::Inconsistent(_)
+            | Self::CoordinatorRestarted
+            | Self::CoordinatorFailover(_)
+            | Self::Restore
+            | Self::Aborted(_)
+            | Self::MembershipChanged(_) => Vec::new(),
+        }
+    }
+
+    /// The channel it names, for a channel's reset.
+    pub fn channel(&self) -> Option<&ChannelId> {
+        match self {
+            Self::ChannelReset(channel) => Some(channel),
+            _ => None,
+        }
+    }
+
     /// The reason's own words beyond its kind, its nodes and its channel: what its
     /// sentence says after the kind's words. Empty for a kind that has none.
     pub fn detail(&self) -> String {

@@ -61,9 +61,11 @@
 #![forbid(unsafe_code)]
 
 pub mod control;
+pub mod coordinator;
 pub mod engine;
 pub mod event;
 pub mod failure;
+pub mod record;
 pub mod report;
 pub mod restore;
 pub mod schedule;
@@ -74,7 +76,7 @@ pub mod verifier;
 
 pub use engine::SnapshotEngine;
 pub use event::{Command, Event, Ignored, Outcome};
-pub use failure::FailureReason;
+pub use failure::{FailureKind, FailureReason};
 pub use report::{IncomingCut, LocalReport, OutgoingCut};
 pub use topology::{Topology, TopologyError};
 pub use tracker::{SnapshotTracker, StartError, StartRequest, Update};

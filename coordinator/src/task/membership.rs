@@ -7,6 +7,7 @@ use std::time::Duration;
 use cairn_core::control::{
     ChannelStatus, Membership, NodeCommand, NodeInfo, NodeRestore, Registration,
 };
+use cairn_core::coordinator::Input;
 use cairn_core::{FailureReason, NodeId, SnapshotId, Topology};
 use tokio::time::Instant;
 
@@ -131,13 +132,8 @@ impl State {
         };
         if enrollment.joined {
             // Snapshots in flight were planned without it.
-            let ids: Vec<SnapshotId> = self.inflight.keys().copied().collect();
-            for id in ids {
-                let update = self
-                    .tracker
-                    .fail(id, FailureReason::MembershipChanged(change.clone()));
-                self.settle(id, update).await;
-            }
+            let reason = FailureReason::MembershipChanged(change.clone());
+            self.drive(Input::FailAll { reason }).await;
         }
         tracing::info!(%node, %address, "{change}");
         Ok((Some(change), enrollment.restarted))
@@ -195,12 +191,11 @@ impl State {
         }
         // A daemon that saw higher ids or epochs than the store holds: the metadata was
         // lost or rolled back. Never hand out what the daemons already know.
-        if register.highest_snapshot_id > self.id_floor {
-            if register.highest_snapshot_id > self.id_floor.saturating_add(1_000_000) {
-                tracing::error!(%node, reported = register.highest_snapshot_id, floor = self.id_floor, "a daemon reports a snapshot id far above any known: ids continue above it");
-            }
-            self.id_floor = register.highest_snapshot_id;
+        let (highest, floor) = (register.highest_snapshot_id, self.engine.id_floor());
+        if highest > floor.saturating_add(1_000_000) {
+            tracing::error!(%node, reported = highest, floor, "a daemon reports a snapshot id far above any known: ids continue above it");
         }
+        self.drive(Input::IdSeen { highest }).await;
         if register.epoch > self.epoch {
             tracing::error!(
                 %node,
@@ -244,9 +239,8 @@ impl State {
             && old.record.incarnation != register.incarnation
         {
             tracing::warn!(%node, "node restarted: failing the snapshots in flight through it");
-            for (id, update) in self.tracker.node_lost(&node) {
-                self.settle(id, update).await;
-            }
+            let node = node.clone();
+            self.drive(Input::NodeLost { node }).await;
         }
         let (epoch, next) = self.epoch_on_register(&node, &register, fresh);
         let record = MemberRecord {
@@ -366,13 +360,8 @@ impl State {
         self.removed.insert(node.clone(), record.incarnation);
         let change = format!("{node} removed");
         tracing::warn!(%node, "node removed from the cluster");
-        let ids: Vec<SnapshotId> = self.inflight.keys().copied().collect();
-        for id in ids {
-            let update = self
-                .tracker
-                .fail(id, FailureReason::MembershipChanged(change.clone()));
-            self.settle(id, update).await;
-        }
+        let reason = FailureReason::MembershipChanged(change.clone());
+        self.drive(Input::FailAll { reason }).await;
         self.tell_members(&self.membership(), None);
         Ok(self.list_nodes())
     }
@@ -425,9 +414,8 @@ impl State {
         if let Err(e) = self.meta.delete_member(node.as_str()).await {
             tracing::warn!("{e}");
         }
-        for (id, update) in self.tracker.node_lost(node) {
-            self.settle(id, update).await;
-        }
+        let node = node.clone();
+        self.drive(Input::NodeLost { node }).await;
     }
 
     /// `--remove-after`: removes the roster nodes down longer than that.

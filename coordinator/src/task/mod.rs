@@ -7,10 +7,10 @@ use std::hash::BuildHasher;
 use std::time::Duration;
 
 use cairn_core::control::{ChannelStatus, Membership, NodeCommand, NodeReport, Registration};
+use cairn_core::coordinator::{CoordinatorEngine, Input};
 use cairn_core::schedule::{Policy, Schedule};
 use cairn_core::{
-    FailureReason, NodeId, NodePart, SnapshotId, SnapshotMode, SnapshotTracker, StartRequest,
-    Topology, tracker,
+    FailureReason, NodeId, NodePart, SnapshotId, SnapshotMode, StartRequest, Topology,
 };
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
@@ -23,9 +23,9 @@ use crate::roster::Roster;
 use crate::store::Metadata;
 use crate::store::{RestoreRecord, SnapshotRecord, SnapshotStatus};
 use cairn_blob::BlobStore;
-use cairn_proto::stored::convert::{failure_record, now_ms};
+use cairn_proto::stored::convert::now_ms;
 
-mod ends;
+mod drive;
 mod membership;
 mod recovery;
 mod restore;
@@ -52,19 +52,8 @@ pub(crate) type NodeTx = mpsc::Sender<Result<ToNode, Status>>;
 /// (its session makes the progress of it).
 pub(crate) type WatchTx = mpsc::Sender<Result<std::sync::Arc<SnapshotRecord>, Status>>;
 
-/// A request to the coordinator task.
-/// What a stored part weighs, for the snapshot's record and its event.
-#[derive(Debug, Clone, Copy, Default)]
-pub(crate) struct PartSizes {
-    /// Bytes it stored anew.
-    pub bytes_new: u64,
-    /// Bytes it shares with earlier snapshots.
-    pub bytes_reused: u64,
-    /// Bytes of the node's local state.
-    pub local_state_bytes: u64,
-    /// Messages the node recorded.
-    pub recorded_messages: u64,
-}
+/// What a stored part weighs.
+pub(crate) use cairn_core::coordinator::PartSizes;
 
 /// The most channels a heartbeat's status may list (a node of a full mesh of 2048 nodes
 /// has 4094).
@@ -224,11 +213,11 @@ pub(crate) struct State {
     down_since: BTreeMap<NodeId, tokio::time::Instant>,
     /// The nodes with a session now.
     members: BTreeMap<NodeId, Member>,
-    tracker: SnapshotTracker,
-    inflight: BTreeMap<SnapshotId, SnapshotRecord>,
-    /// Snapshots that ended but whose end the store has not acknowledged: told to nobody,
-    /// stored again every tick.
-    unstored: BTreeMap<SnapshotId, ends::Unstored>,
+    /// What is decided about snapshots, sans-IO: the tracker, the records in flight, the
+    /// ends not yet stored, the id floor. This task carries out its actions (`drive`).
+    engine: CoordinatorEngine<Error>,
+    /// The token of the next request given to the engine.
+    next_token: u64,
     /// Each snapshot in flight's `tracing` span (`snapshot{snapshot=ID mode=…}`): the
     /// coordinator's part of the snapshot's trace, its steps logged inside.
     spans: BTreeMap<SnapshotId, tracing::Span>,
@@ -256,8 +245,6 @@ pub(crate) struct State {
     /// The newest restore that did not finish (FAILED): until a later one is applied by
     /// every node, the nodes may hold different states and no snapshot may start.
     unfinished_restore: Option<RestoreRecord>,
-    /// The highest snapshot id any daemon reported: no id at or below it is handed out.
-    id_floor: u64,
     /// When silent members were last looked for.
     last_silence_check: Instant,
     /// Automatic recovery is not tried again before this (after a failed attempt).
@@ -288,7 +275,6 @@ impl State {
             collection: None,
             pending_recovery: None,
             unfinished_restore: None,
-            id_floor: 0,
             last_silence_check: Instant::now(),
             recovery_not_before: Instant::now(),
             leadership: settings.leadership.clone(),
@@ -300,9 +286,8 @@ impl State {
             meta,
             blobs,
             members: BTreeMap::new(),
-            tracker: SnapshotTracker::new(max_in_flight.max(1)),
-            inflight: BTreeMap::new(),
-            unstored: BTreeMap::new(),
+            engine: CoordinatorEngine::new(max_in_flight),
+            next_token: 0,
             spans: BTreeMap::new(),
             watchers: BTreeMap::new(),
             self_tx,
@@ -344,9 +329,9 @@ impl State {
             }
             if record.status == SnapshotStatus::InProgress {
                 record.status = SnapshotStatus::Failed;
-                record.failure = Some(failure_record(&left));
+                record.failure = Some((&left).into());
                 record.finished_at_ms = now_ms();
-                ends::push_ended(&mut record);
+                record.push_ended();
                 tracing::warn!(snapshot = record.id, "snapshot failed: {left}");
                 self.put_record(&record).await?;
             }
@@ -386,7 +371,9 @@ impl State {
                 },
                 () = sleep_until(due) => self.scheduled().await,
                 _ = refresh.tick() => {
-                    self.store_unstored().await;
+                    if self.leadership.valid() {
+                        self.drive(Input::Tick).await;
+                    }
                     self.retry_restore_end().await;
                     self.drop_silent_members().await;
                     self.remove_long_gone().await;
@@ -405,11 +392,7 @@ impl State {
         } else {
             FailureReason::Aborted("coordinator shut down".into())
         };
-        let ids: Vec<SnapshotId> = self.inflight.keys().copied().collect();
-        for id in ids {
-            let update = self.tracker.fail(id, reason.clone());
-            self.settle(id, update).await;
-        }
+        self.drive(Input::FailAll { reason }).await;
         if deposed {
             let gone = Status::unavailable(format!(
                 "coordinator term {} ended ({}): reconnect to the leader",
@@ -470,16 +453,10 @@ impl State {
                 }
             }
             Msg::CheckUpload { id, node, reply } => {
-                let ok = match self.inflight.get(&id) {
-                    None => Err(Error::NotInProgress(id)),
-                    Some(r) if !r.nodes.iter().any(|n| n == node.as_str()) => {
-                        Err(Error::NotAParticipant {
-                            id,
-                            node: node.to_string(),
-                        })
-                    }
-                    Some(_) => Ok(()),
-                };
+                let ok = self
+                    .engine
+                    .check_upload(id, &node)
+                    .map_err(|refusal| self.refused(refusal));
                 let _ = reply.send(ok);
             }
             Msg::PartStored {
@@ -488,33 +465,13 @@ impl State {
                 epoch,
                 applied_restore_id,
             } => {
-                let id = part.report.id;
-                let node = part.report.node.to_string();
-                if let Some(expected) = self.inflight.get(&id).map(|r| r.epoch)
-                    && epoch != expected
-                {
-                    let applied = if applied_restore_id.is_empty() {
-                        "no restore".to_owned()
-                    } else {
-                        applied_restore_id
-                    };
-                    let reason = FailureReason::MixedEpochs {
-                        nodes: vec![part.report.node.clone()],
-                        detail: format!(
-                            "snapshot {id} started in epoch {expected}, node {node} recorded \
-                             its part in epoch {epoch} (after {applied})"
-                        ),
-                    };
-                    let update = self.tracker.fail(id, reason);
-                    self.settle(id, update).await;
-                    return;
-                }
-                let reporter = part.report.node.clone();
-                let update = self.tracker.part_reported(part);
-                if !matches!(update, tracker::Update::Ignored) {
-                    self.part_stored(id, &reporter, &sizes);
-                }
-                self.settle(id, update).await;
+                let input = Input::PartStored {
+                    part,
+                    sizes,
+                    epoch,
+                    applied_restore_id,
+                };
+                self.drive(input).await;
             }
             Msg::Start {
                 request,
@@ -532,13 +489,10 @@ impl State {
             Msg::Delete { id, reply } => self.delete(id, reply).await,
             Msg::Collected { result } => self.collected(result),
             Msg::StorageFailed { id, node, why } => {
-                let nodes = vec![node];
-                let update = self.tracker.fail(id, FailureReason::Storage { nodes, why });
-                self.settle(id, update).await;
+                self.drive(Input::StorageFailed { id, node, why }).await;
             }
             Msg::TimedOut { id } => {
-                let update = self.tracker.timed_out(id);
-                self.settle(id, update).await;
+                self.drive(Input::TimedOut { id }).await;
             }
             Msg::Watch { id, tx, reply } => {
                 let result = self.watch(id, tx).await;
@@ -553,7 +507,7 @@ impl State {
             }
             Msg::Leave { node } => self.leave(&node).await,
             Msg::Live { id, reply } => {
-                let _ = reply.send(self.live_record(id));
+                let _ = reply.send(self.engine.live_record(id));
             }
             Msg::GetPolicy { reply } => {
                 let _ = reply.send(self.policy_view());

@@ -5,6 +5,7 @@
 use std::collections::BTreeSet;
 
 use cairn_core::control::{NodeCommand, NodeRestore};
+use cairn_core::coordinator::Input;
 use cairn_core::restore::{RestoreProgress, RestoreState};
 use cairn_core::{FailureReason, NodeId, SnapshotId};
 
@@ -283,11 +284,8 @@ impl State {
         // The counter only allocates: the cluster's epoch is that of the newest restore
         // record, so an epoch is entered only once its record is stored.
         let epoch = self.meta.allocate_epoch().await?;
-        let in_flight: Vec<SnapshotId> = self.inflight.keys().copied().collect();
-        for id in in_flight {
-            let update = self.tracker.fail(id, FailureReason::Restore);
-            self.settle(id, update).await;
-        }
+        let reason = FailureReason::Restore;
+        self.drive(Input::FailAll { reason }).await;
         let record = RestoreRecord {
             id: format!("restore-{epoch}"),
             snapshot_id: snapshot_id.0,

@@ -42,7 +42,7 @@ impl State {
     async fn delete_record(&mut self, id: SnapshotId) -> Result<(), Error> {
         // An end not yet stored is still in progress for the store: deleting its record now
         // would let the end's next store bring it back without its parts.
-        if self.inflight.contains_key(&id) || self.unstored.contains_key(&id) {
+        if self.engine.is_open(id) {
             return Err(Error::StillInProgress(id));
         }
         if self.get_record(id).await?.is_none() {
@@ -107,7 +107,7 @@ impl State {
     /// Starts a collection that `waiting` hear the end of (nothing freed, at once, while a
     /// snapshot is in flight).
     fn start_collection(&mut self, waiting: Vec<DeleteReply>) {
-        if !self.inflight.is_empty() {
+        if self.engine.in_flight() > 0 {
             for reply in waiting {
                 let _ = reply.send(Ok(0));
             }

@@ -20,7 +20,11 @@ impl State {
     pub(super) async fn load_policy(&mut self) -> Result<(), Error> {
         let flags = self.settings.policy.clone();
         let stored = self.meta.policy_bytes().await?;
-        let chosen = policy::at_start(&flags, stored.as_deref(), self.tracker.max_in_flight());
+        let chosen = policy::at_start(
+            &flags,
+            stored.as_deref(),
+            self.engine.tracker().max_in_flight(),
+        );
         if let Some(why) = &chosen.rejected {
             tracing::error!(
                 flags = %policy::describe(&flags),
@@ -75,7 +79,7 @@ impl State {
                 policy::Source::Api,
             ),
         };
-        let limit = self.tracker.max_in_flight();
+        let limit = self.engine.tracker().max_in_flight();
         if next.max_concurrent as usize > limit {
             return Err(Error::InvalidArgument(format!(
                 "max_concurrent {} is above the coordinator's --max-concurrent {limit}",

@@ -14,6 +14,7 @@
 //! one read back from the wire (or the store) is a [`Violation::Described`] with that
 //! sentence, which displays as the original did.
 
+use cairn_core::failure::FailureKind;
 use cairn_core::{FailureReason, NodeId, Violation};
 
 use super::{ConvertError, channel_from_pb};
@@ -22,29 +23,42 @@ use pb::failure_reason::Kind;
 
 impl From<&FailureReason> for pb::FailureReason {
     fn from(reason: &FailureReason) -> Self {
-        let (kind, nodes, channel) = match reason {
-            FailureReason::Timeout { missing } => (Kind::Timeout, missing.clone(), None),
-            FailureReason::NodeLost(n) => (Kind::NodeLost, vec![n.clone()], None),
-            FailureReason::ChannelReset(c) => (Kind::ChannelReset, vec![], Some(c.into())),
-            FailureReason::Inconsistent(_) => (Kind::Inconsistent, vec![], None),
-            FailureReason::NoApplication(n) => (Kind::NoApplication, vec![n.clone()], None),
-            FailureReason::CoordinatorRestarted => (Kind::CoordinatorRestarted, vec![], None),
-            FailureReason::CoordinatorFailover(_) => (Kind::CoordinatorFailover, vec![], None),
-            FailureReason::Restore => (Kind::Restore, vec![], None),
-            FailureReason::Shutdown(n) => (Kind::Shutdown, vec![n.clone()], None),
-            FailureReason::Storage { nodes, .. } => (Kind::Storage, nodes.clone(), None),
-            FailureReason::Aborted(_) => (Kind::Unspecified, vec![], None),
-            FailureReason::MembershipChanged(_) => (Kind::MembershipChanged, vec![], None),
-            FailureReason::MixedEpochs { nodes, .. } => (Kind::MixedEpochs, nodes.clone(), None),
-        };
         Self {
-            kind: kind as i32,
+            kind: Kind::from(reason.kind()) as i32,
             message: reason.to_string(),
-            nodes: nodes.iter().map(ToString::to_string).collect(),
-            channel,
+            nodes: reason.nodes().iter().map(ToString::to_string).collect(),
+            channel: reason.channel().map(Into::into),
             detail: Some(reason.detail()).filter(|words| !words.is_empty()),
         }
     }
+}
+
+impl From<FailureKind> for Kind {
+    fn from(kind: FailureKind) -> Self {
+        match kind {
+            FailureKind::Aborted => Kind::Unspecified,
+            FailureKind::Timeout => Kind::Timeout,
+            FailureKind::NodeLost => Kind::NodeLost,
+            FailureKind::ChannelReset => Kind::ChannelReset,
+            FailureKind::Inconsistent => Kind::Inconsistent,
+            FailureKind::NoApplication => Kind::NoApplication,
+            FailureKind::CoordinatorRestarted => Kind::CoordinatorRestarted,
+            FailureKind::Restore => Kind::Restore,
+            FailureKind::Shutdown => Kind::Shutdown,
+            FailureKind::Storage => Kind::Storage,
+            FailureKind::MembershipChanged => Kind::MembershipChanged,
+            FailureKind::MixedEpochs => Kind::MixedEpochs,
+            FailureKind::CoordinatorFailover => Kind::CoordinatorFailover,
+        }
+    }
+}
+
+/// The domain's kind of a wire kind (`KIND_UNSPECIFIED` is a user's abort).
+fn domain_kind(kind: Kind) -> FailureKind {
+    FailureKind::ALL
+        .into_iter()
+        .find(|k| Kind::from(*k) == kind)
+        .unwrap_or(FailureKind::Aborted)
 }
 
 /// Exact for every kind; a kind that names one node needs it in `nodes`, a channel reset
@@ -122,51 +136,17 @@ fn words_of_sentence(kind: Kind, message: &str) -> String {
         .to_owned()
 }
 
-/// A kind's stable word, as the store and scripts spell it: the enum's name without
-/// `KIND_`, and `ABORTED` for `KIND_UNSPECIFIED` (a user's abort).
+/// A kind's stable word, as the store and scripts spell it ([`FailureKind::word`]:
+/// `ABORTED` for `KIND_UNSPECIFIED`, a user's abort).
 pub fn kind_word(kind: Kind) -> &'static str {
-    match kind {
-        Kind::Unspecified => "ABORTED",
-        Kind::Timeout => "TIMEOUT",
-        Kind::NodeLost => "NODE_LOST",
-        Kind::ChannelReset => "CHANNEL_RESET",
-        Kind::Inconsistent => "INCONSISTENT",
-        Kind::NoApplication => "NO_APPLICATION",
-        Kind::CoordinatorRestarted => "COORDINATOR_RESTARTED",
-        Kind::Restore => "RESTORE",
-        Kind::Shutdown => "SHUTDOWN",
-        Kind::Storage => "STORAGE",
-        Kind::MembershipChanged => "MEMBERSHIP_CHANGED",
-        Kind::MixedEpochs => "MIXED_EPOCHS",
-        Kind::CoordinatorFailover => "COORDINATOR_FAILOVER",
-    }
+    domain_kind(kind).word()
 }
 
 /// The kind of a stable word ([`kind_word`]'s inverse); a word no kind has is
 /// `KIND_UNSPECIFIED`.
 pub fn kind_from_word(word: &str) -> Kind {
-    ALL.iter()
-        .copied()
-        .find(|k| kind_word(*k) == word)
-        .unwrap_or(Kind::Unspecified)
+    FailureKind::of_word(word).map_or(Kind::Unspecified, Kind::from)
 }
-
-/// Every kind, for [`kind_from_word`].
-const ALL: [Kind; 13] = [
-    Kind::Unspecified,
-    Kind::Timeout,
-    Kind::NodeLost,
-    Kind::ChannelReset,
-    Kind::Inconsistent,
-    Kind::NoApplication,
-    Kind::CoordinatorRestarted,
-    Kind::Restore,
-    Kind::Shutdown,
-    Kind::Storage,
-    Kind::MembershipChanged,
-    Kind::MixedEpochs,
-    Kind::CoordinatorFailover,
-];
 
 #[cfg(test)]
 pub(crate) mod tests {
@@ -213,7 +193,11 @@ pub(crate) mod tests {
             .iter()
             .map(|r| pb::FailureReason::from(r).kind)
             .collect();
-        assert_eq!(kinds.len(), ALL.len(), "one reason of every wire kind");
+        assert_eq!(
+            kinds.len(),
+            FailureKind::ALL.len(),
+            "one reason of every wire kind"
+        );
         for reason in reasons {
             let wire = pb::FailureReason::from(&reason);
             let back = FailureReason::try_from(&wire).unwrap();
@@ -231,7 +215,7 @@ pub(crate) mod tests {
 
     #[test]
     fn every_kind_has_its_word() {
-        for kind in ALL {
+        for kind in FailureKind::ALL.map(Kind::from) {
             assert_eq!(kind_from_word(kind_word(kind)), kind);
             if kind != Kind::Unspecified {
                 assert_eq!(

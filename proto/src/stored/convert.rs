@@ -2,9 +2,9 @@
 
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use crate::convert::{kind_from_word, kind_word};
+use crate::convert::kind_from_word;
 use crate::v1 as pb;
-use cairn_core::{FailureReason, SnapshotMode};
+use cairn_core::SnapshotMode;
 
 use super::records::{
     EventKind, EventRecord, FailureRecord, RestoreRecord, RestoreStatus, SnapshotRecord,
@@ -53,23 +53,7 @@ pub fn status_from_pb(status: pb::SnapshotStatus) -> Option<SnapshotStatus> {
     }
 }
 
-/// A failure for the store: its wire form, with the kind as its stable word
-/// (`ABORTED` for a user's abort) and the channel as `from->to`.
-pub fn failure_record(reason: &FailureReason) -> FailureRecord {
-    let wire = pb::FailureReason::from(reason);
-    let kind = pb::failure_reason::Kind::try_from(wire.kind)
-        .map(kind_word)
-        .unwrap_or_default();
-    FailureRecord {
-        kind: kind.to_owned(),
-        message: wire.message,
-        nodes: wire.nodes,
-        channel: wire.channel.map(|c| format!("{}->{}", c.from, c.to)),
-        detail: wire.detail,
-    }
-}
-
-/// A stored failure on the wire: what [`failure_record`]'s reason gives there.
+/// A stored failure on the wire: what [`FailureRecord::from`] a reason gives there.
 pub fn failure_pb(record: &FailureRecord) -> pb::FailureReason {
     pb::FailureReason {
         kind: kind_from_word(&record.kind) as i32,
@@ -198,7 +182,7 @@ pub fn progress_pb(record: &SnapshotRecord) -> pb::SnapshotProgress {
 
 #[cfg(test)]
 mod tests {
-    use cairn_core::{ChannelId, NodeId, Side, Violation};
+    use cairn_core::{ChannelId, FailureReason, NodeId, Side, Violation};
 
     use super::*;
 
@@ -257,7 +241,7 @@ mod tests {
     #[test]
     fn every_kind_round_trips_through_the_store() {
         for reason in every_reason() {
-            let record = failure_record(&reason);
+            let record = FailureRecord::from(&reason);
             let json = serde_json::to_string(&record).unwrap();
             assert_eq!(
                 json,
@@ -269,7 +253,7 @@ mod tests {
             assert_eq!(wire, pb::FailureReason::from(&reason), "{reason}");
             let back = FailureReason::try_from(&wire).unwrap();
             assert_eq!(back.to_string(), reason.to_string());
-            assert_eq!(failure_record(&back), record, "{reason}");
+            assert_eq!(FailureRecord::from(&back), record, "{reason}");
         }
     }
 
@@ -299,7 +283,8 @@ mod tests {
 
     #[test]
     fn stored_failures_keep_their_json() {
-        let json = |reason: FailureReason| serde_json::to_string(&failure_record(&reason)).unwrap();
+        let json =
+            |reason: FailureReason| serde_json::to_string(&FailureRecord::from(&reason)).unwrap();
         assert_eq!(
             json(FailureReason::Aborted("enough".into())),
             r#"{"kind":"ABORTED","message":"aborted: enough","nodes":[],"detail":"enough"}"#

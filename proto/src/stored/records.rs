@@ -2,45 +2,15 @@
 //! Their byte form is a contract with every store written before: the round-trip tests
 //! (`integration-tests/tests/it/roundtrip.rs`) and the fuzzers guard it.
 
-use std::collections::BTreeMap;
-
 use serde::{Deserialize, Serialize};
+
+pub use cairn_core::record::{
+    EventKind, EventRecord, FailureRecord, SnapshotRecord, SnapshotStatus, VerdictRecord,
+};
 
 /// The most bytes of recorded messages `GetSnapshot` returns inline for one part; a part
 /// stored before its recorded bytes were counted is taken to hold this much.
 pub const MAX_INLINE_DATA: u64 = 64 << 20;
-
-/// Where a snapshot is in its life; stored as `IN_PROGRESS`, `COMPLETED`, `FAILED`, `ABORTED`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
-pub enum SnapshotStatus {
-    /// Started, not ended.
-    InProgress,
-    /// Every part stored and the cut verified.
-    Completed,
-    /// Ended without a verified cut.
-    Failed,
-    /// Aborted by a user.
-    Aborted,
-}
-
-impl SnapshotStatus {
-    /// The stored word.
-    pub fn name(self) -> &'static str {
-        match self {
-            Self::InProgress => "IN_PROGRESS",
-            Self::Completed => "COMPLETED",
-            Self::Failed => "FAILED",
-            Self::Aborted => "ABORTED",
-        }
-    }
-}
-
-impl std::fmt::Display for SnapshotStatus {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.name())
-    }
-}
 
 /// Where a restore is; stored as `IN_PROGRESS`, `DONE`, `FAILED`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -64,121 +34,6 @@ impl std::fmt::Display for RestoreStatus {
     }
 }
 
-/// A snapshot: its plan, lifecycle, verdict, sizes and timings.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct SnapshotRecord {
-    /// The id.
-    pub id: u64,
-    /// CHANDY_LAMPORT, UNALIGNED or ALIGNED.
-    pub mode: String,
-    /// The initiators.
-    pub initiators: Vec<String>,
-    /// Aligned mode's alignment timeout; 0 for none.
-    pub alignment_timeout_ms: u64,
-    /// Where it is in its life.
-    pub status: SnapshotStatus,
-    /// Why it failed or was aborted.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub failure: Option<FailureRecord>,
-    /// The verifier's verdict, once every part arrived.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub verdict: Option<VerdictRecord>,
-    /// Milliseconds since the Unix epoch.
-    pub started_at_ms: u64,
-    /// Milliseconds since the Unix epoch; 0 while in progress.
-    pub finished_at_ms: u64,
-    /// The timeout it ran under.
-    pub timeout_ms: u64,
-    /// Labels given at start.
-    #[serde(default)]
-    pub labels: BTreeMap<String, String>,
-    /// The participants.
-    pub nodes: Vec<String>,
-    /// The channels, as `from->to`.
-    pub channels: Vec<String>,
-    /// Participants whose application recorded its state.
-    #[serde(default)]
-    pub recorded: Vec<String>,
-    /// Participants whose part is stored.
-    #[serde(default)]
-    pub reported: Vec<String>,
-    /// Bytes stored that no earlier snapshot had stored.
-    pub bytes_new: u64,
-    /// Bytes shared with earlier snapshots.
-    pub bytes_reused: u64,
-    /// The cluster's epoch when it started: every part must have been recorded in it.
-    #[serde(default)]
-    pub epoch: u64,
-    /// The leadership term of the coordinator that started it (0: the embedded store;
-    /// absent in records of before high availability).
-    #[serde(default, skip_serializing_if = "is_zero")]
-    pub term: u64,
-    /// Its timeline, oldest first (absent in records of before events).
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub events: Vec<EventRecord>,
-}
-
-/// What a snapshot event is; stored as `STARTED`, `STATE_RECORDED`, …
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
-pub enum EventKind {
-    /// Started and sent to the initiators.
-    Started,
-    /// A node's application recorded its local state.
-    StateRecorded,
-    /// A node's part is stored.
-    PartStored,
-    /// A node reported a failure.
-    NodeFailed,
-    /// The cut was checked.
-    Verified,
-    /// It ended.
-    Ended,
-}
-
-/// One step of a snapshot's life (`SnapshotEvent` on the wire).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct EventRecord {
-    /// Milliseconds since the Unix epoch.
-    pub at_ms: u64,
-    /// What happened.
-    pub kind: EventKind,
-    /// The node concerned, for a node's events.
-    #[serde(default, skip_serializing_if = "String::is_empty")]
-    pub node: String,
-    /// PART_STORED: the local state's bytes.
-    #[serde(default, skip_serializing_if = "is_zero")]
-    pub local_state_bytes: u64,
-    /// PART_STORED: messages the node recorded; VERIFIED: over all channels.
-    #[serde(default, skip_serializing_if = "is_zero")]
-    pub recorded_messages: u64,
-    /// PART_STORED: bytes stored anew.
-    #[serde(default, skip_serializing_if = "is_zero")]
-    pub bytes_new: u64,
-    /// PART_STORED: bytes shared with earlier snapshots.
-    #[serde(default, skip_serializing_if = "is_zero")]
-    pub bytes_reused: u64,
-    /// NODE_FAILED, VERIFIED, ENDED: in words.
-    #[serde(default, skip_serializing_if = "String::is_empty")]
-    pub detail: String,
-}
-
-impl EventRecord {
-    /// An event of `kind` at `at_ms`, every other field empty.
-    pub fn new(at_ms: u64, kind: EventKind) -> Self {
-        Self {
-            at_ms,
-            kind,
-            node: String::new(),
-            local_state_bytes: 0,
-            recorded_messages: 0,
-            bytes_new: 0,
-            bytes_reused: 0,
-            detail: String::new(),
-        }
-    }
-}
-
 /// The messages a node recorded of one channel.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RecordedChannelRecord {
@@ -188,36 +43,6 @@ pub struct RecordedChannelRecord {
     pub messages: u64,
     /// Their payload bytes.
     pub bytes: u64,
-}
-
-/// Why a snapshot failed.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct FailureRecord {
-    /// A stable word: TIMEOUT, NODE_LOST, CHANNEL_RESET, INCONSISTENT, …
-    pub kind: String,
-    /// A sentence naming the node or channel.
-    pub message: String,
-    /// The nodes concerned.
-    #[serde(default)]
-    pub nodes: Vec<String>,
-    /// The channel concerned, as `from->to`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub channel: Option<String>,
-    /// The reason's own words beyond its kind (the wire's `detail`); absent when there are
-    /// none, and in records stored before it was kept.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub detail: Option<String>,
-}
-
-/// The consistency check's verdict.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct VerdictRecord {
-    /// Whether the cut is complete and consistent.
-    pub consistent: bool,
-    /// The first violation; empty when consistent.
-    pub violation: String,
-    /// Messages recorded as channel state.
-    pub recorded_messages: u64,
 }
 
 pub use super::manifest::{ChunkList, ManifestRef};
@@ -389,11 +214,6 @@ pub struct PolicyRecord {
     pub source: String,
     /// Milliseconds since the Unix epoch of the last change.
     pub updated_at_ms: u64,
-}
-
-/// Whether a number is zero (such fields are left out of the JSON).
-fn is_zero(n: &u64) -> bool {
-    *n == 0
 }
 
 fn is_empty(list: &ChunkList) -> bool {

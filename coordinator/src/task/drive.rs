@@ -1,0 +1,244 @@
+//! The runtime of the coordinator's engine: each input is handed to
+//! [`CoordinatorEngine`](cairn_core::coordinator::CoordinatorEngine) and each action it
+//! queues is carried out here, in order — ids taken and records stored (their answers fed
+//! back before the next action), commands sent, timers set, watchers, retention, metrics,
+//! freshness and the schedule told. The engine queues the telling of an outcome only once
+//! the store acknowledged it, so nothing here can tell an unstored one.
+
+use std::sync::Arc;
+
+use cairn_core::coordinator::{Action, Answer, Input, Persist, Refusal, Token};
+use cairn_core::{SnapshotId, StartError};
+
+use super::{Msg, State};
+use crate::error::Error;
+use crate::store::{EventKind, EventRecord, SnapshotRecord, SnapshotStatus};
+use cairn_proto::stored::convert::now_ms;
+
+/// An end that stays unstored is logged again every this many tries (every 10 s or so):
+/// a full disk must not fill up with this log.
+const LOG_EVERY: u64 = 40;
+
+impl State {
+    /// Hands `input` to the engine and carries out every action that follows; returns the
+    /// answers to requests, by token.
+    pub(super) async fn drive(&mut self, input: Input<Error>) -> Vec<(Token, Answer<Error>)> {
+        self.engine.handle(now_ms(), input);
+        let mut answers = Vec::new();
+        while let Some(action) = self.engine.next_action() {
+            if let Some(answer) = self.execute(action).await {
+                answers.push(answer);
+            }
+        }
+        self.metrics.in_flight.set(self.engine.in_flight() as i64);
+        answers
+    }
+
+    /// A token for a request to the engine.
+    pub(super) fn token(&mut self) -> Token {
+        self.next_token = self.next_token.wrapping_add(1);
+        self.next_token
+    }
+
+    async fn execute(&mut self, action: Action<Error>) -> Option<(Token, Answer<Error>)> {
+        match action {
+            Action::TakeId => {
+                let result = self.meta.take_snapshot_id().await;
+                self.engine.handle(now_ms(), Input::IdTaken { result });
+            }
+            Action::SetIdCounter { id, floor } => {
+                tracing::warn!(
+                    snapshot = id.0,
+                    daemons_saw = floor,
+                    "the stored snapshot id counter is behind ids the daemons have seen (lost \
+                     metadata?): continuing above them"
+                );
+                let result = self.meta.set_last_snapshot_id(id).await.map(|()| id);
+                self.engine.handle(now_ms(), Input::IdTaken { result });
+            }
+            Action::Persist {
+                what,
+                record,
+                attempt,
+            } => {
+                let result = self.meta.put_snapshot(&record).await;
+                if let (Persist::End(id), Err(e)) = (what, &result)
+                    && attempt % LOG_EVERY == 1
+                {
+                    tracing::error!(
+                        snapshot = id.0,
+                        tries = attempt,
+                        "cannot store the end of the snapshot ({e}): nobody is told until it \
+                         is stored (tried again every tick while this term lasts)"
+                    );
+                }
+                self.engine
+                    .handle(now_ms(), Input::Persisted { what, result });
+            }
+            Action::Send { node, command } => {
+                if let Some(member) = self.members.get(&node) {
+                    self.command(&member.tx, command);
+                }
+            }
+            Action::Broadcast { command } => self.broadcast(&command),
+            Action::SetTimer { id, after } => {
+                let tx = self.self_tx.clone();
+                tokio::spawn(async move {
+                    tokio::time::sleep(after).await;
+                    let _ = tx.send(Msg::TimedOut { id }).await;
+                });
+            }
+            Action::Reply { token, answer } => return Some((token, answer)),
+            Action::Started { plan } => {
+                let span = tracing::info_span!(
+                    parent: None, "snapshot", snapshot = plan.id.0, mode = %plan.mode
+                );
+                span.in_scope(|| tracing::info!(initiators = ?plan.initiators, "snapshot started"));
+                self.spans.insert(plan.id, span);
+            }
+            Action::Progress { id } => {
+                // A record is made for watchers only if there are any.
+                if self.watchers.contains_key(&id)
+                    && let Some(record) = self.engine.live_record(id)
+                {
+                    self.publish(&Arc::new(record));
+                }
+            }
+            Action::Step { id, event } => self.trace(id, &event),
+            Action::Ended { record } => self.tell_end(record).await,
+        }
+        None
+    }
+
+    /// A refusal of the engine as the API says it. A snapshot not in flight is one the
+    /// store says ended, or never was, for whoever asks to change it
+    /// ([`Self::not_in_flight`]); here it is just that.
+    pub(super) fn refused(&self, refusal: Refusal<Error>) -> Error {
+        match refusal {
+            Refusal::Start(e) => match e {
+                StartError::TooManyInFlight { .. } | StartError::AlignedInFlight(_) => {
+                    Error::TooManyInFlight(e.to_string())
+                }
+                StartError::Unreachable { .. }
+                | StartError::UnknownInitiator(_)
+                | StartError::DuplicateId(_) => Error::InvalidArgument(e.to_string()),
+                StartError::NoMembers => Error::NoMembers,
+            },
+            Refusal::Store(e) => e,
+            Refusal::NotInFlight(id) => Error::NotInProgress(id),
+            Refusal::EndNotStored(id) => Error::OutcomeUnknown {
+                what: format!("snapshot {id}'s end"),
+                see: format!("GetSnapshot {id}"),
+                cause: "it ended and its end is not stored yet (tried again while this term \
+                        lasts): an abort can no longer change it"
+                    .into(),
+            },
+            Refusal::AbortNotStored(id) => Error::OutcomeUnknown {
+                what: format!("the abort of snapshot {id}"),
+                see: format!("GetSnapshot {id}"),
+                cause: "its record is not stored yet (tried again while this term lasts)".into(),
+            },
+            Refusal::NotAParticipant(id, node) => Error::NotAParticipant {
+                id,
+                node: node.to_string(),
+            },
+        }
+    }
+
+    /// Why snapshot `id`, not in flight, cannot be changed: it ended (the store has its
+    /// record) or it never was.
+    pub(super) async fn not_in_flight(&self, id: SnapshotId) -> Error {
+        match self.get_record(id).await {
+            Ok(Some(record)) => Error::AlreadyEnded {
+                id,
+                status: record.status,
+            },
+            Ok(None) => Error::SnapshotNotFound(id),
+            Err(e) => e,
+        }
+    }
+
+    /// The one place a snapshot's end is told — to retention, watchers, metrics, freshness
+    /// and the schedule — and the engine asks for it only once the store acknowledged the
+    /// end (the nodes were told to drop a failed one just before).
+    async fn tell_end(&mut self, record: SnapshotRecord) {
+        let id = SnapshotId(record.id);
+        let span = self.spans.remove(&id).unwrap_or_else(tracing::Span::none);
+        span.in_scope(|| match (&record.failure, &record.verdict) {
+            (None, verdict) => tracing::info!(
+                ms = record.finished_at_ms.saturating_sub(record.started_at_ms),
+                recorded = verdict.as_ref().map_or(0, |v| v.recorded_messages),
+                "snapshot completed and verified"
+            ),
+            (Some(failure), _) => {
+                tracing::warn!(reason = %failure.message, "snapshot did not complete");
+            }
+        });
+        if record.status == SnapshotStatus::Completed
+            && let Err(e) = self.apply_retention().await
+        {
+            tracing::warn!("retention: {e}");
+        }
+        if let Some(watchers) = self.watchers.remove(&id) {
+            let told = Arc::new(record.clone());
+            for watcher in watchers {
+                let _ = watcher.try_send(Ok(told.clone()));
+            }
+        }
+        self.count_end(&record);
+        let result = match &record.failure {
+            None => Ok(()),
+            Some(failure) => Err(failure.message.clone()),
+        };
+        let alarm = self.schedule.finished(id, self.clock_ms(), result);
+        self.alarm(alarm);
+        self.refresh().await;
+    }
+
+    pub(super) fn count_end(&self, record: &SnapshotRecord) {
+        let status = record.status.name().to_lowercase();
+        self.metrics
+            .snapshots
+            .get_or_create(&crate::metrics::StatusLabel { status })
+            .inc();
+        if record.status == SnapshotStatus::Completed {
+            let seconds =
+                record.finished_at_ms.saturating_sub(record.started_at_ms) as f64 / 1000.0;
+            self.metrics.duration.observe(seconds);
+            self.metrics.bytes_new.inc_by(record.bytes_new);
+            self.metrics.bytes_reused.inc_by(record.bytes_reused);
+            let recorded = record.verdict.as_ref().map_or(0, |v| v.recorded_messages);
+            self.metrics.recorded_messages.inc_by(recorded);
+        }
+    }
+
+    /// Tells the record's watchers of a snapshot's progress. Progress of a snapshot in
+    /// flight lives in the engine only (a restarted coordinator fails such a snapshot
+    /// anyway), which spares the store a synced write per node and step; its end is told by
+    /// [`Self::tell_end`] only.
+    pub(super) fn publish(&mut self, record: &Arc<SnapshotRecord>) {
+        debug_assert_eq!(record.status, SnapshotStatus::InProgress);
+        if let Some(watchers) = self.watchers.get_mut(&SnapshotId(record.id)) {
+            watchers.retain(|w| w.try_send(Ok(record.clone())).is_ok() || !w.is_closed());
+        }
+    }
+
+    /// Logs a step of snapshot `id` inside its span.
+    fn trace(&self, id: SnapshotId, event: &EventRecord) {
+        let Some(span) = self.spans.get(&id) else {
+            return;
+        };
+        span.in_scope(|| match event.kind {
+            EventKind::PartStored => tracing::debug!(
+                node = %event.node,
+                state_bytes = event.local_state_bytes,
+                recorded_messages = event.recorded_messages,
+                bytes_new = event.bytes_new,
+                bytes_reused = event.bytes_reused,
+                "part stored"
+            ),
+            EventKind::StateRecorded => tracing::debug!(node = %event.node, "state recorded"),
+            _ => tracing::debug!(node = %event.node, detail = %event.detail, "{:?}", event.kind),
+        });
+    }
+}

@@ -1,0 +1,596 @@
+//! The engine's snapshot role: a snapshot's start (the id above every id a daemon saw, the
+//! record stored before the initiators hear of it), its progress, and its end (stored —
+//! again at every tick while the store refuses it — and only then told).
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use super::{Action, Actions, Answer, Input, Persist, Refusal, Token};
+use crate::control::{NodeCommand, NodeReport};
+use crate::record::{
+    EventKind, EventRecord, SnapshotRecord, SnapshotStatus, VerdictRecord, event_detail,
+};
+use crate::tracker::{self, Progress, SnapshotTracker, StartRequest, Update};
+use crate::types::{NodeId, SnapshotId};
+use crate::{FailureReason, Topology};
+
+/// What a stored part weighs, for the snapshot's record and its event.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PartSizes {
+    /// Bytes it stored anew.
+    pub bytes_new: u64,
+    /// Bytes it shares with earlier snapshots.
+    pub bytes_reused: u64,
+    /// Bytes of the node's local state.
+    pub local_state_bytes: u64,
+    /// Messages the node recorded.
+    pub recorded_messages: u64,
+}
+
+/// A start under way.
+enum Starting {
+    /// Waiting for its id.
+    Id {
+        token: Token,
+        request: StartRequest,
+        topology: Topology,
+        timeout: Duration,
+        labels: BTreeMap<String, String>,
+        epoch: u64,
+        term: u64,
+    },
+    /// Planned, waiting for its record to be stored.
+    Record {
+        token: Token,
+        timeout: Duration,
+        plan: crate::Plan,
+        record: Box<SnapshotRecord>,
+    },
+}
+
+/// A snapshot's end, waiting for the store.
+struct Unstored {
+    record: SnapshotRecord,
+    failed: Option<FailureReason>,
+    /// Stores tried so far.
+    tries: u64,
+}
+
+pub(super) struct Snapshots {
+    tracker: SnapshotTracker,
+    /// Each snapshot in flight's record (its progress is the tracker's).
+    inflight: BTreeMap<SnapshotId, SnapshotRecord>,
+    /// Snapshots that ended but whose end the store has not acknowledged: told to nobody,
+    /// stored again every tick.
+    unstored: BTreeMap<SnapshotId, Unstored>,
+    /// The start under way (one at a time: the runtime answers each step before the next
+    /// input).
+    starting: Option<Starting>,
+    /// Aborts waiting for their snapshot's end to be stored.
+    aborting: BTreeMap<SnapshotId, Token>,
+    /// The highest snapshot id any daemon reported: no id at or below it is handed out.
+    id_floor: u64,
+}
+
+impl Snapshots {
+    pub(super) fn new(tracker: SnapshotTracker) -> Self {
+        Self {
+            tracker,
+            inflight: BTreeMap::new(),
+            unstored: BTreeMap::new(),
+            starting: None,
+            aborting: BTreeMap::new(),
+            id_floor: 0,
+        }
+    }
+
+    pub(super) fn tracker(&self) -> &SnapshotTracker {
+        &self.tracker
+    }
+
+    pub(super) fn in_flight(&self) -> usize {
+        self.inflight.len()
+    }
+
+    pub(super) fn unstored(&self) -> usize {
+        self.unstored.len()
+    }
+
+    pub(super) fn id_floor(&self) -> u64 {
+        self.id_floor
+    }
+
+    pub(super) fn is_open(&self, id: SnapshotId) -> bool {
+        self.inflight.contains_key(&id) || self.unstored.contains_key(&id)
+    }
+
+    pub(super) fn check_upload<E>(&self, id: SnapshotId, node: &NodeId) -> Result<(), Refusal<E>> {
+        match self.inflight.get(&id) {
+            None => Err(Refusal::NotInFlight(id)),
+            Some(r) if !r.nodes.iter().any(|n| n == node.as_str()) => {
+                Err(Refusal::NotAParticipant(id, node.clone()))
+            }
+            Some(_) => Ok(()),
+        }
+    }
+
+    pub(super) fn live_record(&self, id: SnapshotId) -> Option<SnapshotRecord> {
+        let mut record = self.inflight.get(&id)?.clone();
+        if let Some(progress) = self.tracker.progress(id) {
+            with_progress(&mut record, &progress);
+        }
+        Some(record)
+    }
+
+    pub(super) fn handle<E: std::fmt::Display>(
+        &mut self,
+        out: &mut Actions<E>,
+        now: u64,
+        input: Input<E>,
+    ) {
+        match input {
+            Input::Start {
+                token,
+                request,
+                topology,
+                timeout,
+                labels,
+                epoch,
+                term,
+            } => {
+                // Every check before an id is spent.
+                if let Err(e) = self.tracker.check(&request, &topology) {
+                    return out.push(reply_started(token, Err(Refusal::Start(e))));
+                }
+                self.starting = Some(Starting::Id {
+                    token,
+                    request,
+                    topology,
+                    timeout,
+                    labels,
+                    epoch,
+                    term,
+                });
+                out.push(Action::TakeId);
+            }
+            Input::IdTaken { result } => self.id_taken(out, now, result),
+            Input::Persisted { what, result } => match what {
+                Persist::Started(id) => self.start_stored(out, id, result),
+                Persist::End(id) => self.end_stored(out, id, result),
+            },
+            Input::Report { node, id, report } => match report {
+                NodeReport::StateRecorded => {
+                    let update = self.tracker.state_recorded(id, &node);
+                    if !matches!(update, Update::Ignored) {
+                        self.step(out, id, &node, now, EventKind::StateRecorded, String::new());
+                    }
+                    self.settle(out, now, id, update);
+                }
+                NodeReport::Failed(reason) => {
+                    let detail = event_detail(&reason.to_string());
+                    let update = self.tracker.fail(id, reason);
+                    // Only a failure that counted (the first of a participant ends it).
+                    if !matches!(update, Update::Ignored) {
+                        self.step(out, id, &node, now, EventKind::NodeFailed, detail);
+                    }
+                    self.settle(out, now, id, update);
+                }
+            },
+            Input::PartStored {
+                part,
+                sizes,
+                epoch,
+                applied_restore_id,
+            } => {
+                let id = part.report.id;
+                if let Some(expected) = self.inflight.get(&id).map(|r| r.epoch)
+                    && epoch != expected
+                {
+                    let applied = if applied_restore_id.is_empty() {
+                        "no restore".to_owned()
+                    } else {
+                        applied_restore_id
+                    };
+                    let node = &part.report.node;
+                    let reason = FailureReason::MixedEpochs {
+                        nodes: vec![node.clone()],
+                        detail: format!(
+                            "snapshot {id} started in epoch {expected}, node {node} recorded \
+                             its part in epoch {epoch} (after {applied})"
+                        ),
+                    };
+                    let update = self.tracker.fail(id, reason);
+                    return self.settle(out, now, id, update);
+                }
+                let reporter = part.report.node.clone();
+                let update = self.tracker.part_reported(part);
+                if !matches!(update, Update::Ignored) {
+                    self.part_stored(out, now, id, &reporter, &sizes);
+                }
+                self.settle(out, now, id, update);
+            }
+            Input::StorageFailed { id, node, why } => {
+                let nodes = vec![node];
+                let update = self.tracker.fail(id, FailureReason::Storage { nodes, why });
+                self.settle(out, now, id, update);
+            }
+            Input::TimedOut { id } => {
+                let update = self.tracker.timed_out(id);
+                self.settle(out, now, id, update);
+            }
+            Input::Abort { token, id, reason } => self.abort(out, now, token, id, reason),
+            Input::FailAll { reason } => {
+                let ids: Vec<SnapshotId> = self.inflight.keys().copied().collect();
+                for id in ids {
+                    let update = self.tracker.fail(id, reason.clone());
+                    self.settle(out, now, id, update);
+                }
+            }
+            Input::NodeLost { node } => {
+                for (id, update) in self.tracker.node_lost(&node) {
+                    self.settle(out, now, id, update);
+                }
+            }
+            Input::IdSeen { highest } => self.id_floor = self.id_floor.max(highest),
+            Input::Tick => {
+                let ids: Vec<SnapshotId> = self.unstored.keys().copied().collect();
+                for id in ids {
+                    self.store_end(out, id);
+                }
+            }
+        }
+    }
+
+    /// The id counter answered: an id above every id a daemon saw is planned and its
+    /// record stored.
+    fn id_taken<E: std::fmt::Display>(
+        &mut self,
+        out: &mut Actions<E>,
+        now: u64,
+        result: Result<SnapshotId, E>,
+    ) {
+        let Some(Starting::Id {
+            token,
+            request,
+            topology,
+            timeout,
+            labels,
+            epoch,
+            term,
+        }) = self.starting.take()
+        else {
+            return;
+        };
+        let id = match result {
+            Err(e) => return out.push(reply_started(token, Err(Refusal::Store(e)))),
+            Ok(id) if id.0 > self.id_floor => id,
+            Ok(_) => {
+                // The counter is behind ids the daemons saw (lost metadata?): continue
+                // above them, the counter stored there first. Its answer comes back as
+                // `IdTaken(Ok(above))`, above the floor.
+                let above = SnapshotId(self.id_floor.saturating_add(1));
+                self.starting = Some(Starting::Id {
+                    token,
+                    request,
+                    topology,
+                    timeout,
+                    labels,
+                    epoch,
+                    term,
+                });
+                return out.push(Action::SetIdCounter {
+                    id: above,
+                    floor: self.id_floor,
+                });
+            }
+        };
+        let mut plan = match self.tracker.start(id, request, &topology) {
+            Ok(plan) => plan,
+            Err(e) => return out.push(reply_started(token, Err(Refusal::Start(e)))),
+        };
+        // Nodes count an alignment timeout from here.
+        plan.started_at_ms = now;
+        let record = SnapshotRecord {
+            id: id.0,
+            mode: plan.mode.to_string(),
+            initiators: plan.initiators.iter().map(ToString::to_string).collect(),
+            alignment_timeout_ms: plan
+                .alignment_timeout
+                .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),
+            status: SnapshotStatus::InProgress,
+            failure: None,
+            verdict: None,
+            started_at_ms: now,
+            finished_at_ms: 0,
+            timeout_ms: u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX),
+            labels,
+            nodes: topology.nodes().iter().map(ToString::to_string).collect(),
+            channels: topology
+                .channels()
+                .iter()
+                .map(ToString::to_string)
+                .collect(),
+            recorded: Vec::new(),
+            reported: Vec::new(),
+            bytes_new: 0,
+            bytes_reused: 0,
+            epoch,
+            term,
+            events: vec![EventRecord::new(now, EventKind::Started)],
+        };
+        out.push(Action::Persist {
+            what: Persist::Started(id),
+            record: record.clone(),
+            attempt: 1,
+        });
+        self.starting = Some(Starting::Record {
+            token,
+            timeout,
+            plan,
+            record: Box::new(record),
+        });
+    }
+
+    /// A started snapshot's record is stored (or not): only now do the initiators hear
+    /// of it and the user get its id.
+    fn start_stored<E: std::fmt::Display>(
+        &mut self,
+        out: &mut Actions<E>,
+        id: SnapshotId,
+        result: Result<(), E>,
+    ) {
+        let Some(Starting::Record {
+            token,
+            timeout,
+            plan,
+            record,
+        }) = self
+            .starting
+            .take_if(|s| matches!(s, Starting::Record { plan, .. } if plan.id == id))
+        else {
+            return;
+        };
+        if let Err(e) = result {
+            let why = e.to_string();
+            let update = self.tracker.fail(
+                id,
+                FailureReason::Storage {
+                    nodes: Vec::new(),
+                    why,
+                },
+            );
+            // Nobody heard of it: it ends here, told to nobody and stored nowhere.
+            debug_assert!(matches!(update, Update::Finished(..)), "{update:?}");
+            return out.push(reply_started(token, Err(Refusal::Store(e))));
+        }
+        self.inflight.insert(id, *record);
+        for initiator in &plan.initiators {
+            out.push(Action::Send {
+                node: initiator.clone(),
+                command: NodeCommand::Initiate(plan.clone()),
+            });
+        }
+        out.push(Action::SetTimer { id, after: timeout });
+        out.push(Action::Started { plan });
+        out.push(reply_started(token, Ok(id)));
+    }
+
+    fn abort<E: std::fmt::Display>(
+        &mut self,
+        out: &mut Actions<E>,
+        now: u64,
+        token: Token,
+        id: SnapshotId,
+        reason: String,
+    ) {
+        if self.unstored.contains_key(&id) {
+            return out.push(reply_aborted(token, Err(Refusal::EndNotStored(id))));
+        }
+        if !self.inflight.contains_key(&id) {
+            return out.push(reply_aborted(token, Err(Refusal::NotInFlight(id))));
+        }
+        let reason = if reason.is_empty() {
+            "aborted by a user".to_owned()
+        } else {
+            reason
+        };
+        let update = self.tracker.fail(id, FailureReason::Aborted(reason));
+        if matches!(update, Update::Ignored) {
+            return out.push(reply_aborted(token, Err(Refusal::NotInFlight(id))));
+        }
+        // Answered when the end's store answers.
+        self.aborting.insert(id, token);
+        self.settle(out, now, id, update);
+    }
+
+    /// Applies a tracker update: progress is published; an end is stored, and told once
+    /// stored.
+    fn settle<E>(&mut self, out: &mut Actions<E>, now: u64, id: SnapshotId, update: Update) {
+        let (outcome, progress) = match update {
+            Update::Ignored => return,
+            Update::Progress => return out.push(Action::Progress { id }),
+            Update::Finished(outcome, progress) => (outcome, progress),
+        };
+        let Some(mut record) = self.inflight.remove(&id) else {
+            return;
+        };
+        with_progress(&mut record, &progress);
+        record.finished_at_ms = now;
+        match &outcome {
+            tracker::Outcome::Completed(consistent) => {
+                record.status = SnapshotStatus::Completed;
+                record.verdict = Some(VerdictRecord {
+                    consistent: true,
+                    violation: String::new(),
+                    recorded_messages: consistent.recorded_messages,
+                });
+            }
+            tracker::Outcome::Failed(reason) => {
+                record.status = if matches!(reason, FailureReason::Aborted(_)) {
+                    SnapshotStatus::Aborted
+                } else {
+                    SnapshotStatus::Failed
+                };
+                if let Some(violation) = outcome.violation() {
+                    record.verdict = Some(VerdictRecord {
+                        consistent: false,
+                        violation: violation.to_string(),
+                        recorded_messages: 0,
+                    });
+                }
+                record.failure = Some(reason.into());
+            }
+        }
+        if let Some(verdict) = &record.verdict {
+            record.events.push(EventRecord {
+                recorded_messages: verdict.recorded_messages,
+                detail: event_detail(&verdict.violation),
+                ..EventRecord::new(record.finished_at_ms, EventKind::Verified)
+            });
+        }
+        record.push_ended();
+        let failed = match outcome {
+            tracker::Outcome::Failed(reason) => Some(reason),
+            tracker::Outcome::Completed(_) => None,
+        };
+        self.unstored.insert(
+            id,
+            Unstored {
+                record,
+                failed,
+                tries: 0,
+            },
+        );
+        self.store_end(out, id);
+    }
+
+    /// Asks for the end of snapshot `id` (waiting in `unstored`) to be stored.
+    fn store_end<E>(&mut self, out: &mut Actions<E>, id: SnapshotId) {
+        if let Some(unstored) = self.unstored.get_mut(&id) {
+            unstored.tries = unstored.tries.saturating_add(1);
+            out.push(Action::Persist {
+                what: Persist::End(id),
+                record: unstored.record.clone(),
+                attempt: unstored.tries,
+            });
+        }
+    }
+
+    /// The store answered for the end of snapshot `id`: stored, it is told — to the nodes
+    /// (drop a failed one), to whoever aborted it, and to the runtime ([`Action::Ended`]);
+    /// not stored, it stays waiting, told to nobody.
+    fn end_stored<E>(&mut self, out: &mut Actions<E>, id: SnapshotId, result: Result<(), E>) {
+        if result.is_err() {
+            if let Some(token) = self.aborting.remove(&id) {
+                out.push(reply_aborted(token, Err(Refusal::AbortNotStored(id))));
+            }
+            return;
+        }
+        let Some(Unstored { record, failed, .. }) = self.unstored.remove(&id) else {
+            return;
+        };
+        if let Some(reason) = &failed {
+            out.push(Action::Broadcast {
+                command: NodeCommand::Abort {
+                    snapshot: id,
+                    reason: reason.to_string(),
+                },
+            });
+        }
+        if let Some(token) = self.aborting.remove(&id) {
+            out.push(reply_aborted(token, Ok(Box::new(record.clone()))));
+        }
+        out.push(Action::Ended { record });
+    }
+
+    /// Adds a node's step to the timeline of snapshot `id`, if it is in flight: once per
+    /// node and kind (a repeated report adds nothing, so a timeline holds at most two
+    /// events per node and four more).
+    fn step<E>(
+        &mut self,
+        out: &mut Actions<E>,
+        id: SnapshotId,
+        node: &NodeId,
+        now: u64,
+        kind: EventKind,
+        detail: String,
+    ) {
+        let Some(record) = self.inflight.get_mut(&id) else {
+            return;
+        };
+        let node = node.to_string();
+        if record
+            .events
+            .iter()
+            .any(|e| e.kind == kind && e.node == node)
+        {
+            return;
+        }
+        let event = EventRecord {
+            node,
+            detail,
+            ..EventRecord::new(now, kind)
+        };
+        record.events.push(event.clone());
+        out.push(Action::Step { id, event });
+    }
+
+    /// Node `node`'s part of snapshot `id` is stored (the tracker took it): its sizes count
+    /// in the record and its event says them. A part stored again (a daemon that uploaded
+    /// twice) replaces the first: its sizes and event, as the tracker replaces the part.
+    fn part_stored<E>(
+        &mut self,
+        out: &mut Actions<E>,
+        now: u64,
+        id: SnapshotId,
+        node: &NodeId,
+        sizes: &PartSizes,
+    ) {
+        let Some(record) = self.inflight.get_mut(&id) else {
+            return;
+        };
+        let node = node.to_string();
+        if let Some(at) = record
+            .events
+            .iter()
+            .position(|e| e.kind == EventKind::PartStored && e.node == node)
+        {
+            let earlier = record.events.remove(at);
+            record.bytes_new = record.bytes_new.saturating_sub(earlier.bytes_new);
+            record.bytes_reused = record.bytes_reused.saturating_sub(earlier.bytes_reused);
+        }
+        record.bytes_new = record.bytes_new.saturating_add(sizes.bytes_new);
+        record.bytes_reused = record.bytes_reused.saturating_add(sizes.bytes_reused);
+        let event = EventRecord {
+            node,
+            local_state_bytes: sizes.local_state_bytes,
+            recorded_messages: sizes.recorded_messages,
+            bytes_new: sizes.bytes_new,
+            bytes_reused: sizes.bytes_reused,
+            ..EventRecord::new(now, EventKind::PartStored)
+        };
+        record.events.push(event.clone());
+        out.push(Action::Step { id, event });
+    }
+}
+
+/// Who recorded and who reported, as the tracker — the one place that follows progress —
+/// says.
+fn with_progress(record: &mut SnapshotRecord, progress: &Progress) {
+    record.recorded = progress.recorded.iter().map(ToString::to_string).collect();
+    record.reported = progress.reported.iter().map(ToString::to_string).collect();
+}
+
+fn reply_started<E>(token: Token, result: Result<SnapshotId, Refusal<E>>) -> Action<E> {
+    Action::Reply {
+        token,
+        answer: Answer::Started(result),
+    }
+}
+
+fn reply_aborted<E>(token: Token, result: Result<Box<SnapshotRecord>, Refusal<E>>) -> Action<E> {
+    Action::Reply {
+        token,
+        answer: Answer::Aborted(result),
+    }
+}
