@@ -1,5 +1,6 @@
-//! A snapshot's record: what the coordinator keeps of each snapshot, from its start to
-//! its verified end, and what it stores (`/cairn/<cluster>/snapshots/<id>`, JSON).
+//! The records of snapshots and restores: what the coordinator keeps of each, from its
+//! start to its end, and what it stores (`/cairn/<cluster>/snapshots/<id>`,
+//! `/cairn/<cluster>/restores/<epoch>`, JSON).
 //! The coordinator's engine ([`crate::coordinator`]) builds them; `cairn-proto` stores
 //! them. Their byte form is a contract with every store written before: the round-trip
 //! tests (`integration-tests/tests/it/roundtrip.rs`) and the fuzzers guard it.
@@ -185,6 +186,58 @@ pub struct VerdictRecord {
     pub violation: String,
     /// Messages recorded as channel state.
     pub recorded_messages: u64,
+}
+
+/// Where a restore is; stored as `IN_PROGRESS`, `DONE`, `FAILED`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum RestoreStatus {
+    /// Nodes are applying it.
+    InProgress,
+    /// Every node applied it.
+    Done,
+    /// It ended without every node applying it.
+    Failed,
+}
+
+impl std::fmt::Display for RestoreStatus {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::InProgress => "in progress",
+            Self::Done => "done",
+            Self::Failed => "failed",
+        })
+    }
+}
+
+/// A restore operation (`/cairn/<cluster>/restores/<epoch>`): who asked, when, which
+/// snapshot, who applied, and how it ended.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RestoreRecord {
+    /// `restore-<epoch>`.
+    pub id: String,
+    /// The snapshot restored.
+    pub snapshot_id: u64,
+    /// The epoch it fenced the cluster with.
+    pub epoch: u64,
+    /// The nodes that must apply their state.
+    pub nodes: Vec<String>,
+    /// The nodes that did.
+    pub applied: Vec<String>,
+    /// Where it is.
+    pub status: RestoreStatus,
+    /// Why it failed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failure: Option<String>,
+    /// "user" or "automatic recovery (…)".
+    pub requested_by: String,
+    /// Milliseconds since the Unix epoch.
+    pub started_at_ms: u64,
+    /// Milliseconds since the Unix epoch; 0 while in progress.
+    pub finished_at_ms: u64,
+    /// Snapshots that automatic recovery passed over because they did not verify, with why.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub skipped: Vec<String>,
 }
 
 impl From<&FailureReason> for FailureRecord {

@@ -7,7 +7,9 @@
 
 use std::sync::Arc;
 
-use cairn_core::coordinator::{Action, Answer, Input, Persist, Refusal, Token};
+use cairn_core::coordinator::{
+    Action, Answer, Input, Persist, Record, Refusal, SnapshotWrite, Timer, Token,
+};
 use cairn_core::{SnapshotId, StartError};
 
 use super::{Msg, State};
@@ -61,16 +63,29 @@ impl State {
                 record,
                 attempt,
             } => {
-                let result = self.meta.put_snapshot(&record).await;
-                if let (Persist::End(id), Err(e)) = (what, &result)
+                let result = match &record {
+                    Record::Snapshot(record) => self.meta.put_snapshot(record).await,
+                    Record::Restore(record) => self.meta.put_restore(record).await,
+                };
+                if let Err(e) = &result
                     && attempt % LOG_EVERY == 1
                 {
-                    tracing::error!(
-                        snapshot = id.0,
-                        tries = attempt,
-                        "cannot store the end of the snapshot ({e}): nobody is told until it \
-                         is stored (tried again every tick while this term lasts)"
-                    );
+                    match what {
+                        Persist::Snapshot(SnapshotWrite::End(id)) => tracing::error!(
+                            snapshot = id.0,
+                            tries = attempt,
+                            "cannot store the end of the snapshot ({e}): nobody is told until \
+                             it is stored (tried again every tick while this term lasts)"
+                        ),
+                        Persist::Restore(epoch) => tracing::error!(
+                            epoch,
+                            tries = attempt,
+                            "cannot store the restore record ({e}); an end is tried again every \
+                             tick (the restore stays the one under way until it is stored)"
+                        ),
+                        // A start's failure is its requester's answer.
+                        Persist::Snapshot(SnapshotWrite::Started(_)) => {}
+                    }
                 }
                 self.engine
                     .handle(now_ms(), Input::Persisted { what, result });
@@ -81,13 +96,23 @@ impl State {
                 }
             }
             Action::Broadcast { command } => self.broadcast(&command),
-            Action::SetTimer { id, after } => {
+            Action::SetTimer { timer, after } => {
                 let tx = self.self_tx.clone();
                 tokio::spawn(async move {
                     tokio::time::sleep(after).await;
-                    let _ = tx.send(Msg::TimedOut { id }).await;
+                    let msg = match timer {
+                        Timer::Snapshot(id) => Msg::TimedOut { id },
+                        Timer::Restore(epoch) => Msg::RestoreTimedOut { epoch },
+                    };
+                    let _ = tx.send(msg).await;
                 });
             }
+            Action::MemberEpoch { node, epoch } => {
+                if let Some(member) = self.members.get_mut(&node) {
+                    member.epoch = epoch;
+                }
+            }
+            Action::RestoreEnded { record } => self.restore_ended(&record).await,
             Action::Reply { token, answer } => return Some((token, answer)),
             Action::Started { plan } => {
                 let span = tracing::info_span!(
@@ -105,7 +130,7 @@ impl State {
                 }
             }
             Action::Step { id, event } => self.trace(id, &event),
-            Action::Ended { record } => self.tell_end(record).await,
+            Action::Ended { record } => self.tell_end(*record).await,
         }
         None
     }

@@ -68,7 +68,7 @@ impl State {
                 .iter()
                 .cloned()
                 .collect(),
-            epoch: self.epoch,
+            epoch: self.engine.epoch(),
             removed: self.removed.keys().cloned().collect(),
         }
     }
@@ -196,16 +196,17 @@ impl State {
             tracing::error!(%node, reported = highest, floor, "a daemon reports a snapshot id far above any known: ids continue above it");
         }
         self.drive(Input::IdSeen { highest }).await;
-        if register.epoch > self.epoch {
+        if register.epoch > self.engine.epoch() {
             tracing::error!(
                 %node,
                 node_epoch = register.epoch,
-                epoch = self.epoch,
+                epoch = self.engine.epoch(),
                 "a daemon is in a later epoch than the metadata store says (lost metadata?): \
                  raising the cluster's epoch"
             );
             self.meta.set_epoch_counter(register.epoch).await?;
-            self.epoch = register.epoch;
+            let epoch = register.epoch;
+            self.drive(Input::EpochRaised { epoch }).await;
         }
         // A new daemon process (no epoch of its own yet, an incarnation the roster does not
         // know) may enter the cluster's epoch as it is; one that has an epoch keeps it.
@@ -228,12 +229,13 @@ impl State {
         // transfers from it counted, its own undone). The restore fails, and starts over for
         // every node (automatic recovery) or waits for one (the cluster stays fenced).
         if restarted
-            && let Some(active) = self.restore.as_mut()
-            && register.applied_restore_id != active.record.id
-            && active.progress.node_restarted(&node)
+            && self
+                .engine
+                .active_restore()
+                .is_some_and(|active| register.applied_restore_id != active.id)
         {
-            tracing::warn!(%node, restore = %active.record.id, "node restarted after applying the restore under way: the restore starts over");
-            self.restore_moved().await;
+            let node = node.clone();
+            self.drive(Input::RestoreNodeRestarted { node }).await;
         }
         if let Some(old) = self.members.get(&node)
             && old.record.incarnation != register.incarnation
@@ -279,7 +281,10 @@ impl State {
         self.tell_members(&membership, Some(&node));
         match next {
             OnRegister::Nothing => {}
-            OnRegister::Applied(restore_id) => self.restore_applied(&node, &restore_id).await,
+            OnRegister::Applied(restore_id) => {
+                let node = node.clone();
+                self.drive(Input::RestoreApplied { node, restore_id }).await;
+            }
             OnRegister::Restore(command) => {
                 tracing::info!(%node, restore = %command.restore_id, "the node has not applied the restore under way: sending it again");
                 self.command(&tx, NodeCommand::Restore(command));
@@ -300,10 +305,12 @@ impl State {
         register: &Registration,
         fresh: bool,
     ) -> (u64, OnRegister) {
-        if let Some(active) = &self.restore
-            && active.progress.nodes().contains(node)
+        if let Some(restore) = self.engine.active_restore()
+            && self
+                .engine
+                .restore_nodes()
+                .is_some_and(|nodes| nodes.contains(node))
         {
-            let restore = &active.record;
             if register.applied_restore_id == restore.id {
                 return (restore.epoch, OnRegister::Applied(restore.id.clone()));
             }
@@ -318,13 +325,14 @@ impl State {
             };
             return (register.epoch, OnRegister::Restore(command));
         }
-        if register.epoch == self.epoch || fresh {
-            return (self.epoch, OnRegister::Nothing);
+        let epoch = self.engine.epoch();
+        if register.epoch == epoch || fresh {
+            return (epoch, OnRegister::Nothing);
         }
         tracing::error!(
             %node,
             node_epoch = register.epoch,
-            epoch = self.epoch,
+            epoch,
             "the node missed a restore: it stays in its epoch, and no snapshot starts until \
              a restore is applied by every node"
         );
@@ -344,10 +352,10 @@ impl State {
                 address: member.record.address.clone(),
             });
         }
-        if let Some(active) = &self.restore {
+        if let Some(active) = self.engine.active_restore() {
             return Err(Error::RestoreInProgress {
-                restore: active.record.id.clone(),
-                snapshot: SnapshotId(active.record.snapshot_id),
+                restore: active.id.clone(),
+                snapshot: SnapshotId(active.snapshot_id),
             });
         }
         let record = crate::store::RemovedRecord {
@@ -373,10 +381,10 @@ impl State {
             return;
         };
         let tx = member.tx.clone();
-        let error = if let Some(active) = &self.restore {
+        let error = if let Some(active) = self.engine.active_restore() {
             Some(Error::RestoreInProgress {
-                restore: active.record.id.clone(),
-                snapshot: SnapshotId(active.record.snapshot_id),
+                restore: active.id.clone(),
+                snapshot: SnapshotId(active.snapshot_id),
             })
         } else {
             self.members.remove(node);
@@ -409,7 +417,12 @@ impl State {
         self.members.remove(node);
         // The others hear it is down (their readiness stops waiting for their link to it).
         self.tell_members(&self.membership(), None);
-        self.restore_node_failed(node, None, why).await;
+        let input = Input::RestoreNodeFailed {
+            node: node.clone(),
+            restore_id: None,
+            why: why.to_owned(),
+        };
+        self.drive(input).await;
         self.metrics.members.set(self.members.len() as i64);
         if let Err(e) = self.meta.delete_member(node.as_str()).await {
             tracing::warn!("{e}");

@@ -36,7 +36,6 @@ mod snapshots;
 mod tests;
 
 use membership::Member;
-pub(crate) use restore::restore_epoch;
 
 /// A command to a node, with the term it leaves in.
 pub(crate) struct ToNode {
@@ -213,8 +212,9 @@ pub(crate) struct State {
     down_since: BTreeMap<NodeId, tokio::time::Instant>,
     /// The nodes with a session now.
     members: BTreeMap<NodeId, Member>,
-    /// What is decided about snapshots, sans-IO: the tracker, the records in flight, the
-    /// ends not yet stored, the id floor. This task carries out its actions (`drive`).
+    /// What is decided about snapshots and restores, sans-IO: the tracker, the records in
+    /// flight, the ends not yet stored, the id floor; the epoch, the restore under way and
+    /// the newest unfinished one. This task carries out its actions (`drive.rs`).
     engine: CoordinatorEngine<Error>,
     /// The token of the next request given to the engine.
     next_token: u64,
@@ -232,19 +232,12 @@ pub(crate) struct State {
     stale: Option<bool>,
     /// Whether the schedule was reported failing.
     failing: bool,
-    /// The cluster's epoch (raised by every restore).
-    epoch: u64,
-    /// The restore under way.
-    restore: Option<restore::ActiveRestore>,
     /// The restore whose snapshot is being verified off this task, before it is fenced.
     verifying: Option<restore::Verification>,
     /// The garbage collection running off this task.
     collection: Option<retention::Collection>,
     /// Automatic recovery waits for every member to connect; why it is due.
     pending_recovery: Option<String>,
-    /// The newest restore that did not finish (FAILED): until a later one is applied by
-    /// every node, the nodes may hold different states and no snapshot may start.
-    unfinished_restore: Option<RestoreRecord>,
     /// When silent members were last looked for.
     last_silence_check: Instant,
     /// Automatic recovery is not tried again before this (after a failed attempt).
@@ -269,24 +262,21 @@ impl State {
             health,
             stale: None,
             failing: false,
-            epoch: 0,
-            restore: None,
             verifying: None,
             collection: None,
             pending_recovery: None,
-            unfinished_restore: None,
             last_silence_check: Instant::now(),
             recovery_not_before: Instant::now(),
             leadership: settings.leadership.clone(),
             metrics,
             roster: Roster::new(settings.topology.clone()),
+            engine: CoordinatorEngine::new(max_in_flight, settings.restore_timeout),
             removed: BTreeMap::new(),
             down_since: BTreeMap::new(),
             settings,
             meta,
             blobs,
             members: BTreeMap::new(),
-            engine: CoordinatorEngine::new(max_in_flight),
             next_token: 0,
             spans: BTreeMap::new(),
             watchers: BTreeMap::new(),
@@ -374,7 +364,6 @@ impl State {
                     if self.leadership.valid() {
                         self.drive(Input::Tick).await;
                     }
-                    self.retry_restore_end().await;
                     self.drop_silent_members().await;
                     self.remove_long_gone().await;
                     self.maybe_auto_restore().await;
@@ -515,17 +504,24 @@ impl State {
             Msg::Restore { snapshot_id, reply } => self.restore(snapshot_id, reply).await,
             Msg::Verified { chosen, skipped } => self.verified(chosen, skipped).await,
             Msg::RestoreApplied { node, restore_id } => {
-                self.restore_applied(&node, &restore_id).await;
+                tracing::info!(restore = %restore_id, %node, "node applied the restored state");
+                self.drive(Input::RestoreApplied { node, restore_id }).await;
             }
             Msg::RestoreFailed {
                 node,
                 restore_id,
                 message,
             } => {
-                self.restore_node_failed(&node, Some(&restore_id), &message)
-                    .await;
+                let input = Input::RestoreNodeFailed {
+                    node,
+                    restore_id: Some(restore_id),
+                    why: message,
+                };
+                self.drive(input).await;
             }
-            Msg::RestoreTimedOut { epoch } => self.restore_timed_out(epoch).await,
+            Msg::RestoreTimedOut { epoch } => {
+                self.drive(Input::RestoreTimedOut { epoch }).await;
+            }
             Msg::SetPolicy { change, reply } => {
                 let result = self.set_policy(change).await;
                 let _ = reply.send(result);

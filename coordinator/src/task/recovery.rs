@@ -2,13 +2,10 @@
 //! that verifies, once every member is connected) and, at a term's start, the restores a
 //! previous coordinator left.
 
-use std::collections::BTreeSet;
-
-use cairn_core::NodeId;
-use cairn_core::restore::RestoreProgress;
+use cairn_core::coordinator::Input;
 
 use super::State;
-use super::restore::{AUTO_RESTORE_CANDIDATES, ActiveRestore, RECOVERY_BACKOFF, Requester};
+use super::restore::{AUTO_RESTORE_CANDIDATES, RECOVERY_BACKOFF, Requester};
 use crate::error::Error;
 use crate::store::{RestoreRecord, RestoreStatus, SnapshotRecord, SnapshotStatus};
 use cairn_proto::stored::convert::now_ms;
@@ -20,7 +17,7 @@ impl State {
         let Some(reason) = self.pending_recovery.clone() else {
             return;
         };
-        if self.restore.is_some()
+        if self.engine.active_restore().is_some()
             || self.verifying.is_some()
             || self.roster.nodes().any(|n| !self.members.contains_key(n))
             || tokio::time::Instant::now() < self.recovery_not_before
@@ -102,14 +99,10 @@ impl State {
         }
         // The cluster is in the epoch of its newest restore (the counter may be ahead of it
         // if a coordinator died between allocating an epoch and storing its restore).
-        self.epoch = newest.as_ref().map_or(0, |r| r.epoch);
+        let epoch = newest.as_ref().map_or(0, |r| r.epoch);
+        let (mut active, mut unfinished) = (None, None);
         match newest {
             Some(record) if record.status == RestoreStatus::InProgress => {
-                let nodes: BTreeSet<NodeId> = record.nodes.iter().map(NodeId::new).collect();
-                let mut progress = RestoreProgress::new(nodes);
-                for node in &record.applied {
-                    progress.node_applied(&NodeId::new(node.clone()));
-                }
                 tracing::warn!(
                     restore = %record.id,
                     snapshot = record.snapshot_id,
@@ -117,12 +110,7 @@ impl State {
                     "resuming the restore a previous coordinator left in progress: nodes \
                      that have not applied it get it again when they register"
                 );
-                self.restore_deadline(record.epoch);
-                self.restore = Some(ActiveRestore {
-                    record,
-                    progress,
-                    store_failures: 0,
-                });
+                active = Some(record);
             }
             Some(record) if record.status == RestoreStatus::Failed => {
                 tracing::warn!(
@@ -134,11 +122,17 @@ impl State {
                     // The recovery a previous coordinator had pending goes on here.
                     self.pending_recovery = Some(format!("{} failed", record.id));
                 }
-                self.unfinished_restore = Some(record);
+                unfinished = Some(record);
             }
             _ => {}
         }
-        tracing::info!(epoch = self.epoch, "epoch loaded");
+        let loaded = Input::RestoresLoaded {
+            epoch,
+            active,
+            unfinished,
+        };
+        self.drive(loaded).await;
+        tracing::info!(epoch, "epoch loaded");
         Ok(())
     }
 }

@@ -1,13 +1,13 @@
-//! Restores, as the coordinator's task runs them: checks, the epoch fence, the command to
-//! every node, their acknowledgements, the deadline and the record in the metadata store
-//! (automatic recovery and a term's resumption are `recovery.rs`'s).
+//! Restores, as the coordinator's task starts them: the checks (the snapshot completed,
+//! every node of it connected, none joined since), the verification of every chunk off
+//! this task, the epoch allocated; then the engine's restore role fails the snapshots in
+//! flight, stores the record, tells the nodes and follows their acknowledgements and the
+//! deadline. Automatic recovery and a term's resumption are `recovery.rs`'s.
 
 use std::collections::BTreeSet;
 
-use cairn_core::control::{NodeCommand, NodeRestore};
-use cairn_core::coordinator::Input;
-use cairn_core::restore::{RestoreProgress, RestoreState};
-use cairn_core::{FailureReason, NodeId, SnapshotId};
+use cairn_core::coordinator::{Answer, Input, Refusal};
+use cairn_core::{NodeId, SnapshotId};
 
 use tokio::sync::oneshot;
 
@@ -51,31 +51,18 @@ impl Verification {
     }
 }
 
-/// The restore under way.
-pub(crate) struct ActiveRestore {
-    pub record: RestoreRecord,
-    pub progress: RestoreProgress,
-    /// Stores of its record that failed in a row (logged at the first and every 40th).
-    pub store_failures: u64,
-}
-
-/// The epoch a restore id names (`restore-<epoch>`).
-pub(crate) fn restore_epoch(id: &str) -> Option<u64> {
-    id.strip_prefix("restore-")?.parse().ok()
-}
-
 impl State {
     /// Why snapshots may not start now, if they may not: a restore under way, or one that
     /// failed and left the nodes possibly in different states.
     pub(super) fn fence(&self) -> Option<String> {
-        if let Some(active) = &self.restore {
+        if let Some(active) = self.engine.active_restore() {
             return Some(format!(
                 "{} (of snapshot {}) is in progress; snapshots can start once every node \
                  has applied it",
-                active.record.id, active.record.snapshot_id
+                active.id, active.snapshot_id
             ));
         }
-        if let Some(r) = &self.unfinished_restore {
+        if let Some(r) = self.engine.unfinished_restore() {
             return Some(format!(
                 "{} (of snapshot {}) did not finish ({}): the nodes may hold different \
                  states, so no snapshot starts until a restore is applied by every node \
@@ -85,17 +72,17 @@ impl State {
                 r.failure.as_deref().unwrap_or("failed")
             ));
         }
+        let epoch = self.engine.epoch();
         let behind: Vec<String> = self
             .members
             .iter()
-            .filter(|(_, m)| m.epoch != self.epoch)
+            .filter(|(_, m)| m.epoch != epoch)
             .map(|(n, m)| format!("{n} (epoch {})", m.epoch))
             .collect();
         (!behind.is_empty()).then(|| {
             format!(
-                "nodes missed a restore and are not in the cluster's epoch {}: {}; no \
+                "nodes missed a restore and are not in the cluster's epoch {epoch}: {}; no \
                  snapshot starts until a restore is applied by every node",
-                self.epoch,
                 behind.join(", ")
             )
         })
@@ -217,10 +204,10 @@ impl State {
         &self,
         snapshot_id: SnapshotId,
     ) -> Result<(SnapshotRecord, BTreeSet<NodeId>), Error> {
-        if let Some(active) = &self.restore {
+        if let Some(active) = self.engine.active_restore() {
             return Err(Error::RestoreInProgress {
-                restore: active.record.id.clone(),
-                snapshot: SnapshotId(active.record.snapshot_id),
+                restore: active.id.clone(),
+                snapshot: SnapshotId(active.snapshot_id),
             });
         }
         if let Some(verifying) = &self.verifying {
@@ -284,8 +271,6 @@ impl State {
         // The counter only allocates: the cluster's epoch is that of the newest restore
         // record, so an epoch is entered only once its record is stored.
         let epoch = self.meta.allocate_epoch().await?;
-        let reason = FailureReason::Restore;
-        self.drive(Input::FailAll { reason }).await;
         let record = RestoreRecord {
             id: format!("restore-{epoch}"),
             snapshot_id: snapshot_id.0,
@@ -299,192 +284,72 @@ impl State {
             finished_at_ms: 0,
             skipped,
         };
-        // Stored before anyone is told. A lost answer was read back by the store; if its
-        // term ended first, the outcome is unknown — never reported as a failure, for the
-        // next leader may find the record and resume it.
-        if let Err(e) = self.put_restore(&record).await {
-            return Err(match e {
-                Error::Store(e) if e.outcome_unknown => Error::OutcomeUnknown {
-                    what: format!("{} of snapshot {snapshot_id}", record.id),
-                    see: format!("GetRestore {}", record.id),
+        // The engine fails the snapshots in flight, stores the record and only then tells
+        // the nodes. A lost answer was read back by the store; if its term ended first, the
+        // outcome is unknown — never reported as a failure, for the next leader may find
+        // the record and resume it.
+        let (id, token) = (record.id.clone(), self.token());
+        let answers = self
+            .drive(Input::RestoreStart {
+                token,
+                record,
+                nodes,
+            })
+            .await;
+        let result = answers.into_iter().find_map(|(told, answer)| match answer {
+            Answer::RestoreStarted(result) if told == token => Some(result),
+            _ => None,
+        });
+        match result {
+            Some(Ok(record)) => {
+                tracing::warn!(
+                    restore = %record.id,
+                    snapshot = snapshot_id.0,
+                    epoch,
+                    by = %record.requested_by,
+                    "restore started: the cluster is fenced with a new epoch"
+                );
+                Ok(*record)
+            }
+            Some(Err(Refusal::Store(Error::Store(e)))) if e.outcome_unknown => {
+                Err(Error::OutcomeUnknown {
+                    what: format!("{id} of snapshot {snapshot_id}"),
+                    see: format!("GetRestore {id}"),
                     cause: e.message,
-                },
-                e => e,
-            });
-        }
-        self.epoch = epoch;
-        let command = NodeRestore {
-            restore_id: record.id.clone(),
-            snapshot: snapshot_id,
-            epoch,
-        };
-        for node in &nodes {
-            if let Some(member) = self.members.get(node) {
-                self.command(&member.tx, NodeCommand::Restore(command.clone()));
+                })
             }
-        }
-        self.restore_deadline(epoch);
-        tracing::warn!(
-            restore = %record.id,
-            snapshot = snapshot_id.0,
-            epoch,
-            by = %record.requested_by,
-            "restore started: the cluster is fenced with a new epoch"
-        );
-        self.restore = Some(ActiveRestore {
-            record: record.clone(),
-            progress: RestoreProgress::new(nodes),
-            store_failures: 0,
-        });
-        Ok(record)
-    }
-
-    /// The restore of `epoch` fails unless it ends within the restore timeout from now.
-    pub(super) fn restore_deadline(&self, epoch: u64) {
-        let tx = self.self_tx.clone();
-        let timeout = self.settings.restore_timeout;
-        tokio::spawn(async move {
-            tokio::time::sleep(timeout).await;
-            let _ = tx.send(Msg::RestoreTimedOut { epoch }).await;
-        });
-    }
-
-    /// A node's application applied its restored state.
-    pub(super) async fn restore_applied(&mut self, node: &NodeId, restore_id: &str) {
-        let Some(active) = self.restore.as_mut().filter(|a| a.record.id == restore_id) else {
-            // The restore that made the current epoch ended DONE meanwhile (this node
-            // applied it again after a restart): the node is in the cluster's epoch.
-            if restore_epoch(restore_id) == Some(self.epoch)
-                && self.unfinished_restore.is_none()
-                && let Some(member) = self.members.get_mut(node)
-            {
-                member.epoch = self.epoch;
-            }
-            return;
-        };
-        if let Some(member) = self.members.get_mut(node) {
-            member.epoch = active.record.epoch;
-        }
-        active.progress.node_applied(node);
-        active.record.applied = active
-            .progress
-            .applied()
-            .iter()
-            .map(ToString::to_string)
-            .collect();
-        tracing::info!(restore = %restore_id, %node, "node applied the restored state");
-        self.restore_moved().await;
-    }
-
-    /// A node could not restore, or was lost.
-    pub(super) async fn restore_node_failed(
-        &mut self,
-        node: &NodeId,
-        restore_id: Option<&str>,
-        why: &str,
-    ) {
-        let Some(active) = self
-            .restore
-            .as_mut()
-            .filter(|a| restore_id.is_none_or(|id| a.record.id == id))
-        else {
-            return;
-        };
-        if active.progress.node_failed(node, why) {
-            self.restore_moved().await;
+            Some(Err(refusal)) => Err(self.refused(refusal)),
+            None => Err(super::snapshots::unanswered("RestoreSnapshot")),
         }
     }
 
-    /// The restore's deadline passed.
-    pub(super) async fn restore_timed_out(&mut self, epoch: u64) {
-        let Some(active) = self.restore.as_mut().filter(|a| a.record.epoch == epoch) else {
-            return;
-        };
-        if active.progress.timed_out() {
-            self.restore_moved().await;
-        }
-    }
-
-    /// Stores the restore's progress; if it ended, records how and lets snapshots start.
-    pub(super) async fn restore_moved(&mut self) {
-        let Some(active) = self.restore.as_mut() else {
-            return;
-        };
-        // An end already taken (its store failed and this is the retry) is kept as it was.
-        let state = match active.record.status {
-            RestoreStatus::InProgress => active.progress.state().clone(),
-            _ => RestoreState::InProgress,
-        };
-        match state {
-            RestoreState::InProgress => {}
-            RestoreState::Done => {
-                active.record.status = RestoreStatus::Done;
-                active.record.finished_at_ms = now_ms();
-                tracing::info!(
-                    restore = %active.record.id,
-                    snapshot = active.record.snapshot_id,
-                    ms = active.record.finished_at_ms.saturating_sub(active.record.started_at_ms),
-                    "restore done: every node runs on the restored state"
-                );
-            }
-            RestoreState::Failed(why) => {
-                active.record.status = RestoreStatus::Failed;
-                active.record.finished_at_ms = now_ms();
-                tracing::error!(
-                    restore = %active.record.id,
-                    snapshot = active.record.snapshot_id,
-                    "restore failed: {why}; restore a snapshot again to bring every node to one state"
-                );
-                active.record.failure = Some(why);
-            }
-        }
-        let record = active.record.clone();
-        if let Err(e) = self.put_restore(&record).await {
-            // Stored before told: until the store takes it, the restore stays the active
-            // one (snapshots stay refused) and its end is stored again every tick (logged at
-            // the first failure and every 40th: a full disk must not fill with this log).
-            if let Some(active) = self.restore.as_mut() {
-                active.store_failures = active.store_failures.saturating_add(1);
-                if active.store_failures % 40 == 1 {
-                    tracing::error!(
-                        restore = %record.id,
-                        failures = active.store_failures,
-                        "cannot store the restore record ({e}); tried again every tick"
-                    );
-                }
-            }
-            return;
-        }
-        if let Some(active) = self.restore.as_mut() {
-            active.store_failures = 0;
-        }
+    /// A restore's end is stored: automatic recovery follows a failed one, and may start
+    /// now.
+    pub(super) async fn restore_ended(&mut self, record: &RestoreRecord) {
         match record.status {
-            RestoreStatus::Done => self.unfinished_restore = None,
+            RestoreStatus::Done => tracing::info!(
+                restore = %record.id,
+                snapshot = record.snapshot_id,
+                ms = record.finished_at_ms.saturating_sub(record.started_at_ms),
+                "restore done: every node runs on the restored state"
+            ),
             RestoreStatus::Failed => {
+                tracing::error!(
+                    restore = %record.id,
+                    snapshot = record.snapshot_id,
+                    "restore failed: {}; restore a snapshot again to bring every node to one \
+                     state",
+                    record.failure.as_deref().unwrap_or("failed")
+                );
                 if self.settings.auto_restore {
                     self.pending_recovery = Some(format!("{} failed", record.id));
                     // Not at once: a failure that repeats must not spin restores.
                     self.recovery_not_before = tokio::time::Instant::now() + RECOVERY_BACKOFF;
                 }
-                self.unfinished_restore = Some(record.clone());
             }
             RestoreStatus::InProgress => return,
         }
-        self.restore = None;
         self.maybe_auto_restore().await;
-    }
-
-    /// A restore that ended but whose end the store did not take yet: stored again (each
-    /// tick).
-    pub(super) async fn retry_restore_end(&mut self) {
-        if self
-            .restore
-            .as_ref()
-            .is_some_and(|a| a.record.status != RestoreStatus::InProgress)
-            && self.leadership.valid()
-        {
-            self.restore_moved().await;
-        }
     }
 
     pub(super) async fn put_restore(&self, record: &RestoreRecord) -> Result<(), Error> {

@@ -12,22 +12,12 @@ use tokio::sync::oneshot;
 use super::{Msg, State};
 use crate::error::Error;
 use crate::leader::election::Leadership;
-use crate::store::{Metadata, RestoreRecord, SnapshotStatus};
+use crate::store::{Metadata, SnapshotStatus};
 
 /// How long garbage collection waits for uploads in progress before it skips a round.
 const GC_WAIT: Duration = Duration::from_secs(2);
 
 impl State {
-    /// The restore that keeps snapshot `id` from being deleted, if any.
-    pub(super) fn restore_holding(&self, id: SnapshotId) -> Option<&RestoreRecord> {
-        self.restore
-            .as_ref()
-            .map(|a| &a.record)
-            .into_iter()
-            .chain(self.unfinished_restore.as_ref())
-            .find(|r| r.snapshot_id == id.0)
-    }
-
     /// Deletes snapshot `id` (see `Coordinator/DeleteSnapshot`); `reply` is answered with
     /// the bytes the garbage collection that follows freed, once it ran off this task.
     pub(super) async fn delete(&mut self, id: SnapshotId, reply: DeleteReply) {
@@ -48,7 +38,7 @@ impl State {
         if self.get_record(id).await?.is_none() {
             return Err(Error::SnapshotNotFound(id));
         }
-        if let Some(restore) = self.restore_holding(id) {
+        if let Some(restore) = self.engine.restore_holding(id) {
             return Err(Error::HeldByRestore {
                 id,
                 restore: restore.id.clone(),
@@ -76,7 +66,7 @@ impl State {
         completed.sort_unstable();
         let excess = completed.len().saturating_sub(self.settings.retention);
         for id in completed.into_iter().take(excess) {
-            if let Some(restore) = self.restore_holding(id) {
+            if let Some(restore) = self.engine.restore_holding(id) {
                 tracing::info!(snapshot = id.0, restore = %restore.id, "retention: kept while a restore refers to it");
                 continue;
             }

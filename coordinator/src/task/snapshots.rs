@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use cairn_core::control::NodeReport;
-use cairn_core::coordinator::{Answer, Input};
+use cairn_core::coordinator::{Answer, Input, StartInput};
 use cairn_core::{NodeId, SnapshotId, StartRequest};
 use tokio::time::Instant;
 
@@ -38,15 +38,15 @@ impl State {
             return Err(Error::NoMembers);
         }
         let token = self.token();
-        let input = Input::Start {
-            token,
+        let start = StartInput {
             request,
             topology,
             timeout,
             labels,
-            epoch: self.epoch,
+            epoch: self.engine.epoch(),
             term: self.leadership.term(),
         };
+        let input = Input::Start { token, start };
         for (told, answer) in self.drive(input).await {
             if let (true, Answer::Started(result)) = (told == token, answer) {
                 return result.map_err(|refusal| self.refused(refusal));
@@ -101,7 +101,7 @@ impl State {
 }
 
 /// A request the engine did not answer: a bug, said as one rather than a hang.
-fn unanswered(rpc: &'static str) -> Error {
+pub(super) fn unanswered(rpc: &'static str) -> Error {
     tracing::error!("the coordinator's engine did not answer a {rpc} (a bug)");
     Error::Unanswered(rpc)
 }

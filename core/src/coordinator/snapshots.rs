@@ -5,14 +5,17 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use super::{Action, Actions, Answer, Input, Persist, Refusal, Token};
+use super::{
+    Action, Actions, Answer, Persist, Record, Refusal, SnapshotWrite, StartInput, Timer, Token,
+};
+use crate::FailureReason;
 use crate::control::{NodeCommand, NodeReport};
 use crate::record::{
     EventKind, EventRecord, SnapshotRecord, SnapshotStatus, VerdictRecord, event_detail,
 };
-use crate::tracker::{self, Progress, SnapshotTracker, StartRequest, Update};
+use crate::tracker::{self, Progress, SnapshotTracker, Update};
 use crate::types::{NodeId, SnapshotId};
-use crate::{FailureReason, Topology};
+use crate::verifier::NodePart;
 
 /// What a stored part weighs, for the snapshot's record and its event.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -30,15 +33,7 @@ pub struct PartSizes {
 /// A start under way.
 enum Starting {
     /// Waiting for its id.
-    Id {
-        token: Token,
-        request: StartRequest,
-        topology: Topology,
-        timeout: Duration,
-        labels: BTreeMap<String, String>,
-        epoch: u64,
-        term: u64,
-    },
+    Id { token: Token, start: StartInput },
     /// Planned, waiting for its record to be stored.
     Record {
         token: Token,
@@ -122,143 +117,151 @@ impl Snapshots {
         Some(record)
     }
 
-    pub(super) fn handle<E: std::fmt::Display>(
+    /// A start: every check before an id is spent, then the id is taken.
+    pub(super) fn start<E>(&mut self, out: &mut Actions<E>, token: Token, start: StartInput) {
+        if let Err(e) = self.tracker.check(&start.request, &start.topology) {
+            return out.push(reply_started(token, Err(Refusal::Start(e))));
+        }
+        self.starting = Some(Starting::Id { token, start });
+        out.push(Action::TakeId);
+    }
+
+    /// The store answered for a snapshot's record.
+    pub(super) fn stored<E: std::fmt::Display>(
+        &mut self,
+        out: &mut Actions<E>,
+        what: SnapshotWrite,
+        result: Result<(), E>,
+    ) {
+        match what {
+            SnapshotWrite::Started(id) => self.start_stored(out, id, result),
+            SnapshotWrite::End(id) => self.end_stored(out, id, result),
+        }
+    }
+
+    /// A node reported on snapshot `id`.
+    pub(super) fn report<E>(
         &mut self,
         out: &mut Actions<E>,
         now: u64,
-        input: Input<E>,
+        node: &NodeId,
+        id: SnapshotId,
+        report: NodeReport,
     ) {
-        match input {
-            Input::Start {
-                token,
-                request,
-                topology,
-                timeout,
-                labels,
-                epoch,
-                term,
-            } => {
-                // Every check before an id is spent.
-                if let Err(e) = self.tracker.check(&request, &topology) {
-                    return out.push(reply_started(token, Err(Refusal::Start(e))));
-                }
-                self.starting = Some(Starting::Id {
-                    token,
-                    request,
-                    topology,
-                    timeout,
-                    labels,
-                    epoch,
-                    term,
-                });
-                out.push(Action::TakeId);
-            }
-            Input::IdTaken { result } => self.id_taken(out, now, result),
-            Input::Persisted { what, result } => match what {
-                Persist::Started(id) => self.start_stored(out, id, result),
-                Persist::End(id) => self.end_stored(out, id, result),
-            },
-            Input::Report { node, id, report } => match report {
-                NodeReport::StateRecorded => {
-                    let update = self.tracker.state_recorded(id, &node);
-                    if !matches!(update, Update::Ignored) {
-                        self.step(out, id, &node, now, EventKind::StateRecorded, String::new());
-                    }
-                    self.settle(out, now, id, update);
-                }
-                NodeReport::Failed(reason) => {
-                    let detail = event_detail(&reason.to_string());
-                    let update = self.tracker.fail(id, reason);
-                    // Only a failure that counted (the first of a participant ends it).
-                    if !matches!(update, Update::Ignored) {
-                        self.step(out, id, &node, now, EventKind::NodeFailed, detail);
-                    }
-                    self.settle(out, now, id, update);
-                }
-            },
-            Input::PartStored {
-                part,
-                sizes,
-                epoch,
-                applied_restore_id,
-            } => {
-                let id = part.report.id;
-                if let Some(expected) = self.inflight.get(&id).map(|r| r.epoch)
-                    && epoch != expected
-                {
-                    let applied = if applied_restore_id.is_empty() {
-                        "no restore".to_owned()
-                    } else {
-                        applied_restore_id
-                    };
-                    let node = &part.report.node;
-                    let reason = FailureReason::MixedEpochs {
-                        nodes: vec![node.clone()],
-                        detail: format!(
-                            "snapshot {id} started in epoch {expected}, node {node} recorded \
-                             its part in epoch {epoch} (after {applied})"
-                        ),
-                    };
-                    let update = self.tracker.fail(id, reason);
-                    return self.settle(out, now, id, update);
-                }
-                let reporter = part.report.node.clone();
-                let update = self.tracker.part_reported(part);
+        match report {
+            NodeReport::StateRecorded => {
+                let update = self.tracker.state_recorded(id, node);
                 if !matches!(update, Update::Ignored) {
-                    self.part_stored(out, now, id, &reporter, &sizes);
+                    self.step(out, id, node, now, EventKind::StateRecorded, String::new());
                 }
                 self.settle(out, now, id, update);
             }
-            Input::StorageFailed { id, node, why } => {
-                let nodes = vec![node];
-                let update = self.tracker.fail(id, FailureReason::Storage { nodes, why });
+            NodeReport::Failed(reason) => {
+                let detail = event_detail(&reason.to_string());
+                let update = self.tracker.fail(id, reason);
+                // Only a failure that counted (the first of a participant ends it).
+                if !matches!(update, Update::Ignored) {
+                    self.step(out, id, node, now, EventKind::NodeFailed, detail);
+                }
                 self.settle(out, now, id, update);
             }
-            Input::TimedOut { id } => {
-                let update = self.tracker.timed_out(id);
-                self.settle(out, now, id, update);
-            }
-            Input::Abort { token, id, reason } => self.abort(out, now, token, id, reason),
-            Input::FailAll { reason } => {
-                let ids: Vec<SnapshotId> = self.inflight.keys().copied().collect();
-                for id in ids {
-                    let update = self.tracker.fail(id, reason.clone());
-                    self.settle(out, now, id, update);
-                }
-            }
-            Input::NodeLost { node } => {
-                for (id, update) in self.tracker.node_lost(&node) {
-                    self.settle(out, now, id, update);
-                }
-            }
-            Input::IdSeen { highest } => self.id_floor = self.id_floor.max(highest),
-            Input::Tick => {
-                let ids: Vec<SnapshotId> = self.unstored.keys().copied().collect();
-                for id in ids {
-                    self.store_end(out, id);
-                }
-            }
+        }
+    }
+
+    /// A node's part is stored: it counts unless it was recorded in another epoch than
+    /// the snapshot's.
+    pub(super) fn part_stored<E>(
+        &mut self,
+        out: &mut Actions<E>,
+        now: u64,
+        part: NodePart,
+        sizes: &PartSizes,
+        epoch: u64,
+        applied_restore_id: String,
+    ) {
+        let id = part.report.id;
+        if let Some(expected) = self.inflight.get(&id).map(|r| r.epoch)
+            && epoch != expected
+        {
+            let applied = if applied_restore_id.is_empty() {
+                "no restore".to_owned()
+            } else {
+                applied_restore_id
+            };
+            let node = &part.report.node;
+            let reason = FailureReason::MixedEpochs {
+                nodes: vec![node.clone()],
+                detail: format!(
+                    "snapshot {id} started in epoch {expected}, node {node} recorded its part \
+                     in epoch {epoch} (after {applied})"
+                ),
+            };
+            let update = self.tracker.fail(id, reason);
+            return self.settle(out, now, id, update);
+        }
+        let reporter = part.report.node.clone();
+        let update = self.tracker.part_reported(part);
+        if !matches!(update, Update::Ignored) {
+            self.count_part(out, now, id, &reporter, sizes);
+        }
+        self.settle(out, now, id, update);
+    }
+
+    /// Snapshot `id` fails for `reason` (if it is in flight).
+    pub(super) fn fail<E>(
+        &mut self,
+        out: &mut Actions<E>,
+        now: u64,
+        id: SnapshotId,
+        reason: FailureReason,
+    ) {
+        let update = self.tracker.fail(id, reason);
+        self.settle(out, now, id, update);
+    }
+
+    /// Snapshot `id`'s timer went off.
+    pub(super) fn timed_out<E>(&mut self, out: &mut Actions<E>, now: u64, id: SnapshotId) {
+        let update = self.tracker.timed_out(id);
+        self.settle(out, now, id, update);
+    }
+
+    /// Every snapshot in flight fails for `reason`.
+    pub(super) fn fail_all<E>(&mut self, out: &mut Actions<E>, now: u64, reason: &FailureReason) {
+        let ids: Vec<SnapshotId> = self.inflight.keys().copied().collect();
+        for id in ids {
+            self.fail(out, now, id, reason.clone());
+        }
+    }
+
+    /// `node` was lost: the snapshots it takes part in fail.
+    pub(super) fn node_lost<E>(&mut self, out: &mut Actions<E>, now: u64, node: &NodeId) {
+        for (id, update) in self.tracker.node_lost(node) {
+            self.settle(out, now, id, update);
+        }
+    }
+
+    /// A daemon saw ids up to `highest`.
+    pub(super) fn id_seen(&mut self, highest: u64) {
+        self.id_floor = self.id_floor.max(highest);
+    }
+
+    /// The tick: every end the store refused is stored again.
+    pub(super) fn tick<E>(&mut self, out: &mut Actions<E>) {
+        let ids: Vec<SnapshotId> = self.unstored.keys().copied().collect();
+        for id in ids {
+            self.store_end(out, id);
         }
     }
 
     /// The id counter answered: an id above every id a daemon saw is planned and its
     /// record stored.
-    fn id_taken<E: std::fmt::Display>(
+    pub(super) fn id_taken<E: std::fmt::Display>(
         &mut self,
         out: &mut Actions<E>,
         now: u64,
         result: Result<SnapshotId, E>,
     ) {
-        let Some(Starting::Id {
-            token,
-            request,
-            topology,
-            timeout,
-            labels,
-            epoch,
-            term,
-        }) = self.starting.take()
-        else {
+        let Some(Starting::Id { token, start }) = self.starting.take() else {
             return;
         };
         let id = match result {
@@ -269,21 +272,21 @@ impl Snapshots {
                 // above them, the counter stored there first. Its answer comes back as
                 // `IdTaken(Ok(above))`, above the floor.
                 let above = SnapshotId(self.id_floor.saturating_add(1));
-                self.starting = Some(Starting::Id {
-                    token,
-                    request,
-                    topology,
-                    timeout,
-                    labels,
-                    epoch,
-                    term,
-                });
+                self.starting = Some(Starting::Id { token, start });
                 return out.push(Action::SetIdCounter {
                     id: above,
                     floor: self.id_floor,
                 });
             }
         };
+        let StartInput {
+            request,
+            topology,
+            timeout,
+            labels,
+            epoch,
+            term,
+        } = start;
         let mut plan = match self.tracker.start(id, request, &topology) {
             Ok(plan) => plan,
             Err(e) => return out.push(reply_started(token, Err(Refusal::Start(e)))),
@@ -319,8 +322,8 @@ impl Snapshots {
             events: vec![EventRecord::new(now, EventKind::Started)],
         };
         out.push(Action::Persist {
-            what: Persist::Started(id),
-            record: record.clone(),
+            what: Persist::Snapshot(SnapshotWrite::Started(id)),
+            record: Record::Snapshot(Box::new(record.clone())),
             attempt: 1,
         });
         self.starting = Some(Starting::Record {
@@ -370,12 +373,15 @@ impl Snapshots {
                 command: NodeCommand::Initiate(plan.clone()),
             });
         }
-        out.push(Action::SetTimer { id, after: timeout });
+        out.push(Action::SetTimer {
+            timer: Timer::Snapshot(id),
+            after: timeout,
+        });
         out.push(Action::Started { plan });
         out.push(reply_started(token, Ok(id)));
     }
 
-    fn abort<E: std::fmt::Display>(
+    pub(super) fn abort<E>(
         &mut self,
         out: &mut Actions<E>,
         now: u64,
@@ -469,8 +475,8 @@ impl Snapshots {
         if let Some(unstored) = self.unstored.get_mut(&id) {
             unstored.tries = unstored.tries.saturating_add(1);
             out.push(Action::Persist {
-                what: Persist::End(id),
-                record: unstored.record.clone(),
+                what: Persist::Snapshot(SnapshotWrite::End(id)),
+                record: Record::Snapshot(Box::new(unstored.record.clone())),
                 attempt: unstored.tries,
             });
         }
@@ -500,7 +506,9 @@ impl Snapshots {
         if let Some(token) = self.aborting.remove(&id) {
             out.push(reply_aborted(token, Ok(Box::new(record.clone()))));
         }
-        out.push(Action::Ended { record });
+        out.push(Action::Ended {
+            record: Box::new(record),
+        });
     }
 
     /// Adds a node's step to the timeline of snapshot `id`, if it is in flight: once per
@@ -538,7 +546,7 @@ impl Snapshots {
     /// Node `node`'s part of snapshot `id` is stored (the tracker took it): its sizes count
     /// in the record and its event says them. A part stored again (a daemon that uploaded
     /// twice) replaces the first: its sizes and event, as the tracker replaces the part.
-    fn part_stored<E>(
+    fn count_part<E>(
         &mut self,
         out: &mut Actions<E>,
         now: u64,

@@ -4,7 +4,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use super::*;
-use crate::record::{EventKind, SnapshotStatus};
+use crate::record::{EventKind, RestoreRecord, RestoreStatus, SnapshotStatus};
 use crate::report::{IncomingCut, LocalReport, OutgoingCut};
 use crate::types::{ChannelId, SnapshotMode};
 
@@ -14,8 +14,10 @@ type E = String;
 const T0: u64 = 1_000;
 const TIMEOUT: Duration = Duration::from_secs(30);
 
+const RESTORE_TIMEOUT: Duration = Duration::from_secs(60);
+
 fn engine() -> CoordinatorEngine<E> {
-    CoordinatorEngine::new(4)
+    CoordinatorEngine::new(4, RESTORE_TIMEOUT)
 }
 
 fn mesh() -> Topology {
@@ -25,16 +27,18 @@ fn mesh() -> Topology {
 fn start_input(token: Token) -> Input<E> {
     Input::Start {
         token,
-        request: StartRequest {
-            mode: SnapshotMode::ChandyLamport,
-            initiators: BTreeSet::from([NodeId::new("a")]),
-            alignment_timeout: None,
+        start: StartInput {
+            request: StartRequest {
+                mode: SnapshotMode::ChandyLamport,
+                initiators: BTreeSet::from([NodeId::new("a")]),
+                alignment_timeout: None,
+            },
+            topology: mesh(),
+            timeout: TIMEOUT,
+            labels: BTreeMap::from([("why".to_owned(), "test".to_owned())]),
+            epoch: 3,
+            term: 7,
         },
-        topology: mesh(),
-        timeout: TIMEOUT,
-        labels: BTreeMap::from([("why".to_owned(), "test".to_owned())]),
-        epoch: 3,
-        term: 7,
     }
 }
 
@@ -86,11 +90,11 @@ fn started(engine: &mut CoordinatorEngine<E>, id: u64) -> SnapshotRecord {
     let record = match engine.drain_actions().as_slice() {
         [
             Action::Persist {
-                what: Persist::Started(got),
-                record,
+                what: Persist::Snapshot(SnapshotWrite::Started(got)),
+                record: Record::Snapshot(record),
                 attempt: 1,
             },
-        ] if *got == SnapshotId(id) => record.clone(),
+        ] if *got == SnapshotId(id) => (**record).clone(),
         other => panic!("expected the start's record to be stored first, got {other:?}"),
     };
     assert_eq!(record.status, SnapshotStatus::InProgress);
@@ -105,7 +109,7 @@ fn started(engine: &mut CoordinatorEngine<E>, id: u64) -> SnapshotRecord {
     engine.handle(
         T0,
         Input::Persisted {
-            what: Persist::Started(SnapshotId(id)),
+            what: Persist::Snapshot(SnapshotWrite::Started(SnapshotId(id))),
             result: Ok(()),
         },
     );
@@ -125,7 +129,7 @@ fn started(engine: &mut CoordinatorEngine<E>, id: u64) -> SnapshotRecord {
         actions[1..],
         [
             Action::SetTimer {
-                id: SnapshotId(id),
+                timer: Timer::Snapshot(SnapshotId(id)),
                 after: TIMEOUT,
             },
             Action::Started { plan },
@@ -144,11 +148,11 @@ fn end_to_store(actions: Vec<Action<E>>, id: u64, attempt: u64) -> SnapshotRecor
     match actions.as_slice() {
         [
             Action::Persist {
-                what: Persist::End(got),
-                record,
+                what: Persist::Snapshot(SnapshotWrite::End(got)),
+                record: Record::Snapshot(record),
                 attempt: n,
             },
-        ] if *got == SnapshotId(id) && *n == attempt => record.clone(),
+        ] if *got == SnapshotId(id) && *n == attempt => (**record).clone(),
         other => panic!("expected the end stored (attempt {attempt}), got {other:?}"),
     }
 }
@@ -197,7 +201,7 @@ fn a_snapshot_completes_stored_before_told() {
     engine.handle(
         T0 + 3,
         Input::Persisted {
-            what: Persist::End(SnapshotId(1)),
+            what: Persist::Snapshot(SnapshotWrite::End(SnapshotId(1))),
             result: Err("etcd: no leader".into()),
         },
     );
@@ -208,12 +212,17 @@ fn a_snapshot_completes_stored_before_told() {
     engine.handle(
         T0 + 251,
         Input::Persisted {
-            what: Persist::End(SnapshotId(1)),
+            what: Persist::Snapshot(SnapshotWrite::End(SnapshotId(1))),
             result: Ok(()),
         },
     );
     // A completed snapshot is told to the runtime only (no node drops anything).
-    assert_eq!(engine.drain_actions(), [Action::Ended { record: end }]);
+    assert_eq!(
+        engine.drain_actions(),
+        [Action::Ended {
+            record: Box::new(end)
+        }]
+    );
     assert!(!engine.is_open(SnapshotId(1)));
     engine.handle(T0 + 500, Input::Tick);
     assert_eq!(engine.drain_actions(), []);
@@ -250,7 +259,7 @@ fn ids_stay_above_what_daemons_saw() {
     assert!(matches!(
         engine.drain_actions().as_slice(),
         [Action::Persist {
-            what: Persist::Started(SnapshotId(42)),
+            what: Persist::Snapshot(SnapshotWrite::Started(SnapshotId(42))),
             ..
         }]
     ));
@@ -258,7 +267,7 @@ fn ids_stay_above_what_daemons_saw() {
 
 #[test]
 fn a_start_whose_record_is_not_stored_is_told_to_nobody_and_frees_its_place() {
-    let mut engine = CoordinatorEngine::<E>::new(1);
+    let mut engine = CoordinatorEngine::<E>::new(1, RESTORE_TIMEOUT);
     engine.handle(T0, start_input(1));
     engine.handle(
         T0,
@@ -270,7 +279,7 @@ fn a_start_whose_record_is_not_stored_is_told_to_nobody_and_frees_its_place() {
     engine.handle(
         T0,
         Input::Persisted {
-            what: Persist::Started(SnapshotId(1)),
+            what: Persist::Snapshot(SnapshotWrite::Started(SnapshotId(1))),
             result: Err("answer lost".into()),
         },
     );
@@ -290,8 +299,8 @@ fn a_start_whose_record_is_not_stored_is_told_to_nobody_and_frees_its_place() {
 fn a_refused_start_spends_no_id() {
     let mut engine = engine();
     let mut input = start_input(9);
-    if let Input::Start { request, .. } = &mut input {
-        request.initiators = BTreeSet::from([NodeId::new("z")]);
+    if let Input::Start { start, .. } = &mut input {
+        start.request.initiators = BTreeSet::from([NodeId::new("z")]);
     }
     engine.handle(T0, input);
     assert!(matches!(
@@ -325,7 +334,7 @@ fn an_abort_is_answered_with_the_stored_end_and_dropped_everywhere() {
     engine.handle(
         T0 + 6,
         Input::Persisted {
-            what: Persist::End(SnapshotId(1)),
+            what: Persist::Snapshot(SnapshotWrite::End(SnapshotId(1))),
             result: Ok(()),
         },
     );
@@ -343,7 +352,9 @@ fn an_abort_is_answered_with_the_stored_end_and_dropped_everywhere() {
                 token: 2,
                 answer: Answer::Aborted(Ok(Box::new(end.clone()))),
             },
-            Action::Ended { record: end },
+            Action::Ended {
+                record: Box::new(end)
+            },
         ]
     );
     // A second abort: the runtime asks the store whether it ended or never was.
@@ -378,7 +389,7 @@ fn an_abort_whose_end_is_not_stored_is_not_reported_done() {
     engine.handle(
         T0,
         Input::Persisted {
-            what: Persist::End(SnapshotId(1)),
+            what: Persist::Snapshot(SnapshotWrite::End(SnapshotId(1))),
             result: Err("timed out".into()),
         },
     );
@@ -506,4 +517,283 @@ fn every_snapshot_in_flight_fails_at_once() {
         assert_eq!(end.failure.unwrap().kind, "RESTORE");
     }
     assert_eq!(engine.in_flight(), 0);
+}
+
+fn restore_record(epoch: u64) -> RestoreRecord {
+    RestoreRecord {
+        id: format!("restore-{epoch}"),
+        snapshot_id: 1,
+        epoch,
+        nodes: vec!["a".into(), "b".into()],
+        applied: Vec::new(),
+        status: RestoreStatus::InProgress,
+        failure: None,
+        requested_by: "user".into(),
+        started_at_ms: T0,
+        finished_at_ms: 0,
+        skipped: Vec::new(),
+    }
+}
+
+/// The restore record the engine asks to store, checked to be the only action.
+fn restore_to_store(actions: Vec<Action<E>>, attempt: u64) -> RestoreRecord {
+    match actions.as_slice() {
+        [
+            Action::Persist {
+                what: Persist::Restore(_),
+                record: Record::Restore(record),
+                attempt: n,
+            },
+        ] if *n == attempt => record.clone(),
+        other => panic!("expected the restore stored (attempt {attempt}), got {other:?}"),
+    }
+}
+
+fn restore_stored(engine: &mut CoordinatorEngine<E>, epoch: u64, result: Result<(), E>) {
+    let what = Persist::Restore(epoch);
+    engine.handle(T0, Input::Persisted { what, result });
+}
+
+/// Starts the restore of epoch 5 over a and b, checking that the nodes hear of it only once
+/// its record is stored.
+fn restore_started(engine: &mut CoordinatorEngine<E>) {
+    let nodes = BTreeSet::from([NodeId::new("a"), NodeId::new("b")]);
+    let record = restore_record(5);
+    engine.handle(
+        T0,
+        Input::RestoreStart {
+            token: 8,
+            record: record.clone(),
+            nodes,
+        },
+    );
+    assert_eq!(restore_to_store(engine.drain_actions(), 1), record);
+    assert_eq!(
+        engine.epoch(),
+        0,
+        "the epoch is entered once the record is stored"
+    );
+    restore_stored(engine, 5, Ok(()));
+    let command = NodeCommand::Restore(crate::control::NodeRestore {
+        restore_id: "restore-5".into(),
+        snapshot: SnapshotId(1),
+        epoch: 5,
+    });
+    assert_eq!(
+        engine.drain_actions(),
+        [
+            Action::Send {
+                node: NodeId::new("a"),
+                command: command.clone(),
+            },
+            Action::Send {
+                node: NodeId::new("b"),
+                command,
+            },
+            Action::SetTimer {
+                timer: Timer::Restore(5),
+                after: RESTORE_TIMEOUT,
+            },
+            Action::Reply {
+                token: 8,
+                answer: Answer::RestoreStarted(Ok(Box::new(record))),
+            },
+        ]
+    );
+    assert_eq!(engine.epoch(), 5);
+}
+
+#[test]
+fn a_restore_fails_the_snapshots_in_flight_before_its_record_is_stored() {
+    let mut engine = engine();
+    started(&mut engine, 1);
+    engine.handle(
+        T0,
+        Input::RestoreStart {
+            token: 8,
+            record: restore_record(5),
+            nodes: BTreeSet::from([NodeId::new("a"), NodeId::new("b")]),
+        },
+    );
+    let actions = engine.drain_actions();
+    let end = end_to_store(actions[..1].to_vec(), 1, 1);
+    assert_eq!(end.failure.unwrap().kind, "RESTORE");
+    assert_eq!(
+        restore_to_store(actions[1..].to_vec(), 1),
+        restore_record(5)
+    );
+}
+
+#[test]
+fn a_restore_whose_record_is_not_stored_tells_no_node_and_keeps_the_epoch() {
+    let mut engine = engine();
+    engine.handle(
+        T0,
+        Input::RestoreStart {
+            token: 8,
+            record: restore_record(5),
+            nodes: BTreeSet::from([NodeId::new("a")]),
+        },
+    );
+    engine.drain_actions();
+    restore_stored(&mut engine, 5, Err("no leader".into()));
+    assert_eq!(
+        engine.drain_actions(),
+        [Action::Reply {
+            token: 8,
+            answer: Answer::RestoreStarted(Err(Refusal::Store("no leader".into()))),
+        }]
+    );
+    assert_eq!(engine.epoch(), 0);
+    assert!(engine.active_restore().is_none());
+}
+
+#[test]
+fn a_restore_ends_done_once_every_node_applied_and_the_end_is_stored() {
+    let mut engine = engine();
+    restore_started(&mut engine);
+    let applied = |node: &str| Input::RestoreApplied {
+        node: NodeId::new(node),
+        restore_id: "restore-5".into(),
+    };
+    engine.handle(T0 + 1, applied("a"));
+    let actions = engine.drain_actions();
+    assert_eq!(
+        actions[0],
+        Action::MemberEpoch {
+            node: NodeId::new("a"),
+            epoch: 5
+        }
+    );
+    let progress = restore_to_store(actions[1..].to_vec(), 1);
+    assert_eq!(
+        (progress.applied, progress.status),
+        (vec!["a".to_owned()], RestoreStatus::InProgress)
+    );
+    restore_stored(&mut engine, 5, Ok(()));
+    assert_eq!(engine.drain_actions(), []);
+
+    engine.handle(T0 + 2, applied("b"));
+    let actions = engine.drain_actions();
+    let done = restore_to_store(actions[1..].to_vec(), 1);
+    assert_eq!(
+        (done.status, done.finished_at_ms),
+        (RestoreStatus::Done, T0 + 2)
+    );
+    // Not stored: still the restore under way (snapshots stay fenced), stored again at the
+    // next tick, and told only then.
+    restore_stored(&mut engine, 5, Err("disk full".into()));
+    assert_eq!(engine.drain_actions(), []);
+    assert!(engine.active_restore().is_some());
+    engine.handle(T0 + 250, Input::Tick);
+    assert_eq!(restore_to_store(engine.drain_actions(), 2), done);
+    restore_stored(&mut engine, 5, Ok(()));
+    assert_eq!(
+        engine.drain_actions(),
+        [Action::RestoreEnded { record: done }]
+    );
+    assert!(engine.active_restore().is_none() && engine.unfinished_restore().is_none());
+    // A node that applies it again after a restart is in the epoch.
+    engine.handle(T0 + 300, applied("a"));
+    assert_eq!(
+        engine.drain_actions(),
+        [Action::MemberEpoch {
+            node: NodeId::new("a"),
+            epoch: 5
+        }]
+    );
+}
+
+#[test]
+fn a_failed_restore_keeps_the_cluster_fenced_and_names_the_node() {
+    let mut engine = engine();
+    restore_started(&mut engine);
+    engine.handle(
+        T0 + 1,
+        Input::RestoreNodeFailed {
+            node: NodeId::new("b"),
+            restore_id: None,
+            why: "no space left".into(),
+        },
+    );
+    let failed = restore_to_store(engine.drain_actions(), 1);
+    assert_eq!(failed.status, RestoreStatus::Failed);
+    assert_eq!(failed.failure.as_deref(), Some("node b: no space left"));
+    restore_stored(&mut engine, 5, Ok(()));
+    assert_eq!(
+        engine.drain_actions(),
+        [Action::RestoreEnded {
+            record: failed.clone()
+        }]
+    );
+    assert_eq!(engine.unfinished_restore(), Some(&failed));
+    assert_eq!(engine.restore_holding(SnapshotId(1)), Some(&failed));
+    // Its epoch is not the cluster's to enter: a late application changes nothing.
+    engine.handle(
+        T0 + 2,
+        Input::RestoreApplied {
+            node: NodeId::new("a"),
+            restore_id: "restore-5".into(),
+        },
+    );
+    assert_eq!(engine.drain_actions(), []);
+}
+
+#[test]
+fn a_resumed_restore_gets_a_new_deadline_and_fails_when_it_passes() {
+    let mut engine = engine();
+    let mut record = restore_record(5);
+    record.applied = vec!["a".into()];
+    engine.handle(
+        T0,
+        Input::RestoresLoaded {
+            epoch: 5,
+            active: Some(record),
+            unfinished: None,
+        },
+    );
+    assert_eq!(
+        engine.drain_actions(),
+        [Action::SetTimer {
+            timer: Timer::Restore(5),
+            after: RESTORE_TIMEOUT,
+        }]
+    );
+    // Another restore's deadline changes nothing.
+    engine.handle(T0 + 1, Input::RestoreTimedOut { epoch: 4 });
+    assert_eq!(engine.drain_actions(), []);
+    engine.handle(T0 + 2, Input::RestoreTimedOut { epoch: 5 });
+    let failed = restore_to_store(engine.drain_actions(), 1);
+    assert_eq!(failed.status, RestoreStatus::Failed);
+    assert!(failed.failure.unwrap().contains('b'));
+}
+
+#[test]
+fn a_node_restarted_after_applying_fails_the_restore_one_that_had_not_does_not() {
+    let mut engine = engine();
+    restore_started(&mut engine);
+    engine.handle(
+        T0,
+        Input::RestoreNodeRestarted {
+            node: NodeId::new("b"),
+        },
+    );
+    assert_eq!(engine.drain_actions(), []);
+    engine.handle(
+        T0,
+        Input::RestoreApplied {
+            node: NodeId::new("a"),
+            restore_id: "restore-5".into(),
+        },
+    );
+    engine.drain_actions();
+    restore_stored(&mut engine, 5, Ok(()));
+    engine.handle(
+        T0 + 1,
+        Input::RestoreNodeRestarted {
+            node: NodeId::new("a"),
+        },
+    );
+    let failed = restore_to_store(engine.drain_actions(), 1);
+    assert_eq!(failed.status, RestoreStatus::Failed);
 }

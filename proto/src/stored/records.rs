@@ -5,34 +5,13 @@
 use serde::{Deserialize, Serialize};
 
 pub use cairn_core::record::{
-    EventKind, EventRecord, FailureRecord, SnapshotRecord, SnapshotStatus, VerdictRecord,
+    EventKind, EventRecord, FailureRecord, RestoreRecord, RestoreStatus, SnapshotRecord,
+    SnapshotStatus, VerdictRecord,
 };
 
 /// The most bytes of recorded messages `GetSnapshot` returns inline for one part; a part
 /// stored before its recorded bytes were counted is taken to hold this much.
 pub const MAX_INLINE_DATA: u64 = 64 << 20;
-
-/// Where a restore is; stored as `IN_PROGRESS`, `DONE`, `FAILED`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
-pub enum RestoreStatus {
-    /// Nodes are applying it.
-    InProgress,
-    /// Every node applied it.
-    Done,
-    /// It ended without every node applying it.
-    Failed,
-}
-
-impl std::fmt::Display for RestoreStatus {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            Self::InProgress => "in progress",
-            Self::Done => "done",
-            Self::Failed => "failed",
-        })
-    }
-}
 
 /// The messages a node recorded of one channel.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -157,36 +136,6 @@ pub struct RosterRecord {
     /// The incarnation it last registered with (a new one means its daemon restarted).
     #[serde(default)]
     pub incarnation: u64,
-}
-
-/// A restore operation (`/cairn/<cluster>/restores/<epoch>`): who asked, when, which
-/// snapshot, who applied, and how it ended.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct RestoreRecord {
-    /// `restore-<epoch>`.
-    pub id: String,
-    /// The snapshot restored.
-    pub snapshot_id: u64,
-    /// The epoch it fenced the cluster with.
-    pub epoch: u64,
-    /// The nodes that must apply their state.
-    pub nodes: Vec<String>,
-    /// The nodes that did.
-    pub applied: Vec<String>,
-    /// Where it is.
-    pub status: RestoreStatus,
-    /// Why it failed.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub failure: Option<String>,
-    /// "user" or "automatic recovery (…)".
-    pub requested_by: String,
-    /// Milliseconds since the Unix epoch.
-    pub started_at_ms: u64,
-    /// Milliseconds since the Unix epoch; 0 while in progress.
-    pub finished_at_ms: u64,
-    /// Snapshots that automatic recovery passed over because they did not verify, with why.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub skipped: Vec<String>,
 }
 
 /// The snapshot policy (`/cairn/<cluster>/policy`), so that it outlives a restart.

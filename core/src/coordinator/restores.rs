@@ -1,0 +1,302 @@
+//! The engine's restore role: the cluster's epoch, the restore under way (who must apply
+//! it, who did, its deadline), and the newest restore that did not finish. A restore's
+//! record is stored before the nodes are told to apply it; its progress and end are stored
+//! before anyone hears of them, and an end the store refused is stored again at every tick
+//! (the restore stays the one under way, and snapshots stay fenced, until it is stored).
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use super::{Action, Actions, Answer, Persist, Record, Refusal, Timer, Token};
+use crate::control::{NodeCommand, NodeRestore};
+use crate::record::{RestoreRecord, RestoreStatus};
+use crate::restore::{RestoreProgress, RestoreState};
+use crate::types::{NodeId, SnapshotId};
+
+/// The restore under way.
+struct Active {
+    record: RestoreRecord,
+    progress: RestoreProgress,
+    /// Stores of its record tried since one last succeeded.
+    tries: u64,
+}
+
+/// A restore starting: its record is being stored.
+struct Starting {
+    token: Token,
+    record: RestoreRecord,
+    nodes: BTreeSet<NodeId>,
+}
+
+pub(super) struct Restores {
+    /// How long a restore may take.
+    timeout: Duration,
+    /// The cluster's epoch (raised by every restore).
+    epoch: u64,
+    active: Option<Active>,
+    starting: Option<Starting>,
+    /// The newest restore that did not finish (FAILED): until a later one is applied by
+    /// every node, the nodes may hold different states and no snapshot may start.
+    unfinished: Option<RestoreRecord>,
+}
+
+/// The epoch a restore id names (`restore-<epoch>`).
+pub fn restore_epoch(id: &str) -> Option<u64> {
+    id.strip_prefix("restore-")?.parse().ok()
+}
+
+impl Restores {
+    pub(super) fn new(timeout: Duration) -> Self {
+        Self {
+            timeout,
+            epoch: 0,
+            active: None,
+            starting: None,
+            unfinished: None,
+        }
+    }
+
+    pub(super) fn epoch(&self) -> u64 {
+        self.epoch
+    }
+
+    pub(super) fn active(&self) -> Option<&RestoreRecord> {
+        self.active.as_ref().map(|a| &a.record)
+    }
+
+    pub(super) fn active_nodes(&self) -> Option<&BTreeSet<NodeId>> {
+        self.active.as_ref().map(|a| a.progress.nodes())
+    }
+
+    pub(super) fn unfinished(&self) -> Option<&RestoreRecord> {
+        self.unfinished.as_ref()
+    }
+
+    /// At a term's start: the epoch, and the restores a previous coordinator left (one in
+    /// progress is resumed under a new deadline).
+    pub(super) fn loaded<E>(
+        &mut self,
+        out: &mut Actions<E>,
+        epoch: u64,
+        active: Option<RestoreRecord>,
+        unfinished: Option<RestoreRecord>,
+    ) {
+        self.epoch = epoch;
+        self.unfinished = unfinished;
+        self.active = active.map(|record| {
+            let nodes = record.nodes.iter().map(NodeId::new);
+            let mut progress = RestoreProgress::new(nodes);
+            for node in &record.applied {
+                progress.node_applied(&NodeId::new(node.clone()));
+            }
+            out.push(self.deadline(record.epoch));
+            Active {
+                record,
+                progress,
+                tries: 0,
+            }
+        });
+    }
+
+    /// A daemon is in a later epoch than the store said (lost metadata): the cluster's
+    /// epoch follows it (the runtime stored the counter).
+    pub(super) fn epoch_raised(&mut self, epoch: u64) {
+        self.epoch = self.epoch.max(epoch);
+    }
+
+    /// A restore starts: its record is stored, then the nodes are told.
+    pub(super) fn start<E>(
+        &mut self,
+        out: &mut Actions<E>,
+        token: Token,
+        record: RestoreRecord,
+        nodes: BTreeSet<NodeId>,
+    ) {
+        out.push(Action::Persist {
+            what: Persist::Restore(record.epoch),
+            record: Record::Restore(record.clone()),
+            attempt: 1,
+        });
+        self.starting = Some(Starting {
+            token,
+            record,
+            nodes,
+        });
+    }
+
+    /// The store answered for the record of the restore of `epoch`.
+    pub(super) fn stored<E>(&mut self, out: &mut Actions<E>, epoch: u64, result: Result<(), E>) {
+        if let Some(starting) = self.starting.take_if(|s| s.record.epoch == epoch) {
+            return self.started(out, starting, result);
+        }
+        let Some(active) = self.active.as_mut().filter(|a| a.record.epoch == epoch) else {
+            return;
+        };
+        if result.is_err() {
+            // Stays the restore under way; an end is stored again at the next tick.
+            return;
+        }
+        active.tries = 0;
+        match active.record.status {
+            RestoreStatus::InProgress => return,
+            RestoreStatus::Done => self.unfinished = None,
+            RestoreStatus::Failed => self.unfinished = Some(active.record.clone()),
+        }
+        let record = active.record.clone();
+        self.active = None;
+        out.push(Action::RestoreEnded { record });
+    }
+
+    fn started<E>(&mut self, out: &mut Actions<E>, starting: Starting, result: Result<(), E>) {
+        let Starting {
+            token,
+            record,
+            nodes,
+        } = starting;
+        if let Err(e) = result {
+            return out.push(Action::Reply {
+                token,
+                answer: Answer::RestoreStarted(Err(Refusal::Store(e))),
+            });
+        }
+        self.epoch = record.epoch;
+        let command = NodeRestore {
+            restore_id: record.id.clone(),
+            snapshot: SnapshotId(record.snapshot_id),
+            epoch: record.epoch,
+        };
+        for node in &nodes {
+            out.push(Action::Send {
+                node: node.clone(),
+                command: NodeCommand::Restore(command.clone()),
+            });
+        }
+        out.push(self.deadline(record.epoch));
+        out.push(Action::Reply {
+            token,
+            answer: Answer::RestoreStarted(Ok(Box::new(record.clone()))),
+        });
+        self.active = Some(Active {
+            record,
+            progress: RestoreProgress::new(nodes),
+            tries: 0,
+        });
+    }
+
+    /// A node's application applied the restore `restore_id`.
+    pub(super) fn applied<E>(&mut self, out: &mut Actions<E>, now: u64, node: &NodeId, id: &str) {
+        let Some(active) = self.active.as_mut().filter(|a| a.record.id == id) else {
+            // The restore that made the current epoch ended DONE meanwhile (this node
+            // applied it again after a restart): the node is in the cluster's epoch.
+            if restore_epoch(id) == Some(self.epoch) && self.unfinished.is_none() {
+                out.push(Action::MemberEpoch {
+                    node: node.clone(),
+                    epoch: self.epoch,
+                });
+            }
+            return;
+        };
+        out.push(Action::MemberEpoch {
+            node: node.clone(),
+            epoch: active.record.epoch,
+        });
+        active.progress.node_applied(node);
+        active.record.applied = active
+            .progress
+            .applied()
+            .iter()
+            .map(ToString::to_string)
+            .collect();
+        self.moved(out, now);
+    }
+
+    /// A node could not restore (`restore_id`: the restore it named, if it named one), or
+    /// was lost.
+    pub(super) fn node_failed<E>(
+        &mut self,
+        out: &mut Actions<E>,
+        now: u64,
+        node: &NodeId,
+        restore_id: Option<&str>,
+        why: &str,
+    ) {
+        let failed = self
+            .active
+            .as_mut()
+            .filter(|a| restore_id.is_none_or(|id| a.record.id == id))
+            .is_some_and(|a| a.progress.node_failed(node, why));
+        if failed {
+            self.moved(out, now);
+        }
+    }
+
+    /// A new process of `node` registered, not having applied the restore under way.
+    pub(super) fn node_restarted<E>(&mut self, out: &mut Actions<E>, now: u64, node: &NodeId) {
+        if self
+            .active
+            .as_mut()
+            .is_some_and(|a| a.progress.node_restarted(node))
+        {
+            self.moved(out, now);
+        }
+    }
+
+    /// The deadline of the restore of `epoch` passed.
+    pub(super) fn timed_out<E>(&mut self, out: &mut Actions<E>, now: u64, epoch: u64) {
+        if self
+            .active
+            .as_mut()
+            .filter(|a| a.record.epoch == epoch)
+            .is_some_and(|a| a.progress.timed_out())
+        {
+            self.moved(out, now);
+        }
+    }
+
+    /// The tick: an end the store refused is stored again.
+    pub(super) fn tick<E>(&mut self, out: &mut Actions<E>, now: u64) {
+        if self
+            .active
+            .as_ref()
+            .is_some_and(|a| a.record.status != RestoreStatus::InProgress)
+        {
+            self.moved(out, now);
+        }
+    }
+
+    /// The restore's progress changed: its record says so (and how it ended, if it did),
+    /// and is stored; [`Action::RestoreEnded`] follows the store's acknowledgement of an end.
+    fn moved<E>(&mut self, out: &mut Actions<E>, now: u64) {
+        let Some(active) = self.active.as_mut() else {
+            return;
+        };
+        // An end already taken (its store failed and this is the retry) is kept as it was.
+        if active.record.status == RestoreStatus::InProgress {
+            match active.progress.state() {
+                RestoreState::InProgress => {}
+                RestoreState::Done => {
+                    active.record.status = RestoreStatus::Done;
+                    active.record.finished_at_ms = now;
+                }
+                RestoreState::Failed(why) => {
+                    active.record.status = RestoreStatus::Failed;
+                    active.record.finished_at_ms = now;
+                    active.record.failure = Some(why.clone());
+                }
+            }
+        }
+        active.tries = active.tries.saturating_add(1);
+        out.push(Action::Persist {
+            what: Persist::Restore(active.record.epoch),
+            record: Record::Restore(active.record.clone()),
+            attempt: active.tries,
+        });
+    }
+
+    fn deadline<E>(&self, epoch: u64) -> Action<E> {
+        Action::SetTimer {
+            timer: Timer::Restore(epoch),
+            after: self.timeout,
+        }
+    }
+}
