@@ -32,7 +32,6 @@ mod limits;
 mod metrics;
 mod parts;
 pub mod policy;
-mod roster;
 pub mod store;
 mod task;
 

@@ -1,6 +1,7 @@
-//! The records of snapshots and restores: what the coordinator keeps of each, from its
-//! start to its end, and what it stores (`/cairn/<cluster>/snapshots/<id>`,
-//! `/cairn/<cluster>/restores/<epoch>`, JSON).
+//! The records the coordinator keeps and stores (JSON): snapshots and restores from their
+//! start to their end (`/cairn/<cluster>/snapshots/<id>`, `…/restores/<epoch>`), and the
+//! roster, members and removed nodes (`…/roster/<node>`, `…/members/<node>`,
+//! `…/removed/<node>`).
 //! The coordinator's engine ([`crate::coordinator`]) builds them; `cairn-proto` stores
 //! them. Their byte form is a contract with every store written before: the round-trip
 //! tests (`integration-tests/tests/it/roundtrip.rs`) and the fuzzers guard it.
@@ -238,6 +239,48 @@ pub struct RestoreRecord {
     /// Snapshots that automatic recovery passed over because they did not verify, with why.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub skipped: Vec<String>,
+}
+
+/// A registered node daemon.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MemberRecord {
+    /// The node's id.
+    pub node: String,
+    /// Its peer address.
+    pub address: String,
+    /// Its daemon's incarnation.
+    pub incarnation: u64,
+    /// Milliseconds since the Unix epoch.
+    pub registered_at_ms: u64,
+}
+
+/// A node removed from the cluster (`RemoveNode`) and not back since: daemons drop their
+/// channels to it when a membership names it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RemovedRecord {
+    /// The node's id.
+    pub node: String,
+    /// Milliseconds since the Unix epoch of its removal.
+    pub removed_at_ms: u64,
+    /// The daemon incarnation it last registered with: that process may not register again
+    /// (its channels are gone at every peer); a new process joins as a new member.
+    #[serde(default)]
+    pub incarnation: u64,
+}
+
+/// A node of the cluster's roster: every node that has ever registered (and was not
+/// removed). The topology spans the roster, connected or not.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RosterRecord {
+    /// The node's id.
+    pub node: String,
+    /// Its peer address, as it last registered.
+    pub address: String,
+    /// Milliseconds since the Unix epoch of its first registration.
+    pub joined_at_ms: u64,
+    /// The incarnation it last registered with (a new one means its daemon restarted).
+    #[serde(default)]
+    pub incarnation: u64,
 }
 
 impl From<&FailureReason> for FailureRecord {

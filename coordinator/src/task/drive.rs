@@ -7,15 +7,15 @@
 
 use std::sync::Arc;
 
+use cairn_core::control::NodeCommand;
 use cairn_core::coordinator::{
-    Action, Answer, Input, Persist, Record, Refusal, SnapshotWrite, Timer, Token,
+    Action, Answer, Input, Note, Persist, Refusal, SnapshotWrite, Timer, Token, Write,
 };
 use cairn_core::{SnapshotId, StartError};
 
 use super::{Msg, State};
 use crate::error::Error;
 use crate::store::{EventKind, EventRecord, SnapshotRecord, SnapshotStatus};
-use cairn_proto::stored::convert::now_ms;
 
 /// An end that stays unstored is logged again every this many tries (every 10 s or so):
 /// a full disk must not fill up with this log.
@@ -25,7 +25,7 @@ impl State {
     /// Hands `input` to the engine and carries out every action that follows; returns the
     /// answers to requests, by token.
     pub(super) async fn drive(&mut self, input: Input<Error>) -> Vec<(Token, Answer<Error>)> {
-        self.engine.handle(now_ms(), input);
+        self.engine.handle(self.now(), input);
         let mut answers = Vec::new();
         while let Some(action) = self.engine.next_action() {
             if let Some(answer) = self.execute(action).await {
@@ -33,6 +33,7 @@ impl State {
             }
         }
         self.metrics.in_flight.set(self.engine.in_flight() as i64);
+        self.metrics.members.set(self.engine.members().len() as i64);
         answers
     }
 
@@ -46,7 +47,7 @@ impl State {
         match action {
             Action::TakeId => {
                 let result = self.meta.take_snapshot_id().await;
-                self.engine.handle(now_ms(), Input::IdTaken { result });
+                self.engine.handle(self.now(), Input::IdTaken { result });
             }
             Action::SetIdCounter { id, floor } => {
                 tracing::warn!(
@@ -56,21 +57,18 @@ impl State {
                      metadata?): continuing above them"
                 );
                 let result = self.meta.set_last_snapshot_id(id).await.map(|()| id);
-                self.engine.handle(now_ms(), Input::IdTaken { result });
+                self.engine.handle(self.now(), Input::IdTaken { result });
             }
             Action::Persist {
                 what,
-                record,
+                write,
                 attempt,
             } => {
-                let result = match &record {
-                    Record::Snapshot(record) => self.meta.put_snapshot(record).await,
-                    Record::Restore(record) => self.meta.put_restore(record).await,
-                };
+                let result = self.store(write).await;
                 if let Err(e) = &result
                     && attempt % LOG_EVERY == 1
                 {
-                    match what {
+                    match &what {
                         Persist::Snapshot(SnapshotWrite::End(id)) => tracing::error!(
                             snapshot = id.0,
                             tries = attempt,
@@ -83,19 +81,43 @@ impl State {
                             "cannot store the restore record ({e}); an end is tried again every \
                              tick (the restore stays the one under way until it is stored)"
                         ),
-                        // A start's failure is its requester's answer.
-                        Persist::Snapshot(SnapshotWrite::Started(_)) => {}
+                        Persist::DeleteMember(node) => {
+                            tracing::warn!(%node, "cannot delete the member record: {e}");
+                        }
+                        // A failure of these is their requester's answer.
+                        Persist::Snapshot(SnapshotWrite::Started(_))
+                        | Persist::Register(_)
+                        | Persist::Removal(_) => {}
                     }
                 }
                 self.engine
-                    .handle(now_ms(), Input::Persisted { what, result });
+                    .handle(self.now(), Input::Persisted { what, result });
             }
-            Action::Send { node, command } => {
-                if let Some(member) = self.members.get(&node) {
-                    self.command(&member.tx, command);
+            Action::Admit { node, token } => {
+                if let Some(session) = self.registering.remove(&token) {
+                    // A session the node had before ends with this one's admission.
+                    self.sessions.insert(node, session);
                 }
             }
-            Action::Broadcast { command } => self.broadcast(&command),
+            Action::Dismiss { node } => {
+                self.sessions.remove(&node);
+            }
+            Action::Send { node, command } => {
+                if let Some((_, tx)) = self.sessions.get(&node) {
+                    self.command(tx, command);
+                }
+            }
+            Action::Broadcast { command, except } => self.broadcast(&command, except.as_ref()),
+            Action::Left { node, refusal } => {
+                let answer = refusal.map(|refusal| self.refused(refusal).to_string());
+                if let Some(why) = &answer {
+                    tracing::warn!(%node, "node asked to leave and stays on the roster: {why}");
+                }
+                if let Some((_, tx)) = self.sessions.get(&node) {
+                    self.command(tx, NodeCommand::Left(answer));
+                }
+            }
+            Action::Note(note) => self.note(note),
             Action::SetTimer { timer, after } => {
                 let tx = self.self_tx.clone();
                 tokio::spawn(async move {
@@ -106,11 +128,6 @@ impl State {
                     };
                     let _ = tx.send(msg).await;
                 });
-            }
-            Action::MemberEpoch { node, epoch } => {
-                if let Some(member) = self.members.get_mut(&node) {
-                    member.epoch = epoch;
-                }
             }
             Action::RestoreEnded { record } => self.restore_ended(&record).await,
             Action::Reply { token, answer } => return Some((token, answer)),
@@ -150,6 +167,22 @@ impl State {
                 StartError::NoMembers => Error::NoMembers,
             },
             Refusal::Store(e) => e,
+            Refusal::Invalid(why) => Error::InvalidArgument(why),
+            Refusal::Fenced(why) => Error::Fenced(why),
+            Refusal::NodesNotConnected(why) => Error::NodesNotConnected(why),
+            Refusal::NoMembers => Error::NoMembers,
+            Refusal::ClusterMismatch { ours, theirs } => Error::ClusterMismatch { ours, theirs },
+            Refusal::NodeIdHeld(why) => Error::NodeIdHeld(why),
+            Refusal::NotInTopology(why) => Error::NotInTopology(why),
+            Refusal::RemovedNode(node) => Error::Removed(node.to_string()),
+            Refusal::NotAMember(node) => Error::NotAMember(node.to_string()),
+            Refusal::StillConnected { node, address } => Error::StillConnected {
+                node: node.to_string(),
+                address,
+            },
+            Refusal::RestoreInProgress { restore, snapshot } => {
+                Error::RestoreInProgress { restore, snapshot }
+            }
             Refusal::NotInFlight(id) => Error::NotInProgress(id),
             Refusal::EndNotStored(id) => Error::OutcomeUnknown {
                 what: format!("snapshot {id}'s end"),
@@ -167,6 +200,81 @@ impl State {
                 id,
                 node: node.to_string(),
             },
+        }
+    }
+
+    /// Carries out a write: a batch in order, stopping at the first that fails.
+    async fn store(&self, write: Write) -> Result<(), Error> {
+        let writes = match write {
+            Write::Batch(writes) => writes,
+            write => vec![write],
+        };
+        for write in writes {
+            match write {
+                Write::Snapshot(record) => self.meta.put_snapshot(&record).await?,
+                Write::Restore(record) => self.meta.put_restore(&record).await?,
+                Write::Roster(record) => self.meta.put_roster(&record).await?,
+                Write::Member(record) => self.meta.put_member(&record).await?,
+                Write::DeleteMember(node) => self.meta.delete_member(node.as_str()).await?,
+                Write::DeleteRemoved(node) => self.meta.delete_removed(node.as_str()).await?,
+                Write::Remove(record) => self.meta.remove_node(&record).await?,
+                Write::EpochCounter(epoch) => self.meta.set_epoch_counter(epoch).await?,
+                Write::Batch(_) => {
+                    return Err(Error::InvalidArgument(
+                        "a batch of writes inside a batch (a bug in the coordinator)".into(),
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Logs what the engine noted (and a restart makes automatic recovery due).
+    fn note(&mut self, note: Note) {
+        match note {
+            Note::Changed { node, change } => tracing::info!(%node, "{change}"),
+            Note::Restarted { node } => {
+                if self.settings.auto_restore {
+                    tracing::warn!(%node, "node restarted: automatic recovery will restore the newest completed snapshot");
+                    self.pending_recovery = Some(format!("{node} restarted"));
+                } else {
+                    tracing::warn!(%node, "node restarted (a new incarnation)");
+                }
+            }
+            Note::Registered {
+                node,
+                address,
+                epoch,
+            } => tracing::info!(%node, %address, epoch, "node registered"),
+            Note::MissedRestore {
+                node,
+                node_epoch,
+                epoch,
+            } => tracing::error!(
+                %node,
+                node_epoch,
+                epoch,
+                "the node missed a restore: it stays in its epoch, and no snapshot starts until \
+                 a restore is applied by every node"
+            ),
+            Note::RestoreResent { node, restore_id } => tracing::info!(
+                %node,
+                restore = %restore_id,
+                "the node has not applied the restore under way: sending it again"
+            ),
+            Note::Gone { node, why } => tracing::warn!(%node, "node disconnected: {why}"),
+            Note::Leaving { node } => tracing::info!(%node, "node leaving the cluster"),
+            Note::Removed { node, long_gone } => match long_gone {
+                Some(after) => tracing::warn!(
+                    %node,
+                    "removed: down for more than --remove-after ({})",
+                    humantime::format_duration(after)
+                ),
+                None => tracing::warn!(%node, "node removed from the cluster"),
+            },
+            Note::LeftOutOfTopology { node } => {
+                tracing::warn!(%node, "node on the roster but not in --topology: left out");
+            }
         }
     }
 

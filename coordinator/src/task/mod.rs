@@ -7,7 +7,7 @@ use std::hash::BuildHasher;
 use std::time::Duration;
 
 use cairn_core::control::{ChannelStatus, Membership, NodeCommand, NodeReport, Registration};
-use cairn_core::coordinator::{CoordinatorEngine, Input};
+use cairn_core::coordinator::{Config, CoordinatorEngine, Input, Now};
 use cairn_core::schedule::{Policy, Schedule};
 use cairn_core::{
     FailureReason, NodeId, NodePart, SnapshotId, SnapshotMode, StartRequest, Topology,
@@ -19,7 +19,6 @@ use tonic_health::server::HealthReporter;
 
 use crate::error::Error;
 use crate::policy;
-use crate::roster::Roster;
 use crate::store::Metadata;
 use crate::store::{RestoreRecord, SnapshotRecord, SnapshotStatus};
 use cairn_blob::BlobStore;
@@ -34,8 +33,6 @@ mod schedule;
 mod snapshots;
 #[cfg(test)]
 mod tests;
-
-use membership::Member;
 
 /// A command to a node, with the term it leaves in.
 pub(crate) struct ToNode {
@@ -202,20 +199,16 @@ pub(crate) struct State {
     /// The metadata store, typed.
     meta: Metadata,
     blobs: BlobStore,
-    /// Every node of the cluster, connected or not (persisted), and the topology rules.
-    roster: Roster,
-    /// Nodes removed and not back (every membership names them: daemons drop their
-    /// channels).
-    removed: BTreeMap<NodeId, u64>,
-    /// Since when each roster node is not connected (from this term's start for one never
-    /// seen in it), for `--remove-after`.
-    down_since: BTreeMap<NodeId, tokio::time::Instant>,
-    /// The nodes with a session now.
-    members: BTreeMap<NodeId, Member>,
-    /// What is decided about snapshots and restores, sans-IO: the tracker, the records in
-    /// flight, the ends not yet stored, the id floor; the epoch, the restore under way and
-    /// the newest unfinished one. This task carries out its actions (`drive.rs`).
+    /// What is decided about snapshots, restores and membership, sans-IO (the tracker, the
+    /// records in flight, the id floor; the epoch and the restores; the roster, the members
+    /// and the removed nodes). This task carries out its actions (`drive.rs`).
     engine: CoordinatorEngine<Error>,
+    /// Each member's session: the stream its commands go to, and the session's number.
+    sessions: BTreeMap<NodeId, (u64, NodeTx)>,
+    /// The sessions of registrations under way, by token, until the engine admits them.
+    registering: BTreeMap<u64, (u64, NodeTx)>,
+    /// The zero of the engine's monotonic milliseconds.
+    started: Instant,
     /// The token of the next request given to the engine.
     next_token: u64,
     /// Each snapshot in flight's `tracing` span (`snapshot{snapshot=ID mode=…}`): the
@@ -238,8 +231,6 @@ pub(crate) struct State {
     collection: Option<retention::Collection>,
     /// Automatic recovery waits for every member to connect; why it is due.
     pending_recovery: Option<String>,
-    /// When silent members were last looked for.
-    last_silence_check: Instant,
     /// Automatic recovery is not tried again before this (after a failed attempt).
     pub(super) recovery_not_before: Instant,
 }
@@ -265,18 +256,22 @@ impl State {
             verifying: None,
             collection: None,
             pending_recovery: None,
-            last_silence_check: Instant::now(),
             recovery_not_before: Instant::now(),
             leadership: settings.leadership.clone(),
             metrics,
-            roster: Roster::new(settings.topology.clone()),
-            engine: CoordinatorEngine::new(max_in_flight, settings.restore_timeout),
-            removed: BTreeMap::new(),
-            down_since: BTreeMap::new(),
+            engine: CoordinatorEngine::new(Config {
+                cluster: settings.cluster.clone(),
+                max_in_flight,
+                restore_timeout: settings.restore_timeout,
+                remove_after: settings.remove_after,
+                topology: settings.topology.clone(),
+            }),
+            sessions: BTreeMap::new(),
+            registering: BTreeMap::new(),
+            started: Instant::now(),
             settings,
             meta,
             blobs,
-            members: BTreeMap::new(),
             next_token: 0,
             spans: BTreeMap::new(),
             watchers: BTreeMap::new(),
@@ -295,19 +290,27 @@ impl State {
         } else {
             FailureReason::CoordinatorRestarted
         };
-        self.roster.load(self.meta.roster().await?);
-        for removed in self.meta.removed().await? {
-            let node = NodeId::new(removed.node);
-            if self.roster.contains(&node) {
-                // A removal that did not finish, or a return not yet recorded: on the roster.
-                self.meta.delete_removed(node.as_str()).await?;
-            } else {
-                self.removed.insert(node, removed.incarnation);
-            }
+        let roster = self.meta.roster().await?;
+        let removed: BTreeMap<NodeId, u64> = self
+            .meta
+            .removed()
+            .await?
+            .into_iter()
+            .map(|r| (NodeId::new(r.node), r.incarnation))
+            .collect();
+        self.drive(Input::MembersLoaded {
+            roster,
+            removed: removed.clone(),
+        })
+        .await;
+        let on_roster: Vec<NodeId> = self.engine.roster_nodes().cloned().collect();
+        for node in removed.keys().filter(|n| on_roster.contains(n)) {
+            // A removal that did not finish, or a return not yet recorded: on the roster.
+            self.meta.delete_removed(node.as_str()).await?;
         }
         tracing::info!(
-            nodes = self.roster.nodes().count(),
-            removed = self.removed.len(),
+            nodes = on_roster.len(),
+            removed = self.engine.membership().removed.len(),
             "roster loaded"
         );
         self.load_policy().await?;
@@ -364,8 +367,6 @@ impl State {
                     if self.leadership.valid() {
                         self.drive(Input::Tick).await;
                     }
-                    self.drop_silent_members().await;
-                    self.remove_long_gone().await;
                     self.maybe_auto_restore().await;
                     self.refresh().await;
                 }
@@ -388,11 +389,11 @@ impl State {
                 self.leadership.term(),
                 self.leadership.why()
             ));
-            for member in self.members.values() {
-                let _ = member.tx.try_send(Err(gone.clone()));
+            for (_, tx) in self.sessions.values() {
+                let _ = tx.try_send(Err(gone.clone()));
             }
         }
-        self.members.clear();
+        self.sessions.clear();
         // Work off the task that has not come back is answered for what it is: a restore
         // still being verified fenced nothing and stored nothing; a deletion waiting for its
         // garbage collection is stored (the chunks go at a later collection).
@@ -427,19 +428,21 @@ impl State {
                 let result = self.register(registration, session, tx).await;
                 let _ = reply.send(result);
             }
-            Msg::SessionEnded { node, session } => self.session_ended(node, session).await,
+            Msg::SessionEnded { node, session } => {
+                self.drive(Input::SessionEnded { node, session }).await;
+            }
             Msg::NodeEvent { node, id, report } => self.node_event(node, id, report).await,
             Msg::Heartbeat {
                 node,
                 application_attached,
                 channels,
             } => {
-                if let Some(member) = self.members.get_mut(&node) {
-                    member.last_seen_ms = now_ms();
-                    member.heard = Instant::now();
-                    member.application_attached = application_attached;
-                    member.channels = channels;
-                }
+                let input = Input::Heartbeat {
+                    node,
+                    application_attached,
+                    channels,
+                };
+                self.drive(input).await;
             }
             Msg::CheckUpload { id, node, reply } => {
                 let ok = self
@@ -488,13 +491,15 @@ impl State {
                 let _ = reply.send(result);
             }
             Msg::ListNodes { reply } => {
-                let _ = reply.send(self.list_nodes());
+                let _ = reply.send(self.engine.membership());
             }
             Msg::RemoveNode { node, reply } => {
-                let result = self.remove_node(&node).await;
+                let result = self.remove_node(node).await;
                 let _ = reply.send(result);
             }
-            Msg::Leave { node } => self.leave(&node).await,
+            Msg::Leave { node } => {
+                self.drive(Input::Leave { node }).await;
+            }
             Msg::Live { id, reply } => {
                 let _ = reply.send(self.engine.live_record(id));
             }
@@ -512,9 +517,9 @@ impl State {
                 restore_id,
                 message,
             } => {
-                let input = Input::RestoreNodeFailed {
+                let input = Input::RestoreFailed {
                     node,
-                    restore_id: Some(restore_id),
+                    restore_id,
                     why: message,
                 };
                 self.drive(input).await;
@@ -534,9 +539,20 @@ impl State {
         self.clock.elapsed().as_millis() as u64
     }
 
-    fn broadcast(&self, command: &NodeCommand) {
-        for member in self.members.values() {
-            self.command(&member.tx, command.clone());
+    /// Milliseconds on the engine's monotonic clock, with the wall clock's.
+    fn now(&self) -> Now {
+        Now {
+            wall_ms: now_ms(),
+            mono_ms: u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX),
+        }
+    }
+
+    /// Sends `command` to every member's session but `except`'s.
+    fn broadcast(&self, command: &NodeCommand, except: Option<&NodeId>) {
+        for (node, (_, tx)) in &self.sessions {
+            if Some(node) != except {
+                self.command(tx, command.clone());
+            }
         }
     }
 

@@ -19,7 +19,7 @@ impl State {
         };
         if self.engine.active_restore().is_some()
             || self.verifying.is_some()
-            || self.roster.nodes().any(|n| !self.members.contains_key(n))
+            || !self.engine.all_connected()
             || tokio::time::Instant::now() < self.recovery_not_before
         {
             return; // again when that changes (a registration, a restore's end, a tick)

@@ -52,42 +52,6 @@ impl Verification {
 }
 
 impl State {
-    /// Why snapshots may not start now, if they may not: a restore under way, or one that
-    /// failed and left the nodes possibly in different states.
-    pub(super) fn fence(&self) -> Option<String> {
-        if let Some(active) = self.engine.active_restore() {
-            return Some(format!(
-                "{} (of snapshot {}) is in progress; snapshots can start once every node \
-                 has applied it",
-                active.id, active.snapshot_id
-            ));
-        }
-        if let Some(r) = self.engine.unfinished_restore() {
-            return Some(format!(
-                "{} (of snapshot {}) did not finish ({}): the nodes may hold different \
-                 states, so no snapshot starts until a restore is applied by every node \
-                 (cairnctl snapshot restore ID)",
-                r.id,
-                r.snapshot_id,
-                r.failure.as_deref().unwrap_or("failed")
-            ));
-        }
-        let epoch = self.engine.epoch();
-        let behind: Vec<String> = self
-            .members
-            .iter()
-            .filter(|(_, m)| m.epoch != epoch)
-            .map(|(n, m)| format!("{n} (epoch {})", m.epoch))
-            .collect();
-        (!behind.is_empty()).then(|| {
-            format!(
-                "nodes missed a restore and are not in the cluster's epoch {epoch}: {}; no \
-                 snapshot starts until a restore is applied by every node",
-                behind.join(", ")
-            )
-        })
-    }
-
     /// Starts restoring `snapshot_id` (see `Coordinator/RestoreSnapshot`): checks what can
     /// be checked at once, then verifies every chunk of the snapshot off this task
     /// ([`Verification`]); `reply` is answered when the verification comes back
@@ -204,11 +168,8 @@ impl State {
         &self,
         snapshot_id: SnapshotId,
     ) -> Result<(SnapshotRecord, BTreeSet<NodeId>), Error> {
-        if let Some(active) = self.engine.active_restore() {
-            return Err(Error::RestoreInProgress {
-                restore: active.id.clone(),
-                snapshot: SnapshotId(active.snapshot_id),
-            });
+        if let Some(e) = self.restore_in_progress() {
+            return Err(e);
         }
         if let Some(verifying) = &self.verifying {
             return Err(Error::RestoreInProgress {
@@ -228,11 +189,7 @@ impl State {
             });
         }
         let nodes: BTreeSet<NodeId> = snapshot.nodes.iter().map(NodeId::new).collect();
-        let missing: Vec<&str> = nodes
-            .iter()
-            .filter(|n| !self.members.contains_key(*n))
-            .map(NodeId::as_str)
-            .collect();
+        let missing = self.not_connected(nodes.iter());
         if !missing.is_empty() {
             return Err(Error::NodesNotConnected(format!(
                 "cannot restore snapshot {snapshot_id}: not connected to the coordinator: {} \
@@ -241,8 +198,8 @@ impl State {
             )));
         }
         let extra: Vec<&str> = self
-            .roster
-            .nodes()
+            .engine
+            .roster_nodes()
             .filter(|n| !nodes.contains(*n))
             .map(NodeId::as_str)
             .collect();

@@ -98,8 +98,8 @@ impl State {
         };
         match due {
             Due::Skip(skip) => self.skipped(&skip),
-            Due::Start if self.fence().is_some() => {
-                let why = self.fence().unwrap_or_default();
+            Due::Start if self.engine.fence().is_some() => {
+                let why = self.engine.fence().unwrap_or_default();
                 if let Ok(skip) = self.schedule.refused(true, why) {
                     self.skipped(&skip);
                 }

@@ -8,19 +8,13 @@ use std::time::Duration;
 use cairn_core::control::NodeReport;
 use cairn_core::coordinator::{Answer, Input, StartInput};
 use cairn_core::{NodeId, SnapshotId, StartRequest};
-use tokio::time::Instant;
 
 use super::{State, WatchTx};
 use crate::error::Error;
 use crate::store::{SnapshotRecord, SnapshotStatus};
-use cairn_proto::stored::convert::now_ms;
 
 impl State {
     pub(super) async fn node_event(&mut self, node: NodeId, id: SnapshotId, report: NodeReport) {
-        if let Some(member) = self.members.get_mut(&node) {
-            member.last_seen_ms = now_ms();
-            member.heard = Instant::now();
-        }
         self.drive(Input::Report { node, id, report }).await;
     }
 
@@ -30,20 +24,11 @@ impl State {
         timeout: Duration,
         labels: BTreeMap<String, String>,
     ) -> Result<SnapshotId, Error> {
-        if let Some(fence) = self.fence() {
-            return Err(Error::Fenced(fence));
-        }
-        let topology = self.topology()?;
-        if self.roster.is_empty() {
-            return Err(Error::NoMembers);
-        }
         let token = self.token();
         let start = StartInput {
             request,
-            topology,
             timeout,
             labels,
-            epoch: self.engine.epoch(),
             term: self.leadership.term(),
         };
         let input = Input::Start { token, start };

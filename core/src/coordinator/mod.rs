@@ -1,50 +1,136 @@
 //! The coordinator's engine, sans-IO: what the coordinator decides, as data in and data
 //! out (docs/architecture.md §6.2).
 //!
-//! [`CoordinatorEngine::handle`] takes an [`Input`] with the time it happened; the engine
-//! changes its state and queues [`Action`]s, which the runtime (the coordinator's task)
-//! takes with [`CoordinatorEngine::next_action`] and carries out in order. An action whose
-//! answer the engine needs — taking an id, storing a record — is answered by feeding the
-//! result back as an input before the next action is taken ([`Input::IdTaken`],
-//! [`Input::Persisted`]): a record is stored before anyone hears of it *by construction*,
-//! because the engine only queues the telling ([`Action::Send`], [`Action::Ended`],
-//! [`Action::Reply`]) when the store's acknowledgement comes in.
+//! [`CoordinatorEngine::handle`] takes an [`Input`] with the time it happened ([`Now`]);
+//! the engine changes its state and queues [`Action`]s, which the runtime (the
+//! coordinator's task) takes with [`CoordinatorEngine::next_action`] and carries out in
+//! order. An action whose answer the engine needs — taking an id, storing records — is
+//! answered by feeding the result back as an input before the next action is taken
+//! ([`Input::IdTaken`], [`Input::Persisted`]): a record is stored before anyone hears of it
+//! *by construction*, because the engine only queues the telling ([`Action::Send`],
+//! [`Action::Ended`], [`Action::Reply`], …) when the store's acknowledgement comes in.
 //!
 //! Nothing here does I/O, reads a clock or spawns: tests drive it synchronously and
 //! compare the actions it queued ([`CoordinatorEngine::drain_actions`]).
 //!
-//! The engine is being moved in role by role. The snapshot lifecycle ([`snapshots`]: the
-//! tracker, the records in flight, ends not yet stored, the id floor) is here; membership,
-//! restores, retention and the schedule are still the runtime's, and tell the engine what
-//! concerns a snapshot ([`Input::FailAll`], [`Input::NodeLost`], [`Input::IdSeen`]).
+//! The engine's state is split into roles, each with its own fields: [`snapshots`] (the
+//! tracker, the records in flight, ends not yet stored, the id floor), [`restores`] (the
+//! epoch, the restore under way, the newest unfinished one) and [`members`] (the roster,
+//! the removed nodes, the members connected, registrations and removals under way).
+//! Flows that cross roles — a registration, a member gone, a removal, a start's checks —
+//! are in [`membership`]. Retention, garbage collection, the schedule and the policy, and
+//! what reads the blob store (a restore's verification) are still the runtime's.
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::time::Duration;
 
-use crate::control::{NodeCommand, NodeReport};
-use crate::record::{RestoreRecord, SnapshotRecord};
+use crate::control::{ChannelStatus, Membership, NodeCommand, NodeReport, Registration};
+use crate::record::{MemberRecord, RemovedRecord, RestoreRecord, RosterRecord, SnapshotRecord};
 use crate::tracker::{SnapshotTracker, StartRequest};
 use crate::types::{NodeId, Plan, SnapshotId};
 use crate::verifier::NodePart;
 use crate::{FailureReason, StartError, Topology};
 
+mod members;
+mod membership;
 mod restores;
-
+pub mod roster;
 mod snapshots;
 #[cfg(test)]
 mod tests;
 
+pub use members::{MEMBER_SILENCE_MS, Member};
+pub use membership::MAX_REPORTED;
 pub use restores::restore_epoch;
 pub use snapshots::PartSizes;
 
 /// An answer awaited by whoever asked, matched by the token they gave.
 pub type Token = u64;
 
+/// When an input happened.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Now {
+    /// Milliseconds since the Unix epoch: what records say.
+    pub wall_ms: u64,
+    /// Milliseconds on a monotonic clock: what silences and delays are measured on.
+    pub mono_ms: u64,
+}
+
+/// What the engine is set up with.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// The cluster's name: a daemon of another is refused.
+    pub cluster: String,
+    /// The most snapshots in flight at once (at least one).
+    pub max_in_flight: usize,
+    /// How long a restore may take to be applied by every node.
+    pub restore_timeout: Duration,
+    /// Remove a node down this long (`--remove-after`).
+    pub remove_after: Option<Duration>,
+    /// A fixed topology (`--topology`); `None`: a full mesh of the roster.
+    pub topology: Option<Topology>,
+}
+
 /// What the engine is told. `E` is the store's error, carried back to whoever asked.
 #[derive(Debug)]
 pub enum Input<E> {
-    /// Start a snapshot (the checks of the roles not in the engine yet — the restore
-    /// fence, an empty roster — passed).
+    /// At a term's start: the stored roster and removed nodes (the runtime deleted the
+    /// removals a node came back from).
+    MembersLoaded {
+        /// The roster's records.
+        roster: Vec<RosterRecord>,
+        /// The nodes removed and not back, with the incarnation that may not return.
+        removed: BTreeMap<NodeId, u64>,
+    },
+    /// At a term's start: the cluster's epoch and the restores a previous coordinator
+    /// left (the runtime read them and stored the superseded ones as failed).
+    RestoresLoaded {
+        /// The epoch of the newest restore.
+        epoch: u64,
+        /// The newest restore, if it is in progress: resumed.
+        active: Option<RestoreRecord>,
+        /// The newest restore, if it failed: snapshots stay fenced.
+        unfinished: Option<RestoreRecord>,
+    },
+    /// A daemon registers on a new session.
+    Register {
+        /// Whose answer ([`Answer::Registered`]); [`Action::Admit`] names it too.
+        token: Token,
+        /// What it says of itself.
+        registration: Registration,
+        /// Its session.
+        session: u64,
+    },
+    /// A node's session ended.
+    SessionEnded {
+        /// The node.
+        node: NodeId,
+        /// The session (an older one of a node that registered again changes nothing).
+        session: u64,
+    },
+    /// A node's heartbeat.
+    Heartbeat {
+        /// The node.
+        node: NodeId,
+        /// Whether its application is attached.
+        application_attached: bool,
+        /// Its channels' status (checked to be its own and bounded).
+        channels: Vec<ChannelStatus>,
+    },
+    /// A user removes a node that is down.
+    RemoveNode {
+        /// Whose answer ([`Answer::Removed`]).
+        token: Token,
+        /// The node.
+        node: NodeId,
+    },
+    /// A node's daemon leaves for good (`--leave-on-shutdown`); it hears
+    /// [`NodeCommand::Left`].
+    Leave {
+        /// The node.
+        node: NodeId,
+    },
+    /// Start a snapshot of the topology the members span.
     Start {
         /// Whose answer ([`Answer::Started`]).
         token: Token,
@@ -58,7 +144,7 @@ pub enum Input<E> {
     },
     /// The store answered an [`Action::Persist`].
     Persisted {
-        /// Which record.
+        /// Which write.
         what: Persist,
         /// Whether it is stored.
         result: Result<(), E>,
@@ -92,7 +178,7 @@ pub enum Input<E> {
         /// Why, naming the node and the cause.
         why: String,
     },
-    /// A snapshot's timer ([`Action::SetTimer`]) went off.
+    /// A snapshot's timer ([`Timer::Snapshot`]) went off.
     TimedOut {
         /// The snapshot.
         id: SnapshotId,
@@ -106,21 +192,10 @@ pub enum Input<E> {
         /// Why (empty: "aborted by a user").
         reason: String,
     },
-    /// Every snapshot in flight fails for `reason` (the membership changed, a restore
-    /// fenced the cluster, the term ended).
+    /// Every snapshot in flight fails for `reason` (the term ended).
     FailAll {
         /// Why.
         reason: FailureReason,
-    },
-    /// A node was lost: the snapshots it takes part in fail.
-    NodeLost {
-        /// The node.
-        node: NodeId,
-    },
-    /// A daemon reported the highest snapshot id it saw: ids are handed out above it.
-    IdSeen {
-        /// That id.
-        highest: u64,
     },
     /// A restore starts: its epoch is allocated and its snapshot verified (the runtime's
     /// checks passed). The snapshots in flight fail, the record is stored, and only then
@@ -140,43 +215,22 @@ pub enum Input<E> {
         /// The restore (`restore-<epoch>`).
         restore_id: String,
     },
-    /// A node could not apply the restore, or was lost.
-    RestoreNodeFailed {
+    /// A node could not apply a restore.
+    RestoreFailed {
         /// The node.
         node: NodeId,
-        /// The restore it named; `None`: whichever is under way (a lost node).
-        restore_id: Option<String>,
+        /// The restore it named.
+        restore_id: String,
         /// Why, for people.
         why: String,
-    },
-    /// A new process of a node registered without having applied the restore under way:
-    /// if its previous process had applied it, the restore starts over.
-    RestoreNodeRestarted {
-        /// The node.
-        node: NodeId,
     },
     /// A restore's timer ([`Timer::Restore`]) went off.
     RestoreTimedOut {
         /// The restore's epoch.
         epoch: u64,
     },
-    /// At a term's start: the cluster's epoch and the restores a previous coordinator
-    /// left (the runtime read them and stored the superseded ones as failed).
-    RestoresLoaded {
-        /// The epoch of the newest restore.
-        epoch: u64,
-        /// The newest restore, if it is in progress: resumed.
-        active: Option<RestoreRecord>,
-        /// The newest restore, if it failed: snapshots stay fenced.
-        unfinished: Option<RestoreRecord>,
-    },
-    /// A daemon is in a later epoch than the store said (lost metadata?); the runtime
-    /// stored the epoch counter.
-    EpochRaised {
-        /// The daemon's epoch.
-        epoch: u64,
-    },
-    /// The runtime's periodic tick: ends the store refused are stored again.
+    /// The runtime's periodic tick (every 250 ms): ends the store refused are stored
+    /// again, silent members dropped, nodes down too long removed.
     Tick,
 }
 
@@ -185,25 +239,27 @@ pub enum Input<E> {
 pub struct StartInput {
     /// What the user asked.
     pub request: StartRequest,
-    /// The topology it spans.
-    pub topology: Topology,
     /// How long it may take.
     pub timeout: Duration,
     /// The user's labels.
     pub labels: BTreeMap<String, String>,
-    /// The cluster's epoch now.
-    pub epoch: u64,
     /// The leader's term.
     pub term: u64,
 }
 
-/// Which record the engine asks to have stored (named again in [`Input::Persisted`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// Which write the engine asks for (named again in [`Input::Persisted`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Persist {
     /// A snapshot's record.
     Snapshot(SnapshotWrite),
     /// The record of the restore of this epoch.
     Restore(u64),
+    /// A registration's records.
+    Register(Token),
+    /// A node's removal.
+    Removal(NodeId),
+    /// A member's record deleted (its failure is only logged).
+    DeleteMember(NodeId),
 }
 
 /// Which of a snapshot's records.
@@ -215,13 +271,27 @@ pub enum SnapshotWrite {
     End(SnapshotId),
 }
 
-/// A record to store.
+/// A write to the metadata store.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Record {
-    /// A snapshot's (`/cairn/<cluster>/snapshots/<id>`).
+pub enum Write {
+    /// A snapshot's record (`/cairn/<cluster>/snapshots/<id>`).
     Snapshot(Box<SnapshotRecord>),
-    /// A restore's (`/cairn/<cluster>/restores/<epoch>`).
+    /// A restore's record (`…/restores/<epoch>`).
     Restore(RestoreRecord),
+    /// A node's roster record.
+    Roster(RosterRecord),
+    /// A member's record.
+    Member(MemberRecord),
+    /// A member's record deleted.
+    DeleteMember(NodeId),
+    /// A removed node's record deleted (it came back).
+    DeleteRemoved(NodeId),
+    /// A node removed: its removal recorded and its roster and member records deleted.
+    Remove(RemovedRecord),
+    /// The epoch counter raised to this epoch.
+    EpochCounter(u64),
+    /// Writes done in order, stopping at the first that fails.
+    Batch(Vec<Write>),
 }
 
 /// A timer the runtime sets.
@@ -246,14 +316,27 @@ pub enum Action<E> {
         /// The highest id the daemons reported.
         floor: u64,
     },
-    /// Store `record`; answer with [`Input::Persisted`] before taking the next action.
+    /// Write to the store; answer with [`Input::Persisted`] before taking the next action.
     Persist {
-        /// Which record.
+        /// Which write.
         what: Persist,
-        /// The record.
-        record: Record,
-        /// The how-manyth time this record is tried (1 the first).
+        /// The write.
+        write: Write,
+        /// The how-manyth time this write is tried (1 the first).
         attempt: u64,
+    },
+    /// The session that registered with `token` is now `node`'s: commands to `node` go to
+    /// it (a session it had before ends).
+    Admit {
+        /// The node.
+        node: NodeId,
+        /// The registration's token.
+        token: Token,
+    },
+    /// End `node`'s session (it is no longer a member).
+    Dismiss {
+        /// The node.
+        node: NodeId,
     },
     /// Send `command` to `node` (if it has a session).
     Send {
@@ -262,10 +345,12 @@ pub enum Action<E> {
         /// The command.
         command: NodeCommand,
     },
-    /// Send `command` to every node with a session.
+    /// Send `command` to every node with a session, but `except`.
     Broadcast {
         /// The command.
         command: NodeCommand,
+        /// A node left out (it was told first, otherwise).
+        except: Option<NodeId>,
     },
     /// Tell the timer's input after `after`.
     SetTimer {
@@ -273,18 +358,6 @@ pub enum Action<E> {
         timer: Timer,
         /// When.
         after: Duration,
-    },
-    /// The node is now in `epoch` (its application applied the restore that made it).
-    MemberEpoch {
-        /// The node.
-        node: NodeId,
-        /// Its epoch.
-        epoch: u64,
-    },
-    /// A restore's end is stored: tell it (automatic recovery, the fence's logs).
-    RestoreEnded {
-        /// The stored record.
-        record: RestoreRecord,
     },
     /// Answer whoever asked.
     Reply {
@@ -316,11 +389,96 @@ pub enum Action<E> {
         /// The stored record (its `failure` says why, if it did not complete).
         record: Box<SnapshotRecord>,
     },
+    /// A restore's end is stored: tell it (automatic recovery).
+    RestoreEnded {
+        /// The stored record.
+        record: RestoreRecord,
+    },
+    /// Tell a leaving node whether it was removed ([`NodeCommand::Left`]): `None` if it
+    /// was, else why not (it stays on the roster).
+    Left {
+        /// The node.
+        node: NodeId,
+        /// Why it was not removed.
+        refusal: Option<Refusal<E>>,
+    },
+    /// Something for the log (and, for a restart, for automatic recovery).
+    Note(Note),
+}
+
+/// What happened to the membership, for the log.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Note {
+    /// A node joined or moved (the change in words).
+    Changed {
+        /// The node.
+        node: NodeId,
+        /// What changed.
+        change: String,
+    },
+    /// A node's daemon restarted (a new incarnation): automatic recovery is due.
+    Restarted {
+        /// The node.
+        node: NodeId,
+    },
+    /// A node registered, in `epoch`.
+    Registered {
+        /// The node.
+        node: NodeId,
+        /// Its address.
+        address: String,
+        /// The epoch it is to be in.
+        epoch: u64,
+    },
+    /// A node missed a restore: it stays in its epoch, and snapshots are fenced.
+    MissedRestore {
+        /// The node.
+        node: NodeId,
+        /// Its epoch.
+        node_epoch: u64,
+        /// The cluster's.
+        epoch: u64,
+    },
+    /// A node that had not applied the restore under way is sent it again.
+    RestoreResent {
+        /// The node.
+        node: NodeId,
+        /// The restore.
+        restore_id: String,
+    },
+    /// A member is gone.
+    Gone {
+        /// The node.
+        node: NodeId,
+        /// Why.
+        why: String,
+    },
+    /// A node leaves the cluster.
+    Leaving {
+        /// The node.
+        node: NodeId,
+    },
+    /// A node was removed (`long_gone`: by `--remove-after`, that long).
+    Removed {
+        /// The node.
+        node: NodeId,
+        /// `--remove-after`, if it removed the node.
+        long_gone: Option<Duration>,
+    },
+    /// A node on the stored roster that the `--topology` file does not name: left out.
+    LeftOutOfTopology {
+        /// The node.
+        node: NodeId,
+    },
 }
 
 /// An answer to a request.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Answer<E> {
+    /// To [`Input::Register`]: the membership, once the node's records are stored.
+    Registered(Result<Membership, Refusal<E>>),
+    /// To [`Input::RemoveNode`]: the membership without the node, once stored.
+    Removed(Result<Membership, Refusal<E>>),
     /// To [`Input::Start`]: the snapshot's id, once its record is stored.
     Started(Result<SnapshotId, Refusal<E>>),
     /// To [`Input::Abort`]: the stored record of the aborted snapshot.
@@ -336,6 +494,8 @@ pub enum Refusal<E> {
     Start(StartError),
     /// The store failed (or its answer was lost: `E` says which).
     Store(E),
+    /// A request that cannot be (its words say why).
+    Invalid(String),
     /// The snapshot is not in flight (it ended, or never was: the store knows which).
     NotInFlight(SnapshotId),
     /// The snapshot ended and its end is not stored yet: nothing can change it now.
@@ -345,12 +505,54 @@ pub enum Refusal<E> {
     AbortNotStored(SnapshotId),
     /// The node is not a participant of the snapshot.
     NotAParticipant(SnapshotId, NodeId),
+    /// Snapshots may not start now (a restore; why, in words).
+    Fenced(String),
+    /// A node of the topology is not connected (which, in words).
+    NodesNotConnected(String),
+    /// No node has registered.
+    NoMembers,
+    /// A daemon of another cluster.
+    ClusterMismatch {
+        /// This coordinator's cluster.
+        ours: String,
+        /// The daemon's.
+        theirs: String,
+    },
+    /// The node id is held by another connected daemon (in words).
+    NodeIdHeld(String),
+    /// The node is not in the `--topology` file (in words).
+    NotInTopology(String),
+    /// The process was removed and may not come back as it is.
+    RemovedNode(NodeId),
+    /// The node is not on the roster.
+    NotAMember(NodeId),
+    /// The node to remove is connected.
+    StillConnected {
+        /// The node.
+        node: NodeId,
+        /// Its address.
+        address: String,
+    },
+    /// A restore is under way.
+    RestoreInProgress {
+        /// The restore.
+        restore: String,
+        /// Its snapshot.
+        snapshot: SnapshotId,
+    },
+}
+
+/// The engine's roles, each with its own fields.
+struct Roles {
+    snapshots: snapshots::Snapshots,
+    restores: restores::Restores,
+    members: members::Members,
 }
 
 /// The coordinator's engine. See the module's documentation.
 pub struct CoordinatorEngine<E> {
-    snapshots: snapshots::Snapshots,
-    restores: restores::Restores,
+    cluster: String,
+    roles: Roles,
     actions: Actions<E>,
 }
 
@@ -365,72 +567,119 @@ impl<E> Actions<E> {
 }
 
 impl<E: std::fmt::Display> CoordinatorEngine<E> {
-    /// An engine that runs at most `max_in_flight` snapshots at once (at least one) and
-    /// gives a restore `restore_timeout` to be applied by every node.
-    pub fn new(max_in_flight: usize, restore_timeout: Duration) -> Self {
+    /// An engine set up with `config`.
+    pub fn new(config: Config) -> Self {
+        let tracker = SnapshotTracker::new(config.max_in_flight.max(1));
         Self {
-            snapshots: snapshots::Snapshots::new(SnapshotTracker::new(max_in_flight.max(1))),
-            restores: restores::Restores::new(restore_timeout),
+            cluster: config.cluster,
+            roles: Roles {
+                snapshots: snapshots::Snapshots::new(tracker),
+                restores: restores::Restores::new(config.restore_timeout),
+                members: members::Members::new(config.topology, config.remove_after),
+            },
             actions: Actions(VecDeque::new()),
         }
     }
 
-    /// Takes `input`, which happened at `now` (milliseconds since the Unix epoch), and
-    /// queues what follows from it.
-    pub fn handle(&mut self, now: u64, input: Input<E>) {
+    /// Takes `input`, which happened at `now`, and queues what follows from it.
+    pub fn handle(&mut self, now: Now, input: Input<E>) {
         let out = &mut self.actions;
-        let (snapshots, restores) = (&mut self.snapshots, &mut self.restores);
+        let roles = &mut self.roles;
+        let wall = now.wall_ms;
         match input {
-            Input::Start { token, start } => snapshots.start(out, token, start),
-            Input::IdTaken { result } => snapshots.id_taken(out, now, result),
-            Input::Persisted { what, result } => match what {
-                Persist::Snapshot(what) => snapshots.stored(out, what, result),
-                Persist::Restore(epoch) => restores.stored(out, epoch, result),
+            Input::MembersLoaded { roster, removed } => {
+                roles.members.loaded(out, roster, removed);
+            }
+            Input::RestoresLoaded {
+                epoch,
+                active,
+                unfinished,
+            } => roles.restores.loaded(out, epoch, active, unfinished),
+            Input::Register {
+                token,
+                registration,
+                session,
+            } => roles.register(out, now, token, registration, session, &self.cluster),
+            Input::SessionEnded { node, session } => {
+                roles.session_ended(out, now, &node, session);
+            }
+            Input::Heartbeat {
+                node,
+                application_attached,
+                channels,
+            } => {
+                if let Some(member) = roles.members.heard(now, &node) {
+                    member.application_attached = application_attached;
+                    member.channels = channels;
+                }
+            }
+            Input::RemoveNode { token, node } => roles.remove_node(out, now, token, &node),
+            Input::Leave { node } => roles.leave(out, now, &node),
+            Input::Start { token, start } => match roles.spannable() {
+                Ok(topology) => {
+                    let epoch = roles.restores.epoch();
+                    roles.snapshots.start(out, token, start, topology, epoch);
+                }
+                Err(refusal) => out.push(Action::Reply {
+                    token,
+                    answer: Answer::Started(Err(refusal)),
+                }),
             },
-            Input::Report { node, id, report } => snapshots.report(out, now, &node, id, report),
+            Input::IdTaken { result } => roles.snapshots.id_taken(out, wall, result),
+            Input::Persisted { what, result } => match what {
+                Persist::Snapshot(what) => roles.snapshots.stored(out, what, result),
+                Persist::Restore(epoch) => roles.restores.stored(out, epoch, result),
+                Persist::Register(token) => roles.registration_stored(out, now, token, result),
+                Persist::Removal(node) => roles.removal_stored(out, now, &node, result),
+                // Logged by the runtime; the member is gone either way.
+                Persist::DeleteMember(_) => {}
+            },
+            Input::Report { node, id, report } => {
+                roles.members.heard(now, &node);
+                roles.snapshots.report(out, wall, &node, id, report);
+            }
             Input::PartStored {
                 part,
                 sizes,
                 epoch,
                 applied_restore_id,
-            } => snapshots.part_stored(out, now, part, &sizes, epoch, applied_restore_id),
+            } => roles
+                .snapshots
+                .part_stored(out, wall, part, &sizes, epoch, applied_restore_id),
             Input::StorageFailed { id, node, why } => {
                 let nodes = vec![node];
-                snapshots.fail(out, now, id, FailureReason::Storage { nodes, why });
+                let reason = FailureReason::Storage { nodes, why };
+                roles.snapshots.fail(out, wall, id, reason);
             }
-            Input::TimedOut { id } => snapshots.timed_out(out, now, id),
-            Input::Abort { token, id, reason } => snapshots.abort(out, now, token, id, reason),
-            Input::FailAll { reason } => snapshots.fail_all(out, now, &reason),
-            Input::NodeLost { node } => snapshots.node_lost(out, now, &node),
-            Input::IdSeen { highest } => snapshots.id_seen(highest),
+            Input::TimedOut { id } => roles.snapshots.timed_out(out, wall, id),
+            Input::Abort { token, id, reason } => {
+                roles.snapshots.abort(out, wall, token, id, reason);
+            }
+            Input::FailAll { reason } => roles.snapshots.fail_all(out, wall, &reason),
             Input::RestoreStart {
                 token,
                 record,
                 nodes,
             } => {
                 // The fence: a snapshot planned in the old epoch can no longer be a cut.
-                snapshots.fail_all(out, now, &FailureReason::Restore);
-                restores.start(out, token, record, nodes);
+                roles.snapshots.fail_all(out, wall, &FailureReason::Restore);
+                roles.restores.start(out, token, record, nodes);
             }
             Input::RestoreApplied { node, restore_id } => {
-                restores.applied(out, now, &node, &restore_id);
+                roles.restore_applied(out, now, &node, &restore_id);
             }
-            Input::RestoreNodeFailed {
+            Input::RestoreFailed {
                 node,
                 restore_id,
                 why,
-            } => restores.node_failed(out, now, &node, restore_id.as_deref(), &why),
-            Input::RestoreNodeRestarted { node } => restores.node_restarted(out, now, &node),
-            Input::RestoreTimedOut { epoch } => restores.timed_out(out, now, epoch),
-            Input::RestoresLoaded {
-                epoch,
-                active,
-                unfinished,
-            } => restores.loaded(out, epoch, active, unfinished),
-            Input::EpochRaised { epoch } => restores.epoch_raised(epoch),
+            } => roles
+                .restores
+                .node_failed(out, wall, &node, Some(&restore_id), &why),
+            Input::RestoreTimedOut { epoch } => roles.restores.timed_out(out, wall, epoch),
             Input::Tick => {
-                snapshots.tick(out);
-                restores.tick(out, now);
+                roles.snapshots.tick(out);
+                roles.restores.tick(out, wall);
+                roles.membership_tick(out, now);
             }
         }
     }
@@ -447,62 +696,57 @@ impl<E: std::fmt::Display> CoordinatorEngine<E> {
 
     /// The snapshot tracker (to read the snapshots in flight and the limit).
     pub fn tracker(&self) -> &SnapshotTracker {
-        self.snapshots.tracker()
+        self.roles.snapshots.tracker()
     }
 
     /// A snapshot in flight's record as it stands, with the tracker's progress; `None` if
     /// it is not in flight.
     pub fn live_record(&self, id: SnapshotId) -> Option<SnapshotRecord> {
-        self.snapshots.live_record(id)
+        self.roles.snapshots.live_record(id)
     }
 
     /// The snapshots in flight.
     pub fn in_flight(&self) -> usize {
-        self.snapshots.in_flight()
+        self.roles.snapshots.in_flight()
     }
 
     /// Whether snapshot `id` is not over for the store: in flight, or ended and its end
     /// not stored yet.
     pub fn is_open(&self, id: SnapshotId) -> bool {
-        self.snapshots.is_open(id)
+        self.roles.snapshots.is_open(id)
     }
 
     /// Whether `node` may upload its part of snapshot `id` (it is in flight and `node`
     /// takes part).
     pub fn check_upload(&self, id: SnapshotId, node: &NodeId) -> Result<(), Refusal<E>> {
-        self.snapshots.check_upload(id, node)
+        self.roles.snapshots.check_upload(id, node)
     }
 
     /// The highest snapshot id a daemon reported.
     pub fn id_floor(&self) -> u64 {
-        self.snapshots.id_floor()
+        self.roles.snapshots.id_floor()
     }
 
     /// Ends whose store failed, waiting for the next [`Input::Tick`].
     pub fn unstored(&self) -> usize {
-        self.snapshots.unstored()
+        self.roles.snapshots.unstored()
     }
 
     /// The cluster's epoch.
     pub fn epoch(&self) -> u64 {
-        self.restores.epoch()
+        self.roles.restores.epoch()
     }
 
     /// The restore under way (its record as it stands: an end not yet stored is still
     /// the restore under way).
     pub fn active_restore(&self) -> Option<&RestoreRecord> {
-        self.restores.active()
-    }
-
-    /// The nodes that must apply the restore under way.
-    pub fn restore_nodes(&self) -> Option<&BTreeSet<NodeId>> {
-        self.restores.active_nodes()
+        self.roles.restores.active()
     }
 
     /// The newest restore, if it failed: until a later one is applied by every node, no
     /// snapshot starts.
     pub fn unfinished_restore(&self) -> Option<&RestoreRecord> {
-        self.restores.unfinished()
+        self.roles.restores.unfinished()
     }
 
     /// The restore that keeps snapshot `id` from being deleted, if any.
@@ -511,5 +755,34 @@ impl<E: std::fmt::Display> CoordinatorEngine<E> {
             .into_iter()
             .chain(self.unfinished_restore())
             .find(|r| r.snapshot_id == id.0)
+    }
+
+    /// Why snapshots may not start now, if they may not.
+    pub fn fence(&self) -> Option<String> {
+        self.roles.fence()
+    }
+
+    /// The membership nodes are told now (and `ListNodes` answers).
+    pub fn membership(&self) -> Membership {
+        self.roles.membership()
+    }
+
+    /// The members connected now.
+    pub fn members(&self) -> &BTreeMap<NodeId, Member> {
+        &self.roles.members.members
+    }
+
+    /// Whether every node of the roster is connected.
+    pub fn all_connected(&self) -> bool {
+        let members = &self.roles.members;
+        members
+            .roster
+            .nodes()
+            .all(|n| members.members.contains_key(n))
+    }
+
+    /// The roster's nodes.
+    pub fn roster_nodes(&self) -> impl Iterator<Item = &NodeId> + '_ {
+        self.roles.members.roster.nodes()
     }
 }

@@ -7,7 +7,7 @@
 use std::collections::BTreeSet;
 use std::time::Duration;
 
-use super::{Action, Actions, Answer, Persist, Record, Refusal, Timer, Token};
+use super::{Action, Actions, Answer, Persist, Refusal, Timer, Token, Write};
 use crate::control::{NodeCommand, NodeRestore};
 use crate::record::{RestoreRecord, RestoreStatus};
 use crate::restore::{RestoreProgress, RestoreState};
@@ -114,7 +114,7 @@ impl Restores {
     ) {
         out.push(Action::Persist {
             what: Persist::Restore(record.epoch),
-            record: Record::Restore(record.clone()),
+            write: Write::Restore(record.clone()),
             attempt: 1,
         });
         self.starting = Some(Starting {
@@ -183,23 +183,22 @@ impl Restores {
         });
     }
 
-    /// A node's application applied the restore `restore_id`.
-    pub(super) fn applied<E>(&mut self, out: &mut Actions<E>, now: u64, node: &NodeId, id: &str) {
+    /// A node's application applied the restore `restore_id`: the epoch the node is in
+    /// now, if that is known.
+    pub(super) fn applied<E>(
+        &mut self,
+        out: &mut Actions<E>,
+        now: u64,
+        node: &NodeId,
+        id: &str,
+    ) -> Option<u64> {
         let Some(active) = self.active.as_mut().filter(|a| a.record.id == id) else {
             // The restore that made the current epoch ended DONE meanwhile (this node
             // applied it again after a restart): the node is in the cluster's epoch.
-            if restore_epoch(id) == Some(self.epoch) && self.unfinished.is_none() {
-                out.push(Action::MemberEpoch {
-                    node: node.clone(),
-                    epoch: self.epoch,
-                });
-            }
-            return;
+            return (restore_epoch(id) == Some(self.epoch) && self.unfinished.is_none())
+                .then_some(self.epoch);
         };
-        out.push(Action::MemberEpoch {
-            node: node.clone(),
-            epoch: active.record.epoch,
-        });
+        let epoch = active.record.epoch;
         active.progress.node_applied(node);
         active.record.applied = active
             .progress
@@ -208,6 +207,7 @@ impl Restores {
             .map(ToString::to_string)
             .collect();
         self.moved(out, now);
+        Some(epoch)
     }
 
     /// A node could not restore (`restore_id`: the restore it named, if it named one), or
@@ -288,7 +288,7 @@ impl Restores {
         active.tries = active.tries.saturating_add(1);
         out.push(Action::Persist {
             what: Persist::Restore(active.record.epoch),
-            record: Record::Restore(active.record.clone()),
+            write: Write::Restore(active.record.clone()),
             attempt: active.tries,
         });
     }

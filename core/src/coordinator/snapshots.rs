@@ -6,9 +6,8 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use super::{
-    Action, Actions, Answer, Persist, Record, Refusal, SnapshotWrite, StartInput, Timer, Token,
+    Action, Actions, Answer, Persist, Refusal, SnapshotWrite, StartInput, Timer, Token, Write,
 };
-use crate::FailureReason;
 use crate::control::{NodeCommand, NodeReport};
 use crate::record::{
     EventKind, EventRecord, SnapshotRecord, SnapshotStatus, VerdictRecord, event_detail,
@@ -16,6 +15,7 @@ use crate::record::{
 use crate::tracker::{self, Progress, SnapshotTracker, Update};
 use crate::types::{NodeId, SnapshotId};
 use crate::verifier::NodePart;
+use crate::{FailureReason, Topology};
 
 /// What a stored part weighs, for the snapshot's record and its event.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -33,7 +33,12 @@ pub struct PartSizes {
 /// A start under way.
 enum Starting {
     /// Waiting for its id.
-    Id { token: Token, start: StartInput },
+    Id {
+        token: Token,
+        start: StartInput,
+        topology: Topology,
+        epoch: u64,
+    },
     /// Planned, waiting for its record to be stored.
     Record {
         token: Token,
@@ -118,11 +123,23 @@ impl Snapshots {
     }
 
     /// A start: every check before an id is spent, then the id is taken.
-    pub(super) fn start<E>(&mut self, out: &mut Actions<E>, token: Token, start: StartInput) {
-        if let Err(e) = self.tracker.check(&start.request, &start.topology) {
+    pub(super) fn start<E>(
+        &mut self,
+        out: &mut Actions<E>,
+        token: Token,
+        start: StartInput,
+        topology: Topology,
+        epoch: u64,
+    ) {
+        if let Err(e) = self.tracker.check(&start.request, &topology) {
             return out.push(reply_started(token, Err(Refusal::Start(e))));
         }
-        self.starting = Some(Starting::Id { token, start });
+        self.starting = Some(Starting::Id {
+            token,
+            start,
+            topology,
+            epoch,
+        });
         out.push(Action::TakeId);
     }
 
@@ -261,7 +278,13 @@ impl Snapshots {
         now: u64,
         result: Result<SnapshotId, E>,
     ) {
-        let Some(Starting::Id { token, start }) = self.starting.take() else {
+        let Some(Starting::Id {
+            token,
+            start,
+            topology,
+            epoch,
+        }) = self.starting.take()
+        else {
             return;
         };
         let id = match result {
@@ -272,7 +295,12 @@ impl Snapshots {
                 // above them, the counter stored there first. Its answer comes back as
                 // `IdTaken(Ok(above))`, above the floor.
                 let above = SnapshotId(self.id_floor.saturating_add(1));
-                self.starting = Some(Starting::Id { token, start });
+                self.starting = Some(Starting::Id {
+                    token,
+                    start,
+                    topology,
+                    epoch,
+                });
                 return out.push(Action::SetIdCounter {
                     id: above,
                     floor: self.id_floor,
@@ -281,10 +309,8 @@ impl Snapshots {
         };
         let StartInput {
             request,
-            topology,
             timeout,
             labels,
-            epoch,
             term,
         } = start;
         let mut plan = match self.tracker.start(id, request, &topology) {
@@ -323,7 +349,7 @@ impl Snapshots {
         };
         out.push(Action::Persist {
             what: Persist::Snapshot(SnapshotWrite::Started(id)),
-            record: Record::Snapshot(Box::new(record.clone())),
+            write: Write::Snapshot(Box::new(record.clone())),
             attempt: 1,
         });
         self.starting = Some(Starting::Record {
@@ -476,7 +502,7 @@ impl Snapshots {
             unstored.tries = unstored.tries.saturating_add(1);
             out.push(Action::Persist {
                 what: Persist::Snapshot(SnapshotWrite::End(id)),
-                record: Record::Snapshot(Box::new(unstored.record.clone())),
+                write: Write::Snapshot(Box::new(unstored.record.clone())),
                 attempt: unstored.tries,
             });
         }
@@ -501,6 +527,7 @@ impl Snapshots {
                     snapshot: id,
                     reason: reason.to_string(),
                 },
+                except: None,
             });
         }
         if let Some(token) = self.aborting.remove(&id) {

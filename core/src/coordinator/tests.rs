@@ -4,6 +4,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use super::*;
+use crate::control::Registration;
 use crate::record::{EventKind, RestoreRecord, RestoreStatus, SnapshotStatus};
 use crate::report::{IncomingCut, LocalReport, OutgoingCut};
 use crate::types::{ChannelId, SnapshotMode};
@@ -16,12 +17,79 @@ const TIMEOUT: Duration = Duration::from_secs(30);
 
 const RESTORE_TIMEOUT: Duration = Duration::from_secs(60);
 
-fn engine() -> CoordinatorEngine<E> {
-    CoordinatorEngine::new(4, RESTORE_TIMEOUT)
+fn config(max_in_flight: usize) -> Config {
+    Config {
+        cluster: "test".into(),
+        max_in_flight,
+        restore_timeout: RESTORE_TIMEOUT,
+        remove_after: None,
+        topology: None,
+    }
 }
 
-fn mesh() -> Topology {
-    Topology::full_mesh([NodeId::new("a"), NodeId::new("b")])
+/// `ms` on both clocks.
+fn at(ms: u64) -> Now {
+    Now {
+        wall_ms: ms,
+        mono_ms: ms,
+    }
+}
+
+fn registration(node: &str, incarnation: u64) -> Registration {
+    Registration {
+        cluster: "test".into(),
+        node: node.into(),
+        address: format!("{node}:7100"),
+        incarnation,
+        ..Registration::default()
+    }
+}
+
+/// Registers `node` (its records stored) and returns the actions that followed.
+fn register(
+    engine: &mut CoordinatorEngine<E>,
+    token: Token,
+    registration: Registration,
+) -> Vec<Action<E>> {
+    engine.handle(
+        at(T0),
+        Input::Register {
+            token,
+            registration,
+            session: token,
+        },
+    );
+    match engine.drain_actions().as_slice() {
+        [
+            Action::Persist {
+                what: Persist::Register(got),
+                write: Write::Batch(_),
+                ..
+            },
+        ] if *got == token => {}
+        other => panic!("expected the registration's records stored first, got {other:?}"),
+    }
+    let what = Persist::Register(token);
+    engine.handle(
+        at(T0),
+        Input::Persisted {
+            what,
+            result: Ok(()),
+        },
+    );
+    engine.drain_actions()
+}
+
+/// An engine with members a and b.
+fn engine_of(max_in_flight: usize) -> CoordinatorEngine<E> {
+    let mut engine = CoordinatorEngine::new(config(max_in_flight));
+    register(&mut engine, 100, registration("a", 1));
+    register(&mut engine, 101, registration("b", 1));
+    engine
+}
+
+fn engine() -> CoordinatorEngine<E> {
+    engine_of(4)
 }
 
 fn start_input(token: Token) -> Input<E> {
@@ -33,10 +101,8 @@ fn start_input(token: Token) -> Input<E> {
                 initiators: BTreeSet::from([NodeId::new("a")]),
                 alignment_timeout: None,
             },
-            topology: mesh(),
             timeout: TIMEOUT,
             labels: BTreeMap::from([("why".to_owned(), "test".to_owned())]),
-            epoch: 3,
             term: 7,
         },
     }
@@ -72,17 +138,17 @@ fn part(id: u64, node: &str) -> Input<E> {
             bytes_new: 10,
             ..PartSizes::default()
         },
-        epoch: 3,
+        epoch: 0,
         applied_restore_id: String::new(),
     }
 }
 
 /// Starts snapshot `id` (the counter hands out `id`) and checks every step of its start.
 fn started(engine: &mut CoordinatorEngine<E>, id: u64) -> SnapshotRecord {
-    engine.handle(T0, start_input(1));
+    engine.handle(at(T0), start_input(1));
     assert_eq!(engine.drain_actions(), [Action::TakeId]);
     engine.handle(
-        T0,
+        at(T0),
         Input::IdTaken {
             result: Ok(SnapshotId(id)),
         },
@@ -91,7 +157,7 @@ fn started(engine: &mut CoordinatorEngine<E>, id: u64) -> SnapshotRecord {
         [
             Action::Persist {
                 what: Persist::Snapshot(SnapshotWrite::Started(got)),
-                record: Record::Snapshot(record),
+                write: Write::Snapshot(record),
                 attempt: 1,
             },
         ] if *got == SnapshotId(id) => (**record).clone(),
@@ -100,14 +166,14 @@ fn started(engine: &mut CoordinatorEngine<E>, id: u64) -> SnapshotRecord {
     assert_eq!(record.status, SnapshotStatus::InProgress);
     assert_eq!(
         (record.epoch, record.term, record.started_at_ms),
-        (3, 7, T0)
+        (0, 7, T0)
     );
     assert_eq!(record.nodes, ["a", "b"]);
     assert_eq!(record.channels, ["a->b", "b->a"]);
     // Nobody hears of it before the store answers.
     assert!(engine.live_record(SnapshotId(id)).is_none());
     engine.handle(
-        T0,
+        at(T0),
         Input::Persisted {
             what: Persist::Snapshot(SnapshotWrite::Started(SnapshotId(id))),
             result: Ok(()),
@@ -149,7 +215,7 @@ fn end_to_store(actions: Vec<Action<E>>, id: u64, attempt: u64) -> SnapshotRecor
         [
             Action::Persist {
                 what: Persist::Snapshot(SnapshotWrite::End(got)),
-                record: Record::Snapshot(record),
+                write: Write::Snapshot(record),
                 attempt: n,
             },
         ] if *got == SnapshotId(id) && *n == attempt => (**record).clone(),
@@ -161,7 +227,7 @@ fn end_to_store(actions: Vec<Action<E>>, id: u64, attempt: u64) -> SnapshotRecor
 fn a_snapshot_completes_stored_before_told() {
     let mut engine = engine();
     started(&mut engine, 1);
-    engine.handle(T0 + 1, part(1, "a"));
+    engine.handle(at(T0 + 1), part(1, "a"));
     let actions = engine.drain_actions();
     assert!(
         matches!(&actions[..], [Action::Step { event, .. }, Action::Progress { id }]
@@ -174,7 +240,7 @@ fn a_snapshot_completes_stored_before_told() {
         (&["a".to_owned()][..], 10)
     );
 
-    engine.handle(T0 + 2, part(1, "b"));
+    engine.handle(at(T0 + 2), part(1, "b"));
     let actions = engine.drain_actions();
     assert!(matches!(&actions[0], Action::Step { .. }), "{actions:?}");
     let end = end_to_store(actions[1..].to_vec(), 1, 1);
@@ -199,7 +265,7 @@ fn a_snapshot_completes_stored_before_told() {
 
     // The store refuses: nobody is told; the next tick tries again.
     engine.handle(
-        T0 + 3,
+        at(T0 + 3),
         Input::Persisted {
             what: Persist::Snapshot(SnapshotWrite::End(SnapshotId(1))),
             result: Err("etcd: no leader".into()),
@@ -207,10 +273,10 @@ fn a_snapshot_completes_stored_before_told() {
     );
     assert_eq!(engine.drain_actions(), []);
     assert_eq!(engine.unstored(), 1);
-    engine.handle(T0 + 250, Input::Tick);
+    engine.handle(at(T0 + 250), Input::Tick);
     assert_eq!(end_to_store(engine.drain_actions(), 1, 2), end);
     engine.handle(
-        T0 + 251,
+        at(T0 + 251),
         Input::Persisted {
             what: Persist::Snapshot(SnapshotWrite::End(SnapshotId(1))),
             result: Ok(()),
@@ -224,21 +290,26 @@ fn a_snapshot_completes_stored_before_told() {
         }]
     );
     assert!(!engine.is_open(SnapshotId(1)));
-    engine.handle(T0 + 500, Input::Tick);
+    engine.handle(at(T0 + 500), Input::Tick);
     assert_eq!(engine.drain_actions(), []);
 }
 
 #[test]
 fn ids_stay_above_what_daemons_saw() {
     let mut engine = engine();
-    engine.handle(T0, Input::IdSeen { highest: 41 });
-    engine.handle(T0, Input::IdSeen { highest: 9 });
+    for (token, highest) in [(102, 41), (103, 9)] {
+        let seen = Registration {
+            highest_snapshot_id: highest,
+            ..registration("a", 1)
+        };
+        register(&mut engine, token, seen);
+    }
     assert_eq!(engine.id_floor(), 41);
-    engine.handle(T0, start_input(1));
+    engine.handle(at(T0), start_input(1));
     assert_eq!(engine.drain_actions(), [Action::TakeId]);
     // The counter (lost with the metadata?) hands out 5: the counter is set above 41.
     engine.handle(
-        T0,
+        at(T0),
         Input::IdTaken {
             result: Ok(SnapshotId(5)),
         },
@@ -251,7 +322,7 @@ fn ids_stay_above_what_daemons_saw() {
         }]
     );
     engine.handle(
-        T0,
+        at(T0),
         Input::IdTaken {
             result: Ok(SnapshotId(42)),
         },
@@ -267,17 +338,17 @@ fn ids_stay_above_what_daemons_saw() {
 
 #[test]
 fn a_start_whose_record_is_not_stored_is_told_to_nobody_and_frees_its_place() {
-    let mut engine = CoordinatorEngine::<E>::new(1, RESTORE_TIMEOUT);
-    engine.handle(T0, start_input(1));
+    let mut engine = engine_of(1);
+    engine.handle(at(T0), start_input(1));
     engine.handle(
-        T0,
+        at(T0),
         Input::IdTaken {
             result: Ok(SnapshotId(1)),
         },
     );
     engine.drain_actions();
     engine.handle(
-        T0,
+        at(T0),
         Input::Persisted {
             what: Persist::Snapshot(SnapshotWrite::Started(SnapshotId(1))),
             result: Err("answer lost".into()),
@@ -302,7 +373,7 @@ fn a_refused_start_spends_no_id() {
     if let Input::Start { start, .. } = &mut input {
         start.request.initiators = BTreeSet::from([NodeId::new("z")]);
     }
-    engine.handle(T0, input);
+    engine.handle(at(T0), input);
     assert!(matches!(
         engine.drain_actions().as_slice(),
         [Action::Reply {
@@ -317,7 +388,7 @@ fn an_abort_is_answered_with_the_stored_end_and_dropped_everywhere() {
     let mut engine = engine();
     started(&mut engine, 1);
     engine.handle(
-        T0 + 5,
+        at(T0 + 5),
         Input::Abort {
             token: 2,
             id: SnapshotId(1),
@@ -332,7 +403,7 @@ fn an_abort_is_answered_with_the_stored_end_and_dropped_everywhere() {
         ("ABORTED", "aborted: aborted by a user")
     );
     engine.handle(
-        T0 + 6,
+        at(T0 + 6),
         Input::Persisted {
             what: Persist::Snapshot(SnapshotWrite::End(SnapshotId(1))),
             result: Ok(()),
@@ -347,6 +418,7 @@ fn an_abort_is_answered_with_the_stored_end_and_dropped_everywhere() {
                     snapshot: SnapshotId(1),
                     reason: reason.to_string(),
                 },
+                except: None,
             },
             Action::Reply {
                 token: 2,
@@ -359,7 +431,7 @@ fn an_abort_is_answered_with_the_stored_end_and_dropped_everywhere() {
     );
     // A second abort: the runtime asks the store whether it ended or never was.
     engine.handle(
-        T0 + 7,
+        at(T0 + 7),
         Input::Abort {
             token: 3,
             id: SnapshotId(1),
@@ -384,10 +456,10 @@ fn an_abort_whose_end_is_not_stored_is_not_reported_done() {
         id: SnapshotId(1),
         reason: "operator".into(),
     };
-    engine.handle(T0, abort(2));
+    engine.handle(at(T0), abort(2));
     engine.drain_actions();
     engine.handle(
-        T0,
+        at(T0),
         Input::Persisted {
             what: Persist::Snapshot(SnapshotWrite::End(SnapshotId(1))),
             result: Err("timed out".into()),
@@ -401,7 +473,7 @@ fn an_abort_whose_end_is_not_stored_is_not_reported_done() {
         }]
     );
     // Its end is decided: a second abort cannot change it.
-    engine.handle(T0, abort(3));
+    engine.handle(at(T0), abort(3));
     assert_eq!(
         engine.drain_actions(),
         [Action::Reply {
@@ -425,7 +497,7 @@ fn a_part_of_another_epoch_fails_the_snapshot_naming_the_node() {
         *epoch = 4;
         *applied_restore_id = "restore-4".into();
     }
-    engine.handle(T0 + 1, input);
+    engine.handle(at(T0 + 1), input);
     let end = end_to_store(engine.drain_actions(), 1, 1);
     let failure = end.failure.unwrap();
     assert_eq!(
@@ -435,7 +507,7 @@ fn a_part_of_another_epoch_fails_the_snapshot_naming_the_node() {
     assert_eq!(
         failure.detail.as_deref(),
         Some(
-            "snapshot 1 started in epoch 3, node b recorded its part in epoch 4 (after restore-4)"
+            "snapshot 1 started in epoch 0, node b recorded its part in epoch 4 (after restore-4)"
         )
     );
 }
@@ -449,7 +521,7 @@ fn a_node_failure_is_one_step_and_a_lost_node_fails_what_it_takes_part_in() {
         id: SnapshotId(1),
         report: NodeReport::Failed(FailureReason::NoApplication(NodeId::new(node))),
     };
-    engine.handle(T0 + 1, failed("b"));
+    engine.handle(at(T0 + 1), failed("b"));
     let actions = engine.drain_actions();
     assert!(
         matches!(&actions[0], Action::Step { event, .. }
@@ -460,25 +532,40 @@ fn a_node_failure_is_one_step_and_a_lost_node_fails_what_it_takes_part_in() {
     let end = end_to_store(actions[1..].to_vec(), 1, 1);
     assert_eq!(end.status, SnapshotStatus::Failed);
     // Reports after its end change nothing.
-    engine.handle(T0 + 2, failed("a"));
+    engine.handle(at(T0 + 2), failed("a"));
     assert_eq!(engine.drain_actions(), []);
 
     started(&mut engine, 2);
-    engine.handle(
-        T0 + 3,
-        Input::NodeLost {
-            node: NodeId::new("b"),
-        },
+    let gone = Input::SessionEnded {
+        node: NodeId::new("b"),
+        session: 101,
+    };
+    engine.handle(at(T0 + 3), gone);
+    let actions = engine.drain_actions();
+    assert!(
+        matches!(&actions[..4], [
+            Action::Note(Note::Gone { .. }),
+            Action::Dismiss { node },
+            Action::Broadcast { command: NodeCommand::Membership(m), except: None },
+            Action::Persist { what: Persist::DeleteMember(_), .. },
+        ] if node.as_str() == "b" && m.nodes.iter().any(|n| n.node.as_str() == "b" && !n.connected)),
+        "{actions:?}"
     );
-    let end = end_to_store(engine.drain_actions(), 2, 1);
+    let end = end_to_store(actions[4..].to_vec(), 2, 1);
     assert_eq!(end.failure.unwrap().kind, "NODE_LOST");
-    engine.handle(
-        T0 + 3,
-        Input::NodeLost {
-            node: NodeId::new("b"),
-        },
-    );
+    // An older session of the node changes nothing; nor does a start without it.
+    let older = Input::SessionEnded {
+        node: NodeId::new("a"),
+        session: 1,
+    };
+    engine.handle(at(T0 + 3), older);
     assert_eq!(engine.drain_actions(), []);
+    engine.handle(at(T0 + 4), start_input(5));
+    assert!(matches!(
+        engine.drain_actions().as_slice(),
+        [Action::Reply { token: 5, answer: Answer::Started(Err(Refusal::NodesNotConnected(why))) }]
+            if why.contains(": b")
+    ));
 }
 
 #[test]
@@ -505,7 +592,7 @@ fn every_snapshot_in_flight_fails_at_once() {
     started(&mut engine, 1);
     started(&mut engine, 2);
     engine.handle(
-        T0 + 9,
+        at(T0 + 9),
         Input::FailAll {
             reason: FailureReason::Restore,
         },
@@ -541,7 +628,7 @@ fn restore_to_store(actions: Vec<Action<E>>, attempt: u64) -> RestoreRecord {
         [
             Action::Persist {
                 what: Persist::Restore(_),
-                record: Record::Restore(record),
+                write: Write::Restore(record),
                 attempt: n,
             },
         ] if *n == attempt => record.clone(),
@@ -551,7 +638,7 @@ fn restore_to_store(actions: Vec<Action<E>>, attempt: u64) -> RestoreRecord {
 
 fn restore_stored(engine: &mut CoordinatorEngine<E>, epoch: u64, result: Result<(), E>) {
     let what = Persist::Restore(epoch);
-    engine.handle(T0, Input::Persisted { what, result });
+    engine.handle(at(T0), Input::Persisted { what, result });
 }
 
 /// Starts the restore of epoch 5 over a and b, checking that the nodes hear of it only once
@@ -560,7 +647,7 @@ fn restore_started(engine: &mut CoordinatorEngine<E>) {
     let nodes = BTreeSet::from([NodeId::new("a"), NodeId::new("b")]);
     let record = restore_record(5);
     engine.handle(
-        T0,
+        at(T0),
         Input::RestoreStart {
             token: 8,
             record: record.clone(),
@@ -608,7 +695,7 @@ fn a_restore_fails_the_snapshots_in_flight_before_its_record_is_stored() {
     let mut engine = engine();
     started(&mut engine, 1);
     engine.handle(
-        T0,
+        at(T0),
         Input::RestoreStart {
             token: 8,
             record: restore_record(5),
@@ -628,7 +715,7 @@ fn a_restore_fails_the_snapshots_in_flight_before_its_record_is_stored() {
 fn a_restore_whose_record_is_not_stored_tells_no_node_and_keeps_the_epoch() {
     let mut engine = engine();
     engine.handle(
-        T0,
+        at(T0),
         Input::RestoreStart {
             token: 8,
             record: restore_record(5),
@@ -656,16 +743,10 @@ fn a_restore_ends_done_once_every_node_applied_and_the_end_is_stored() {
         node: NodeId::new(node),
         restore_id: "restore-5".into(),
     };
-    engine.handle(T0 + 1, applied("a"));
-    let actions = engine.drain_actions();
-    assert_eq!(
-        actions[0],
-        Action::MemberEpoch {
-            node: NodeId::new("a"),
-            epoch: 5
-        }
-    );
-    let progress = restore_to_store(actions[1..].to_vec(), 1);
+    engine.handle(at(T0 + 1), applied("a"));
+    let progress = restore_to_store(engine.drain_actions(), 1);
+    assert_eq!(engine.members()[&NodeId::new("a")].epoch, 5);
+    assert_eq!(engine.members()[&NodeId::new("b")].epoch, 0);
     assert_eq!(
         (progress.applied, progress.status),
         (vec!["a".to_owned()], RestoreStatus::InProgress)
@@ -673,9 +754,8 @@ fn a_restore_ends_done_once_every_node_applied_and_the_end_is_stored() {
     restore_stored(&mut engine, 5, Ok(()));
     assert_eq!(engine.drain_actions(), []);
 
-    engine.handle(T0 + 2, applied("b"));
-    let actions = engine.drain_actions();
-    let done = restore_to_store(actions[1..].to_vec(), 1);
+    engine.handle(at(T0 + 2), applied("b"));
+    let done = restore_to_store(engine.drain_actions(), 1);
     assert_eq!(
         (done.status, done.finished_at_ms),
         (RestoreStatus::Done, T0 + 2)
@@ -685,7 +765,7 @@ fn a_restore_ends_done_once_every_node_applied_and_the_end_is_stored() {
     restore_stored(&mut engine, 5, Err("disk full".into()));
     assert_eq!(engine.drain_actions(), []);
     assert!(engine.active_restore().is_some());
-    engine.handle(T0 + 250, Input::Tick);
+    engine.handle(at(T0 + 250), Input::Tick);
     assert_eq!(restore_to_store(engine.drain_actions(), 2), done);
     restore_stored(&mut engine, 5, Ok(()));
     assert_eq!(
@@ -693,15 +773,7 @@ fn a_restore_ends_done_once_every_node_applied_and_the_end_is_stored() {
         [Action::RestoreEnded { record: done }]
     );
     assert!(engine.active_restore().is_none() && engine.unfinished_restore().is_none());
-    // A node that applies it again after a restart is in the epoch.
-    engine.handle(T0 + 300, applied("a"));
-    assert_eq!(
-        engine.drain_actions(),
-        [Action::MemberEpoch {
-            node: NodeId::new("a"),
-            epoch: 5
-        }]
-    );
+    assert_eq!(engine.fence(), None, "every member is in epoch 5");
 }
 
 #[test]
@@ -709,10 +781,10 @@ fn a_failed_restore_keeps_the_cluster_fenced_and_names_the_node() {
     let mut engine = engine();
     restore_started(&mut engine);
     engine.handle(
-        T0 + 1,
-        Input::RestoreNodeFailed {
+        at(T0 + 1),
+        Input::RestoreFailed {
             node: NodeId::new("b"),
-            restore_id: None,
+            restore_id: "restore-5".into(),
             why: "no space left".into(),
         },
     );
@@ -730,7 +802,7 @@ fn a_failed_restore_keeps_the_cluster_fenced_and_names_the_node() {
     assert_eq!(engine.restore_holding(SnapshotId(1)), Some(&failed));
     // Its epoch is not the cluster's to enter: a late application changes nothing.
     engine.handle(
-        T0 + 2,
+        at(T0 + 2),
         Input::RestoreApplied {
             node: NodeId::new("a"),
             restore_id: "restore-5".into(),
@@ -745,7 +817,7 @@ fn a_resumed_restore_gets_a_new_deadline_and_fails_when_it_passes() {
     let mut record = restore_record(5);
     record.applied = vec!["a".into()];
     engine.handle(
-        T0,
+        at(T0),
         Input::RestoresLoaded {
             epoch: 5,
             active: Some(record),
@@ -760,27 +832,20 @@ fn a_resumed_restore_gets_a_new_deadline_and_fails_when_it_passes() {
         }]
     );
     // Another restore's deadline changes nothing.
-    engine.handle(T0 + 1, Input::RestoreTimedOut { epoch: 4 });
+    engine.handle(at(T0 + 1), Input::RestoreTimedOut { epoch: 4 });
     assert_eq!(engine.drain_actions(), []);
-    engine.handle(T0 + 2, Input::RestoreTimedOut { epoch: 5 });
+    engine.handle(at(T0 + 2), Input::RestoreTimedOut { epoch: 5 });
     let failed = restore_to_store(engine.drain_actions(), 1);
     assert_eq!(failed.status, RestoreStatus::Failed);
     assert!(failed.failure.unwrap().contains('b'));
 }
 
 #[test]
-fn a_node_restarted_after_applying_fails_the_restore_one_that_had_not_does_not() {
+fn a_node_restarted_after_applying_fails_the_restore() {
     let mut engine = engine();
     restore_started(&mut engine);
     engine.handle(
-        T0,
-        Input::RestoreNodeRestarted {
-            node: NodeId::new("b"),
-        },
-    );
-    assert_eq!(engine.drain_actions(), []);
-    engine.handle(
-        T0,
+        at(T0),
         Input::RestoreApplied {
             node: NodeId::new("a"),
             restore_id: "restore-5".into(),
@@ -788,12 +853,43 @@ fn a_node_restarted_after_applying_fails_the_restore_one_that_had_not_does_not()
     );
     engine.drain_actions();
     restore_stored(&mut engine, 5, Ok(()));
-    engine.handle(
-        T0 + 1,
-        Input::RestoreNodeRestarted {
-            node: NodeId::new("a"),
-        },
+    // Its session ends: it had applied, so the restore goes on without it for now.
+    let gone = Input::SessionEnded {
+        node: NodeId::new("a"),
+        session: 100,
+    };
+    engine.handle(at(T0 + 1), gone);
+    let actions = engine.drain_actions();
+    assert!(
+        !actions.iter().any(|a| matches!(
+            a,
+            Action::Persist {
+                what: Persist::Restore(_),
+                ..
+            }
+        )),
+        "{actions:?}"
     );
-    let failed = restore_to_store(engine.drain_actions(), 1);
+    // A new process of it comes back, without the restored state.
+    let actions = register(&mut engine, 102, registration("a", 2));
+    assert!(actions.contains(&Action::Note(Note::Restarted {
+        node: NodeId::new("a")
+    })));
+    let failed = actions
+        .iter()
+        .find_map(|a| match a {
+            Action::Persist {
+                write: Write::Restore(record),
+                ..
+            } => Some(record.clone()),
+            _ => None,
+        })
+        .expect("the restore's end stored");
     assert_eq!(failed.status, RestoreStatus::Failed);
+    assert!(
+        failed
+            .failure
+            .unwrap()
+            .contains("node a restarted after applying")
+    );
 }

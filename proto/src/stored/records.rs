@@ -5,8 +5,8 @@
 use serde::{Deserialize, Serialize};
 
 pub use cairn_core::record::{
-    EventKind, EventRecord, FailureRecord, RestoreRecord, RestoreStatus, SnapshotRecord,
-    SnapshotStatus, VerdictRecord,
+    EventKind, EventRecord, FailureRecord, MemberRecord, RemovedRecord, RestoreRecord,
+    RestoreStatus, RosterRecord, SnapshotRecord, SnapshotStatus, VerdictRecord,
 };
 
 /// The most bytes of recorded messages `GetSnapshot` returns inline for one part; a part
@@ -94,48 +94,6 @@ impl PartRecord {
         }
         known
     }
-}
-
-/// A registered node daemon.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct MemberRecord {
-    /// The node's id.
-    pub node: String,
-    /// Its peer address.
-    pub address: String,
-    /// Its daemon's incarnation.
-    pub incarnation: u64,
-    /// Milliseconds since the Unix epoch.
-    pub registered_at_ms: u64,
-}
-
-/// A node removed from the cluster (`RemoveNode`) and not back since: daemons drop their
-/// channels to it when a membership names it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct RemovedRecord {
-    /// The node's id.
-    pub node: String,
-    /// Milliseconds since the Unix epoch of its removal.
-    pub removed_at_ms: u64,
-    /// The daemon incarnation it last registered with: that process may not register again
-    /// (its channels are gone at every peer); a new process joins as a new member.
-    #[serde(default)]
-    pub incarnation: u64,
-}
-
-/// A node of the cluster's roster: every node that has ever registered (and was not
-/// removed). The topology spans the roster, connected or not.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct RosterRecord {
-    /// The node's id.
-    pub node: String,
-    /// Its peer address, as it last registered.
-    pub address: String,
-    /// Milliseconds since the Unix epoch of its first registration.
-    pub joined_at_ms: u64,
-    /// The incarnation it last registered with (a new one means its daemon restarted).
-    #[serde(default)]
-    pub incarnation: u64,
 }
 
 /// The snapshot policy (`/cairn/<cluster>/policy`), so that it outlives a restart.

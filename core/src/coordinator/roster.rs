@@ -1,24 +1,23 @@
 //! The roster and the topology rules, as plain data: which nodes belong to the cluster
 //! (every node that ever registered, kept while it is down), what a registration changes,
-//! and which topology a snapshot spans. No I/O: the coordinator's task stores what
-//! [`Roster::enroll`] returns, and unit tests cover the rules.
+//! and which topology a snapshot spans. No I/O: the engine's membership role has what
+//! [`Roster::enroll`] returns stored before it [`Roster::insert`]s it.
 
 use std::collections::BTreeMap;
 
-use cairn_core::{NodeId, Topology};
-
-use crate::store::RosterRecord;
+use crate::record::RosterRecord;
+use crate::{NodeId, Topology};
 
 /// Every node of the cluster, and the fixed topology if there is one (`--topology`).
 #[derive(Debug, Default)]
-pub(crate) struct Roster {
+pub struct Roster {
     fixed: Option<Topology>,
     nodes: BTreeMap<NodeId, RosterRecord>,
 }
 
 /// What a registration changes.
 #[derive(Debug, PartialEq, Eq)]
-pub(crate) struct Enrollment {
+pub struct Enrollment {
     /// The record to store, if it changed.
     pub record: Option<RosterRecord>,
     /// What the other nodes must hear of (a node joined or moved).
@@ -38,16 +37,19 @@ impl Roster {
         }
     }
 
-    /// Takes stored records; a node the fixed topology does not name is left out (logged).
-    pub fn load(&mut self, records: impl IntoIterator<Item = RosterRecord>) {
+    /// Takes stored records; a node the fixed topology does not name is left out (and
+    /// returned, to be logged).
+    pub fn load(&mut self, records: impl IntoIterator<Item = RosterRecord>) -> Vec<NodeId> {
+        let mut left_out = Vec::new();
         for record in records {
             let node = NodeId::new(record.node.clone());
             if self.admits(&node).is_err() {
-                tracing::warn!(%node, "node on the roster but not in --topology: left out");
+                left_out.push(node);
                 continue;
             }
             self.nodes.insert(node, record);
         }
+        left_out
     }
 
     /// Whether `node` may be a member: every node, or only those `--topology` names.
@@ -224,7 +226,7 @@ mod tests {
         assert_eq!(mesh.channels().len(), 6);
         let ring = Topology::from_channels(
             [n("a"), n("b"), n("c")],
-            [("a", "b"), ("b", "c"), ("c", "a")].map(|(f, t)| cairn_core::ChannelId::new(f, t)),
+            [("a", "b"), ("b", "c"), ("c", "a")].map(|(f, t)| crate::ChannelId::new(f, t)),
         )
         .unwrap();
         let roster = roster_of(Some(ring), &["a", "b"]);
@@ -257,7 +259,7 @@ mod tests {
             joined_at_ms: 0,
             incarnation: 1,
         };
-        roster.load([record("a"), record("z")]);
+        assert_eq!(roster.load([record("a"), record("z")]), [n("z")]);
         assert!(roster.contains(&n("a")) && !roster.contains(&n("z")));
     }
 }
