@@ -893,3 +893,209 @@ fn a_node_restarted_after_applying_fails_the_restore() {
             .contains("node a restarted after applying")
     );
 }
+
+#[test]
+fn a_registration_is_a_membership_only_once_its_records_are_stored() {
+    let mut engine = CoordinatorEngine::<E>::new(config(4));
+    engine.handle(
+        at(T0),
+        Input::Register {
+            token: 1,
+            registration: registration("a", 1),
+            session: 1,
+        },
+    );
+    let writes = match engine.drain_actions().as_slice() {
+        [
+            Action::Persist {
+                write: Write::Batch(writes),
+                ..
+            },
+        ] => writes.clone(),
+        other => panic!("{other:?}"),
+    };
+    assert!(matches!(
+        writes.as_slice(),
+        [Write::Roster(r), Write::Member(m)] if r.node == "a" && m.incarnation == 1
+    ));
+    let what = Persist::Register(1);
+    let result = Err("no leader".to_owned());
+    engine.handle(at(T0), Input::Persisted { what, result });
+    assert_eq!(
+        engine.drain_actions(),
+        [Action::Reply {
+            token: 1,
+            answer: Answer::Registered(Err(Refusal::Store("no leader".into()))),
+        }]
+    );
+    assert!(engine.members().is_empty() && engine.roster_nodes().next().is_none());
+
+    let actions = register(&mut engine, 2, registration("a", 1));
+    let membership = engine.membership();
+    assert_eq!(
+        actions,
+        [
+            Action::Note(Note::Changed {
+                node: NodeId::new("a"),
+                change: "node a joined".into()
+            }),
+            Action::Note(Note::Registered {
+                node: NodeId::new("a"),
+                address: "a:7100".into(),
+                epoch: 0
+            }),
+            Action::Admit {
+                node: NodeId::new("a"),
+                token: 2
+            },
+            Action::Send {
+                node: NodeId::new("a"),
+                command: NodeCommand::Registered(membership.clone()),
+            },
+            Action::Broadcast {
+                command: NodeCommand::Membership(membership.clone()),
+                except: Some(NodeId::new("a")),
+            },
+            Action::Reply {
+                token: 2,
+                answer: Answer::Registered(Ok(membership)),
+            },
+        ]
+    );
+}
+
+#[test]
+fn a_second_daemon_for_a_connected_id_is_refused_until_the_first_is_silent() {
+    let mut engine = engine();
+    let second = Input::Register {
+        token: 7,
+        registration: registration("a", 2),
+        session: 7,
+    };
+    engine.handle(at(T0 + 1_000), second);
+    assert!(matches!(
+        engine.drain_actions().as_slice(),
+        [Action::Reply { token: 7, answer: Answer::Registered(Err(Refusal::NodeIdHeld(why))) }]
+            if why.contains("heard from 1000 ms ago") && why.contains("--node-id a")
+    ));
+    // b keeps talking; a goes silent: taken as gone after MEMBER_SILENCE_MS.
+    for ms in (250..MEMBER_SILENCE_MS).step_by(250) {
+        let heartbeat = Input::Heartbeat {
+            node: NodeId::new("b"),
+            application_attached: true,
+            channels: Vec::new(),
+        };
+        engine.handle(at(T0 + ms), heartbeat);
+        engine.handle(at(T0 + ms), Input::Tick);
+        assert_eq!(engine.drain_actions(), [], "at {ms} ms");
+    }
+    engine.handle(at(T0 + MEMBER_SILENCE_MS), Input::Tick);
+    let actions = engine.drain_actions();
+    assert!(
+        matches!(&actions[0], Action::Note(Note::Gone { node, why })
+            if node.as_str() == "a" && why == "no heartbeat for 6000 ms"),
+        "{actions:?}"
+    );
+    assert_eq!(engine.members().len(), 1);
+    // Now the new process may have the id; it restarted.
+    let actions = register(&mut engine, 8, registration("a", 2));
+    assert!(actions.contains(&Action::Note(Note::Restarted {
+        node: NodeId::new("a")
+    })));
+}
+
+#[test]
+fn a_late_tick_judges_no_silence() {
+    let mut engine = engine();
+    engine.handle(at(T0 + 250), Input::Tick);
+    engine.drain_actions();
+    // The runtime was busy for 10 s: the heartbeats may be in its queue.
+    engine.handle(at(T0 + 10_250), Input::Tick);
+    assert_eq!(engine.drain_actions(), []);
+    engine.handle(at(T0 + 10_500), Input::Tick);
+    assert_eq!(engine.drain_actions().len(), 2 * 4, "both silent now");
+}
+
+#[test]
+fn a_removed_node_is_named_in_memberships_and_only_a_new_process_may_return() {
+    let mut engine = engine();
+    let remove = |token| Input::RemoveNode {
+        token,
+        node: NodeId::new("b"),
+    };
+    engine.handle(at(T0), remove(1));
+    assert!(matches!(
+        engine.drain_actions().as_slice(),
+        [Action::Reply {
+            token: 1,
+            answer: Answer::Removed(Err(Refusal::StillConnected { .. }))
+        }]
+    ));
+    let gone = Input::SessionEnded {
+        node: NodeId::new("b"),
+        session: 101,
+    };
+    engine.handle(at(T0), gone);
+    engine.drain_actions();
+    engine.handle(at(T0 + 1), remove(2));
+    assert!(matches!(
+        engine.drain_actions().as_slice(),
+        [Action::Persist { what: Persist::Removal(n), write: Write::Remove(r), .. }]
+            if n.as_str() == "b" && r.incarnation == 1
+    ));
+    assert!(
+        engine.membership().removed.is_empty(),
+        "not before it is stored"
+    );
+    let what = Persist::Removal(NodeId::new("b"));
+    engine.handle(
+        at(T0 + 1),
+        Input::Persisted {
+            what,
+            result: Ok(()),
+        },
+    );
+    let actions = engine.drain_actions();
+    let membership = engine.membership();
+    assert_eq!(membership.removed, [NodeId::new("b")]);
+    assert_eq!(membership.nodes.len(), 1);
+    assert!(actions.ends_with(&[
+        Action::Broadcast {
+            command: NodeCommand::Membership(membership.clone()),
+            except: None,
+        },
+        Action::Reply {
+            token: 2,
+            answer: Answer::Removed(Ok(membership)),
+        },
+    ]));
+    // The removed process may not come back as it is; a new one joins anew.
+    engine.handle(
+        at(T0 + 2),
+        Input::Register {
+            token: 3,
+            registration: registration("b", 1),
+            session: 3,
+        },
+    );
+    assert!(matches!(
+        engine.drain_actions().as_slice(),
+        [Action::Reply {
+            token: 3,
+            answer: Answer::Registered(Err(Refusal::RemovedNode(_)))
+        }]
+    ));
+    engine.handle(
+        at(T0 + 3),
+        Input::Register {
+            token: 4,
+            registration: registration("b", 2),
+            session: 4,
+        },
+    );
+    assert!(matches!(
+        engine.drain_actions().as_slice(),
+        [Action::Persist { write: Write::Batch(w), .. }]
+            if w.iter().any(|w| matches!(w, Write::DeleteRemoved(n) if n.as_str() == "b"))
+    ));
+}
