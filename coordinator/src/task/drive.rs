@@ -101,6 +101,12 @@ impl State {
             }
             Action::Dismiss { node } => {
                 self.sessions.remove(&node);
+                self.leaving.remove(&node);
+            }
+            Action::Detach { node } => {
+                if let Some(session) = self.sessions.remove(&node) {
+                    self.leaving.insert(node, session);
+                }
             }
             Action::Send { node, command } => {
                 if let Some((_, tx)) = self.sessions.get(&node) {
@@ -113,7 +119,7 @@ impl State {
                 if let Some(why) = &answer {
                     tracing::warn!(%node, "node asked to leave and stays on the roster: {why}");
                 }
-                if let Some((_, tx)) = self.sessions.get(&node) {
+                if let Some((_, tx)) = self.leaving.get(&node).or(self.sessions.get(&node)) {
                     self.command(tx, NodeCommand::Left(answer));
                 }
             }

@@ -205,6 +205,8 @@ pub(crate) struct State {
     engine: CoordinatorEngine<Error>,
     /// Each member's session: the stream its commands go to, and the session's number.
     sessions: BTreeMap<NodeId, (u64, NodeTx)>,
+    /// The sessions of nodes leaving, until they are told whether they left.
+    leaving: BTreeMap<NodeId, (u64, NodeTx)>,
     /// The sessions of registrations under way, by token, until the engine admits them.
     registering: BTreeMap<u64, (u64, NodeTx)>,
     /// The zero of the engine's monotonic milliseconds.
@@ -267,6 +269,7 @@ impl State {
                 topology: settings.topology.clone(),
             }),
             sessions: BTreeMap::new(),
+            leaving: BTreeMap::new(),
             registering: BTreeMap::new(),
             started: Instant::now(),
             settings,
@@ -394,6 +397,7 @@ impl State {
             }
         }
         self.sessions.clear();
+        self.leaving.clear();
         // Work off the task that has not come back is answered for what it is: a restore
         // still being verified fenced nothing and stored nothing; a deletion waiting for its
         // garbage collection is stored (the chunks go at a later collection).

@@ -433,6 +433,8 @@ impl Roles {
         }
         out.push(Action::Note(Note::Leaving { node: node.clone() }));
         self.members.members.remove(node);
+        // It hears no membership without itself before its answer.
+        out.push(Action::Detach { node: node.clone() });
         out.push(Action::Persist {
             what: Persist::DeleteMember(node.clone()),
             write: Write::DeleteMember(node.clone()),

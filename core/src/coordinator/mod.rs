@@ -338,6 +338,12 @@ pub enum Action<E> {
         /// The node.
         node: NodeId,
     },
+    /// `node` leaves: its session no longer hears what members hear, but stays open for
+    /// its [`Action::Left`] (then [`Action::Dismiss`]).
+    Detach {
+        /// The node.
+        node: NodeId,
+    },
     /// Send `command` to `node` (if it has a session).
     Send {
         /// The node.

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use super::*;
 use crate::control::Registration;
-use crate::record::{EventKind, RestoreRecord, RestoreStatus, SnapshotStatus};
+use crate::record::{EventKind, RemovedRecord, RestoreRecord, RestoreStatus, SnapshotStatus};
 use crate::report::{IncomingCut, LocalReport, OutgoingCut};
 use crate::types::{ChannelId, SnapshotMode};
 
@@ -1098,4 +1098,59 @@ fn a_removed_node_is_named_in_memberships_and_only_a_new_process_may_return() {
         [Action::Persist { write: Write::Batch(w), .. }]
             if w.iter().any(|w| matches!(w, Write::DeleteRemoved(n) if n.as_str() == "b"))
     ));
+}
+
+#[test]
+fn a_leaving_node_hears_whether_it_left_and_no_membership_without_itself_before() {
+    let mut engine = engine();
+    engine.handle(
+        at(T0),
+        Input::Leave {
+            node: NodeId::new("b"),
+        },
+    );
+    let actions = engine.drain_actions();
+    assert_eq!(
+        actions,
+        [
+            Action::Note(Note::Leaving {
+                node: NodeId::new("b")
+            }),
+            Action::Detach {
+                node: NodeId::new("b")
+            },
+            Action::Persist {
+                what: Persist::DeleteMember(NodeId::new("b")),
+                write: Write::DeleteMember(NodeId::new("b")),
+                attempt: 1
+            },
+            Action::Persist {
+                what: Persist::Removal(NodeId::new("b")),
+                write: Write::Remove(RemovedRecord {
+                    node: "b".into(),
+                    removed_at_ms: T0,
+                    incarnation: 1
+                }),
+                attempt: 1
+            },
+        ]
+    );
+    let what = Persist::Removal(NodeId::new("b"));
+    engine.handle(
+        at(T0),
+        Input::Persisted {
+            what,
+            result: Ok(()),
+        },
+    );
+    let actions = engine.drain_actions();
+    assert!(
+        matches!(&actions[..], [
+            Action::Note(Note::Removed { .. }),
+            Action::Broadcast { command: NodeCommand::Membership(_), except: None },
+            Action::Left { node, refusal: None },
+            Action::Dismiss { node: dismissed },
+        ] if node.as_str() == "b" && dismissed.as_str() == "b"),
+        "{actions:?}"
+    );
 }
