@@ -9,7 +9,8 @@ use std::sync::Arc;
 
 use cairn_core::control::NodeCommand;
 use cairn_core::coordinator::{
-    Action, Answer, Input, Note, Persist, Refusal, SnapshotWrite, Timer, Token, Write,
+    AUTO_RESTORE_CANDIDATES, Action, Answer, Input, Note, Persist, Refusal, SnapshotWrite, Timer,
+    Token, Write,
 };
 use cairn_core::{SnapshotId, StartError};
 
@@ -28,8 +29,13 @@ impl State {
         self.engine.handle(self.now(), input);
         let mut answers = Vec::new();
         while let Some(action) = self.engine.next_action() {
-            if let Some(answer) = self.execute(action).await {
-                answers.push(answer);
+            match self.execute(action).await {
+                // A user's restore is answered in a later drive than the one it began in.
+                Some((token, Answer::RestoreStarted(result))) => {
+                    self.answer_restore(token, result);
+                }
+                Some(answer) => answers.push(answer),
+                None => {}
             }
         }
         self.metrics.in_flight.set(self.engine.in_flight() as i64);
@@ -135,7 +141,31 @@ impl State {
                     let _ = tx.send(msg).await;
                 });
             }
-            Action::RestoreEnded { record } => self.restore_ended(&record).await,
+            Action::RestoreEnded { record } => self.restore_ended(&record),
+            Action::Verify { candidates } => self.verify_off_task(candidates),
+            Action::AllocateEpoch => {
+                let result = self.meta.allocate_epoch().await;
+                self.engine
+                    .handle(self.now(), Input::EpochAllocated { result });
+            }
+            Action::ListCompleted => {
+                let result = self.meta.snapshots().await;
+                self.engine
+                    .handle(self.now(), Input::CompletedListed { result });
+            }
+            Action::RecoveryFailed {
+                requested_by,
+                refusal,
+            } => match refusal {
+                Some(refusal) => {
+                    let e = self.refused(refusal);
+                    tracing::error!("{requested_by} could not restore: {e}");
+                }
+                None => tracing::error!(
+                    "{requested_by}: no completed snapshot that verifies (of the newest \
+                     {AUTO_RESTORE_CANDIDATES}); the cluster runs on as it is"
+                ),
+            },
             Action::Reply { token, answer } => return Some((token, answer)),
             Action::Started { plan } => {
                 let span = tracing::info_span!(
@@ -189,6 +219,14 @@ impl State {
             Refusal::RestoreInProgress { restore, snapshot } => {
                 Error::RestoreInProgress { restore, snapshot }
             }
+            Refusal::NotFound(id) => Error::SnapshotNotFound(id),
+            Refusal::NotCompleted { id, status } => Error::NotCompleted {
+                id,
+                status,
+                only: "can be restored",
+            },
+            Refusal::JoinedSince { snapshot, nodes } => Error::JoinedSince { snapshot, nodes },
+            Refusal::RestoreNotStored { cause, .. } => cause,
             Refusal::NotInFlight(id) => Error::NotInProgress(id),
             Refusal::EndNotStored(id) => Error::OutcomeUnknown {
                 what: format!("snapshot {id}'s end"),
@@ -242,7 +280,6 @@ impl State {
             Note::Restarted { node } => {
                 if self.settings.auto_restore {
                     tracing::warn!(%node, "node restarted: automatic recovery will restore the newest completed snapshot");
-                    self.pending_recovery = Some(format!("{node} restarted"));
                 } else {
                     tracing::warn!(%node, "node restarted (a new incarnation)");
                 }
@@ -278,6 +315,19 @@ impl State {
                 ),
                 None => tracing::warn!(%node, "node removed from the cluster"),
             },
+            Note::RestoreStarted {
+                restore_id,
+                snapshot,
+                epoch,
+                requested_by,
+            } => tracing::warn!(
+                restore = %restore_id,
+                snapshot = snapshot.0,
+                epoch,
+                by = %requested_by,
+                "restore started: the cluster is fenced with a new epoch"
+            ),
+            Note::Recovery(what) => tracing::error!("{what}"),
             Note::LeftOutOfTopology { node } => {
                 tracing::warn!(%node, "node on the roster but not in --topology: left out");
             }

@@ -4,9 +4,9 @@
 //! the epoch a node is to be in, sessions that end or go silent, removals, what nodes and
 //! `ListNodes` are told.
 
+use cairn_core::NodeId;
 use cairn_core::control::{Membership, Registration};
 use cairn_core::coordinator::{Answer, Input};
-use cairn_core::{NodeId, SnapshotId};
 
 use super::{NodeTx, State};
 use crate::error::Error;
@@ -52,12 +52,10 @@ impl State {
             Answer::Registered(result) if told == token => Some(result),
             _ => None,
         });
-        let result = match result {
+        match result {
             Some(result) => result.map_err(|refusal| self.refused(refusal)),
             None => Err(super::snapshots::unanswered("Register")),
-        };
-        self.maybe_auto_restore().await;
-        result
+        }
     }
 
     /// Takes a node that is down off the roster and out of the topology: snapshots in
@@ -74,27 +72,5 @@ impl State {
             Some(result) => result.map_err(|refusal| self.refused(refusal)),
             None => Err(super::snapshots::unanswered("RemoveNode")),
         }
-    }
-
-    /// Whether every node of snapshot `nodes` is connected, naming those that are not.
-    pub(super) fn not_connected<'a>(
-        &self,
-        nodes: impl Iterator<Item = &'a NodeId>,
-    ) -> Vec<&'a str> {
-        let members = self.engine.members();
-        nodes
-            .filter(|n| !members.contains_key(*n))
-            .map(NodeId::as_str)
-            .collect()
-    }
-
-    /// The restore under way, as a refusal names it.
-    pub(super) fn restore_in_progress(&self) -> Option<Error> {
-        self.engine
-            .active_restore()
-            .map(|active| Error::RestoreInProgress {
-                restore: active.id.clone(),
-                snapshot: SnapshotId(active.snapshot_id),
-            })
     }
 }

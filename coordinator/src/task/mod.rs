@@ -227,14 +227,10 @@ pub(crate) struct State {
     stale: Option<bool>,
     /// Whether the schedule was reported failing.
     failing: bool,
-    /// The restore whose snapshot is being verified off this task, before it is fenced.
-    verifying: Option<restore::Verification>,
     /// The garbage collection running off this task.
     collection: Option<retention::Collection>,
-    /// Automatic recovery waits for every member to connect; why it is due.
-    pending_recovery: Option<String>,
-    /// Automatic recovery is not tried again before this (after a failed attempt).
-    pub(super) recovery_not_before: Instant,
+    /// The users' restores waiting for their answer, by token (it comes in a later drive).
+    restore_replies: BTreeMap<u64, restore::RestoreReply>,
 }
 
 impl State {
@@ -255,10 +251,8 @@ impl State {
             health,
             stale: None,
             failing: false,
-            verifying: None,
             collection: None,
-            pending_recovery: None,
-            recovery_not_before: Instant::now(),
+            restore_replies: BTreeMap::new(),
             leadership: settings.leadership.clone(),
             metrics,
             engine: CoordinatorEngine::new(Config {
@@ -266,6 +260,7 @@ impl State {
                 max_in_flight,
                 restore_timeout: settings.restore_timeout,
                 remove_after: settings.remove_after,
+                auto_restore: settings.auto_restore,
                 topology: settings.topology.clone(),
             }),
             sessions: BTreeMap::new(),
@@ -370,7 +365,6 @@ impl State {
                     if self.leadership.valid() {
                         self.drive(Input::Tick).await;
                     }
-                    self.maybe_auto_restore().await;
                     self.refresh().await;
                 }
             }
@@ -401,8 +395,8 @@ impl State {
         // Work off the task that has not come back is answered for what it is: a restore
         // still being verified fenced nothing and stored nothing; a deletion waiting for its
         // garbage collection is stored (the chunks go at a later collection).
-        if let Some(verification) = self.verifying.take() {
-            verification.abandon();
+        for (_, reply) in std::mem::take(&mut self.restore_replies) {
+            let _ = reply.send(Err(Error::ShuttingDown));
         }
         if let Some(collection) = self.collection.take() {
             collection.abandon();

@@ -1,70 +1,14 @@
-//! Restores across terms and restarts: automatic recovery (the newest completed snapshot
-//! that verifies, once every member is connected) and, at a term's start, the restores a
-//! previous coordinator left.
+//! The restores a previous coordinator left, read at a term's start: superseded ones
+//! stored as failed, the newest handed to the engine (resumed if in progress; if failed,
+//! the cluster stays fenced and automatic recovery is due). Automatic recovery itself is
+//! the engine's (`cairn_core::coordinator`, `restoring.rs`).
 
 use cairn_core::coordinator::Input;
 
 use super::State;
-use super::restore::{AUTO_RESTORE_CANDIDATES, RECOVERY_BACKOFF, Requester};
 use crate::error::Error;
-use crate::store::{RestoreRecord, RestoreStatus, SnapshotRecord, SnapshotStatus};
+use crate::store::{RestoreRecord, RestoreStatus};
 use cairn_proto::stored::convert::now_ms;
-
-impl State {
-    /// Automatic recovery: once a restarted member and every other one are connected (and
-    /// no restore runs), restores the newest completed snapshot.
-    pub(super) async fn maybe_auto_restore(&mut self) {
-        let Some(reason) = self.pending_recovery.clone() else {
-            return;
-        };
-        if self.engine.active_restore().is_some()
-            || self.verifying.is_some()
-            || !self.engine.all_connected()
-            || tokio::time::Instant::now() < self.recovery_not_before
-        {
-            return; // again when that changes (a registration, a restore's end, a tick)
-        }
-        self.pending_recovery = None;
-        // Until a restore starts, the recovery stays due (tried again after a pause).
-        let retry = |state: &mut Self| {
-            state.pending_recovery = Some(reason.clone());
-            state.recovery_not_before = tokio::time::Instant::now() + RECOVERY_BACKOFF;
-        };
-        let completed = match self.completed_newest_first().await {
-            Ok(completed) => completed,
-            Err(e) => {
-                tracing::error!("automatic recovery ({reason}): cannot list snapshots: {e}");
-                retry(self);
-                return;
-            }
-        };
-        if completed.is_empty() {
-            tracing::error!(
-                "automatic recovery ({reason}): no completed snapshot; the cluster runs on as it is"
-            );
-            return;
-        }
-        // The newest snapshot whose every chunk verifies, found off this task; the ones
-        // passed over are named ([`Self::verified`]).
-        let candidates = completed
-            .into_iter()
-            .take(AUTO_RESTORE_CANDIDATES)
-            .collect();
-        self.verify_off_task(candidates, Requester::Recovery(reason));
-    }
-
-    async fn completed_newest_first(&self) -> Result<Vec<SnapshotRecord>, Error> {
-        let mut completed: Vec<SnapshotRecord> = self
-            .meta
-            .snapshots()
-            .await?
-            .into_iter()
-            .filter(|record| record.status == SnapshotStatus::Completed)
-            .collect();
-        completed.sort_by_key(|r| std::cmp::Reverse(r.id));
-        Ok(completed)
-    }
-}
 
 impl State {
     /// At start: the current epoch, and the restores a previous coordinator left. A restore
@@ -118,10 +62,6 @@ impl State {
                     "the newest restore failed: no snapshot starts until a restore is \
                      applied by every node"
                 );
-                if self.settings.auto_restore {
-                    // The recovery a previous coordinator had pending goes on here.
-                    self.pending_recovery = Some(format!("{} failed", record.id));
-                }
                 unfinished = Some(record);
             }
             _ => {}

@@ -257,6 +257,8 @@ impl Roles {
         }
         if enrollment.restarted {
             out.push(Action::Note(Note::Restarted { node: node.clone() }));
+            self.restores
+                .recovery_due(format!("{node} restarted"), None);
             // A new process of a node that had applied the restore under way: its previous
             // process went on from the restored state with the nodes that applied too, so
             // the restore cannot be finished by restoring it alone (it would fall behind

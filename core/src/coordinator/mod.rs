@@ -21,7 +21,7 @@
 //! are in [`membership`]. Retention, garbage collection, the schedule and the policy, and
 //! what reads the blob store (a restore's verification) are still the runtime's.
 
-use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::collections::{BTreeMap, VecDeque};
 use std::time::Duration;
 
 use crate::control::{ChannelStatus, Membership, NodeCommand, NodeReport, Registration};
@@ -34,6 +34,7 @@ use crate::{FailureReason, StartError, Topology};
 mod members;
 mod membership;
 mod restores;
+mod restoring;
 pub mod roster;
 mod snapshots;
 #[cfg(test)]
@@ -42,6 +43,7 @@ mod tests;
 pub use members::{MEMBER_SILENCE_MS, Member};
 pub use membership::MAX_REPORTED;
 pub use restores::restore_epoch;
+pub use restoring::{AUTO_RESTORE_CANDIDATES, RECOVERY_BACKOFF_MS};
 pub use snapshots::PartSizes;
 
 /// An answer awaited by whoever asked, matched by the token they gave.
@@ -67,6 +69,9 @@ pub struct Config {
     pub restore_timeout: Duration,
     /// Remove a node down this long (`--remove-after`).
     pub remove_after: Option<Duration>,
+    /// Restore the newest completed snapshot that verifies when a member's daemon restarts
+    /// or a restore fails (`--auto-restore`).
+    pub auto_restore: bool,
     /// A fixed topology (`--topology`); `None`: a full mesh of the roster.
     pub topology: Option<Topology>,
 }
@@ -197,16 +202,34 @@ pub enum Input<E> {
         /// Why.
         reason: FailureReason,
     },
-    /// A restore starts: its epoch is allocated and its snapshot verified (the runtime's
-    /// checks passed). The snapshots in flight fail, the record is stored, and only then
-    /// are `nodes` told to apply it.
-    RestoreStart {
+    /// A user asks to restore a snapshot.
+    Restore {
         /// Whose answer ([`Answer::RestoreStarted`]).
         token: Token,
-        /// Its record (in progress, nobody applied yet).
-        record: RestoreRecord,
-        /// The nodes that must apply it.
-        nodes: BTreeSet<NodeId>,
+        /// The snapshot.
+        snapshot: SnapshotId,
+        /// Its record, as the runtime read it (`None`: there is none).
+        record: Option<SnapshotRecord>,
+    },
+    /// The verification of [`Action::Verify`] came back.
+    Verified {
+        /// The first candidate whose every chunk verified.
+        chosen: Option<SnapshotId>,
+        /// Its record, read again when the verification came back (members, the roster and
+        /// the snapshot may have changed meanwhile).
+        record: Option<SnapshotRecord>,
+        /// The candidates that did not verify, with why.
+        skipped: Vec<(SnapshotId, E)>,
+    },
+    /// The epoch counter answered [`Action::AllocateEpoch`].
+    EpochAllocated {
+        /// The epoch allocated.
+        result: Result<u64, E>,
+    },
+    /// The store answered [`Action::ListCompleted`].
+    CompletedListed {
+        /// Every snapshot record.
+        result: Result<Vec<SnapshotRecord>, E>,
     },
     /// A node's application applied a restore.
     RestoreApplied {
@@ -358,6 +381,23 @@ pub enum Action<E> {
         /// A node left out (it was told first, otherwise).
         except: Option<NodeId>,
     },
+    /// Verify every chunk of `candidates`, in order, until one verifies, off the loop;
+    /// answer with [`Input::Verified`].
+    Verify {
+        /// The snapshots, in order.
+        candidates: Vec<SnapshotRecord>,
+    },
+    /// Allocate the next epoch; answer with [`Input::EpochAllocated`].
+    AllocateEpoch,
+    /// List the snapshot records; answer with [`Input::CompletedListed`].
+    ListCompleted,
+    /// Automatic recovery could not restore: log it (it is tried again after a pause).
+    RecoveryFailed {
+        /// Who asked, as the restore record would say.
+        requested_by: String,
+        /// Why; `None`: no candidate verified.
+        refusal: Option<Refusal<E>>,
+    },
     /// Tell the timer's input after `after`.
     SetTimer {
         /// Which.
@@ -471,6 +511,19 @@ pub enum Note {
         /// `--remove-after`, if it removed the node.
         long_gone: Option<Duration>,
     },
+    /// A restore started (its record stored, the nodes told).
+    RestoreStarted {
+        /// The restore.
+        restore_id: String,
+        /// Its snapshot.
+        snapshot: SnapshotId,
+        /// The epoch it fenced the cluster with.
+        epoch: u64,
+        /// Who asked.
+        requested_by: String,
+    },
+    /// What automatic recovery did or could not do, in words (error level).
+    Recovery(String),
     /// A node on the stored roster that the `--topology` file does not name: left out.
     LeftOutOfTopology {
         /// The node.
@@ -539,6 +592,31 @@ pub enum Refusal<E> {
         /// Its address.
         address: String,
     },
+    /// No such snapshot.
+    NotFound(SnapshotId),
+    /// A restore's record was not stored (or its answer was lost: `cause` says which).
+    RestoreNotStored {
+        /// The restore.
+        restore: String,
+        /// Its snapshot.
+        snapshot: SnapshotId,
+        /// The store's error.
+        cause: E,
+    },
+    /// The snapshot did not complete.
+    NotCompleted {
+        /// The snapshot.
+        id: SnapshotId,
+        /// How it stands.
+        status: crate::record::SnapshotStatus,
+    },
+    /// Nodes joined after the snapshot a restore would bring back.
+    JoinedSince {
+        /// The snapshot.
+        snapshot: SnapshotId,
+        /// The nodes.
+        nodes: Vec<String>,
+    },
     /// A restore is under way.
     RestoreInProgress {
         /// The restore.
@@ -580,7 +658,7 @@ impl<E: std::fmt::Display> CoordinatorEngine<E> {
             cluster: config.cluster,
             roles: Roles {
                 snapshots: snapshots::Snapshots::new(tracker),
-                restores: restores::Restores::new(config.restore_timeout),
+                restores: restores::Restores::new(config.restore_timeout, config.auto_restore),
                 members: members::Members::new(config.topology, config.remove_after),
             },
             actions: Actions(VecDeque::new()),
@@ -605,7 +683,10 @@ impl<E: std::fmt::Display> CoordinatorEngine<E> {
                 token,
                 registration,
                 session,
-            } => roles.register(out, now, token, registration, session, &self.cluster),
+            } => {
+                roles.register(out, now, token, registration, session, &self.cluster);
+                roles.maybe_recover(out, now);
+            }
             Input::SessionEnded { node, session } => {
                 roles.session_ended(out, now, &node, session);
             }
@@ -634,8 +715,18 @@ impl<E: std::fmt::Display> CoordinatorEngine<E> {
             Input::IdTaken { result } => roles.snapshots.id_taken(out, wall, result),
             Input::Persisted { what, result } => match what {
                 Persist::Snapshot(what) => roles.snapshots.stored(out, what, result),
-                Persist::Restore(epoch) => roles.restores.stored(out, epoch, result),
-                Persist::Register(token) => roles.registration_stored(out, now, token, result),
+                Persist::Restore(epoch) => {
+                    if let Some((by, refusal)) =
+                        roles.restores.stored(out, now.mono_ms, epoch, result)
+                    {
+                        roles.restore_failed(out, now, by, Some(refusal));
+                    }
+                    roles.maybe_recover(out, now);
+                }
+                Persist::Register(token) => {
+                    roles.registration_stored(out, now, token, result);
+                    roles.maybe_recover(out, now);
+                }
                 Persist::Removal(node) => roles.removal_stored(out, now, &node, result),
                 // Logged by the runtime; the member is gone either way.
                 Persist::DeleteMember(_) => {}
@@ -662,15 +753,18 @@ impl<E: std::fmt::Display> CoordinatorEngine<E> {
                 roles.snapshots.abort(out, wall, token, id, reason);
             }
             Input::FailAll { reason } => roles.snapshots.fail_all(out, wall, &reason),
-            Input::RestoreStart {
+            Input::Restore {
                 token,
+                snapshot,
                 record,
-                nodes,
-            } => {
-                // The fence: a snapshot planned in the old epoch can no longer be a cut.
-                roles.snapshots.fail_all(out, wall, &FailureReason::Restore);
-                roles.restores.start(out, token, record, nodes);
-            }
+            } => roles.restore(out, token, snapshot, record),
+            Input::Verified {
+                chosen,
+                record,
+                skipped,
+            } => roles.verified(out, now, chosen, record, skipped),
+            Input::EpochAllocated { result } => roles.epoch_allocated(out, now, result),
+            Input::CompletedListed { result } => roles.completed_listed(out, now, result),
             Input::RestoreApplied { node, restore_id } => {
                 roles.restore_applied(out, now, &node, &restore_id);
             }
@@ -686,6 +780,7 @@ impl<E: std::fmt::Display> CoordinatorEngine<E> {
                 roles.snapshots.tick(out);
                 roles.restores.tick(out, wall);
                 roles.membership_tick(out, now);
+                roles.maybe_recover(out, now);
             }
         }
     }
@@ -761,6 +856,16 @@ impl<E: std::fmt::Display> CoordinatorEngine<E> {
             .into_iter()
             .chain(self.unfinished_restore())
             .find(|r| r.snapshot_id == id.0)
+    }
+
+    /// Why automatic recovery is due, if it is.
+    pub fn pending_recovery(&self) -> Option<&str> {
+        self.roles.restores.pending_recovery()
+    }
+
+    /// Whether a restore is being chosen (verified, or its epoch allocated).
+    pub fn choosing_restore(&self) -> bool {
+        self.roles.restores.choosing().is_some()
     }
 
     /// Why snapshots may not start now, if they may not.

@@ -7,7 +7,7 @@
 use std::collections::BTreeSet;
 use std::time::Duration;
 
-use super::{Action, Actions, Answer, Persist, Refusal, Timer, Token, Write};
+use super::{Action, Actions, Answer, Note, Persist, Refusal, Timer, Token, Write};
 use crate::control::{NodeCommand, NodeRestore};
 use crate::record::{RestoreRecord, RestoreStatus};
 use crate::restore::{RestoreProgress, RestoreState};
@@ -23,9 +23,50 @@ struct Active {
 
 /// A restore starting: its record is being stored.
 struct Starting {
-    token: Token,
+    by: RestoreBy,
     record: RestoreRecord,
     nodes: BTreeSet<NodeId>,
+}
+
+/// Who asked for a restore.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) enum RestoreBy {
+    /// A user's `RestoreSnapshot`, answered with this token.
+    User(Token),
+    /// Automatic recovery, and why it is due.
+    Recovery(String),
+}
+
+impl RestoreBy {
+    /// What its record says asked for it.
+    pub(super) fn requested_by(&self) -> String {
+        match self {
+            Self::User(_) => "user".to_owned(),
+            Self::Recovery(reason) => format!("automatic recovery ({reason})"),
+        }
+    }
+}
+
+/// A restore whose candidates are being verified off the runtime's loop.
+pub(super) struct Verifying {
+    /// The candidates, in order (automatic recovery tries the newest few).
+    snapshots: Vec<SnapshotId>,
+    pub(super) by: RestoreBy,
+}
+
+impl Verifying {
+    pub(super) fn new(snapshots: Vec<SnapshotId>, by: RestoreBy) -> Self {
+        Self { snapshots, by }
+    }
+}
+
+/// A restore whose snapshot verified, waiting for its epoch.
+pub(super) struct Allocating {
+    pub(super) snapshot: SnapshotId,
+    pub(super) nodes: BTreeSet<NodeId>,
+    pub(super) by: RestoreBy,
+    /// The snapshots automatic recovery passed over, with why.
+    pub(super) passed_over: Vec<String>,
 }
 
 pub(super) struct Restores {
@@ -38,6 +79,17 @@ pub(super) struct Restores {
     /// The newest restore that did not finish (FAILED): until a later one is applied by
     /// every node, the nodes may hold different states and no snapshot may start.
     unfinished: Option<RestoreRecord>,
+    /// A restore being chosen: its candidates verified, then its epoch allocated, or the
+    /// completed snapshots listed for automatic recovery (why it is due).
+    pub(super) verifying: Option<Verifying>,
+    pub(super) allocating: Option<Allocating>,
+    pub(super) listing: Option<String>,
+    /// `--auto-restore`.
+    auto_restore: bool,
+    /// Automatic recovery is due (why), once every member is connected and not before
+    /// `recovery_not_before` (monotonic).
+    pending_recovery: Option<String>,
+    recovery_not_before: u64,
 }
 
 /// The epoch a restore id names (`restore-<epoch>`).
@@ -46,14 +98,55 @@ pub fn restore_epoch(id: &str) -> Option<u64> {
 }
 
 impl Restores {
-    pub(super) fn new(timeout: Duration) -> Self {
+    pub(super) fn new(timeout: Duration, auto_restore: bool) -> Self {
         Self {
             timeout,
             epoch: 0,
             active: None,
             starting: None,
             unfinished: None,
+            verifying: None,
+            allocating: None,
+            listing: None,
+            auto_restore,
+            pending_recovery: None,
+            recovery_not_before: 0,
         }
+    }
+
+    /// A restore being chosen, if one is, with its first candidate (if known yet).
+    pub(super) fn choosing(&self) -> Option<Option<SnapshotId>> {
+        if let Some(v) = &self.verifying {
+            return Some(v.snapshots.first().copied());
+        }
+        if let Some(a) = &self.allocating {
+            return Some(Some(a.snapshot));
+        }
+        self.listing.as_ref().map(|_| None)
+    }
+
+    /// Automatic recovery is due for `reason` (with `--auto-restore`), not before
+    /// `not_before` (monotonic) if given.
+    pub(super) fn recovery_due(&mut self, reason: String, not_before: Option<u64>) {
+        if self.auto_restore {
+            self.pending_recovery = Some(reason);
+            if let Some(at) = not_before {
+                self.recovery_not_before = at;
+            }
+        }
+    }
+
+    /// The recovery due, if one is and its pause is over (taken: it is under way).
+    pub(super) fn take_due_recovery(&mut self, mono_ms: u64) -> Option<String> {
+        if mono_ms < self.recovery_not_before {
+            return None;
+        }
+        self.pending_recovery.take()
+    }
+
+    /// Why automatic recovery is due, if it is.
+    pub(super) fn pending_recovery(&self) -> Option<&str> {
+        self.pending_recovery.as_deref()
     }
 
     pub(super) fn epoch(&self) -> u64 {
@@ -82,6 +175,10 @@ impl Restores {
         unfinished: Option<RestoreRecord>,
     ) {
         self.epoch = epoch;
+        if let Some(record) = &unfinished {
+            // The recovery a previous coordinator had pending goes on here.
+            self.recovery_due(format!("{} failed", record.id), None);
+        }
         self.unfinished = unfinished;
         self.active = active.map(|record| {
             let nodes = record.nodes.iter().map(NodeId::new);
@@ -108,7 +205,7 @@ impl Restores {
     pub(super) fn start<E>(
         &mut self,
         out: &mut Actions<E>,
-        token: Token,
+        by: RestoreBy,
         record: RestoreRecord,
         nodes: BTreeSet<NodeId>,
     ) {
@@ -117,47 +214,57 @@ impl Restores {
             write: Write::Restore(record.clone()),
             attempt: 1,
         });
-        self.starting = Some(Starting {
-            token,
-            record,
-            nodes,
-        });
+        self.starting = Some(Starting { by, record, nodes });
     }
 
-    /// The store answered for the record of the restore of `epoch`.
-    pub(super) fn stored<E>(&mut self, out: &mut Actions<E>, epoch: u64, result: Result<(), E>) {
+    /// The store answered for the record of the restore of `epoch`; the start's failure,
+    /// if a start failed (for its requester).
+    pub(super) fn stored<E>(
+        &mut self,
+        out: &mut Actions<E>,
+        mono_ms: u64,
+        epoch: u64,
+        result: Result<(), E>,
+    ) -> Option<(RestoreBy, Refusal<E>)> {
         if let Some(starting) = self.starting.take_if(|s| s.record.epoch == epoch) {
             return self.started(out, starting, result);
         }
-        let Some(active) = self.active.as_mut().filter(|a| a.record.epoch == epoch) else {
-            return;
-        };
+        let active = self.active.as_mut().filter(|a| a.record.epoch == epoch)?;
         if result.is_err() {
             // Stays the restore under way; an end is stored again at the next tick.
-            return;
+            return None;
         }
         active.tries = 0;
         match active.record.status {
-            RestoreStatus::InProgress => return,
+            RestoreStatus::InProgress => return None,
             RestoreStatus::Done => self.unfinished = None,
             RestoreStatus::Failed => self.unfinished = Some(active.record.clone()),
         }
         let record = active.record.clone();
         self.active = None;
+        if record.status == RestoreStatus::Failed {
+            // Not at once: a failure that repeats must not spin restores.
+            let not_before = mono_ms.saturating_add(super::restoring::RECOVERY_BACKOFF_MS);
+            self.recovery_due(format!("{} failed", record.id), Some(not_before));
+        }
         out.push(Action::RestoreEnded { record });
+        None
     }
 
-    fn started<E>(&mut self, out: &mut Actions<E>, starting: Starting, result: Result<(), E>) {
-        let Starting {
-            token,
-            record,
-            nodes,
-        } = starting;
-        if let Err(e) = result {
-            return out.push(Action::Reply {
-                token,
-                answer: Answer::RestoreStarted(Err(Refusal::Store(e))),
-            });
+    fn started<E>(
+        &mut self,
+        out: &mut Actions<E>,
+        starting: Starting,
+        result: Result<(), E>,
+    ) -> Option<(RestoreBy, Refusal<E>)> {
+        let Starting { by, record, nodes } = starting;
+        if let Err(cause) = result {
+            let refusal = Refusal::RestoreNotStored {
+                restore: record.id,
+                snapshot: SnapshotId(record.snapshot_id),
+                cause,
+            };
+            return Some((by, refusal));
         }
         self.epoch = record.epoch;
         let command = NodeRestore {
@@ -172,15 +279,24 @@ impl Restores {
             });
         }
         out.push(self.deadline(record.epoch));
-        out.push(Action::Reply {
-            token,
-            answer: Answer::RestoreStarted(Ok(Box::new(record.clone()))),
-        });
+        out.push(Action::Note(Note::RestoreStarted {
+            restore_id: record.id.clone(),
+            snapshot: SnapshotId(record.snapshot_id),
+            epoch: record.epoch,
+            requested_by: record.requested_by.clone(),
+        }));
+        if let RestoreBy::User(token) = by {
+            out.push(Action::Reply {
+                token,
+                answer: Answer::RestoreStarted(Ok(Box::new(record.clone()))),
+            });
+        }
         self.active = Some(Active {
             record,
             progress: RestoreProgress::new(nodes),
             tries: 0,
         });
+        None
     }
 
     /// A node's application applied the restore `restore_id`: the epoch the node is in

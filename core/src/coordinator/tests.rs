@@ -23,6 +23,7 @@ fn config(max_in_flight: usize) -> Config {
         max_in_flight,
         restore_timeout: RESTORE_TIMEOUT,
         remove_after: None,
+        auto_restore: false,
         topology: None,
     }
 }
@@ -641,20 +642,50 @@ fn restore_stored(engine: &mut CoordinatorEngine<E>, epoch: u64, result: Result<
     engine.handle(at(T0), Input::Persisted { what, result });
 }
 
+/// A completed snapshot 1 over a and b, as the store holds it.
+fn completed_snapshot() -> SnapshotRecord {
+    let mut engine = engine();
+    started(&mut engine, 1);
+    engine.handle(at(T0 + 1), part(1, "a"));
+    engine.handle(at(T0 + 2), part(1, "b"));
+    let actions = engine.drain_actions();
+    let end = end_to_store(actions[actions.len() - 1..].to_vec(), 1, 1);
+    assert_eq!(end.status, SnapshotStatus::Completed);
+    end
+}
+
+/// Asks to restore snapshot 1 (token 8), its chunks verified and epoch 5 allocated; returns
+/// the actions that followed the allocation.
+fn restore_to_epoch_5(engine: &mut CoordinatorEngine<E>) -> Vec<Action<E>> {
+    let snapshot = completed_snapshot();
+    let input = Input::Restore {
+        token: 8,
+        snapshot: SnapshotId(1),
+        record: Some(snapshot.clone()),
+    };
+    engine.handle(at(T0), input);
+    assert_eq!(
+        engine.drain_actions(),
+        [Action::Verify {
+            candidates: vec![snapshot.clone()]
+        }]
+    );
+    let verified = Input::Verified {
+        chosen: Some(SnapshotId(1)),
+        record: Some(snapshot),
+        skipped: Vec::new(),
+    };
+    engine.handle(at(T0), verified);
+    assert_eq!(engine.drain_actions(), [Action::AllocateEpoch]);
+    engine.handle(at(T0), Input::EpochAllocated { result: Ok(5) });
+    engine.drain_actions()
+}
+
 /// Starts the restore of epoch 5 over a and b, checking that the nodes hear of it only once
 /// its record is stored.
 fn restore_started(engine: &mut CoordinatorEngine<E>) {
-    let nodes = BTreeSet::from([NodeId::new("a"), NodeId::new("b")]);
     let record = restore_record(5);
-    engine.handle(
-        at(T0),
-        Input::RestoreStart {
-            token: 8,
-            record: record.clone(),
-            nodes,
-        },
-    );
-    assert_eq!(restore_to_store(engine.drain_actions(), 1), record);
+    assert_eq!(restore_to_store(restore_to_epoch_5(engine), 1), record);
     assert_eq!(
         engine.epoch(),
         0,
@@ -681,6 +712,12 @@ fn restore_started(engine: &mut CoordinatorEngine<E>) {
                 timer: Timer::Restore(5),
                 after: RESTORE_TIMEOUT,
             },
+            Action::Note(Note::RestoreStarted {
+                restore_id: "restore-5".into(),
+                snapshot: SnapshotId(1),
+                epoch: 5,
+                requested_by: "user".into(),
+            }),
             Action::Reply {
                 token: 8,
                 answer: Answer::RestoreStarted(Ok(Box::new(record))),
@@ -693,17 +730,9 @@ fn restore_started(engine: &mut CoordinatorEngine<E>) {
 #[test]
 fn a_restore_fails_the_snapshots_in_flight_before_its_record_is_stored() {
     let mut engine = engine();
-    started(&mut engine, 1);
-    engine.handle(
-        at(T0),
-        Input::RestoreStart {
-            token: 8,
-            record: restore_record(5),
-            nodes: BTreeSet::from([NodeId::new("a"), NodeId::new("b")]),
-        },
-    );
-    let actions = engine.drain_actions();
-    let end = end_to_store(actions[..1].to_vec(), 1, 1);
+    started(&mut engine, 2);
+    let actions = restore_to_epoch_5(&mut engine);
+    let end = end_to_store(actions[..1].to_vec(), 2, 1);
     assert_eq!(end.failure.unwrap().kind, "RESTORE");
     assert_eq!(
         restore_to_store(actions[1..].to_vec(), 1),
@@ -714,21 +743,17 @@ fn a_restore_fails_the_snapshots_in_flight_before_its_record_is_stored() {
 #[test]
 fn a_restore_whose_record_is_not_stored_tells_no_node_and_keeps_the_epoch() {
     let mut engine = engine();
-    engine.handle(
-        at(T0),
-        Input::RestoreStart {
-            token: 8,
-            record: restore_record(5),
-            nodes: BTreeSet::from([NodeId::new("a")]),
-        },
-    );
-    engine.drain_actions();
+    restore_to_epoch_5(&mut engine);
     restore_stored(&mut engine, 5, Err("no leader".into()));
     assert_eq!(
         engine.drain_actions(),
         [Action::Reply {
             token: 8,
-            answer: Answer::RestoreStarted(Err(Refusal::Store("no leader".into()))),
+            answer: Answer::RestoreStarted(Err(Refusal::RestoreNotStored {
+                restore: "restore-5".into(),
+                snapshot: SnapshotId(1),
+                cause: "no leader".into()
+            })),
         }]
     );
     assert_eq!(engine.epoch(), 0);
@@ -1153,4 +1178,175 @@ fn a_leaving_node_hears_whether_it_left_and_no_membership_without_itself_before(
         ] if node.as_str() == "b" && dismissed.as_str() == "b"),
         "{actions:?}"
     );
+}
+
+/// Completed snapshot records 1..=n over a and b.
+fn completed_records(n: u64) -> Vec<SnapshotRecord> {
+    let one = completed_snapshot();
+    (1..=n)
+        .map(|id| SnapshotRecord { id, ..one.clone() })
+        .collect()
+}
+
+#[test]
+fn a_restarted_member_makes_recovery_restore_the_newest_snapshot_that_verifies() {
+    let mut engine = CoordinatorEngine::<E>::new(Config {
+        auto_restore: true,
+        ..config(4)
+    });
+    register(&mut engine, 100, registration("a", 1));
+    register(&mut engine, 101, registration("b", 1));
+    let gone = Input::SessionEnded {
+        node: NodeId::new("a"),
+        session: 100,
+    };
+    engine.handle(at(T0), gone);
+    engine.drain_actions();
+    let actions = register(&mut engine, 102, registration("a", 2));
+    assert_eq!(engine.pending_recovery(), None, "taken: under way");
+    assert_eq!(actions.last(), Some(&Action::ListCompleted));
+    // Twelve completed snapshots and a failed one: the ten newest completed are tried,
+    // newest first.
+    let mut records = completed_records(12);
+    records.push(SnapshotRecord {
+        id: 13,
+        status: SnapshotStatus::Failed,
+        ..records[0].clone()
+    });
+    engine.handle(
+        at(T0),
+        Input::CompletedListed {
+            result: Ok(records),
+        },
+    );
+    let candidates = match engine.drain_actions().as_slice() {
+        [Action::Verify { candidates }] => candidates.iter().map(|r| r.id).collect::<Vec<_>>(),
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(candidates, (3..=12).rev().collect::<Vec<_>>());
+    assert!(engine.choosing_restore());
+    // 12 did not verify; 11 did.
+    let verified = Input::Verified {
+        chosen: Some(SnapshotId(11)),
+        record: Some(completed_records(11).pop().unwrap()),
+        skipped: vec![(SnapshotId(12), "chunk ab12 is corrupt".to_owned())],
+    };
+    engine.handle(at(T0), verified);
+    assert_eq!(
+        engine.drain_actions(),
+        [
+            Action::Note(Note::Recovery(
+                "automatic recovery (a restarted) passes over snapshot 12: chunk ab12 is corrupt"
+                    .into()
+            )),
+            Action::AllocateEpoch,
+        ]
+    );
+    engine.handle(at(T0 + 5), Input::EpochAllocated { result: Ok(3) });
+    let record = restore_to_store(engine.drain_actions(), 1);
+    assert_eq!(
+        (
+            record.snapshot_id,
+            record.requested_by.as_str(),
+            record.skipped.as_slice()
+        ),
+        (
+            11,
+            "automatic recovery (a restarted)",
+            &["snapshot 12: chunk ab12 is corrupt".to_owned()][..]
+        )
+    );
+    restore_stored(&mut engine, 3, Ok(()));
+    let actions = engine.drain_actions();
+    assert!(
+        !actions.iter().any(|a| matches!(a, Action::Reply { .. })),
+        "nobody to answer: {actions:?}"
+    );
+    assert_eq!(engine.active_restore().map(|r| r.epoch), Some(3));
+}
+
+#[test]
+fn a_recovery_that_finds_nothing_that_verifies_is_tried_again_after_a_pause() {
+    let mut engine = CoordinatorEngine::<E>::new(Config {
+        auto_restore: true,
+        ..config(4)
+    });
+    register(&mut engine, 100, registration("a", 1));
+    let gone = Input::SessionEnded {
+        node: NodeId::new("a"),
+        session: 100,
+    };
+    engine.handle(at(T0), gone);
+    engine.drain_actions();
+    let actions = register(&mut engine, 101, registration("a", 2));
+    assert_eq!(actions.last(), Some(&Action::ListCompleted));
+    engine.handle(
+        at(T0),
+        Input::CompletedListed {
+            result: Ok(completed_records(1)),
+        },
+    );
+    engine.drain_actions();
+    let verified = Input::Verified {
+        chosen: None,
+        record: None,
+        skipped: vec![(SnapshotId(1), "chunk missing".to_owned())],
+    };
+    engine.handle(at(T0), verified);
+    assert_eq!(
+        engine.drain_actions(),
+        [
+            Action::Note(Note::Recovery(
+                "automatic recovery (a restarted) passes over snapshot 1: chunk missing".into()
+            )),
+            Action::RecoveryFailed {
+                requested_by: "automatic recovery (a restarted)".into(),
+                refusal: Some(Refusal::Store("chunk missing".into())),
+            },
+        ]
+    );
+    assert_eq!(engine.pending_recovery(), Some("a restarted"));
+    engine.handle(at(T0 + RECOVERY_BACKOFF_MS - 1), Input::Tick);
+    assert_eq!(engine.drain_actions(), []);
+    engine.handle(at(T0 + RECOVERY_BACKOFF_MS), Input::Tick);
+    assert_eq!(engine.drain_actions(), [Action::ListCompleted]);
+}
+
+#[test]
+fn a_user_restore_of_a_snapshot_that_is_not_there_or_not_whole_is_refused_at_once() {
+    let mut engine = engine();
+    let ask = |record| Input::Restore {
+        token: 4,
+        snapshot: SnapshotId(1),
+        record,
+    };
+    engine.handle(at(T0), ask(None));
+    assert_eq!(
+        engine.drain_actions(),
+        [Action::Reply {
+            token: 4,
+            answer: Answer::RestoreStarted(Err(Refusal::NotFound(SnapshotId(1)))),
+        }]
+    );
+    let failed = SnapshotRecord {
+        status: SnapshotStatus::Failed,
+        ..completed_snapshot()
+    };
+    engine.handle(at(T0), ask(Some(failed)));
+    assert!(matches!(
+        engine.drain_actions().as_slice(),
+        [Action::Reply {
+            answer: Answer::RestoreStarted(Err(Refusal::NotCompleted { .. })),
+            ..
+        }]
+    ));
+    // One being verified: a second is refused naming it.
+    engine.handle(at(T0), ask(Some(completed_snapshot())));
+    engine.drain_actions();
+    engine.handle(at(T0), ask(Some(completed_snapshot())));
+    assert!(matches!(
+        engine.drain_actions().as_slice(),
+        [Action::Reply { answer: Answer::RestoreStarted(Err(Refusal::RestoreInProgress { restore, .. })), .. }]
+            if restore.contains("being verified")
+    ));
 }
