@@ -34,6 +34,8 @@ impl State {
                 Some((token, Answer::RestoreStarted(result))) => {
                     self.answer_restore(token, result);
                 }
+                // So is a deletion: after the garbage collection that follows it.
+                Some((token, Answer::Deleted(result))) => self.answer_delete(token, result),
                 Some(answer) => answers.push(answer),
                 None => {}
             }
@@ -91,9 +93,12 @@ impl State {
                             tracing::warn!(%node, "cannot delete the member record: {e}");
                         }
                         // A failure of these is their requester's answer.
+                        // A failure of these is their requester's answer, or noted.
                         Persist::Snapshot(SnapshotWrite::Started(_))
                         | Persist::Register(_)
-                        | Persist::Removal(_) => {}
+                        | Persist::Removal(_)
+                        | Persist::Delete(..)
+                        | Persist::Retention(_) => {}
                     }
                 }
                 self.engine
@@ -148,11 +153,12 @@ impl State {
                 self.engine
                     .handle(self.now(), Input::EpochAllocated { result });
             }
-            Action::ListCompleted => {
+            Action::List { purpose } => {
                 let result = self.meta.snapshots().await;
                 self.engine
-                    .handle(self.now(), Input::CompletedListed { result });
+                    .handle(self.now(), Input::Listed { purpose, result });
             }
+            Action::CollectGarbage => self.collect_off_task(),
             Action::RecoveryFailed {
                 requested_by,
                 refusal,
@@ -220,6 +226,16 @@ impl State {
                 Error::RestoreInProgress { restore, snapshot }
             }
             Refusal::NotFound(id) => Error::SnapshotNotFound(id),
+            Refusal::StillInProgress(id) => Error::StillInProgress(id),
+            Refusal::HeldByRestore {
+                id,
+                restore,
+                status,
+            } => Error::HeldByRestore {
+                id,
+                restore,
+                status,
+            },
             Refusal::NotCompleted { id, status } => Error::NotCompleted {
                 id,
                 status,
@@ -263,6 +279,7 @@ impl State {
                 Write::DeleteRemoved(node) => self.meta.delete_removed(node.as_str()).await?,
                 Write::Remove(record) => self.meta.remove_node(&record).await?,
                 Write::EpochCounter(epoch) => self.meta.set_epoch_counter(epoch).await?,
+                Write::DeleteSnapshot(id) => self.meta.delete_snapshot(id).await?,
                 Write::Batch(_) => {
                     return Err(Error::InvalidArgument(
                         "a batch of writes inside a batch (a bug in the coordinator)".into(),
@@ -328,6 +345,19 @@ impl State {
                 "restore started: the cluster is fenced with a new epoch"
             ),
             Note::Recovery(what) => tracing::error!("{what}"),
+            Note::Deleted { snapshot } => tracing::info!(snapshot = snapshot.0, "snapshot deleted"),
+            Note::RetentionDeleted { snapshot } => {
+                tracing::info!(snapshot = snapshot.0, "retention: deleted");
+            }
+            Note::KeptForRestore { snapshot, restore } => tracing::info!(
+                snapshot = snapshot.0,
+                %restore,
+                "retention: kept while a restore refers to it"
+            ),
+            Note::Retention(why) => tracing::warn!("retention: {why}"),
+            Note::CollectionFailed(why) => {
+                tracing::warn!("garbage collection failed; the chunks are kept: {why}");
+            }
             Note::LeftOutOfTopology { node } => {
                 tracing::warn!(%node, "node on the roster but not in --topology: left out");
             }
@@ -363,11 +393,6 @@ impl State {
                 tracing::warn!(reason = %failure.message, "snapshot did not complete");
             }
         });
-        if record.status == SnapshotStatus::Completed
-            && let Err(e) = self.apply_retention().await
-        {
-            tracing::warn!("retention: {e}");
-        }
         if let Some(watchers) = self.watchers.remove(&id) {
             let told = Arc::new(record.clone());
             for watcher in watchers {

@@ -227,8 +227,9 @@ pub(crate) struct State {
     stale: Option<bool>,
     /// Whether the schedule was reported failing.
     failing: bool,
-    /// The garbage collection running off this task.
-    collection: Option<retention::Collection>,
+    /// The users' deletions waiting for their answer, by token (it comes after the garbage
+    /// collection that follows them, in a later drive).
+    delete_replies: BTreeMap<u64, retention::DeleteReply>,
     /// The users' restores waiting for their answer, by token (it comes in a later drive).
     restore_replies: BTreeMap<u64, restore::RestoreReply>,
 }
@@ -251,7 +252,7 @@ impl State {
             health,
             stale: None,
             failing: false,
-            collection: None,
+            delete_replies: BTreeMap::new(),
             restore_replies: BTreeMap::new(),
             leadership: settings.leadership.clone(),
             metrics,
@@ -261,6 +262,7 @@ impl State {
                 restore_timeout: settings.restore_timeout,
                 remove_after: settings.remove_after,
                 auto_restore: settings.auto_restore,
+                retention: settings.retention,
                 topology: settings.topology.clone(),
             }),
             sessions: BTreeMap::new(),
@@ -398,8 +400,8 @@ impl State {
         for (_, reply) in std::mem::take(&mut self.restore_replies) {
             let _ = reply.send(Err(Error::ShuttingDown));
         }
-        if let Some(collection) = self.collection.take() {
-            collection.abandon();
+        for (_, reply) in std::mem::take(&mut self.delete_replies) {
+            let _ = reply.send(Ok(0));
         }
         // Whoever still watches a snapshot was told no end: the store has none from this
         // term (or this term could not store it), and the next leader decides.
@@ -477,7 +479,9 @@ impl State {
                 let _ = reply.send(result);
             }
             Msg::Delete { id, reply } => self.delete(id, reply).await,
-            Msg::Collected { result } => self.collected(result),
+            Msg::Collected { result } => {
+                self.drive(Input::Collected { result }).await;
+            }
             Msg::StorageFailed { id, node, why } => {
                 self.drive(Input::StorageFailed { id, node, why }).await;
             }

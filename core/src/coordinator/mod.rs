@@ -35,6 +35,7 @@ mod members;
 mod membership;
 mod restores;
 mod restoring;
+mod retention;
 pub mod roster;
 mod snapshots;
 #[cfg(test)]
@@ -72,6 +73,8 @@ pub struct Config {
     /// Restore the newest completed snapshot that verifies when a member's daemon restarts
     /// or a restore fails (`--auto-restore`).
     pub auto_restore: bool,
+    /// Keep only the newest this many completed snapshots (`--retention`; 0: all).
+    pub retention: usize,
     /// A fixed topology (`--topology`); `None`: a full mesh of the roster.
     pub topology: Option<Topology>,
 }
@@ -226,10 +229,26 @@ pub enum Input<E> {
         /// The epoch allocated.
         result: Result<u64, E>,
     },
-    /// The store answered [`Action::ListCompleted`].
-    CompletedListed {
+    /// The store answered [`Action::List`].
+    Listed {
+        /// What for.
+        purpose: Listing,
         /// Every snapshot record.
         result: Result<Vec<SnapshotRecord>, E>,
+    },
+    /// A user deletes a snapshot.
+    Delete {
+        /// Whose answer ([`Answer::Deleted`]).
+        token: Token,
+        /// The snapshot.
+        snapshot: SnapshotId,
+        /// Whether the runtime found its record.
+        exists: bool,
+    },
+    /// The garbage collection of [`Action::CollectGarbage`] came back: the bytes it freed.
+    Collected {
+        /// The bytes freed.
+        result: Result<u64, E>,
     },
     /// A node's application applied a restore.
     RestoreApplied {
@@ -281,6 +300,10 @@ pub enum Persist {
     Register(Token),
     /// A node's removal.
     Removal(NodeId),
+    /// A user's deletion of a snapshot.
+    Delete(Token, SnapshotId),
+    /// Retention's deletions.
+    Retention(Vec<SnapshotId>),
     /// A member's record deleted (its failure is only logged).
     DeleteMember(NodeId),
 }
@@ -313,6 +336,8 @@ pub enum Write {
     Remove(RemovedRecord),
     /// The epoch counter raised to this epoch.
     EpochCounter(u64),
+    /// A snapshot deleted: its parts, then its record.
+    DeleteSnapshot(SnapshotId),
     /// Writes done in order, stopping at the first that fails.
     Batch(Vec<Write>),
 }
@@ -389,8 +414,14 @@ pub enum Action<E> {
     },
     /// Allocate the next epoch; answer with [`Input::EpochAllocated`].
     AllocateEpoch,
-    /// List the snapshot records; answer with [`Input::CompletedListed`].
-    ListCompleted,
+    /// List the snapshot records; answer with [`Input::Listed`].
+    List {
+        /// What for.
+        purpose: Listing,
+    },
+    /// Collect the chunks no stored part refers to, off the loop; answer with
+    /// [`Input::Collected`].
+    CollectGarbage,
     /// Automatic recovery could not restore: log it (it is tried again after a pause).
     RecoveryFailed {
         /// Who asked, as the restore record would say.
@@ -524,6 +555,28 @@ pub enum Note {
     },
     /// What automatic recovery did or could not do, in words (error level).
     Recovery(String),
+    /// A user deleted a snapshot.
+    Deleted {
+        /// The snapshot.
+        snapshot: SnapshotId,
+    },
+    /// Retention deleted a snapshot.
+    RetentionDeleted {
+        /// The snapshot.
+        snapshot: SnapshotId,
+    },
+    /// Retention kept a snapshot a restore refers to.
+    KeptForRestore {
+        /// The snapshot.
+        snapshot: SnapshotId,
+        /// The restore.
+        restore: String,
+    },
+    /// Retention could not list or delete (why; it tries again after the next completed
+    /// snapshot).
+    Retention(String),
+    /// A garbage collection failed (why); the chunks are kept.
+    CollectionFailed(String),
     /// A node on the stored roster that the `--topology` file does not name: left out.
     LeftOutOfTopology {
         /// The node.
@@ -542,7 +595,9 @@ pub enum Answer<E> {
     Started(Result<SnapshotId, Refusal<E>>),
     /// To [`Input::Abort`]: the stored record of the aborted snapshot.
     Aborted(Result<Box<SnapshotRecord>, Refusal<E>>),
-    /// To [`Input::RestoreStart`]: the stored record of the restore.
+    /// To [`Input::Delete`]: the bytes the garbage collection after it freed.
+    Deleted(Result<u64, Refusal<E>>),
+    /// To [`Input::Restore`]: the stored record of the restore.
     RestoreStarted(Result<Box<RestoreRecord>, Refusal<E>>),
 }
 
@@ -594,6 +649,17 @@ pub enum Refusal<E> {
     },
     /// No such snapshot.
     NotFound(SnapshotId),
+    /// The snapshot is in flight, or its end is not stored yet.
+    StillInProgress(SnapshotId),
+    /// A restore refers to the snapshot.
+    HeldByRestore {
+        /// The snapshot.
+        id: SnapshotId,
+        /// The restore.
+        restore: String,
+        /// Where it is.
+        status: crate::record::RestoreStatus,
+    },
     /// A restore's record was not stored (or its answer was lost: `cause` says which).
     RestoreNotStored {
         /// The restore.
@@ -631,6 +697,19 @@ struct Roles {
     snapshots: snapshots::Snapshots,
     restores: restores::Restores,
     members: members::Members,
+    /// `--retention`.
+    retention: usize,
+    /// The garbage collection under way, if one is.
+    collection: retention::Collection,
+}
+
+/// What the snapshot records are listed for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Listing {
+    /// Automatic recovery's candidates.
+    Recovery,
+    /// Retention's excess.
+    Retention,
 }
 
 /// The coordinator's engine. See the module's documentation.
@@ -660,6 +739,8 @@ impl<E: std::fmt::Display> CoordinatorEngine<E> {
                 snapshots: snapshots::Snapshots::new(tracker),
                 restores: restores::Restores::new(config.restore_timeout, config.auto_restore),
                 members: members::Members::new(config.topology, config.remove_after),
+                retention: config.retention,
+                collection: retention::Collection::default(),
             },
             actions: Actions(VecDeque::new()),
         }
@@ -714,7 +795,13 @@ impl<E: std::fmt::Display> CoordinatorEngine<E> {
             },
             Input::IdTaken { result } => roles.snapshots.id_taken(out, wall, result),
             Input::Persisted { what, result } => match what {
-                Persist::Snapshot(what) => roles.snapshots.stored(out, what, result),
+                Persist::Snapshot(what) => {
+                    if roles.snapshots.stored(out, what, result) {
+                        roles.completed(out);
+                    }
+                }
+                Persist::Delete(token, id) => roles.deletion_stored(out, token, id, result),
+                Persist::Retention(deleted) => roles.retention_stored(out, deleted, result),
                 Persist::Restore(epoch) => {
                     if let Some((by, refusal)) =
                         roles.restores.stored(out, now.mono_ms, epoch, result)
@@ -764,7 +851,16 @@ impl<E: std::fmt::Display> CoordinatorEngine<E> {
                 skipped,
             } => roles.verified(out, now, chosen, record, skipped),
             Input::EpochAllocated { result } => roles.epoch_allocated(out, now, result),
-            Input::CompletedListed { result } => roles.completed_listed(out, now, result),
+            Input::Listed { purpose, result } => match purpose {
+                Listing::Recovery => roles.completed_listed(out, now, result),
+                Listing::Retention => roles.retain(out, result),
+            },
+            Input::Delete {
+                token,
+                snapshot,
+                exists,
+            } => roles.delete(out, token, snapshot, exists),
+            Input::Collected { result } => roles.collected(out, result),
             Input::RestoreApplied { node, restore_id } => {
                 roles.restore_applied(out, now, &node, &restore_id);
             }
@@ -852,10 +948,7 @@ impl<E: std::fmt::Display> CoordinatorEngine<E> {
 
     /// The restore that keeps snapshot `id` from being deleted, if any.
     pub fn restore_holding(&self, id: SnapshotId) -> Option<&RestoreRecord> {
-        self.active_restore()
-            .into_iter()
-            .chain(self.unfinished_restore())
-            .find(|r| r.snapshot_id == id.0)
+        self.roles.restore_holding(id)
     }
 
     /// Why automatic recovery is due, if it is.

@@ -233,7 +233,9 @@ impl Roles {
             && let Some(reason) = self.restores.take_due_recovery(now.mono_ms)
         {
             self.restores.listing = Some(reason);
-            out.push(Action::ListCompleted);
+            out.push(Action::List {
+                purpose: super::Listing::Recovery,
+            });
         }
     }
 

@@ -143,15 +143,19 @@ impl Snapshots {
         out.push(Action::TakeId);
     }
 
-    /// The store answered for a snapshot's record.
+    /// The store answered for a snapshot's record; whether that stored a completed
+    /// snapshot's end.
     pub(super) fn stored<E: std::fmt::Display>(
         &mut self,
         out: &mut Actions<E>,
         what: SnapshotWrite,
         result: Result<(), E>,
-    ) {
+    ) -> bool {
         match what {
-            SnapshotWrite::Started(id) => self.start_stored(out, id, result),
+            SnapshotWrite::Started(id) => {
+                self.start_stored(out, id, result);
+                false
+            }
             SnapshotWrite::End(id) => self.end_stored(out, id, result),
         }
     }
@@ -511,16 +515,22 @@ impl Snapshots {
     /// The store answered for the end of snapshot `id`: stored, it is told — to the nodes
     /// (drop a failed one), to whoever aborted it, and to the runtime ([`Action::Ended`]);
     /// not stored, it stays waiting, told to nobody.
-    fn end_stored<E>(&mut self, out: &mut Actions<E>, id: SnapshotId, result: Result<(), E>) {
+    fn end_stored<E>(
+        &mut self,
+        out: &mut Actions<E>,
+        id: SnapshotId,
+        result: Result<(), E>,
+    ) -> bool {
         if result.is_err() {
             if let Some(token) = self.aborting.remove(&id) {
                 out.push(reply_aborted(token, Err(Refusal::AbortNotStored(id))));
             }
-            return;
+            return false;
         }
         let Some(Unstored { record, failed, .. }) = self.unstored.remove(&id) else {
-            return;
+            return false;
         };
+        let completed = record.status == SnapshotStatus::Completed;
         if let Some(reason) = &failed {
             out.push(Action::Broadcast {
                 command: NodeCommand::Abort {
@@ -536,6 +546,7 @@ impl Snapshots {
         out.push(Action::Ended {
             record: Box::new(record),
         });
+        completed
     }
 
     /// Adds a node's step to the timeline of snapshot `id`, if it is in flight: once per

@@ -24,6 +24,7 @@ fn config(max_in_flight: usize) -> Config {
         restore_timeout: RESTORE_TIMEOUT,
         remove_after: None,
         auto_restore: false,
+        retention: 0,
         topology: None,
     }
 }
@@ -1204,7 +1205,12 @@ fn a_restarted_member_makes_recovery_restore_the_newest_snapshot_that_verifies()
     engine.drain_actions();
     let actions = register(&mut engine, 102, registration("a", 2));
     assert_eq!(engine.pending_recovery(), None, "taken: under way");
-    assert_eq!(actions.last(), Some(&Action::ListCompleted));
+    assert_eq!(
+        actions.last(),
+        Some(&Action::List {
+            purpose: Listing::Recovery
+        })
+    );
     // Twelve completed snapshots and a failed one: the ten newest completed are tried,
     // newest first.
     let mut records = completed_records(12);
@@ -1215,7 +1221,8 @@ fn a_restarted_member_makes_recovery_restore_the_newest_snapshot_that_verifies()
     });
     engine.handle(
         at(T0),
-        Input::CompletedListed {
+        Input::Listed {
+            purpose: Listing::Recovery,
             result: Ok(records),
         },
     );
@@ -1279,10 +1286,16 @@ fn a_recovery_that_finds_nothing_that_verifies_is_tried_again_after_a_pause() {
     engine.handle(at(T0), gone);
     engine.drain_actions();
     let actions = register(&mut engine, 101, registration("a", 2));
-    assert_eq!(actions.last(), Some(&Action::ListCompleted));
+    assert_eq!(
+        actions.last(),
+        Some(&Action::List {
+            purpose: Listing::Recovery
+        })
+    );
     engine.handle(
         at(T0),
-        Input::CompletedListed {
+        Input::Listed {
+            purpose: Listing::Recovery,
             result: Ok(completed_records(1)),
         },
     );
@@ -1309,7 +1322,12 @@ fn a_recovery_that_finds_nothing_that_verifies_is_tried_again_after_a_pause() {
     engine.handle(at(T0 + RECOVERY_BACKOFF_MS - 1), Input::Tick);
     assert_eq!(engine.drain_actions(), []);
     engine.handle(at(T0 + RECOVERY_BACKOFF_MS), Input::Tick);
-    assert_eq!(engine.drain_actions(), [Action::ListCompleted]);
+    assert_eq!(
+        engine.drain_actions(),
+        [Action::List {
+            purpose: Listing::Recovery
+        }]
+    );
 }
 
 #[test]
@@ -1349,4 +1367,224 @@ fn a_user_restore_of_a_snapshot_that_is_not_there_or_not_whole_is_refused_at_onc
         [Action::Reply { answer: Answer::RestoreStarted(Err(Refusal::RestoreInProgress { restore, .. })), .. }]
             if restore.contains("being verified")
     ));
+}
+
+#[test]
+fn a_deletion_is_answered_with_what_the_collection_after_it_freed_and_one_waits_for_the_next() {
+    let mut engine = engine();
+    let delete = |token, id| Input::Delete {
+        token,
+        snapshot: SnapshotId(id),
+        exists: true,
+    };
+    engine.handle(at(T0), delete(1, 7));
+    assert_eq!(
+        engine.drain_actions(),
+        [Action::Persist {
+            what: Persist::Delete(1, SnapshotId(7)),
+            write: Write::DeleteSnapshot(SnapshotId(7)),
+            attempt: 1,
+        }]
+    );
+    let what = Persist::Delete(1, SnapshotId(7));
+    engine.handle(
+        at(T0),
+        Input::Persisted {
+            what,
+            result: Ok(()),
+        },
+    );
+    assert_eq!(
+        engine.drain_actions(),
+        [
+            Action::Note(Note::Deleted {
+                snapshot: SnapshotId(7)
+            }),
+            Action::CollectGarbage
+        ]
+    );
+    // A second deletion while it runs waits for the next collection.
+    engine.handle(at(T0), delete(2, 8));
+    engine.drain_actions();
+    let what = Persist::Delete(2, SnapshotId(8));
+    engine.handle(
+        at(T0),
+        Input::Persisted {
+            what,
+            result: Ok(()),
+        },
+    );
+    assert_eq!(
+        engine.drain_actions(),
+        [Action::Note(Note::Deleted {
+            snapshot: SnapshotId(8)
+        })]
+    );
+    engine.handle(at(T0), Input::Collected { result: Ok(100) });
+    assert_eq!(
+        engine.drain_actions(),
+        [
+            Action::Reply {
+                token: 1,
+                answer: Answer::Deleted(Ok(100)),
+            },
+            Action::CollectGarbage,
+        ]
+    );
+    engine.handle(
+        at(T0),
+        Input::Collected {
+            result: Err("s3 down".into()),
+        },
+    );
+    assert_eq!(
+        engine.drain_actions(),
+        [
+            Action::Note(Note::CollectionFailed("s3 down".into())),
+            Action::Reply {
+                token: 2,
+                answer: Answer::Deleted(Ok(0)),
+            },
+        ]
+    );
+}
+
+#[test]
+fn a_snapshot_in_flight_missing_or_held_by_a_restore_is_not_deleted() {
+    let mut engine = engine();
+    started(&mut engine, 1);
+    let delete = |token, id, exists| Input::Delete {
+        token,
+        snapshot: SnapshotId(id),
+        exists,
+    };
+    engine.handle(at(T0), delete(1, 1, true));
+    assert_eq!(
+        engine.drain_actions(),
+        [Action::Reply {
+            token: 1,
+            answer: Answer::Deleted(Err(Refusal::StillInProgress(SnapshotId(1)))),
+        }]
+    );
+    engine.handle(at(T0), delete(2, 9, false));
+    assert_eq!(
+        engine.drain_actions(),
+        [Action::Reply {
+            token: 2,
+            answer: Answer::Deleted(Err(Refusal::NotFound(SnapshotId(9)))),
+        }]
+    );
+    // With a snapshot in flight, a collection frees nothing and is not run.
+    engine.handle(at(T0), delete(3, 4, true));
+    engine.drain_actions();
+    let what = Persist::Delete(3, SnapshotId(4));
+    engine.handle(
+        at(T0),
+        Input::Persisted {
+            what,
+            result: Ok(()),
+        },
+    );
+    assert_eq!(
+        engine.drain_actions(),
+        [
+            Action::Note(Note::Deleted {
+                snapshot: SnapshotId(4)
+            }),
+            Action::Reply {
+                token: 3,
+                answer: Answer::Deleted(Ok(0)),
+            },
+        ]
+    );
+    let mut engine = engine_restoring();
+    engine.handle(at(T0), delete(4, 1, true));
+    assert!(matches!(
+        engine.drain_actions().as_slice(),
+        [Action::Reply { answer: Answer::Deleted(Err(Refusal::HeldByRestore { restore, .. })), .. }]
+            if restore == "restore-5"
+    ));
+}
+
+/// An engine with the restore of snapshot 1 (epoch 5) under way.
+fn engine_restoring() -> CoordinatorEngine<E> {
+    let mut engine = engine();
+    restore_started(&mut engine);
+    engine
+}
+
+#[test]
+fn retention_keeps_the_newest_completed_and_what_a_restore_holds() {
+    let mut engine = CoordinatorEngine::<E>::new(Config {
+        retention: 2,
+        ..config(4)
+    });
+    register(&mut engine, 100, registration("a", 1));
+    register(&mut engine, 101, registration("b", 1));
+    started(&mut engine, 5);
+    engine.handle(at(T0 + 1), part(5, "a"));
+    engine.handle(at(T0 + 2), part(5, "b"));
+    engine.drain_actions();
+    let what = Persist::Snapshot(SnapshotWrite::End(SnapshotId(5)));
+    engine.handle(
+        at(T0 + 3),
+        Input::Persisted {
+            what,
+            result: Ok(()),
+        },
+    );
+    let actions = engine.drain_actions();
+    assert!(
+        matches!(
+            &actions[..],
+            [
+                Action::Ended { .. },
+                Action::List {
+                    purpose: Listing::Retention
+                }
+            ]
+        ),
+        "{actions:?}"
+    );
+    let mut records = completed_records(5);
+    records[2].status = SnapshotStatus::Failed;
+    engine.handle(
+        at(T0 + 4),
+        Input::Listed {
+            purpose: Listing::Retention,
+            result: Ok(records),
+        },
+    );
+    // Completed: 1, 2, 4, 5; the newest two stay.
+    assert_eq!(
+        engine.drain_actions(),
+        [Action::Persist {
+            what: Persist::Retention(vec![SnapshotId(1), SnapshotId(2)]),
+            write: Write::Batch(vec![
+                Write::DeleteSnapshot(SnapshotId(1)),
+                Write::DeleteSnapshot(SnapshotId(2))
+            ]),
+            attempt: 1,
+        }]
+    );
+    let what = Persist::Retention(vec![SnapshotId(1), SnapshotId(2)]);
+    engine.handle(
+        at(T0 + 5),
+        Input::Persisted {
+            what,
+            result: Ok(()),
+        },
+    );
+    assert_eq!(
+        engine.drain_actions(),
+        [
+            Action::Note(Note::RetentionDeleted {
+                snapshot: SnapshotId(1)
+            }),
+            Action::Note(Note::RetentionDeleted {
+                snapshot: SnapshotId(2)
+            }),
+            Action::CollectGarbage,
+        ]
+    );
 }
