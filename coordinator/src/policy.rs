@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use cairn_core::schedule::{Policy, PolicyUpdate, Status, saturating_millis};
+use cairn_core::schedule::{Policy, saturating_millis};
 use cairn_proto::convert::{policy_error, policy_update_from_pb};
 use cairn_proto::v1 as pb;
 
@@ -14,24 +14,12 @@ use cairn_proto::stored::convert::{mode_name, now_ms};
 /// The health service name whose status follows the freshness of the newest snapshot.
 pub const FRESHNESS_SERVICE: &str = "cairn.v1.SnapshotFreshness";
 
+/// What `SetPolicy` asks for.
+pub use cairn_core::schedule::PolicyChange as Change;
 /// Where the policy in force came from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Source {
-    /// The coordinator's flags and variables.
-    Flags,
-    /// `SetPolicy`; outlives restarts until reset.
-    Api,
-}
-
-impl Source {
-    /// Its stored and wire name.
-    pub fn name(self) -> &'static str {
-        match self {
-            Self::Flags => "flags",
-            Self::Api => "api",
-        }
-    }
-}
+pub use cairn_core::schedule::PolicySource as Source;
+/// The policy in force as `GetPolicy` and `SetPolicy` answer it.
+pub use cairn_core::schedule::PolicyView as View;
 
 fn ms(d: Duration) -> u64 {
     saturating_millis(d)
@@ -139,62 +127,29 @@ pub fn at_start(flags: &Policy, stored: Option<&[u8]>, max_in_flight: usize) -> 
     }
 }
 
-/// The policy in force as `GetPolicy` and `SetPolicy` answer it: where it came from and
-/// the schedule's state.
-#[derive(Debug, Clone)]
-pub struct View {
-    /// The policy.
-    pub policy: Policy,
-    /// Where it came from.
-    pub source: Source,
-    /// The schedule's state now.
-    pub status: Status,
-}
-
-impl View {
-    /// The wire form.
-    pub fn to_pb(&self) -> pb::Policy {
-        pb::Policy {
-            source: self.source.name().into(),
-            ..(&self.policy, &self.status).into()
-        }
+/// The wire form of the policy in force.
+pub fn view_pb(view: &View) -> pb::Policy {
+    pb::Policy {
+        source: view.source.name().into(),
+        ..(&view.policy, &view.status).into()
     }
 }
 
-/// What `SetPolicy` asks for.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Change {
-    /// Back to the coordinator's flags.
-    ResetToFlags,
-    /// These fields changed on the policy in force.
-    Update(PolicyUpdate),
-}
-
-impl TryFrom<pb::SetPolicyRequest> for Change {
-    type Error = Error;
-
-    /// A reset takes nothing else; an update names at least one writable field.
-    fn try_from(request: pb::SetPolicyRequest) -> Result<Self, Error> {
-        if request.reset_to_flags {
-            if request.policy.is_some() || !request.update.is_empty() {
-                return Err(Error::InvalidArgument(
-                    "reset_to_flags takes no policy and no update".into(),
-                ));
-            }
-            return Ok(Self::ResetToFlags);
+/// What a `SetPolicy` request asks for: a reset takes nothing else; an update names at
+/// least one writable field.
+pub fn change_from_pb(request: pb::SetPolicyRequest) -> Result<Change, Error> {
+    if request.reset_to_flags {
+        if request.policy.is_some() || !request.update.is_empty() {
+            return Err(Error::InvalidArgument(
+                "reset_to_flags takes no policy and no update".into(),
+            ));
         }
-        let wire = request.policy.unwrap_or_default();
-        policy_update_from_pb(&wire, &request.update)
-            .map(Self::Update)
-            .map_err(Error::InvalidArgument)
+        return Ok(Change::ResetToFlags);
     }
-}
-
-/// `current` with `update` applied; a bad value is `INVALID_ARGUMENT` naming its wire field.
-pub fn apply(current: &Policy, update: &PolicyUpdate) -> Result<Policy, Error> {
-    update
-        .apply(current)
-        .map_err(|e| Error::InvalidArgument(policy_error(&e)))
+    let wire = request.policy.unwrap_or_default();
+    policy_update_from_pb(&wire, &request.update)
+        .map(Change::Update)
+        .map_err(Error::InvalidArgument)
 }
 
 /// A one-line account of a policy for logs.
@@ -222,7 +177,9 @@ mod tests {
     /// `SetPolicy`'s path: the wire's update read, then applied.
     fn apply(current: &Policy, wire: &pb::Policy, update: &[String]) -> Result<Policy, Error> {
         let update = policy_update_from_pb(wire, update).map_err(Error::InvalidArgument)?;
-        super::apply(current, &update)
+        update
+            .apply(current)
+            .map_err(|e| Error::InvalidArgument(policy_error(&e)))
     }
 
     #[test]

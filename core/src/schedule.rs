@@ -166,6 +166,46 @@ fn show_limit(limit: Duration) -> String {
     format!("{} ({human})", show(limit))
 }
 
+/// Where the policy in force came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PolicySource {
+    /// The coordinator's flags and variables.
+    Flags,
+    /// `SetPolicy`; outlives restarts until reset.
+    Api,
+}
+
+impl PolicySource {
+    /// Its stored and wire name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Flags => "flags",
+            Self::Api => "api",
+        }
+    }
+}
+
+/// What `SetPolicy` asks for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PolicyChange {
+    /// Back to the coordinator's flags.
+    ResetToFlags,
+    /// These fields changed on the policy in force.
+    Update(PolicyUpdate),
+}
+
+/// The policy in force as `GetPolicy` and `SetPolicy` answer it: where it came from and
+/// the schedule's state.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PolicyView {
+    /// The policy.
+    pub policy: Policy,
+    /// Where it came from.
+    pub source: PolicySource,
+    /// The schedule's state now.
+    pub status: Status,
+}
+
 /// A change to the policy in force: the fields it sets, each taken as given (the rest stay).
 /// Setting the mode to one other than `Aligned` without an alignment timeout drops the
 /// alignment timeout (it applies to aligned snapshots only).

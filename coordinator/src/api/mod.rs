@@ -326,7 +326,7 @@ impl pb::coordinator_server::Coordinator for CoordinatorService {
         if self.replica.is_leading()
             && let Ok(view) = self.ask(|reply| Msg::GetPolicy { reply }).await
         {
-            return Ok(Response::new(view.to_pb()));
+            return Ok(Response::new(policy::view_pb(&view)));
         }
         // The stored policy (or the flags'); the schedule's state is the leader's.
         let stored = self.meta.policy_bytes().await?;
@@ -336,7 +336,7 @@ impl pb::coordinator_server::Coordinator for CoordinatorService {
             source: chosen.source,
             status: Default::default(),
         };
-        Ok(Response::new(view.to_pb()))
+        Ok(Response::new(policy::view_pb(&view)))
     }
 
     async fn get_leadership(
@@ -352,11 +352,11 @@ impl pb::coordinator_server::Coordinator for CoordinatorService {
     ) -> Result<Response<pb::Policy>, Status> {
         // A follower refuses it naming the leader, whatever it asks (as every write).
         self.replica.leading()?;
-        let change = policy::Change::try_from(request.into_inner())?;
+        let change = policy::change_from_pb(request.into_inner())?;
         let view = self
             .ask_write("SetPolicy", |reply| Msg::SetPolicy { change, reply })
             .await??;
-        Ok(Response::new(view.to_pb()))
+        Ok(Response::new(policy::view_pb(&view)))
     }
 
     type NodeSessionStream = std::pin::Pin<

@@ -98,7 +98,8 @@ impl State {
                         | Persist::Register(_)
                         | Persist::Removal(_)
                         | Persist::Delete(..)
-                        | Persist::Retention(_) => {}
+                        | Persist::Retention(_)
+                        | Persist::Policy(_) => {}
                     }
                 }
                 self.engine
@@ -148,6 +149,13 @@ impl State {
             }
             Action::RestoreEnded { record } => self.restore_ended(&record),
             Action::Verify { candidates } => self.verify_off_task(candidates),
+            Action::ScheduleRefused { refusal } => {
+                let e = self.refused(refusal);
+                let busy = matches!(e, Error::TooManyInFlight(_));
+                let why = format!("could not start: {e}");
+                self.engine
+                    .handle(self.now(), Input::ScheduleRefused { busy, why });
+            }
             Action::AllocateEpoch => {
                 let result = self.meta.allocate_epoch().await;
                 self.engine
@@ -210,6 +218,7 @@ impl State {
             },
             Refusal::Store(e) => e,
             Refusal::Invalid(why) => Error::InvalidArgument(why),
+            Refusal::Policy(e) => Error::InvalidArgument(cairn_proto::convert::policy_error(&e)),
             Refusal::Fenced(why) => Error::Fenced(why),
             Refusal::NodesNotConnected(why) => Error::NodesNotConnected(why),
             Refusal::NoMembers => Error::NoMembers,
@@ -280,6 +289,10 @@ impl State {
                 Write::Remove(record) => self.meta.remove_node(&record).await?,
                 Write::EpochCounter(epoch) => self.meta.set_epoch_counter(epoch).await?,
                 Write::DeleteSnapshot(id) => self.meta.delete_snapshot(id).await?,
+                Write::Policy { policy, source } => {
+                    let record = crate::policy::to_record(&policy, source);
+                    self.meta.put_policy(&record).await?;
+                }
                 Write::Batch(_) => {
                     return Err(Error::InvalidArgument(
                         "a batch of writes inside a batch (a bug in the coordinator)".into(),
@@ -355,6 +368,25 @@ impl State {
                 "retention: kept while a restore refers to it"
             ),
             Note::Retention(why) => tracing::warn!("retention: {why}"),
+            Note::Skipped(skip) => {
+                self.metrics.schedule_skipped.inc();
+                tracing::info!("scheduled snapshot skipped: {skip}");
+            }
+            Note::ScheduleFailed(why) => tracing::warn!("scheduled snapshot {why}"),
+            Note::Failing(f) => tracing::error!(
+                consecutive = f.consecutive,
+                tolerated = f.tolerated,
+                "scheduled snapshots are failing: {} in a row, more than the {} tolerated; \
+                 last: {}",
+                f.consecutive,
+                f.tolerated,
+                f.last_failure
+            ),
+            Note::PolicyAdopted { policy, source } => tracing::info!(
+                source = source.name(),
+                "snapshot policy: {}",
+                crate::policy::describe(&policy)
+            ),
             Note::CollectionFailed(why) => {
                 tracing::warn!("garbage collection failed; the chunks are kept: {why}");
             }
@@ -377,9 +409,9 @@ impl State {
         }
     }
 
-    /// The one place a snapshot's end is told — to retention, watchers, metrics, freshness
-    /// and the schedule — and the engine asks for it only once the store acknowledged the
-    /// end (the nodes were told to drop a failed one just before).
+    /// The one place a snapshot's end is told to watchers, metrics and freshness; the engine
+    /// asks for it only once the store acknowledged the end (the nodes were told to drop a
+    /// failed one, and the schedule and retention heard of it, in the engine).
     async fn tell_end(&mut self, record: SnapshotRecord) {
         let id = SnapshotId(record.id);
         let span = self.spans.remove(&id).unwrap_or_else(tracing::Span::none);
@@ -400,12 +432,6 @@ impl State {
             }
         }
         self.count_end(&record);
-        let result = match &record.failure {
-            None => Ok(()),
-            Some(failure) => Err(failure.message.clone()),
-        };
-        let alarm = self.schedule.finished(id, self.clock_ms(), result);
-        self.alarm(alarm);
         self.refresh().await;
     }
 

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use cairn_core::control::{ChannelStatus, Membership, NodeCommand, NodeReport, Registration};
 use cairn_core::coordinator::{Config, CoordinatorEngine, Input, Now};
-use cairn_core::schedule::{Policy, Schedule};
+use cairn_core::schedule::Policy;
 use cairn_core::{
     FailureReason, NodeId, NodePart, SnapshotId, SnapshotMode, StartRequest, Topology,
 };
@@ -218,10 +218,6 @@ pub(crate) struct State {
     spans: BTreeMap<SnapshotId, tracing::Span>,
     watchers: BTreeMap<SnapshotId, Vec<WatchTx>>,
     self_tx: mpsc::Sender<Msg>,
-    schedule: Schedule,
-    policy_source: policy::Source,
-    /// The zero of the schedule's monotonic milliseconds.
-    clock: Instant,
     health: HealthReporter,
     /// What the freshness health service says now; `None` before it is first set.
     stale: Option<bool>,
@@ -246,9 +242,6 @@ impl State {
     ) -> Self {
         let seed = std::collections::hash_map::RandomState::new().hash_one(now_ms());
         Self {
-            schedule: Schedule::new(settings.policy.clone(), 0, seed),
-            policy_source: policy::Source::Flags,
-            clock: Instant::now(),
             health,
             stale: None,
             failing: false,
@@ -263,6 +256,9 @@ impl State {
                 remove_after: settings.remove_after,
                 auto_restore: settings.auto_restore,
                 retention: settings.retention,
+                policy: settings.policy.clone(),
+                seed,
+                term: settings.leadership.term(),
                 topology: settings.topology.clone(),
             }),
             sessions: BTreeMap::new(),
@@ -331,7 +327,7 @@ impl State {
         }
         if let Some(at) = newest_completed {
             let age = Duration::from_millis(now_ms().saturating_sub(at));
-            self.schedule.completed_before(self.clock_ms(), age);
+            self.drive(Input::NewestCompleted { age }).await;
         }
         self.refresh().await;
         Ok(())
@@ -352,9 +348,9 @@ impl State {
         loop {
             // A due time beyond what the clock can hold is never (no overflow panic).
             let due = self
-                .schedule
+                .engine
                 .next_due()
-                .and_then(|ms| self.clock.checked_add(Duration::from_millis(ms)));
+                .and_then(|ms| self.started.checked_add(Duration::from_millis(ms)));
             tokio::select! {
                 _ = shutdown.cancelled() => break,
                 () = leadership.ended() => break,
@@ -534,11 +530,6 @@ impl State {
                 let _ = reply.send(result);
             }
         }
-    }
-
-    /// Milliseconds on the schedule's monotonic clock.
-    fn clock_ms(&self) -> u64 {
-        self.clock.elapsed().as_millis() as u64
     }
 
     /// Milliseconds on the engine's monotonic clock, with the wall clock's.

@@ -1,11 +1,10 @@
-//! The schedule and the policy, as the coordinator's task follows them: the policy chosen at
-//! start and set through `SetPolicy`, scheduled starts and skips, the alarm on failures in a
-//! row, and the gauges and freshness health brought up to date on each tick.
+//! The schedule and the policy, as the coordinator's task carries them out for the engine
+//! (`cairn_core::coordinator`, `scheduling.rs`, which decides): the policy chosen at start
+//! (the stored one if it is still valid) and set through `SetPolicy`, the schedule's timer,
+//! and the gauges and freshness health brought up to date on each tick.
 
-use std::collections::{BTreeMap, BTreeSet};
-
-use cairn_core::StartRequest;
-use cairn_core::schedule::{Due, Failing, Policy};
+use cairn_core::coordinator::{Answer, Input};
+use cairn_core::schedule::PolicyChange;
 use tonic_health::ServingStatus;
 
 use super::State;
@@ -14,9 +13,9 @@ use crate::policy;
 
 impl State {
     /// Takes the stored policy if it was set through the API and is still valid, else the
-    /// flags' (stored). A stored policy that fails [`Policy::check`] (or no longer fits
-    /// `--max-concurrent`) is logged at error level with the reason and replaced by the
-    /// flags', so it cannot make every start fail.
+    /// flags' (stored). A stored policy that fails [`cairn_core::schedule::Policy::check`]
+    /// (or no longer fits `--max-concurrent`) is logged at error level with the reason and
+    /// replaced by the flags', so it cannot make every start fail.
     pub(super) async fn load_policy(&mut self) -> Result<(), Error> {
         let flags = self.settings.policy.clone();
         let stored = self.meta.policy_bytes().await?;
@@ -38,121 +37,53 @@ impl State {
                  (`cairnctl policy reset` goes back to the flags)"
             );
         }
-        self.adopt_policy(chosen.policy, chosen.source).await
-    }
-
-    /// Stores `policy` with its source, then follows it from now.
-    pub(super) async fn adopt_policy(
-        &mut self,
-        policy: Policy,
-        source: policy::Source,
-    ) -> Result<(), Error> {
-        let record = policy::to_record(&policy, source);
-        self.meta.put_policy(&record).await?;
-        tracing::info!(
-            source = source.name(),
-            "snapshot policy: {}",
-            policy::describe(&policy)
-        );
-        let now = self.clock_ms();
-        self.schedule.set_policy(policy, now);
-        self.policy_source = source;
-        Ok(())
+        let token = self.token();
+        let input = Input::AdoptPolicy {
+            token,
+            policy: chosen.policy,
+            source: chosen.source,
+        };
+        self.policy_answer(token, input).await.map(|_| ())
     }
 
     pub(super) fn policy_view(&self) -> policy::View {
-        policy::View {
-            policy: self.schedule.policy().clone(),
-            source: self.policy_source,
-            status: self.schedule.status(self.clock_ms()),
-        }
+        self.engine.policy_view(self.now())
     }
 
-    pub(super) async fn set_policy(
+    pub(super) async fn set_policy(&mut self, change: PolicyChange) -> Result<policy::View, Error> {
+        let token = self.token();
+        let view = self
+            .policy_answer(token, Input::SetPolicy { token, change })
+            .await?;
+        self.refresh().await;
+        Ok(view)
+    }
+
+    /// Drives a policy request and returns its answer.
+    async fn policy_answer(
         &mut self,
-        change: policy::Change,
+        token: u64,
+        input: Input<Error>,
     ) -> Result<policy::View, Error> {
-        let (next, source) = match change {
-            policy::Change::ResetToFlags => (self.settings.policy.clone(), policy::Source::Flags),
-            policy::Change::Update(update) => (
-                policy::apply(self.schedule.policy(), &update)?,
-                policy::Source::Api,
-            ),
-        };
-        let limit = self.engine.tracker().max_in_flight();
-        if next.max_concurrent as usize > limit {
-            return Err(Error::InvalidArgument(format!(
-                "max_concurrent {} is above the coordinator's --max-concurrent {limit}",
-                next.max_concurrent
-            )));
+        for (told, answer) in self.drive(input).await {
+            if let (true, Answer::Policy(result)) = (told == token, answer) {
+                return result.map_err(|refusal| self.refused(refusal));
+            }
         }
-        self.adopt_policy(next, source).await?;
-        self.refresh().await;
-        Ok(self.policy_view())
+        Err(super::snapshots::unanswered("SetPolicy"))
     }
 
-    /// A scheduled snapshot is due: start it, or count the skip.
+    /// The schedule's timer went off: the engine starts the due snapshot, or counts the
+    /// skip.
     pub(super) async fn scheduled(&mut self) {
-        let Some(due) = self.schedule.poll(self.clock_ms()) else {
-            return;
-        };
-        match due {
-            Due::Skip(skip) => self.skipped(&skip),
-            Due::Start if self.engine.fence().is_some() => {
-                let why = self.engine.fence().unwrap_or_default();
-                if let Ok(skip) = self.schedule.refused(true, why) {
-                    self.skipped(&skip);
-                }
-            }
-            Due::Start => {
-                let policy = self.schedule.policy().clone();
-                let request = StartRequest {
-                    mode: policy.mode,
-                    initiators: BTreeSet::new(),
-                    alignment_timeout: policy.alignment_timeout,
-                };
-                let labels = BTreeMap::from([("scheduled".to_owned(), "true".to_owned())]);
-                match self.start(request, policy.timeout, labels).await {
-                    Ok(id) => self.schedule.started(id),
-                    Err(e) => {
-                        let busy = matches!(e, Error::TooManyInFlight(_));
-                        let why = format!("could not start: {e}");
-                        match self.schedule.refused(busy, why.clone()) {
-                            Ok(skip) => self.skipped(&skip),
-                            Err(alarm) => {
-                                tracing::warn!("scheduled snapshot {why}");
-                                self.alarm(alarm);
-                            }
-                        }
-                    }
-                }
-            }
-        }
+        self.drive(Input::Due).await;
         self.refresh().await;
-    }
-
-    pub(super) fn skipped(&self, skip: &cairn_core::schedule::Skip) {
-        self.metrics.schedule_skipped.inc();
-        tracing::info!("scheduled snapshot skipped: {skip}");
-    }
-
-    pub(super) fn alarm(&self, alarm: Option<Failing>) {
-        if let Some(f) = alarm {
-            tracing::error!(
-                consecutive = f.consecutive,
-                tolerated = f.tolerated,
-                "scheduled snapshots are failing: {} in a row, more than the {} tolerated; \
-                 last: {}",
-                f.consecutive,
-                f.tolerated,
-                f.last_failure
-            );
-        }
     }
 
     /// Brings the schedule's metrics and the freshness health service up to date.
     pub(super) async fn refresh(&mut self) {
-        let status = self.schedule.status(self.clock_ms());
+        let view = self.engine.policy_view(self.now());
+        let status = view.status;
         let m = &self.metrics;
         m.schedule_consecutive_failures
             .set(i64::from(status.consecutive_failures));
@@ -175,7 +106,7 @@ impl State {
                 );
             }
             self.stale = Some(status.stale);
-            let threshold = self.schedule.policy().freshness_threshold;
+            let threshold = view.policy.freshness_threshold;
             let serving = if status.stale {
                 tracing::error!(
                     age = ?status.newest_completed_age,

@@ -26,6 +26,9 @@ use std::time::Duration;
 
 use crate::control::{ChannelStatus, Membership, NodeCommand, NodeReport, Registration};
 use crate::record::{MemberRecord, RemovedRecord, RestoreRecord, RosterRecord, SnapshotRecord};
+use crate::schedule::{
+    Failing, Policy, PolicyChange, PolicyError, PolicySource, PolicyView, Schedule, Skip, Status,
+};
 use crate::tracker::{SnapshotTracker, StartRequest};
 use crate::types::{NodeId, Plan, SnapshotId};
 use crate::verifier::NodePart;
@@ -37,6 +40,7 @@ mod restores;
 mod restoring;
 mod retention;
 pub mod roster;
+mod scheduling;
 mod snapshots;
 #[cfg(test)]
 mod tests;
@@ -75,6 +79,12 @@ pub struct Config {
     pub auto_restore: bool,
     /// Keep only the newest this many completed snapshots (`--retention`; 0: all).
     pub retention: usize,
+    /// The flags' snapshot policy (the stored one is adopted with [`Input::AdoptPolicy`]).
+    pub policy: Policy,
+    /// The seed of the schedule's jitter.
+    pub seed: u64,
+    /// The leader's term: scheduled snapshots carry it.
+    pub term: u64,
     /// A fixed topology (`--topology`); `None`: a full mesh of the roster.
     pub topology: Option<Topology>,
 }
@@ -271,6 +281,38 @@ pub enum Input<E> {
         /// The restore's epoch.
         epoch: u64,
     },
+    /// The schedule's timer ([`CoordinatorEngine::next_due`]) went off.
+    Due,
+    /// The runtime worded [`Action::ScheduleRefused`]'s refusal: `busy` if it was for want
+    /// of room (a skip), else a failure.
+    ScheduleRefused {
+        /// For want of room.
+        busy: bool,
+        /// Why, as users read it.
+        why: String,
+    },
+    /// `SetPolicy`.
+    SetPolicy {
+        /// Whose answer ([`Answer::Policy`]).
+        token: Token,
+        /// The change.
+        change: PolicyChange,
+    },
+    /// At a term's start: follow `policy` (the stored one if valid, else the flags'), once
+    /// stored with its source.
+    AdoptPolicy {
+        /// Whose answer ([`Answer::Policy`]).
+        token: Token,
+        /// The policy.
+        policy: Policy,
+        /// Where it came from.
+        source: PolicySource,
+    },
+    /// At a term's start: how old the newest completed snapshot is (freshness).
+    NewestCompleted {
+        /// Its age.
+        age: Duration,
+    },
     /// The runtime's periodic tick (every 250 ms): ends the store refused are stored
     /// again, silent members dropped, nodes down too long removed.
     Tick,
@@ -304,6 +346,8 @@ pub enum Persist {
     Delete(Token, SnapshotId),
     /// Retention's deletions.
     Retention(Vec<SnapshotId>),
+    /// A policy (the request's token).
+    Policy(Token),
     /// A member's record deleted (its failure is only logged).
     DeleteMember(NodeId),
 }
@@ -338,6 +382,13 @@ pub enum Write {
     EpochCounter(u64),
     /// A snapshot deleted: its parts, then its record.
     DeleteSnapshot(SnapshotId),
+    /// The snapshot policy, with where it came from.
+    Policy {
+        /// The policy.
+        policy: Policy,
+        /// Its source.
+        source: PolicySource,
+    },
     /// Writes done in order, stopping at the first that fails.
     Batch(Vec<Write>),
 }
@@ -422,6 +473,12 @@ pub enum Action<E> {
     /// Collect the chunks no stored part refers to, off the loop; answer with
     /// [`Input::Collected`].
     CollectGarbage,
+    /// A scheduled start was refused: word the refusal and answer with
+    /// [`Input::ScheduleRefused`] before the next action.
+    ScheduleRefused {
+        /// Why.
+        refusal: Refusal<E>,
+    },
     /// Automatic recovery could not restore: log it (it is tried again after a pause).
     RecoveryFailed {
         /// Who asked, as the restore record would say.
@@ -577,6 +634,19 @@ pub enum Note {
     Retention(String),
     /// A garbage collection failed (why); the chunks are kept.
     CollectionFailed(String),
+    /// A due snapshot was skipped (counted).
+    Skipped(Skip),
+    /// A scheduled snapshot could not start (why).
+    ScheduleFailed(String),
+    /// Scheduled snapshots failed more often in a row than tolerated (an alarm).
+    Failing(Failing),
+    /// The policy in force now.
+    PolicyAdopted {
+        /// The policy.
+        policy: Policy,
+        /// Where it came from.
+        source: PolicySource,
+    },
     /// A node on the stored roster that the `--topology` file does not name: left out.
     LeftOutOfTopology {
         /// The node.
@@ -595,6 +665,8 @@ pub enum Answer<E> {
     Started(Result<SnapshotId, Refusal<E>>),
     /// To [`Input::Abort`]: the stored record of the aborted snapshot.
     Aborted(Result<Box<SnapshotRecord>, Refusal<E>>),
+    /// To [`Input::SetPolicy`] and [`Input::AdoptPolicy`]: the policy in force, once stored.
+    Policy(Result<PolicyView, Refusal<E>>),
     /// To [`Input::Delete`]: the bytes the garbage collection after it freed.
     Deleted(Result<u64, Refusal<E>>),
     /// To [`Input::Restore`]: the stored record of the restore.
@@ -610,6 +682,8 @@ pub enum Refusal<E> {
     Store(E),
     /// A request that cannot be (its words say why).
     Invalid(String),
+    /// A policy that cannot be used (the field and why).
+    Policy(PolicyError),
     /// The snapshot is not in flight (it ended, or never was: the store knows which).
     NotInFlight(SnapshotId),
     /// The snapshot ended and its end is not stored yet: nothing can change it now.
@@ -699,6 +773,8 @@ struct Roles {
     members: members::Members,
     /// `--retention`.
     retention: usize,
+    /// The policy's source and the flags'.
+    policies: scheduling::Policies,
     /// The garbage collection under way, if one is.
     collection: retention::Collection,
 }
@@ -715,6 +791,7 @@ pub enum Listing {
 /// The coordinator's engine. See the module's documentation.
 pub struct CoordinatorEngine<E> {
     cluster: String,
+    term: u64,
     roles: Roles,
     actions: Actions<E>,
 }
@@ -733,10 +810,13 @@ impl<E: std::fmt::Display> CoordinatorEngine<E> {
     /// An engine set up with `config`.
     pub fn new(config: Config) -> Self {
         let tracker = SnapshotTracker::new(config.max_in_flight.max(1));
+        let schedule = Schedule::new(config.policy.clone(), 0, config.seed);
         Self {
             cluster: config.cluster,
+            term: config.term,
             roles: Roles {
-                snapshots: snapshots::Snapshots::new(tracker),
+                policies: scheduling::Policies::new(config.policy),
+                snapshots: snapshots::Snapshots::new(tracker, schedule),
                 restores: restores::Restores::new(config.restore_timeout, config.auto_restore),
                 members: members::Members::new(config.topology, config.remove_after),
                 retention: config.retention,
@@ -786,7 +866,8 @@ impl<E: std::fmt::Display> CoordinatorEngine<E> {
             Input::Start { token, start } => match roles.spannable() {
                 Ok(topology) => {
                     let epoch = roles.restores.epoch();
-                    roles.snapshots.start(out, token, start, topology, epoch);
+                    let by = snapshots::StartBy::User(token);
+                    roles.snapshots.start(out, by, start, topology, epoch);
                 }
                 Err(refusal) => out.push(Action::Reply {
                     token,
@@ -796,12 +877,13 @@ impl<E: std::fmt::Display> CoordinatorEngine<E> {
             Input::IdTaken { result } => roles.snapshots.id_taken(out, wall, result),
             Input::Persisted { what, result } => match what {
                 Persist::Snapshot(what) => {
-                    if roles.snapshots.stored(out, what, result) {
+                    if roles.snapshots.stored(out, now.mono_ms, what, result) {
                         roles.completed(out);
                     }
                 }
                 Persist::Delete(token, id) => roles.deletion_stored(out, token, id, result),
                 Persist::Retention(deleted) => roles.retention_stored(out, deleted, result),
+                Persist::Policy(token) => roles.policy_stored(out, now, token, result),
                 Persist::Restore(epoch) => {
                     if let Some((by, refusal)) =
                         roles.restores.stored(out, now.mono_ms, epoch, result)
@@ -872,6 +954,17 @@ impl<E: std::fmt::Display> CoordinatorEngine<E> {
                 .restores
                 .node_failed(out, wall, &node, Some(&restore_id), &why),
             Input::RestoreTimedOut { epoch } => roles.restores.timed_out(out, wall, epoch),
+            Input::Due => roles.scheduled(out, now, self.term),
+            Input::ScheduleRefused { busy, why } => roles.schedule_refused(out, busy, why),
+            Input::SetPolicy { token, change } => roles.set_policy(out, token, change),
+            Input::AdoptPolicy {
+                token,
+                policy,
+                source,
+            } => roles.adopt_policy(out, token, policy, source),
+            Input::NewestCompleted { age } => {
+                roles.snapshots.schedule.completed_before(now.mono_ms, age);
+            }
             Input::Tick => {
                 roles.snapshots.tick(out);
                 roles.restores.tick(out, wall);
@@ -949,6 +1042,21 @@ impl<E: std::fmt::Display> CoordinatorEngine<E> {
     /// The restore that keeps snapshot `id` from being deleted, if any.
     pub fn restore_holding(&self, id: SnapshotId) -> Option<&RestoreRecord> {
         self.roles.restore_holding(id)
+    }
+
+    /// When the next scheduled snapshot is due, on the monotonic clock; `None`: none is.
+    pub fn next_due(&self) -> Option<u64> {
+        self.roles.snapshots.schedule.next_due()
+    }
+
+    /// The schedule's state at `now`.
+    pub fn schedule_status(&self, now: Now) -> Status {
+        self.roles.snapshots.schedule.status(now.mono_ms)
+    }
+
+    /// The policy in force, where it came from, and the schedule's state at `now`.
+    pub fn policy_view(&self, now: Now) -> PolicyView {
+        self.roles.policy_view(now)
     }
 
     /// Why automatic recovery is due, if it is.

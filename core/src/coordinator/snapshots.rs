@@ -6,12 +6,13 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use super::{
-    Action, Actions, Answer, Persist, Refusal, SnapshotWrite, StartInput, Timer, Token, Write,
+    Action, Actions, Answer, Note, Persist, Refusal, SnapshotWrite, StartInput, Timer, Token, Write,
 };
 use crate::control::{NodeCommand, NodeReport};
 use crate::record::{
     EventKind, EventRecord, SnapshotRecord, SnapshotStatus, VerdictRecord, event_detail,
 };
+use crate::schedule::Schedule;
 use crate::tracker::{self, Progress, SnapshotTracker, Update};
 use crate::types::{NodeId, SnapshotId};
 use crate::verifier::NodePart;
@@ -30,18 +31,27 @@ pub struct PartSizes {
     pub recorded_messages: u64,
 }
 
+/// Who asked for a start, and so who hears of it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum StartBy {
+    /// A user's `StartSnapshot`, answered with this token.
+    User(Token),
+    /// The schedule: [`Schedule::started`], or [`Action::ScheduleRefused`].
+    Schedule,
+}
+
 /// A start under way.
 enum Starting {
     /// Waiting for its id.
     Id {
-        token: Token,
+        by: StartBy,
         start: StartInput,
         topology: Topology,
         epoch: u64,
     },
     /// Planned, waiting for its record to be stored.
     Record {
-        token: Token,
+        by: StartBy,
         timeout: Duration,
         plan: crate::Plan,
         record: Box<SnapshotRecord>,
@@ -70,11 +80,15 @@ pub(super) struct Snapshots {
     aborting: BTreeMap<SnapshotId, Token>,
     /// The highest snapshot id any daemon reported: no id at or below it is handed out.
     id_floor: u64,
+    /// The schedule: scheduled starts, and every end fed back to it (on the engine's
+    /// monotonic clock).
+    pub(super) schedule: Schedule,
 }
 
 impl Snapshots {
-    pub(super) fn new(tracker: SnapshotTracker) -> Self {
+    pub(super) fn new(tracker: SnapshotTracker, schedule: Schedule) -> Self {
         Self {
+            schedule,
             tracker,
             inflight: BTreeMap::new(),
             unstored: BTreeMap::new(),
@@ -126,16 +140,16 @@ impl Snapshots {
     pub(super) fn start<E>(
         &mut self,
         out: &mut Actions<E>,
-        token: Token,
+        by: StartBy,
         start: StartInput,
         topology: Topology,
         epoch: u64,
     ) {
         if let Err(e) = self.tracker.check(&start.request, &topology) {
-            return out.push(reply_started(token, Err(Refusal::Start(e))));
+            return self.answer_start(out, by, Err(Refusal::Start(e)));
         }
         self.starting = Some(Starting::Id {
-            token,
+            by,
             start,
             topology,
             epoch,
@@ -148,6 +162,7 @@ impl Snapshots {
     pub(super) fn stored<E: std::fmt::Display>(
         &mut self,
         out: &mut Actions<E>,
+        mono_ms: u64,
         what: SnapshotWrite,
         result: Result<(), E>,
     ) -> bool {
@@ -156,7 +171,7 @@ impl Snapshots {
                 self.start_stored(out, id, result);
                 false
             }
-            SnapshotWrite::End(id) => self.end_stored(out, id, result),
+            SnapshotWrite::End(id) => self.end_stored(out, mono_ms, id, result),
         }
     }
 
@@ -283,7 +298,7 @@ impl Snapshots {
         result: Result<SnapshotId, E>,
     ) {
         let Some(Starting::Id {
-            token,
+            by,
             start,
             topology,
             epoch,
@@ -292,7 +307,7 @@ impl Snapshots {
             return;
         };
         let id = match result {
-            Err(e) => return out.push(reply_started(token, Err(Refusal::Store(e)))),
+            Err(e) => return self.answer_start(out, by, Err(Refusal::Store(e))),
             Ok(id) if id.0 > self.id_floor => id,
             Ok(_) => {
                 // The counter is behind ids the daemons saw (lost metadata?): continue
@@ -300,7 +315,7 @@ impl Snapshots {
                 // `IdTaken(Ok(above))`, above the floor.
                 let above = SnapshotId(self.id_floor.saturating_add(1));
                 self.starting = Some(Starting::Id {
-                    token,
+                    by,
                     start,
                     topology,
                     epoch,
@@ -319,7 +334,7 @@ impl Snapshots {
         } = start;
         let mut plan = match self.tracker.start(id, request, &topology) {
             Ok(plan) => plan,
-            Err(e) => return out.push(reply_started(token, Err(Refusal::Start(e)))),
+            Err(e) => return self.answer_start(out, by, Err(Refusal::Start(e))),
         };
         // Nodes count an alignment timeout from here.
         plan.started_at_ms = now;
@@ -357,7 +372,7 @@ impl Snapshots {
             attempt: 1,
         });
         self.starting = Some(Starting::Record {
-            token,
+            by,
             timeout,
             plan,
             record: Box::new(record),
@@ -373,7 +388,7 @@ impl Snapshots {
         result: Result<(), E>,
     ) {
         let Some(Starting::Record {
-            token,
+            by,
             timeout,
             plan,
             record,
@@ -394,7 +409,7 @@ impl Snapshots {
             );
             // Nobody heard of it: it ends here, told to nobody and stored nowhere.
             debug_assert!(matches!(update, Update::Finished(..)), "{update:?}");
-            return out.push(reply_started(token, Err(Refusal::Store(e))));
+            return self.answer_start(out, by, Err(Refusal::Store(e)));
         }
         self.inflight.insert(id, *record);
         for initiator in &plan.initiators {
@@ -408,7 +423,25 @@ impl Snapshots {
             after: timeout,
         });
         out.push(Action::Started { plan });
-        out.push(reply_started(token, Ok(id)));
+        self.answer_start(out, by, Ok(id));
+    }
+
+    /// Answers whoever asked for a start: a user, or the schedule (a refusal goes to the
+    /// runtime, which words it: [`Action::ScheduleRefused`]).
+    fn answer_start<E>(
+        &mut self,
+        out: &mut Actions<E>,
+        by: StartBy,
+        result: Result<SnapshotId, Refusal<E>>,
+    ) {
+        match (by, result) {
+            (StartBy::User(token), result) => out.push(Action::Reply {
+                token,
+                answer: Answer::Started(result),
+            }),
+            (StartBy::Schedule, Ok(id)) => self.schedule.started(id),
+            (StartBy::Schedule, Err(refusal)) => out.push(Action::ScheduleRefused { refusal }),
+        }
     }
 
     pub(super) fn abort<E>(
@@ -518,6 +551,7 @@ impl Snapshots {
     fn end_stored<E>(
         &mut self,
         out: &mut Actions<E>,
+        mono_ms: u64,
         id: SnapshotId,
         result: Result<(), E>,
     ) -> bool {
@@ -543,9 +577,17 @@ impl Snapshots {
         if let Some(token) = self.aborting.remove(&id) {
             out.push(reply_aborted(token, Ok(Box::new(record.clone()))));
         }
+        let outcome = match &record.failure {
+            None => Ok(()),
+            Some(failure) => Err(failure.message.clone()),
+        };
         out.push(Action::Ended {
             record: Box::new(record),
         });
+        // The schedule hears every end (a manual snapshot's counts for freshness).
+        if let Some(failing) = self.schedule.finished(id, mono_ms, outcome) {
+            out.push(Action::Note(Note::Failing(failing)));
+        }
         completed
     }
 
@@ -625,13 +667,6 @@ impl Snapshots {
 fn with_progress(record: &mut SnapshotRecord, progress: &Progress) {
     record.recorded = progress.recorded.iter().map(ToString::to_string).collect();
     record.reported = progress.reported.iter().map(ToString::to_string).collect();
-}
-
-fn reply_started<E>(token: Token, result: Result<SnapshotId, Refusal<E>>) -> Action<E> {
-    Action::Reply {
-        token,
-        answer: Answer::Started(result),
-    }
 }
 
 fn reply_aborted<E>(token: Token, result: Result<Box<SnapshotRecord>, Refusal<E>>) -> Action<E> {

@@ -25,6 +25,9 @@ fn config(max_in_flight: usize) -> Config {
         remove_after: None,
         auto_restore: false,
         retention: 0,
+        policy: crate::schedule::Policy::default(),
+        seed: 1,
+        term: 7,
         topology: None,
     }
 }
@@ -1587,4 +1590,189 @@ fn retention_keeps_the_newest_completed_and_what_a_restore_holds() {
             Action::CollectGarbage,
         ]
     );
+}
+
+/// An engine with members a and b whose policy takes a snapshot every second, failures
+/// tolerated: none.
+fn scheduled_engine() -> CoordinatorEngine<E> {
+    let policy = crate::schedule::Policy {
+        interval: Duration::from_secs(1),
+        tolerated_failures: 0,
+        ..crate::schedule::Policy::default()
+    };
+    let mut engine = CoordinatorEngine::<E>::new(Config {
+        policy,
+        ..config(4)
+    });
+    register(&mut engine, 100, registration("a", 1));
+    register(&mut engine, 101, registration("b", 1));
+    engine
+}
+
+#[test]
+fn a_due_snapshot_starts_through_the_start_path_and_answers_the_schedule() {
+    let mut engine = scheduled_engine();
+    let due = engine.next_due().expect("a schedule");
+    engine.handle(at(due), Input::Due);
+    assert_eq!(engine.drain_actions(), [Action::TakeId]);
+    engine.handle(
+        at(due),
+        Input::IdTaken {
+            result: Ok(SnapshotId(1)),
+        },
+    );
+    let record = match engine.drain_actions().as_slice() {
+        [
+            Action::Persist {
+                write: Write::Snapshot(record),
+                ..
+            },
+        ] => record.clone(),
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(
+        record.labels.get("scheduled").map(String::as_str),
+        Some("true")
+    );
+    assert_eq!(record.term, 7);
+    let what = Persist::Snapshot(SnapshotWrite::Started(SnapshotId(1)));
+    engine.handle(
+        at(due),
+        Input::Persisted {
+            what,
+            result: Ok(()),
+        },
+    );
+    let actions = engine.drain_actions();
+    assert!(
+        !actions.iter().any(|a| matches!(a, Action::Reply { .. })),
+        "nobody to answer: {actions:?}"
+    );
+    let status = engine.schedule_status(at(due));
+    assert_eq!((status.started, status.running), (1, 1));
+    // Its end is told to the schedule.
+    engine.handle(at(due + 10), part(1, "a"));
+    engine.handle(at(due + 11), part(1, "b"));
+    engine.drain_actions();
+    let what = Persist::Snapshot(SnapshotWrite::End(SnapshotId(1)));
+    engine.handle(
+        at(due + 12),
+        Input::Persisted {
+            what,
+            result: Ok(()),
+        },
+    );
+    engine.drain_actions();
+    let status = engine.schedule_status(at(due + 12));
+    assert_eq!(status.running, 0);
+    assert_eq!(status.newest_completed_age, Some(Duration::ZERO));
+}
+
+#[test]
+fn a_scheduled_start_refused_is_worded_by_the_runtime_and_a_failure_past_the_tolerated_alarms() {
+    let mut engine = scheduled_engine();
+    let gone = Input::SessionEnded {
+        node: NodeId::new("b"),
+        session: 101,
+    };
+    engine.handle(at(T0), gone);
+    engine.drain_actions();
+    let due = engine.next_due().expect("a schedule");
+    engine.handle(at(due), Input::Due);
+    assert!(matches!(
+        engine.drain_actions().as_slice(),
+        [Action::ScheduleRefused { refusal: Refusal::NodesNotConnected(why) }] if why.contains(": b")
+    ));
+    let why = "could not start: b is not connected".to_owned();
+    let refused = Input::ScheduleRefused {
+        busy: false,
+        why: why.clone(),
+    };
+    engine.handle(at(due), refused);
+    let actions = engine.drain_actions();
+    assert!(
+        matches!(&actions[..], [
+            Action::Note(Note::ScheduleFailed(w)),
+            Action::Note(Note::Failing(f)),
+        ] if *w == why && f.consecutive == 1 && f.tolerated == 0),
+        "{actions:?}"
+    );
+    // Refused for want of room: a skip.
+    engine.handle(
+        at(due),
+        Input::ScheduleRefused {
+            busy: true,
+            why: "2 in flight".into(),
+        },
+    );
+    assert!(matches!(
+        engine.drain_actions().as_slice(),
+        [Action::Note(Note::Skipped(_))]
+    ));
+}
+
+#[test]
+fn a_policy_is_followed_once_stored_and_one_beyond_the_limit_is_refused() {
+    let mut engine = engine_of(2);
+    let update = |max| crate::schedule::PolicyUpdate {
+        interval: Some(Duration::from_secs(60)),
+        max_concurrent: Some(max),
+        ..crate::schedule::PolicyUpdate::default()
+    };
+    let set = |token, max| Input::SetPolicy {
+        token,
+        change: PolicyChange::Update(update(max)),
+    };
+    engine.handle(at(T0), set(1, 3));
+    assert!(matches!(
+        engine.drain_actions().as_slice(),
+        [Action::Reply { token: 1, answer: Answer::Policy(Err(Refusal::Invalid(why))) }]
+            if why.contains("--max-concurrent 2")
+    ));
+    engine.handle(at(T0), set(2, 2));
+    let (policy, source) = match engine.drain_actions().as_slice() {
+        [
+            Action::Persist {
+                what: Persist::Policy(2),
+                write: Write::Policy { policy, source },
+                ..
+            },
+        ] => (policy.clone(), *source),
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(source, PolicySource::Api);
+    assert_eq!(engine.next_due(), None, "followed only once stored");
+    engine.handle(
+        at(T0),
+        Input::Persisted {
+            what: Persist::Policy(2),
+            result: Ok(()),
+        },
+    );
+    let actions = engine.drain_actions();
+    assert!(
+        matches!(&actions[..], [
+            Action::Note(Note::PolicyAdopted { .. }),
+            Action::Reply { token: 2, answer: Answer::Policy(Ok(view)) },
+        ] if view.policy == policy && view.source == PolicySource::Api),
+        "{actions:?}"
+    );
+    assert_eq!(engine.next_due(), Some(T0 + 60_000));
+    // Back to the flags (no schedule): stored, then followed.
+    let reset = Input::SetPolicy {
+        token: 3,
+        change: PolicyChange::ResetToFlags,
+    };
+    engine.handle(at(T0 + 1), reset);
+    engine.drain_actions();
+    engine.handle(
+        at(T0 + 1),
+        Input::Persisted {
+            what: Persist::Policy(3),
+            result: Ok(()),
+        },
+    );
+    engine.drain_actions();
+    assert_eq!(engine.next_due(), None);
+    assert_eq!(engine.policy_view(at(T0 + 1)).source, PolicySource::Flags);
 }
