@@ -9,7 +9,7 @@ cd "$(dirname "$0")/.."
 status=0
 while IFS= read -r file; do
   case "$file" in */tests.rs | */tests/*) continue ;; esac
-  lines=$(awk '/^#\[cfg\(test\)\]/ { getline next_line; if (next_line ~ /^mod tests/) exit } { n++ } END { print n + 0 }' "$file")
+  lines=$(awk '/^#\[cfg\(test\)\]/ { getline next_line; if (next_line ~ /^mod tests *\{/) exit } { n++ } END { print n + 0 }' "$file")
   if [ "$lines" -gt 500 ]; then
     echo "$lines $file"
     status=1

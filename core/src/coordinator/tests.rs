@@ -4,10 +4,13 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use super::*;
-use crate::control::Registration;
+use crate::control::{NodeCommand, NodeReport, Registration};
 use crate::record::{EventKind, RemovedRecord, RestoreRecord, RestoreStatus, SnapshotStatus};
 use crate::report::{IncomingCut, LocalReport, OutgoingCut};
+use crate::schedule::{PolicyChange, PolicySource};
+use crate::tracker::{StartError, StartRequest};
 use crate::types::{ChannelId, SnapshotMode};
+use crate::verifier::NodePart;
 
 /// The store's error in these tests.
 type E = String;
