@@ -63,6 +63,12 @@ if ! scripts/long-files.sh; then
   exit 1
 fi
 
+say "the coordinator's engine reads no clock and takes no randomness of its own (time and seeds come in with its inputs)"
+if grep -rn 'SystemTime\|Instant::\|thread_rng\|RandomState' core/src/coordinator/; then
+  echo "error: the engine (core/src/coordinator/) is deterministic: take the time from the input's Now" >&2
+  exit 1
+fi
+
 say "cairn-core stays pure (no tokio, tonic, prost, etcd-client)"
 if cargo tree -p cairn-core -e normal --prefix none --locked | grep -E '^(tokio|tonic|prost|etcd-client) '; then
   echo "error: cairn-core depends on an I/O crate (above); keep the algorithm sans-IO" >&2

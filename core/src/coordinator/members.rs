@@ -8,10 +8,9 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use super::membership::Registering;
-use super::roster::Roster;
+use super::roster::{Enrollment, Roster};
 use super::{Action, Actions, Answer, Note, Now, Persist, Refusal, Token, Write};
-use crate::control::{ChannelStatus, Membership, NodeCommand, NodeInfo};
+use crate::control::{ChannelStatus, Membership, NodeCommand, NodeInfo, Registration};
 use crate::record::{MemberRecord, RemovedRecord};
 use crate::{NodeId, Topology};
 
@@ -41,6 +40,17 @@ pub struct Member {
     pub epoch: u64,
     /// Its channels as of its last heartbeat.
     pub channels: Vec<ChannelStatus>,
+}
+
+/// A registration whose records are being stored.
+pub(super) struct Registering {
+    pub(super) registration: Registration,
+    pub(super) node: NodeId,
+    pub(super) session: u64,
+    pub(super) enrollment: Enrollment,
+    /// A new daemon process: it may enter the cluster's epoch as it is.
+    pub(super) fresh: bool,
+    pub(super) record: MemberRecord,
 }
 
 /// Who asked for a removal, and so who hears of its outcome.

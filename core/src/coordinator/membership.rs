@@ -5,8 +5,7 @@
 
 use std::fmt::Display;
 
-use super::members::{MEMBER_SILENCE_MS, Member, RemovalBy, removed_answer};
-use super::roster::Enrollment;
+use super::members::{MEMBER_SILENCE_MS, Member, Registering, RemovalBy, removed_answer};
 use super::{Action, Actions, Answer, Note, Now, Persist, Refusal, Roles, Token, Write};
 use crate::control::{Membership, NodeCommand, NodeRestore, Registration};
 use crate::record::MemberRecord;
@@ -15,17 +14,6 @@ use crate::{FailureReason, NodeId, SnapshotId, Topology};
 /// The largest snapshot id or epoch a daemon may report at registration (far above any a
 /// real cluster reaches; keeps the counters' arithmetic clear of overflow).
 pub const MAX_REPORTED: u64 = 1 << 48;
-
-/// A registration whose records are being stored.
-pub(super) struct Registering {
-    registration: Registration,
-    node: NodeId,
-    session: u64,
-    enrollment: Enrollment,
-    /// A new daemon process: it may enter the cluster's epoch as it is.
-    fresh: bool,
-    record: MemberRecord,
-}
 
 /// What a registering node still has to do about a restore.
 enum OnRegister {

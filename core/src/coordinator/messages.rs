@@ -245,7 +245,7 @@ pub enum Input<E> {
         /// The restore's epoch.
         epoch: u64,
     },
-    /// The schedule's timer ([`CoordinatorEngine::next_due`]) went off.
+    /// The schedule's timer ([`CoordinatorEngine::next_due`](super::CoordinatorEngine::next_due)) went off.
     Due,
     /// The runtime worded [`Action::ScheduleRefused`]'s refusal: `busy` if it was for want
     /// of room (a skip), else a failure.
@@ -470,7 +470,7 @@ pub enum Action<E> {
         plan: Plan,
     },
     /// A snapshot in flight progressed: its watchers may read
-    /// [`CoordinatorEngine::live_record`].
+    /// [`CoordinatorEngine::live_record`](super::CoordinatorEngine::live_record).
     Progress {
         /// The snapshot.
         id: SnapshotId,

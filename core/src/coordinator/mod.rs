@@ -1,5 +1,5 @@
 //! The coordinator's engine, sans-IO: what the coordinator decides, as data in and data
-//! out (docs/architecture.md §6.2).
+//! out (docs/architecture.md §6.1).
 //!
 //! [`CoordinatorEngine::handle`] takes an [`Input`] with the time it happened ([`Now`]);
 //! the engine changes its state and queues [`Action`]s, which the runtime (the
@@ -13,13 +13,17 @@
 //! Nothing here does I/O, reads a clock or spawns: tests drive it synchronously and
 //! compare the actions it queued ([`CoordinatorEngine::drain_actions`]).
 //!
-//! The engine's state is split into roles, each with its own fields: [`snapshots`] (the
-//! tracker, the records in flight, ends not yet stored, the id floor), [`restores`] (the
-//! epoch, the restore under way, the newest unfinished one) and [`members`] (the roster,
-//! the removed nodes, the members connected, registrations and removals under way).
-//! Flows that cross roles — a registration, a member gone, a removal, a start's checks —
-//! are in [`membership`]. Retention, garbage collection, the schedule and the policy, and
-//! what reads the blob store (a restore's verification) are still the runtime's.
+//! The engine's state is split into roles, each with its own fields: `snapshots.rs` (the
+//! tracker, the records in flight, ends not yet stored, the id floor, the schedule),
+//! `restores.rs` (the epoch, the restore under way, the newest unfinished one, the restore
+//! being chosen, automatic recovery due) and `members.rs` (the roster, the removed nodes,
+//! the members connected, registrations and removals under way). Flows that cross roles
+//! borrow the roles they need: `membership.rs` (a registration, a member gone, a removal, a
+//! start's checks), `restoring.rs` (choosing and starting a restore, automatic recovery),
+//! `retention.rs` (deletion, retention, garbage collection) and `scheduling.rs` (a due
+//! snapshot, the policy). What reads the blob store (a restore's verification, a garbage
+//! collection) runs in the runtime, off its loop, asked for by [`Action::Verify`] and
+//! [`Action::CollectGarbage`], its outcome fed back as an input.
 
 use std::collections::{BTreeMap, VecDeque};
 
@@ -49,7 +53,7 @@ pub use messages::{
     Timer, Token, Write,
 };
 pub use restores::restore_epoch;
-pub use restoring::{AUTO_RESTORE_CANDIDATES, RECOVERY_BACKOFF_MS};
+pub use restores::{AUTO_RESTORE_CANDIDATES, RECOVERY_BACKOFF_MS};
 pub use snapshots::PartSizes;
 
 /// The engine's roles, each with its own fields.

@@ -92,6 +92,12 @@ pub(super) struct Restores {
     recovery_not_before: u64,
 }
 
+/// How many of the newest completed snapshots automatic recovery tries to verify.
+pub const AUTO_RESTORE_CANDIDATES: usize = 10;
+
+/// How long automatic recovery waits before trying again after a failure.
+pub const RECOVERY_BACKOFF_MS: u64 = 5_000;
+
 /// The epoch a restore id names (`restore-<epoch>`).
 pub fn restore_epoch(id: &str) -> Option<u64> {
     id.strip_prefix("restore-")?.parse().ok()
@@ -244,7 +250,7 @@ impl Restores {
         self.active = None;
         if record.status == RestoreStatus::Failed {
             // Not at once: a failure that repeats must not spin restores.
-            let not_before = mono_ms.saturating_add(super::restoring::RECOVERY_BACKOFF_MS);
+            let not_before = mono_ms.saturating_add(RECOVERY_BACKOFF_MS);
             self.recovery_due(format!("{} failed", record.id), Some(not_before));
         }
         out.push(Action::RestoreEnded { record });

@@ -11,16 +11,10 @@
 use std::collections::BTreeSet;
 use std::fmt::Display;
 
-use super::restores::{RestoreBy, Verifying};
+use super::restores::{AUTO_RESTORE_CANDIDATES, RECOVERY_BACKOFF_MS, RestoreBy, Verifying};
 use super::{Action, Actions, Answer, Note, Now, Refusal, Roles};
 use crate::record::{RestoreRecord, RestoreStatus, SnapshotRecord, SnapshotStatus};
 use crate::{FailureReason, NodeId, SnapshotId};
-
-/// How many of the newest completed snapshots automatic recovery tries to verify.
-pub const AUTO_RESTORE_CANDIDATES: usize = 10;
-
-/// How long automatic recovery waits before trying again after a failure.
-pub const RECOVERY_BACKOFF_MS: u64 = 5_000;
 
 impl Roles {
     /// A user asks to restore snapshot `id`, whose record the runtime read (`None`: there
