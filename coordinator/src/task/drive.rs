@@ -83,7 +83,7 @@ impl State {
                             "cannot store the end of the snapshot ({e}): nobody is told until \
                              it is stored (tried again every tick while this term lasts)"
                         ),
-                        Persist::Restore(epoch) => tracing::error!(
+                        Persist::Restore(epoch, _) => tracing::error!(
                             epoch,
                             tries = attempt,
                             "cannot store the restore record ({e}); an end is tried again every \

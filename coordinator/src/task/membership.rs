@@ -53,6 +53,8 @@ impl State {
             _ => None,
         });
         match result {
+            // A term that ended meanwhile sent the node nothing (`Registered` included).
+            Some(Ok(_)) if !self.leadership.valid() => Err(Error::ShuttingDown),
             Some(result) => result.map_err(|refusal| self.refused(refusal)),
             None => Err(super::snapshots::unanswered("Register")),
         }

@@ -334,7 +334,9 @@ impl Roles {
         register: &Registration,
         fresh: bool,
     ) -> (u64, OnRegister) {
-        if let Some(restore) = self.restores.active()
+        // A restore whose end is taken (if not stored yet) is no longer one to apply: a
+        // node that restarted is not sent it (it would restore alone).
+        if let Some(restore) = self.restores.applying()
             && self
                 .restores
                 .active_nodes()

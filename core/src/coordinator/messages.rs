@@ -300,8 +300,9 @@ pub struct StartInput {
 pub enum Persist {
     /// A snapshot's record.
     Snapshot(SnapshotWrite),
-    /// The record of the restore of this epoch.
-    Restore(u64),
+    /// The record of the restore of this epoch, as it was written (its status then: an
+    /// acknowledgement is of what was written, not of what the record holds by now).
+    Restore(u64, crate::record::RestoreStatus),
     /// A registration's records.
     Register(Token),
     /// A node's removal.

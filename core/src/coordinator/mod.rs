@@ -165,9 +165,11 @@ impl<E: std::fmt::Display> CoordinatorEngine<E> {
                 Persist::Delete(token, id) => roles.deletion_stored(out, token, id, result),
                 Persist::Retention(deleted) => roles.retention_stored(out, deleted, result),
                 Persist::Policy(token) => roles.policy_stored(out, now, token, result),
-                Persist::Restore(epoch) => {
+                Persist::Restore(epoch, written) => {
                     if let Some((by, refusal)) =
-                        roles.restores.stored(out, now.mono_ms, epoch, result)
+                        roles
+                            .restores
+                            .stored(out, now.mono_ms, epoch, written, result)
                     {
                         roles.restore_failed(out, now, by, Some(refusal));
                     }

@@ -163,6 +163,13 @@ impl Restores {
         self.active.as_ref().map(|a| &a.record)
     }
 
+    /// The restore under way if it has not ended (an end not stored yet keeps it active —
+    /// and snapshots fenced — but it is no longer one to apply).
+    pub(super) fn applying(&self) -> Option<&RestoreRecord> {
+        self.active()
+            .filter(|r| r.status == RestoreStatus::InProgress)
+    }
+
     pub(super) fn active_nodes(&self) -> Option<&BTreeSet<NodeId>> {
         self.active.as_ref().map(|a| a.progress.nodes())
     }
@@ -216,7 +223,7 @@ impl Restores {
         nodes: BTreeSet<NodeId>,
     ) {
         out.push(Action::Persist {
-            what: Persist::Restore(record.epoch),
+            what: Persist::Restore(record.epoch, record.status),
             write: Write::Restore(record.clone()),
             attempt: 1,
         });
@@ -230,6 +237,7 @@ impl Restores {
         out: &mut Actions<E>,
         mono_ms: u64,
         epoch: u64,
+        written: RestoreStatus,
         result: Result<(), E>,
     ) -> Option<(RestoreBy, Refusal<E>)> {
         if let Some(starting) = self.starting.take_if(|s| s.record.epoch == epoch) {
@@ -241,7 +249,9 @@ impl Restores {
             return None;
         }
         active.tries = 0;
-        match active.record.status {
+        // What was written decides: an end taken after an earlier progress write was
+        // queued is told only when the end's own write is acknowledged.
+        match written {
             RestoreStatus::InProgress => return None,
             RestoreStatus::Done => self.unfinished = None,
             RestoreStatus::Failed => self.unfinished = Some(active.record.clone()),
@@ -409,7 +419,7 @@ impl Restores {
         }
         active.tries = active.tries.saturating_add(1);
         out.push(Action::Persist {
-            what: Persist::Restore(active.record.epoch),
+            what: Persist::Restore(active.record.epoch, active.record.status),
             write: Write::Restore(active.record.clone()),
             attempt: active.tries,
         });

@@ -635,7 +635,7 @@ fn restore_to_store(actions: Vec<Action<E>>, attempt: u64) -> RestoreRecord {
     match actions.as_slice() {
         [
             Action::Persist {
-                what: Persist::Restore(_),
+                what: Persist::Restore(..),
                 write: Write::Restore(record),
                 attempt: n,
             },
@@ -645,7 +645,12 @@ fn restore_to_store(actions: Vec<Action<E>>, attempt: u64) -> RestoreRecord {
 }
 
 fn restore_stored(engine: &mut CoordinatorEngine<E>, epoch: u64, result: Result<(), E>) {
-    let what = Persist::Restore(epoch);
+    // The status written: the record's as it stands (each test acknowledges a write before
+    // the next input, as the runtime does).
+    let written = engine
+        .active_restore()
+        .map_or(RestoreStatus::InProgress, |r| r.status);
+    let what = Persist::Restore(epoch, written);
     engine.handle(at(T0), Input::Persisted { what, result });
 }
 
@@ -896,7 +901,7 @@ fn a_node_restarted_after_applying_fails_the_restore() {
         !actions.iter().any(|a| matches!(
             a,
             Action::Persist {
-                what: Persist::Restore(_),
+                what: Persist::Restore(..),
                 ..
             }
         )),
@@ -924,6 +929,20 @@ fn a_node_restarted_after_applying_fails_the_restore() {
             .unwrap()
             .contains("node a restarted after applying")
     );
+    // The new process is not sent the restore that just failed (it would restore alone):
+    // it enters the cluster's epoch as a new daemon does.
+    assert!(
+        !actions.iter().any(|a| matches!(
+            a,
+            Action::Send {
+                command: NodeCommand::Restore(_),
+                ..
+            }
+        )),
+        "{actions:?}"
+    );
+    assert!(actions.iter().any(|a| matches!(a,
+        Action::Send { node, command: NodeCommand::Registered(m) } if node.as_str() == "a" && m.epoch == 5)));
 }
 
 #[test]
@@ -1778,4 +1797,46 @@ fn a_policy_is_followed_once_stored_and_one_beyond_the_limit_is_refused() {
     engine.drain_actions();
     assert_eq!(engine.next_due(), None);
     assert_eq!(engine.policy_view(at(T0 + 1)).source, PolicySource::Flags);
+}
+
+#[test]
+fn an_acknowledged_progress_write_does_not_tell_an_end_taken_after_it() {
+    let mut engine = engine();
+    restore_started(&mut engine);
+    let applied = |node: &str| Input::RestoreApplied {
+        node: NodeId::new(node),
+        restore_id: "restore-5".into(),
+    };
+    engine.handle(at(T0 + 1), applied("a"));
+    let first = restore_to_store(engine.drain_actions(), 1);
+    assert_eq!(first.status, RestoreStatus::InProgress);
+    engine.handle(at(T0 + 2), applied("b"));
+    let done = restore_to_store(engine.drain_actions(), 2);
+    assert_eq!(done.status, RestoreStatus::Done);
+    // The progress write's acknowledgement comes now: it is not the end's.
+    let what = Persist::Restore(5, RestoreStatus::InProgress);
+    engine.handle(
+        at(T0 + 3),
+        Input::Persisted {
+            what,
+            result: Ok(()),
+        },
+    );
+    assert_eq!(engine.drain_actions(), []);
+    assert!(
+        engine.active_restore().is_some(),
+        "fenced until the end is stored"
+    );
+    let what = Persist::Restore(5, RestoreStatus::Done);
+    engine.handle(
+        at(T0 + 4),
+        Input::Persisted {
+            what,
+            result: Ok(()),
+        },
+    );
+    assert_eq!(
+        engine.drain_actions(),
+        [Action::RestoreEnded { record: done }]
+    );
 }
