@@ -1,9 +1,11 @@
 //! The runtime of the coordinator's engine: each input is handed to
 //! [`CoordinatorEngine`](cairn_core::coordinator::CoordinatorEngine) and each action it
-//! queues is carried out here, in order — ids taken and records stored (their answers fed
-//! back before the next action), commands sent, timers set, watchers, retention, metrics,
-//! freshness and the schedule told. The engine queues the telling of an outcome only once
-//! the store acknowledged it, so nothing here can tell an unstored one.
+//! queues is carried out here, in order — ids taken, epochs allocated, records listed and
+//! stored (their answers fed back before the next action), work spawned off the task
+//! (verification, garbage collection), commands sent to the members' sessions, timers set,
+//! answers sent, watchers, metrics and freshness told, the engine's notes logged. The
+//! engine queues the telling of an outcome only once the store acknowledged it, so nothing
+//! here can tell an unstored one.
 
 use std::sync::Arc;
 
