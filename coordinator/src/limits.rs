@@ -38,17 +38,9 @@ pub const MAX_HAS_CHUNKS: usize = 1024;
 /// keeps both, and must stay storable (etcd takes 1.5 MiB a request).
 pub const MAX_NODE_REASON: usize = 16 << 10;
 
-/// `text` cut to at most `max` bytes at a character, marked `…` where it was cut.
-pub fn cut(text: &str, max: usize) -> String {
-    if text.len() <= max {
-        return text.to_owned();
-    }
-    let mut end = max;
-    while !text.is_char_boundary(end) {
-        end -= 1;
-    }
-    format!("{}…", &text[..end])
-}
+/// `text` cut to at most `max` bytes at a character, marked `…` where it was cut (the
+/// engine's, which cuts events' reasons the same way).
+pub use cairn_core::record::cut;
 
 /// At most the first 40 characters of `text`, for an error message: a refused value is
 /// never echoed whole.
