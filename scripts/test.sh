@@ -37,10 +37,17 @@ install_prerequisites() {
   # The console test loads every page in headless Chromium (--dump-dom, --screenshot).
   command -v chromium-headless-shell >/dev/null || command -v chromium >/dev/null ||
     apt_packages+=(chromium-headless-shell)
+  # certutil: the console test trusts the cluster CA in an NSS database, as a user would.
+  command -v certutil >/dev/null || apt_packages+=(libnss3-tools)
   if [ "${#apt_packages[@]}" -gt 0 ]; then
     say "installing ${apt_packages[*]}"
     as_root apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive as_root apt-get install -y -qq "${apt_packages[@]}" >/dev/null
+    # A package's configure step can fail on a machine without a running init (seen:
+    # chromium's recommended avahi-daemon); dpkg then finishes the configuration and the
+    # install is tried once more.
+    DEBIAN_FRONTEND=noninteractive as_root apt-get install -y -qq "${apt_packages[@]}" >/dev/null ||
+      { DEBIAN_FRONTEND=noninteractive as_root dpkg --configure -a >/dev/null &&
+        DEBIAN_FRONTEND=noninteractive as_root apt-get install -y -qq "${apt_packages[@]}" >/dev/null; }
     # Debian starts the packaged etcd as a service; the tests start their own.
     as_root systemctl disable --now etcd >/dev/null 2>&1 || true
   fi
@@ -78,6 +85,8 @@ install_prerequisites() {
   command -v kubectl >/dev/null || { echo "error: kubectl is not on PATH (apt-get install kubernetes-client)" >&2; exit 1; }
   command -v chromium-headless-shell >/dev/null || command -v chromium >/dev/null ||
     { echo "error: the console test needs headless Chromium (apt-get install chromium-headless-shell)" >&2; exit 1; }
+  command -v certutil >/dev/null ||
+    { echo "error: the console test needs certutil (apt-get install libnss3-tools)" >&2; exit 1; }
   command -v docker >/dev/null && command -v docker-compose >/dev/null ||
     { echo "error: the compose test needs Docker Engine and docker-compose (apt-get install docker.io docker-compose)" >&2; exit 1; }
 }

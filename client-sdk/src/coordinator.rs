@@ -16,7 +16,27 @@ pub use cairn_rpc::leader::{
     LEADER_METADATA, LEADER_SERVICE, MAX_ADDRESS_LEN, check_address, leader_in,
 };
 
-use crate::error::{Error, with_causes};
+use crate::error::{Error, leader_of, with_causes};
+
+/// How many times [`CoordinatorClient::start_snapshot`] asks, with one request id, while
+/// the answer is lost to a leader change.
+pub const START_ATTEMPTS: u32 = 4;
+
+/// A fresh request id for `StartSnapshot`: 128 random bits as a UUID (version 4).
+pub fn new_request_id() -> String {
+    let mut bytes: [u8; 16] = rand::random();
+    bytes[6] = (bytes[6] & 0x0f) | 0x40;
+    bytes[8] = (bytes[8] & 0x3f) | 0x80;
+    let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+    format!(
+        "{}-{}-{}-{}-{}",
+        &hex[0..8],
+        &hex[8..12],
+        &hex[12..16],
+        &hex[16..20],
+        &hex[20..32]
+    )
+}
 
 /// A connection to the coordinator — to the leading replica of a highly available one
 /// ([`connect_with`](Self::connect_with)): the typed entry point of scripts and
@@ -155,28 +175,41 @@ impl CoordinatorClient {
         Ok(())
     }
 
-    /// Starts a snapshot; returns its id. A replica that answers UNAVAILABLE naming the
-    /// leader (leadership moved since connecting) makes the client find the leader
-    /// ([`reconnect_to_leader`](Self::reconnect_to_leader)) and ask once more.
+    /// Starts a snapshot; returns its id.
+    ///
+    /// The request carries a request id (a fresh random one when `request.request_id` is
+    /// empty), which makes it idempotent: when the answer is lost — UNAVAILABLE (the
+    /// replica's term ended, or no leader was known) or ABORTED (the leader's term ended
+    /// while it handled the call: the snapshot may have started) — the client finds the
+    /// leader again ([`reconnect_to_leader`](Self::reconnect_to_leader)) and asks again
+    /// with the same request id, up to [`START_ATTEMPTS`] times; a start that did happen
+    /// answers its snapshot's id, so a retry never starts a second snapshot.
     pub async fn start_snapshot(
         &mut self,
-        request: pb::StartSnapshotRequest,
+        mut request: pb::StartSnapshotRequest,
     ) -> Result<u64, Error> {
-        let status = match self.inner.start_snapshot(request.clone()).await {
-            Ok(response) => return Ok(response.into_inner().snapshot_id),
-            Err(status) => Error::Rpc(status),
-        };
-        let Some(leader) = status.leader() else {
-            return Err(status);
-        };
-        tracing::debug!("{}: {status}; asking the leader", self.address);
-        self.reconnect(Some(&leader)).await?;
-        Ok(self
-            .inner
-            .start_snapshot(request)
-            .await?
-            .into_inner()
-            .snapshot_id)
+        if request.request_id.is_empty() {
+            request.request_id = new_request_id();
+        }
+        let mut attempt = 1;
+        loop {
+            let status = match self.inner.start_snapshot(request.clone()).await {
+                Ok(response) => return Ok(response.into_inner().snapshot_id),
+                Err(status) => status,
+            };
+            let lost = matches!(status.code(), Code::Unavailable | Code::Aborted);
+            if !lost || attempt >= START_ATTEMPTS {
+                return Err(Error::Rpc(status));
+            }
+            attempt += 1;
+            let leader = leader_of(&status);
+            tracing::debug!(
+                request_id = request.request_id,
+                "{}: {status}; asking the leader again (attempt {attempt} of {START_ATTEMPTS})",
+                self.address
+            );
+            self.reconnect(leader.as_deref()).await?;
+        }
     }
 
     /// A snapshot's metadata, optionally with its data. The data of a completed snapshot is

@@ -223,10 +223,30 @@ pub async fn run(
         max_in_flight: config.max_concurrent.max(1),
         follows: Arc::new(tokio::sync::Semaphore::new(api::MAX_FOLLOWS)),
         budget: budget::ResponseBudget::new(config.response_memory_mib.saturating_mul(1 << 20)),
+        uploading: parts::Uploading::default(),
     });
     if let Some(listener) = metrics_listener {
         // The console and its API beside /metrics, calling the gRPC methods they mirror.
-        let console = console::router(service.clone(), config.auth.clone(), config.cluster.clone());
+        // Logins sign their sessions under a key derived from the TLS private key, which
+        // every replica shares: a session opened on one is good on the others.
+        let session_secret = config.tls.as_ref().and_then(|tls| {
+            let (_, identity) = tls.paths();
+            let (_, key) = identity?;
+            std::fs::read(key)
+                .inspect_err(|e| {
+                    tracing::warn!(
+                        "the console takes no logins: --tls-key {} cannot be read: {e}",
+                        key.display()
+                    );
+                })
+                .ok()
+        });
+        let console = console::router(
+            service.clone(),
+            config.auth.clone(),
+            config.cluster.clone(),
+            session_secret,
+        );
         tokio::spawn(cairn_rpc::server::metrics::serve(
             listener,
             Arc::new(registry),
@@ -255,7 +275,7 @@ pub async fn run(
         .initial_stream_window_size(4 << 20)
         .initial_connection_window_size(16 << 20)
         // A follower names the leader on every answer (`cairn-leader`).
-        .layer(HintLayer(replica))
+        .layer(HintLayer(replica.clone()))
         // A response's memory reservation is held until its body has been sent.
         .layer(budget::HoldLayer)
         // Bearer tokens and roles (`--auth-tokens`), before a byte of a body is read.
@@ -264,6 +284,12 @@ pub async fn run(
             cairn_rpc::limits::MessageLimits::new(cairn_rpc::limits::CONTROL_MESSAGE)
                 .rpc("/cairn.v1.Coordinator/UploadSnapshotPart", UPLOAD_MESSAGE),
         )
+        // A follower forwards the clients' calls to the leader, on their behalf (after
+        // the auth layer: the caller is known).
+        .layer(leader::forward::ForwardLayer::new(
+            replica,
+            config.tls.clone(),
+        ))
         .add_service(health_service)
         .add_service(
             cairn_rpc::reflection::v1(cairn_rpc::reflection::COORDINATOR)

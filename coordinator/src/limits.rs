@@ -96,6 +96,29 @@ pub fn check_reason(reason: &str) -> Result<(), Error> {
     Ok(())
 }
 
+/// The longest `StartSnapshotRequest.request_id`.
+pub const MAX_REQUEST_ID: usize = 128;
+
+/// A start's request id: empty, or 1 to [`MAX_REQUEST_ID`] bytes of ASCII letters,
+/// digits and `-_.:` (a UUID, a ULID, a job's name and attempt).
+pub fn check_request_id(id: &str) -> Result<(), Error> {
+    if id.len() > MAX_REQUEST_ID {
+        return Err(invalid(format!(
+            "request_id: {} bytes is above the most allowed, {MAX_REQUEST_ID}",
+            id.len()
+        )));
+    }
+    if let Some(c) = id
+        .chars()
+        .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.' | ':')))
+    {
+        return Err(invalid(format!(
+            "request_id: {c:?} is not allowed (ASCII letters, digits and `-_.:` only)"
+        )));
+    }
+    Ok(())
+}
+
 /// Whether `text` is a label name or a non-empty value: `[A-Za-z0-9._-]`, beginning and
 /// ending with a letter or digit.
 fn name_like(text: &str) -> bool {
@@ -196,6 +219,31 @@ pub fn check_labels(labels: &HashMap<String, String>) -> Result<(), Error> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn request_ids_are_short_plain_ascii() {
+        for good in [
+            "",
+            "a",
+            "0b8f0c6e-4a3c-4f43-9d55-0d9c2b7f2a11",
+            "job.7:try-2",
+        ] {
+            assert!(check_request_id(good).is_ok(), "{good:?}");
+        }
+        let long = "x".repeat(MAX_REQUEST_ID + 1);
+        let e = check_request_id(&long).unwrap_err().to_string();
+        assert!(
+            e.contains("129 bytes is above the most allowed, 128"),
+            "{e}"
+        );
+        for bad in ["a b", "é", "a/b", "a\n"] {
+            let e = check_request_id(bad).unwrap_err().to_string();
+            assert!(
+                e.contains("request_id:") && e.contains("is not allowed"),
+                "{e}"
+            );
+        }
+    }
 
     fn labels(pairs: &[(&str, &str)]) -> HashMap<String, String> {
         pairs

@@ -133,11 +133,25 @@ pub enum FrameKind {
     Marker,
 }
 
+/// How a snapshot went on a node until its application recorded the state, as the node
+/// measured it (its monotonic clock); each absent from a daemon that does not say.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct StateTimes {
+    /// Milliseconds from its first sight of the snapshot (a marker, or its initiation) to
+    /// its report of the state recorded.
+    pub recording_for_ms: Option<u64>,
+    /// Milliseconds from that first sight until it asked its application for the state
+    /// (ALIGNED: the alignment).
+    pub aligned_ms: Option<u64>,
+    /// Data messages waiting on its held channels when it asked.
+    pub held_messages: Option<u64>,
+}
+
 /// What a node's session says happened to a snapshot on it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum NodeReport {
     /// It recorded its local state.
-    StateRecorded,
+    StateRecorded(StateTimes),
     /// Its part failed, for this reason (who it concerns already settled at the edge).
     Failed(crate::FailureReason),
 }

@@ -96,10 +96,14 @@ pub struct SnapshotRecord {
     /// Its timeline, oldest first (absent in records of before events).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub events: Vec<EventRecord>,
+    /// The client's request id of its start (`StartSnapshotRequest.request_id`): a start
+    /// that gives it again answers this snapshot. Empty for none.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub request_id: String,
 }
 
 /// What a snapshot event is; stored as `STARTED`, `STATE_RECORDED`, …
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "SCREAMING_SNAKE_CASE")]
 pub enum EventKind {
     /// Started and sent to the initiators.
@@ -141,6 +145,16 @@ pub struct EventRecord {
     /// NODE_FAILED, VERIFIED, ENDED: in words.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub detail: String,
+    /// STATE_RECORDED: milliseconds from the start to the node's first sight of the
+    /// snapshot (the marker's start delay); absent from daemons that do not say.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub start_delay_ms: Option<u64>,
+    /// STATE_RECORDED, ALIGNED: how long the node aligned, in milliseconds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub alignment_ms: Option<u64>,
+    /// STATE_RECORDED, ALIGNED: data messages held on its channels meanwhile.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub held_messages: Option<u64>,
 }
 
 impl EventRecord {
@@ -155,6 +169,9 @@ impl EventRecord {
             bytes_new: 0,
             bytes_reused: 0,
             detail: String::new(),
+            start_delay_ms: None,
+            alignment_ms: None,
+            held_messages: None,
         }
     }
 }

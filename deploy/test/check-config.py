@@ -450,6 +450,39 @@ def check_kubernetes(name, text):
             target = p.get("targetPort", p["port"])
             if target not in container_ports.get(label, set()):
                 errors.append(f"k8s {name} Service/{doc['metadata']['name']}: port {target} is not a container port of {label}")
+    check_one_door(name, docs)
+
+
+def check_one_door(name, docs):
+    """One Service reaches every coordinator replica, and any replica answers any call (a
+    follower forwards to the leader): the Service selects the replicas' pods whatever their
+    role, its gRPC port is the replicas', and no probe keeps a follower out (a readiness
+    probe on cairn.v1.Leader would leave only the leader behind the Service)."""
+    coordinators = [d for d in docs if d["kind"] in ("Deployment", "StatefulSet")
+                    and any((c.get("command") or c.get("args") or [""])[0] == "cairn-coordinator"
+                            for c in d["spec"]["template"]["spec"]["containers"])]
+    if not coordinators:
+        return
+    for doc in coordinators:
+        where = f"k8s {name} {doc['kind']}/{doc['metadata']['name']}"
+        labels = doc["spec"]["template"]["metadata"]["labels"]
+        if doc["spec"].get("replicas", 1) < 2:
+            errors.append(f"{where}: {doc['spec'].get('replicas', 1)} replica (the one door needs two to mean anything)")
+        services = [s for s in docs if s["kind"] == "Service"
+                    and all(labels.get(k) == v for k, v in s["spec"].get("selector", {}).items())
+                    and any(p["port"] == 7000 for p in s["spec"]["ports"])]
+        if len(services) != 1:
+            errors.append(f"{where}: {len(services)} Services reach its gRPC port 7000, not one")
+        for s in services:
+            if s["spec"].get("selector", {}).keys() - {"app.kubernetes.io/name"}:
+                errors.append(f"k8s {name} Service/{s['metadata']['name']}: selects by {sorted(s['spec']['selector'])}, "
+                              "not every replica")
+        for c in doc["spec"]["template"]["spec"]["containers"]:
+            for probe in ("readinessProbe", "livenessProbe", "startupProbe"):
+                command = c.get(probe, {}).get("exec", {}).get("command", [])
+                if "cairn.v1.Leader" in command:
+                    errors.append(f"{where}: its {probe} asks cairn.v1.Leader, which keeps every follower "
+                                  "out of the Service; any replica answers every call")
 
 
 def sans(pem):

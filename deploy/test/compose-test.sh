@@ -148,12 +148,12 @@ token=$(cat "$certs/admin.token")
 export CAIRN_CERTS="$certs"
 
 # --- up, on free host ports -----------------------------------------------------------
-free_ports() { # picks nine free host ports for a cluster: p1-p9 and the CAIRN_*_PORT variables
-  read -r p1 p2 p3 p4 p5 p6 p7 p8 p9 < <(python3 - <<'PY'
+free_ports() { # picks eleven free host ports for a cluster: p1-p11 and the CAIRN_*_PORT variables
+  read -r p1 p2 p3 p4 p5 p6 p7 p8 p9 p10 p11 < <(python3 - <<'PY'
 import random, socket
 lo, hi = 10000, int(open("/proc/sys/net/ipv4/ip_local_port_range").read().split()[0])
 ports = set()
-while len(ports) < 9:
+while len(ports) < 11:
     p = random.randrange(lo, hi)
     with socket.socket() as s:
         try: s.bind(("127.0.0.1", p)); ports.add(p)
@@ -164,6 +164,7 @@ PY
   export CAIRN_COORDINATOR_PORT=$p1 CAIRN_COORDINATOR2_PORT=$p9 CAIRN_ETCD_PORT=$p2
   export CAIRN_NODE1_PORT=$p3 CAIRN_NODE2_PORT=$p4 CAIRN_NODE3_PORT=$p5
   export CAIRN_BANK1_PORT=$p6 CAIRN_BANK2_PORT=$p7 CAIRN_BANK3_PORT=$p8
+  export CAIRN_CONSOLE_PORT=$p10 CAIRN_CONSOLE2_PORT=$p11
   # The first replica (service `coordinator`); `coordinator` becomes the leader's port
   # once the cluster is up.
   first=127.0.0.1:$p1
@@ -223,6 +224,59 @@ members=$(docker network inspect -f '{{range .Containers}}{{.Name}} {{end}}' "${
   fail "${project}_meta holds $members, not only etcd and the coordinator replicas"
 [ "$(networks etcd)" = "${project}_meta " ] || fail "etcd is on the networks $(networks etcd), not only ${project}_meta"
 say "etcd's network ${project}_meta holds etcd and the coordinator replicas only"
+
+# The README's grpcurl lines, verbatim but for the free ports and the certificates'
+# directory, against the first replica (127.0.0.1:7000 in the README): run here, and again
+# once the other replica leads, so that they work whichever replica leads (a follower
+# forwards them to the leader).
+readme_lines=$(grep -E '^(tls=\(|auth=|grpcurl "\$\{tls\[@\]\}")' README.md) || fail "README has no grpcurl lines"
+[ "$(grep -c '^grpcurl' <<<"$readme_lines")" -ge 4 ] || fail "README's grpcurl lines not found: $readme_lines"
+readme_grpcurl() { # runs README's lines; prints which replica they reached and who led
+  local script
+  script=$(sed -e "s#deploy/certs#$certs#g" -e "s#127\.0\.0\.1:7000#127.0.0.1:$p1#g" \
+    -e "s#127\.0\.0\.1:7301#127.0.0.1:$p6#g" <<<"$readme_lines")
+  out=$(bash -euo pipefail -c "$script" 2>&1) || fail "README's grpcurl lines against 127.0.0.1:$p1 (the leader: $(leader_service "$first")): $out"
+  grep -q '"snapshotId"' <<<"$out" || fail "README's StartSnapshot line printed no snapshot id: $out"
+  say "README's grpcurl lines work against 127.0.0.1:$p1 (coordinator) with $(leader_service "$first") leading"
+}
+first_leader=$(leader_service "$first") || fail "GetLeadership"
+readme_grpcurl
+
+# The console, as a browser reaches it from the host: https on the published port, the
+# cluster CA trusted, no client certificate; the admin token typed into /login opens a
+# session cookie that reads the pages. (The browser itself: integration-tests console_login.)
+console_login() { # PORT
+  python3 - "$certs/ca.pem" "$1" "$token" <<'PY' || fail "the console on 127.0.0.1:$1"
+import ssl, sys, urllib.error, urllib.parse, urllib.request
+ca, port, token = sys.argv[1:]
+base = f"https://127.0.0.1:{port}"
+class Stay(urllib.request.HTTPRedirectHandler):
+    def redirect_request(self, *args): return None
+opener = urllib.request.build_opener(
+    urllib.request.HTTPSHandler(context=ssl.create_default_context(cafile=ca)), Stay())
+def get(path, headers={}, data=None):
+    try:
+        r = opener.open(urllib.request.Request(base + path, data=data, headers=headers), timeout=10)
+    except urllib.error.HTTPError as e:
+        r = e
+    return r.status, r.headers, r.read().decode()
+status, _, body = get("/snapshots")
+assert status == 401 and 'action="/login"' in body, f"/snapshots without a session: {status} {body[:300]}"
+form = lambda t: urllib.parse.urlencode({"token": t}).encode()
+status, _, body = get("/login", {"Origin": base}, form("not-a-token"))
+assert status == 401 and "unknown token" in body, f"a wrong token: {status} {body[:300]}"
+status, headers, body = get("/login", {"Origin": base}, form(token))
+assert status == 303, f"login: {status} {body[:300]}"
+cookie = headers["Set-Cookie"]
+for attribute in ("HttpOnly", "Secure", "SameSite=Strict"):
+    assert attribute in cookie, cookie
+status, _, body = get("/snapshots", {"Cookie": cookie.split(";")[0]})
+assert status == 200 and "snapshots" in body, f"/snapshots with the session: {status} {body[:300]}"
+PY
+  say "the console on https://127.0.0.1:$1: the CA trusted, the token logged in, the pages read"
+}
+console_login "$p10"
+console_login "$p11"
 
 # (Output captured first: with pipefail, grep -q closing the pipe early would fail grpcurl.)
 services=$(gc "$coordinator" list) || fail "grpcurl list"
@@ -407,6 +461,8 @@ both() { [ "$(gc -d '{}' "$coordinator" cairn.v1.Coordinator/GetLeadership | jso
 wait_for 60 "$old back as a follower" both
 [ "$(leader_service "$coordinator")" = "$new" ] || fail "$new no longer leads after $old came back"
 say "$old is back, following $new"
+[ "$(leader_service "$first")" != "$first_leader" ] || fail "$first_leader leads again: README's lines would not run with the other replica leading"
+readme_grpcurl
 
 # --- the S3 variant: docker-compose.s3.yml, SeaweedFS ----------------------------------
 s3_started=$SECONDS

@@ -22,6 +22,7 @@
 
 pub mod bank_cluster;
 pub mod bench;
+pub mod browser;
 pub mod coordinated;
 pub mod cut;
 pub mod etcd;

@@ -20,12 +20,11 @@ use tonic::transport::Channel;
 
 use crate::node_loop::{LoopMsg, OutFrame, Pulled};
 use crate::shared::{ChannelHandles, Shared};
-use cairn_proto::convert::plan_to_pb;
+mod batches;
+use batches::batches;
 
 /// Most frames asked of the node loop at once.
 const PULL_MAX: usize = 1024;
-/// Most payload bytes in one `FrameBatch`.
-const BATCH_BYTES: usize = 1 << 20;
 
 /// Settings of the sending side.
 #[derive(Debug, Clone)]
@@ -215,6 +214,13 @@ impl Link {
             Ok(_) => return Ended::Broken("peer did not accept the handshake".into()),
             Err(status) => return self.refused(status),
         };
+        // The node may have entered a newer epoch while the handshake was on its way: the
+        // channel starts over there, and what this session would reset is of the old one.
+        let now = *epochs.borrow_and_update();
+        if now > state.epoch {
+            self.enter_epoch(state, now);
+            return Ended::NewEpoch;
+        }
         let reconnect = state.peer_incarnation.is_some();
         if state
             .peer_incarnation
@@ -232,6 +238,14 @@ impl Link {
                     return Ended::Shutdown;
                 }
                 if let Ok(pulled) = pull.await {
+                    if pulled.epoch > state.epoch {
+                        // The node moved on meanwhile: the old epoch's frames are void,
+                        // the pulled ones count in the new epoch and are sent there.
+                        self.give_back(&frames);
+                        self.enter_epoch(state, pulled.epoch);
+                        self.hold(state, pulled.frames);
+                        return Ended::NewEpoch;
+                    }
                     if pulled.epoch == state.epoch {
                         frames.extend(pulled.frames);
                     } else {
@@ -401,6 +415,18 @@ impl Link {
         self.loop_tx.send(credit).await.is_ok()
     }
 
+    /// Numbers frames pulled for a new epoch and keeps them until the stream reopens in it.
+    fn hold(&self, state: &mut State, frames: Vec<OutFrame>) {
+        for frame in frames {
+            state.unacked.push_back((state.next_seq, frame));
+            state.next_seq += 1;
+        }
+        self.handles
+            .stats
+            .unacked
+            .store(state.unacked.len() as u64, Relaxed);
+    }
+
     /// Returns the credits of frames that will never be sent.
     fn give_back(&self, frames: &[OutFrame]) {
         let data = frames
@@ -440,57 +466,4 @@ impl Link {
             .unacked
             .store(state.unacked.len() as u64, Relaxed);
     }
-}
-
-/// Packs numbered frames into batches: consecutive messages as one blob plus lengths,
-/// markers between them, at most `BATCH_BYTES` of payload per batch.
-fn batches(frames: Vec<(u64, OutFrame)>, epoch: u64) -> Vec<pb::PeerFrame> {
-    let mut out = Vec::new();
-    let mut iter = frames.into_iter().peekable();
-    while let Some(&(first_seq, _)) = iter.peek() {
-        let mut batch = pb::FrameBatch {
-            first_seq,
-            frames: Vec::new(),
-            epoch,
-        };
-        let mut bytes = 0;
-        while bytes < BATCH_BYTES {
-            match iter.peek() {
-                None => break,
-                Some((_, OutFrame::Marker(_))) => {
-                    let Some((_, OutFrame::Marker(plan))) = iter.next() else {
-                        unreachable!()
-                    };
-                    batch.frames.push(pb::Frame {
-                        kind: Some(pb::frame::Kind::Marker(pb::Marker {
-                            plan: Some(plan_to_pb(&plan, epoch)),
-                        })),
-                    });
-                }
-                Some((_, OutFrame::Data(_))) => {
-                    let mut runs = cairn_proto::runs::RunBuilder::default();
-                    while let Some((_, OutFrame::Data(p))) = iter.peek() {
-                        if bytes > 0 && bytes + p.len() > BATCH_BYTES {
-                            break;
-                        }
-                        bytes += p.len();
-                        runs.push((), p.clone());
-                        iter.next();
-                    }
-                    for ((), payloads, lengths) in runs.finish() {
-                        batch.frames.push(pb::Frame {
-                            kind: Some(pb::frame::Kind::Data(pb::DataRun { payloads, lengths })),
-                        });
-                    }
-                    if matches!(iter.peek(), Some((_, OutFrame::Data(_)))) {
-                        break; // full: the rest goes into the next batch
-                    }
-                }
-            }
-        }
-        out.push(pb::PeerFrame {
-            kind: Some(pb::peer_frame::Kind::Batch(batch)),
-        });
-    }
-    out
 }

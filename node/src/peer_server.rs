@@ -58,11 +58,20 @@ impl pb::peer_server::Peer for PeerService {
             .send(LoopMsg::InboundOpened {
                 channel: channel.clone(),
                 incarnation: handshake.incarnation,
+                epoch: handshake.epoch,
                 reply,
             })
             .await
             .map_err(|_| Error::ShuttingDown)?;
-        let acked = opened.await.map_err(|_| Error::ShuttingDown)?;
+        // The loop may have entered a new epoch since the check: refused as then.
+        let acked = opened
+            .await
+            .map_err(|_| Error::ShuttingDown)?
+            .ok_or_else(|| Error::EpochMismatch {
+                channel: channel.clone(),
+                ours: *self.shared.epoch.borrow(),
+                theirs: handshake.epoch,
+            })?;
         tracing::debug!(%channel, incarnation = handshake.incarnation, acked, "channel opened");
         let (tx, rx) = mpsc::channel(64);
         // Read after the loop took the stream in: a reset there restarted the credits.

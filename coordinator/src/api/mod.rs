@@ -26,7 +26,7 @@ mod reads;
 mod stored;
 
 use cairn_blob::BlobStore;
-use cairn_proto::stored::convert::{progress_pb, restore_pb, snapshot_pb};
+use cairn_proto::stored::convert::{restore_pb, snapshot_pb};
 
 /// The `Coordinator` service. The leader answers everything; a follower answers reads
 /// from the metadata store and refuses the rest with UNAVAILABLE naming the leader.
@@ -43,10 +43,13 @@ pub(crate) struct CoordinatorService {
     /// The policy of the flags and the tracker's bound (a follower's `GetPolicy`).
     pub flags_policy: cairn_core::schedule::Policy,
     pub max_in_flight: usize,
-    /// Room for `WatchSnapshot` streams that follow the stored record ([`MAX_FOLLOWS`]).
+    /// Room for `WatchSnapshot` streams, on the leader or following the stored record
+    /// ([`MAX_FOLLOWS`]).
     pub follows: Arc<tokio::sync::Semaphore>,
     /// What responses may hold in memory at once (inline data, diffs).
     pub budget: crate::budget::ResponseBudget,
+    /// The bytes of the parts uploading now (`WatchSnapshot`'s progress).
+    pub uploading: crate::parts::Uploading,
 }
 
 /// What a `DiffSnapshots` call reserves: two manifests' chunk lists per node at a time.
@@ -92,11 +95,6 @@ impl CoordinatorService {
     }
 }
 
-/// A snapshot's progress as `WatchSnapshot` streams it.
-type WatchStream = std::pin::Pin<
-    Box<dyn tokio_stream::Stream<Item = Result<pb::SnapshotProgress, Status>> + Send>,
->;
-
 /// Sends a request to a term's task and waits for its answer; a task that is gone (the
 /// term ended meanwhile) is UNAVAILABLE naming the leader if known.
 async fn ask_task<T>(
@@ -121,6 +119,7 @@ impl pb::coordinator_server::Coordinator for CoordinatorService {
         let mode = mode_of(r.mode)?;
         limits::check_start(mode, r.timeout_ms, r.alignment_timeout_ms)?;
         limits::check_labels(&r.labels)?;
+        limits::check_request_id(&r.request_id)?;
         let request = StartRequest {
             mode,
             initiators: r
@@ -142,6 +141,7 @@ impl pb::coordinator_server::Coordinator for CoordinatorService {
                 request,
                 timeout,
                 labels,
+                request_id: r.request_id,
                 reply,
             })
             .await??;
@@ -164,7 +164,7 @@ impl pb::coordinator_server::Coordinator for CoordinatorService {
         self.list_snapshots_call(request).await
     }
 
-    type WatchSnapshotStream = WatchStream;
+    type WatchSnapshotStream = stored::WatchStream;
 
     async fn watch_snapshot(
         &self,
@@ -172,17 +172,26 @@ impl pb::coordinator_server::Coordinator for CoordinatorService {
     ) -> Result<Response<Self::WatchSnapshotStream>, Status> {
         let id = SnapshotId(request.into_inner().snapshot_id);
         if self.replica.is_leading() {
+            // Each watch's stream redraws its progress every second: at most MAX_FOLLOWS
+            // watches on the leader at once, as on a follower.
+            let permit = self.follows.clone().try_acquire_owned().map_err(|_| {
+                Status::resource_exhausted(format!(
+                    "{MAX_FOLLOWS} snapshots are watched on this replica already, the most \
+                     allowed: try again later"
+                ))
+            })?;
             let (tx, rx) = mpsc::channel(64);
             // A term that ends meanwhile: follow the record like a follower.
             if let Ok(answer) = self.ask(|reply| Msg::Watch { id, tx, reply }).await {
                 answer?;
-                let progress = tokio_stream::StreamExt::map(ReceiverStream::new(rx), |item| {
-                    item.map(|record| progress_pb(&record))
-                });
-                return Ok(Response::new(Box::pin(progress)));
+                return Ok(Response::new(stored::progress_stream(
+                    rx,
+                    self.uploading.clone(),
+                    Some(permit),
+                )));
             }
         }
-        Ok(Response::new(Box::pin(self.follow(id).await?)))
+        Ok(Response::new(self.follow(id).await?))
     }
 
     async fn abort_snapshot(

@@ -5,7 +5,7 @@
 
 use std::sync::atomic::Ordering;
 
-use cairn_core::control::{ChannelStatus, NodeReport};
+use cairn_core::control::{ChannelStatus, NodeReport, StateTimes};
 use cairn_core::{FailureReason, NodeId, SnapshotId};
 use cairn_proto::convert::command_to_pb;
 use cairn_rpc::server::identity::{Peer, check_node};
@@ -173,7 +173,8 @@ impl CoordinatorService {
         // Held until the part's record is written: garbage collection does not run between
         // the chunks this upload names and the record that names them.
         let _hold = self.blobs.hold().await;
-        let stored = match parts::store_upload(&self.blobs, &header, &mut chunks).await {
+        let count = self.uploading.start(id, node.clone());
+        let stored = match parts::store_upload(&self.blobs, &header, &mut chunks, &count).await {
             Ok(stored) => stored,
             Err(e) => {
                 // A write that fails (a full disk, an I/O error) fails the snapshot here,
@@ -223,7 +224,11 @@ fn session_msg(node: &NodeId, kind: pb::node_to_coordinator::Kind) -> Option<Msg
     Some(match kind {
         Kind::Snapshot(event) => {
             let report = match event.kind? {
-                Event::StateRecorded(_) => NodeReport::StateRecorded,
+                Event::StateRecorded(times) => NodeReport::StateRecorded(StateTimes {
+                    recording_for_ms: times.recording_for_ms,
+                    aligned_ms: times.aligned_ms,
+                    held_messages: times.held_messages,
+                }),
                 Event::Failed(reason) => NodeReport::Failed(node_failure(&node, &reason)),
                 Event::PartUploaded(_) => return None,
             };

@@ -12,7 +12,7 @@ use super::{CoordinatorService, DIFF_RESERVE};
 use crate::error::Error;
 use crate::parts;
 use crate::store::SnapshotRecord;
-use cairn_proto::stored::convert::{mode_pb, snapshot_pb, status_from_pb};
+use cairn_proto::stored::convert::{mode_pb, overview_pb, snapshot_pb, status_from_pb};
 
 impl CoordinatorService {
     pub(super) async fn get_snapshot_call(
@@ -77,10 +77,9 @@ impl CoordinatorService {
                 .parse()
                 .map_err(|_| Error::InvalidArgument(format!("bad page token `{}`", r.page_token)))?
         };
-        let mut records: Vec<SnapshotRecord> = self
-            .meta
-            .snapshots()
-            .await?
+        let all = self.meta.snapshots().await?;
+        let overview = overview_pb(&all, self.meta.restores().await?.len());
+        let mut records: Vec<SnapshotRecord> = all
             .into_iter()
             .filter(|r| r.id < before)
             .filter(|r| wanted.is_none_or(|w| r.status == w))
@@ -97,6 +96,7 @@ impl CoordinatorService {
         Ok(Response::new(pb::ListSnapshotsResponse {
             snapshots: records.iter().map(snapshot_pb).collect(),
             next_page_token,
+            overview: Some(overview),
         }))
     }
 

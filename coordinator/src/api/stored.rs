@@ -3,9 +3,10 @@
 //! follower shows, and a follower's `WatchSnapshot`, which follows the stored record.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::time::Duration;
 
-use cairn_core::SnapshotId;
+use cairn_core::{NodeId, SnapshotId};
 use cairn_rpc::v1 as pb;
 use tokio::sync::{mpsc, oneshot};
 use tokio_stream::wrappers::ReceiverStream;
@@ -15,10 +16,11 @@ use super::CoordinatorService;
 use crate::error::Error;
 use crate::store::{MemberRecord, PartRecord, SnapshotRecord, SnapshotStatus};
 use crate::task::Msg;
-use cairn_proto::stored::convert::progress_pb;
+use cairn_proto::stored::convert::{now_ms, progress_pb};
 
-/// Most `WatchSnapshot` streams a replica follows by reading the store at once (each reads
-/// etcd four times a second).
+/// Most `WatchSnapshot` streams a replica serves at once: on the leader each redraws its
+/// progress every second; on a follower that follows the stored record each reads etcd
+/// four times a second.
 pub(crate) const MAX_FOLLOWS: usize = 256;
 
 /// How often a follower's `WatchSnapshot` reads the record it follows.
@@ -116,10 +118,7 @@ impl CoordinatorService {
 
     /// A follower's `WatchSnapshot`: the stored record, read again every
     /// [`FOLLOW_EVERY`], each change sent, until it ends or the watcher goes.
-    pub(super) async fn follow(
-        &self,
-        id: SnapshotId,
-    ) -> Result<ReceiverStream<Result<pb::SnapshotProgress, Status>>, Status> {
+    pub(super) async fn follow(&self, id: SnapshotId) -> Result<WatchStream, Status> {
         let permit = self.follows.clone().try_acquire_owned().map_err(|_| {
             Status::resource_exhausted(format!(
                 "{MAX_FOLLOWS} snapshots are followed on this replica already, the most \
@@ -135,8 +134,8 @@ impl CoordinatorService {
         let meta = self.meta.clone();
         tokio::spawn(async move {
             let _permit = permit;
-            let mut last = progress_pb(&first);
             let mut ended = first.status != SnapshotStatus::InProgress;
+            let mut last = Arc::new(first);
             if tx.send(Ok(last.clone())).await.is_err() {
                 return;
             }
@@ -155,17 +154,89 @@ impl CoordinatorService {
                     Err(_) => continue,
                 };
                 ended = record.status != SnapshotStatus::InProgress;
-                let now = progress_pb(&record);
-                if now != last {
-                    if tx.send(Ok(now.clone())).await.is_err() {
+                if record != *last {
+                    last = Arc::new(record);
+                    if tx.send(Ok(last.clone())).await.is_err() {
                         return;
                     }
-                    last = now;
                 }
             }
         });
-        Ok(ReceiverStream::new(rx))
+        Ok(progress_stream(rx, self.uploading.clone(), None))
     }
+}
+
+/// How often a watch repeats the progress of a snapshot still running, so that its elapsed
+/// time keeps counting while nothing else changes (a node slow to record).
+pub(super) const WATCH_TICK: Duration = Duration::from_secs(1);
+
+/// A snapshot's progress as `WatchSnapshot` streams it.
+pub(super) type WatchStream = std::pin::Pin<
+    Box<dyn tokio_stream::Stream<Item = Result<pb::SnapshotProgress, Status>> + Send>,
+>;
+
+/// The stream of a watch: each record `records` gives, as progress, and while the snapshot
+/// runs the last one again every [`WATCH_TICK`] with its elapsed time. Ends when `records`
+/// ends (after the snapshot's end) or the watcher goes.
+pub(super) fn progress_stream(
+    mut records: mpsc::Receiver<Result<Arc<SnapshotRecord>, Status>>,
+    uploading: crate::parts::Uploading,
+    permit: Option<tokio::sync::OwnedSemaphorePermit>,
+) -> WatchStream {
+    // The stored record's progress, and the bytes of the parts uploading now.
+    let progress = move |record: &SnapshotRecord| {
+        let mut p = progress_pb(record, now_ms());
+        if record.status == SnapshotStatus::InProgress {
+            let live = uploading.of(SnapshotId(record.id));
+            for n in &mut p.node_progress {
+                if !n.stored {
+                    n.bytes_uploading = live
+                        .get(&NodeId::new(n.node_id.clone()))
+                        .copied()
+                        .unwrap_or(0);
+                }
+            }
+            p.bytes_uploading = p
+                .node_progress
+                .iter()
+                .fold(0u64, |sum, n| sum.saturating_add(n.bytes_uploading));
+        }
+        p
+    };
+    let (tx, rx) = mpsc::channel(4);
+    tokio::spawn(async move {
+        // Held as long as the stream runs.
+        let _permit = permit;
+        let mut last: Option<Arc<SnapshotRecord>> = None;
+        let mut tick = tokio::time::interval(WATCH_TICK);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            let running = last
+                .as_ref()
+                .is_some_and(|r| r.status == SnapshotStatus::InProgress);
+            let item = tokio::select! {
+                () = tx.closed() => return,
+                item = records.recv() => match item {
+                    None => return,
+                    Some(Err(status)) => Err(status),
+                    Some(Ok(record)) => {
+                        tick.reset();
+                        let now = progress(&record);
+                        last = Some(record);
+                        Ok(now)
+                    }
+                },
+                _ = tick.tick(), if running => match &last {
+                    Some(record) => Ok(progress(record)),
+                    None => continue,
+                },
+            };
+            if tx.send(item).await.is_err() {
+                return;
+            }
+        }
+    });
+    Box::pin(ReceiverStream::new(rx))
 }
 
 /// A read that found bytes missing or corrupt (`error` DATA_LOSS) reads the snapshot's

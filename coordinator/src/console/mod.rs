@@ -9,12 +9,16 @@
 //!
 //! Every route checks the role of its gRPC method (viewer) with the same [`Auth`] as the
 //! gRPC port: a bearer token (`authorization: Bearer …`) when `--auth-tokens` is set, or the
-//! role of the client's certificate on TLS. Reads go to the store or, for a snapshot in
+//! role of the client's certificate on TLS, or else the console's session ([`session`]: a
+//! token typed once into `/login`, kept as a signed cookie). Under TLS the port admits a
+//! browser without a client certificate; a page it may not read without one is the login
+//! page (401) with the reason. Reads go to the store or, for a snapshot in
 //! flight, ask the coordinator's task one short question: a page never holds the task.
 //! Bad input is a 400 naming it, an unknown id a 404; nothing here panics on input.
 
 mod api;
 mod pages;
+mod session;
 
 use std::sync::Arc;
 
@@ -42,6 +46,8 @@ pub(crate) struct Console {
     auth: Auth,
     cluster: String,
     busy: Arc<tokio::sync::Semaphore>,
+    /// Logins: with `--auth-tokens` and a TLS key to sign sessions with.
+    sessions: Option<session::Sessions>,
 }
 
 /// The console's routes, to serve beside `/metrics`.
@@ -49,15 +55,22 @@ pub(crate) fn router(
     service: Arc<CoordinatorService>,
     auth: Auth,
     cluster: String,
+    session_secret: Option<Vec<u8>>,
 ) -> axum::Router {
+    let sessions = session_secret
+        .filter(|_| auth.enabled())
+        .map(|secret| session::Sessions::new(&secret));
     let console = Arc::new(Console {
         service,
         auth,
         cluster,
         busy: Arc::new(tokio::sync::Semaphore::new(MAX_REQUESTS)),
+        sessions,
     });
     axum::Router::new()
         .route("/", get(|| async { Redirect::to("/snapshots") }))
+        .route("/login", get(pages::login).post(session::login))
+        .route("/logout", axum::routing::post(session::logout))
         .route("/snapshots", get(pages::snapshots))
         .route("/snapshots/{id}", get(pages::snapshot))
         .route("/restores", get(pages::restores))
@@ -83,13 +96,43 @@ pub(crate) struct Caller {
     _permit: tokio::sync::OwnedSemaphorePermit,
 }
 
+/// Seconds since the Unix epoch, for sessions.
+fn now_s() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
 impl Console {
-    /// Refused unless the caller may call gRPC method `method` (its full path).
+    /// Refused unless the caller may call gRPC method `method` (its full path): by its
+    /// token or its certificate's role, else by its session.
     fn allow(&self, caller: &Caller, method: &str) -> Result<(), Failure> {
-        self.auth
+        match self
+            .auth
             .check(method, &caller.headers, caller.cert.der(), &self.cluster)
-            .map(drop)
-            .map_err(Failure::from)
+        {
+            Ok(_) => Ok(()),
+            Err(status) if status.code() == Code::Unauthenticated => {
+                let Some(entry) = self.session(&caller.headers) else {
+                    return Err(Failure::from(status));
+                };
+                let name = entry.name.unwrap_or_else(|| "a token".into());
+                self.auth
+                    .check_session(method, entry.role, &name)
+                    .map(drop)
+                    .map_err(Failure::from)
+            }
+            Err(status) => Err(Failure::from(status)),
+        }
+    }
+
+    /// The token of the request's session, if it has one that is signed, unexpired, and
+    /// whose token is still in force.
+    fn session(&self, headers: &HeaderMap) -> Option<cairn_rpc::server::auth::TokenEntry> {
+        let sessions = self.sessions.as_ref()?;
+        let now = now_s();
+        let hash = session::cookies(headers).find_map(|v| sessions.verify(v, now))?;
+        self.auth.token_by_hash(&hash)
     }
 
     async fn list_snapshots(
@@ -391,11 +434,14 @@ async fn not_found(uri: axum::http::Uri) -> Response {
     .for_path(uri.path())
 }
 
-/// A method other than GET (or HEAD): a 405.
+/// A method other than GET (or HEAD), or POST on /login and /logout: a 405.
 async fn not_allowed(method: axum::http::Method, uri: axum::http::Uri) -> Response {
     Failure {
         status: StatusCode::METHOD_NOT_ALLOWED,
-        message: format!("{method}: the console and its API only read (GET)"),
+        message: format!(
+            "{method}: the console and its API only read (GET); only /login and /logout take \
+             a POST"
+        ),
     }
     .for_path(uri.path())
 }

@@ -14,14 +14,18 @@ use maud::{DOCTYPE, Markup, PreEscaped, html};
 
 use super::{Caller, Console, Failure, ListQuery, NoQuery, path, query};
 
+mod nodes;
 mod snapshot;
 
+pub(super) use nodes::nodes;
+use nodes::{MANY_NODES, MATRIX_MAX_NODES, MAX_BUSY_CHANNELS, natural_cmp, topology_summary};
 use snapshot::snapshot_page;
 
 const STYLE: &str = "
 body{font-family:system-ui,sans-serif;margin:0;color:#1d2330;background:#f6f7f9}
 header{background:#1d2330;color:#fff;padding:.6em 1.2em;display:flex;gap:1.5em;align-items:baseline}
 header a{color:#cfe3ff;text-decoration:none}header .brand{font-weight:700;color:#fff}
+header .logout{margin:0 0 0 auto}
 main{padding:1em 1.5em}table{border-collapse:collapse;background:#fff;font-size:.9em}
 th,td{border-bottom:1px solid #e3e6ea;padding:.35em .6em;text-align:left;vertical-align:top}
 th{background:#eef1f5}td.num{text-align:right;font-variant-numeric:tabular-nums}
@@ -53,6 +57,10 @@ fn page(title: &str, refresh: bool, body: Markup) -> Markup {
                     a href="/nodes" { "Nodes" }
                     a href="/policy" { "Policy" }
                     a href="/api/v1/snapshots" { "API" }
+                    // Ends the session cookie (a client certificate stays signed in).
+                    form.logout method="post" action="/logout" {
+                        button type="submit" { "Log out" }
+                    }
                 }
                 main { h1 { (title) } (body) }
             }
@@ -62,6 +70,10 @@ fn page(title: &str, refresh: bool, body: Markup) -> Markup {
 
 /// A failure as a page with its status.
 pub(super) fn failure_page(failure: Failure) -> Response {
+    // Not signed in: the login page, saying why.
+    if failure.status == axum::http::StatusCode::UNAUTHORIZED {
+        return login_page(failure.status, Some(&failure.message));
+    }
     let title = format!(
         "{} {}",
         failure.status.as_u16(),
@@ -74,6 +86,33 @@ pub(super) fn failure_page(failure: Failure) -> Response {
         Html(page(&title, false, body).into_string()),
     )
         .into_response()
+}
+
+/// The login page: a bearer token, typed once, opens a session (a cookie) for 8 hours;
+/// `message` says why it is shown (a wrong token, a page that needs a login).
+pub(super) fn login_page(status: axum::http::StatusCode, message: Option<&str>) -> Response {
+    let body = html! {
+        @if let Some(message) = message {
+            p.failure #error data-status=(status.as_u16()) { (message) }
+        }
+        form #login method="post" action="/login" {
+            label for="token" { "Bearer token " }
+            input #token type="password" name="token" autocomplete="current-password" required;
+            " "
+            button type="submit" { "Log in" }
+        }
+        p {
+            "A token of the coordinator's --auth-tokens file (cairnctl auth token prints one). "
+            "The session lasts 8 hours, in a cookie this browser sends only to this console. "
+            "A client certificate with a role works without a login, and wins."
+        }
+    };
+    (status, Html(page("Log in", false, body).into_string())).into_response()
+}
+
+/// `GET /login`.
+pub(super) async fn login() -> Response {
+    login_page(axum::http::StatusCode::OK, None)
 }
 
 fn respond(result: Result<Markup, Failure>) -> Response {
@@ -194,6 +233,7 @@ pub(super) async fn snapshots(
                 false,
                 html! {
                     (overview(&policy))
+                    (counts(list.overview.as_ref()))
                     form method="get" action="/snapshots" {
                         label { "Status " select name="status" {
                             (options(&status, &["IN_PROGRESS", "COMPLETED", "FAILED", "ABORTED"]))
@@ -260,6 +300,29 @@ fn overview(policy: &pb::Policy) -> Markup {
     }
 }
 
+/// Every kept snapshot counted by status, the restores, and the completed ones' duration
+/// and size, least / mean / greatest (Flink's checkpoint overview).
+fn counts(overview: Option<&pb::SnapshotOverview>) -> Markup {
+    let o = overview.cloned().unwrap_or_default();
+    let summary = |m: Option<pb::MinAvgMax>, show: fn(u64) -> String| {
+        m.map_or("—".to_owned(), |m| {
+            format!("{} / {} / {}", show(m.min), show(m.avg), show(m.max))
+        })
+    };
+    html! {
+        div.cards #counts data-in-progress=(o.in_progress) data-completed=(o.completed)
+            data-failed=(o.failed) data-aborted=(o.aborted) data-restored=(o.restored) {
+            div.card { "in progress" b { (o.in_progress) } }
+            div.card { "completed" b { (o.completed) } }
+            div.card { "failed" b { (o.failed) } }
+            div.card { "aborted" b { (o.aborted) } }
+            div.card { "restored" b { (o.restored) } }
+            div.card #duration-summary { "duration, min / avg / max" b { (summary(o.duration_ms, duration)) } }
+            div.card #size-summary { "size, min / avg / max" b { (summary(o.bytes, bytes)) } }
+        }
+    }
+}
+
 fn snapshot_row(s: &pb::Snapshot) -> Markup {
     let plan = s.plan.clone().unwrap_or_default();
     let status = status_word(s.status);
@@ -301,7 +364,7 @@ pub(super) async fn snapshot(
             let id = path(id)?;
             query(q)?;
             let s = c.get_snapshot(&caller, &id, false).await?;
-            Ok(snapshot_page(&s))
+            Ok(snapshot_page(&s, cairn_proto::stored::convert::now_ms()))
         }
         .await,
     )
@@ -344,85 +407,6 @@ pub(super) async fn restores(
                         }
                     }
                     @if list.restores.is_empty() { p #empty { "No restore yet." } }
-                },
-            ))
-        }
-        .await,
-    )
-}
-
-/// `/nodes`: the members, their sessions and applications, the topology.
-pub(super) async fn nodes(
-    State(c): State<Arc<Console>>,
-    caller: Caller,
-    q: Result<Query<NoQuery>, QueryRejection>,
-) -> Response {
-    respond(
-        async {
-            query(q)?;
-            let list = c.list_nodes(&caller).await?;
-            let leadership = c.get_leadership(&caller).await?;
-            let now = cairn_proto::stored::convert::now_ms();
-            Ok(page(
-                "Nodes",
-                false,
-                html! {
-                    p #leadership data-term=(leadership.term) {
-                        "Coordinator leader: " b { (if leadership.leader.is_empty() { "—" } else { &leadership.leader }) }
-                        " (term " (leadership.term) ", answered by " (leadership.answered_by) ")"
-                    }
-                    table #members {
-                        thead { tr {
-                            th { "node" } th { "address" } th { "incarnation" } th { "session" }
-                            th { "application" } th { "last heard" }
-                        } }
-                        tbody {
-                            @for n in &list.nodes {
-                                tr.member data-node=(n.node_id) data-connected=(n.connected) data-attached=(n.application_attached) {
-                                    td { (n.node_id) }
-                                    td { (n.address) }
-                                    td.num { (n.incarnation) }
-                                    td class=(if n.connected { "COMPLETED" } else { "FAILED" }) { (if n.connected { "connected" } else { "disconnected" }) }
-                                    td { (if n.application_attached { "attached" } else { "none" }) }
-                                    td { @if n.last_seen_ms > 0 { (duration(now.saturating_sub(n.last_seen_ms))) " ago" } @else { "—" } }
-                                }
-                            }
-                        }
-                    }
-                    h2 { "Topology" }
-                    p #topology data-channels=(list.channels.len()) {
-                        @for (i, ch) in list.channels.iter().enumerate() {
-                            @if i > 0 { ", " } (ch.from) " → " (ch.to)
-                        }
-                    }
-                    h2 { "Channels, as each daemon sees them" }
-                    p { small { "From each connected daemon's last heartbeat (every 2 s); "
-                        code { "cairnctl nodes status HOST:PORT" } " asks a daemon directly." } }
-                    table #node-channels {
-                        thead { tr {
-                            th { "node" } th { "channel" } th { "stream" } th { "frames not acknowledged" }
-                            th { "queued" } th { "reconnects" } th { "data messages" } th { "markers" } th { "held" }
-                        } }
-                        tbody {
-                            @for n in &list.nodes {
-                                @for c in &n.channels {
-                                    @let ch = c.channel.clone().unwrap_or_default();
-                                    @let side = if ch.from == n.node_id { "out" } else { "in" };
-                                    tr.node-channel data-node=(n.node_id) data-from=(ch.from) data-to=(ch.to) data-connected=(c.connected) data-unacked=(c.unacked_frames) data-reconnects=(c.reconnects) {
-                                        td { (n.node_id) }
-                                        td { (ch.from) " → " (ch.to) " (" (side) ")" }
-                                        td class=(if c.connected { "COMPLETED" } else { "FAILED" }) { (if c.connected { "up" } else { "down" }) }
-                                        td.num { (c.unacked_frames) }
-                                        td.num { (c.queued) }
-                                        td.num { (c.reconnects) }
-                                        td.num { (c.data_messages) }
-                                        td.num { (c.markers) }
-                                        td { @if c.alignment_blocked { "aligning" } @else if c.fault_held { "fault" } @else { "—" } }
-                                    }
-                                }
-                            }
-                        }
-                    }
                 },
             ))
         }
@@ -496,21 +480,160 @@ mod tests {
             }),
             ..Default::default()
         };
-        let html = snapshot_page(&s).into_string();
+        let html = snapshot_page(&s, 0).into_string();
         assert!(
             html.contains("CHANNEL_RESET: channel n1-&gt;n2 was reset &lt;script&gt;"),
             "{html}"
         );
         assert!(!html.contains("<script>"));
         assert!(!html.contains("http-equiv=\"refresh\""));
+        let part = |id: &str, recorded: bool, reported: bool| pb::NodePart {
+            node_id: id.into(),
+            recorded,
+            reported,
+            ..Default::default()
+        };
         let running = pb::Snapshot {
             status: pb::SnapshotStatus::InProgress as i32,
+            failure: None,
+            started_at_ms: 10_000,
+            bytes_new: 2048,
+            nodes: vec![
+                part("n1", true, true),
+                part("n2", true, false),
+                part("n3", false, false),
+            ],
             ..s
         };
+        let html = snapshot_page(&running, 12_500).into_string();
+        assert!(html.contains("http-equiv=\"refresh\""));
         assert!(
-            snapshot_page(&running)
-                .into_string()
-                .contains("http-equiv=\"refresh\"")
+            html.contains(
+                "running for 2.50 s · 2/3 recorded · 1/3 stored · waiting for n2, n3 · 2.0 KiB \
+                 stored so far"
+            ),
+            "{html}"
         );
+        assert!(html.contains("data-waiting=\"n2 n3\""), "{html}");
+    }
+
+    #[test]
+    fn names_sort_as_people_count() {
+        let mut ids = vec![
+            "n10", "n2", "n1", "node-b", "n02", "node-a", "n2a", "10", "9",
+        ];
+        ids.sort_by(|a, b| natural_cmp(a, b));
+        assert_eq!(
+            ids,
+            [
+                "9", "10", "n1", "n02", "n2", "n2a", "n10", "node-a", "node-b"
+            ]
+        );
+        assert_eq!(
+            natural_cmp("n99999999999999999999999", "n100000000000000000000000"),
+            std::cmp::Ordering::Less
+        );
+    }
+
+    #[test]
+    fn a_topology_is_summed_up_in_a_few_words() {
+        assert_eq!(
+            topology_summary(20, 380),
+            "full mesh, 20 nodes, 380 channels"
+        );
+        assert_eq!(
+            topology_summary(20, 20),
+            "20 nodes, 20 channels (of 380 possible)"
+        );
+        assert_eq!(topology_summary(1, 0), "1 node, 0 channels (of 0 possible)");
+    }
+
+    /// A completed snapshot of `n` nodes in a full mesh where `busy` channels recorded
+    /// messages in flight.
+    fn mesh_snapshot(n: usize, busy: &[(usize, usize)]) -> pb::Snapshot {
+        let id = |i: usize| format!("n{}", i + 1);
+        let mut channels = Vec::new();
+        for from in 0..n {
+            for to in 0..n {
+                if from != to {
+                    channels.push(pb::ChannelRef {
+                        from: id(from),
+                        to: id(to),
+                    });
+                }
+            }
+        }
+        // Listed in the order a store might give them: lexicographic (n10 before n2).
+        let mut nodes: Vec<pb::NodePart> = (0..n)
+            .map(|i| pb::NodePart {
+                node_id: id(i),
+                recorded: true,
+                reported: true,
+                local_state_bytes: 100,
+                recorded_channels: busy
+                    .iter()
+                    .filter(|(_, to)| *to == i)
+                    .map(|&(from, to)| pb::RecordedChannel {
+                        channel: Some(pb::ChannelRef {
+                            from: id(from),
+                            to: id(to),
+                        }),
+                        messages: 3,
+                        bytes: 30,
+                    })
+                    .collect(),
+                ..Default::default()
+            })
+            .collect();
+        nodes.sort_by(|a, b| a.node_id.cmp(&b.node_id));
+        pb::Snapshot {
+            plan: Some(pb::SnapshotPlan {
+                snapshot_id: 9,
+                mode: pb::SnapshotMode::Unaligned as i32,
+                ..Default::default()
+            }),
+            status: pb::SnapshotStatus::Completed as i32,
+            started_at_ms: 1,
+            finished_at_ms: 2,
+            nodes,
+            channels,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn a_cut_of_many_nodes_stays_readable() {
+        // A few nodes: every channel drawn and listed.
+        let html = snapshot_page(&mesh_snapshot(3, &[(0, 1)]), 0).into_string();
+        assert!(html.contains("full mesh, 3 nodes, 6 channels"));
+        assert_eq!(html.matches("<g class=\"channel\"").count(), 6);
+        assert_eq!(html.matches("<tr class=\"channel\"").count(), 6);
+        assert!(!html.contains("id=\"matrix\""));
+
+        let busy = [(0, 1), (9, 1), (1, 19)];
+        for (n, matrix) in [(20, true), (64, true), (256, false)] {
+            let html = snapshot_page(&mesh_snapshot(n, &busy), 0).into_string();
+            let channels = n * (n - 1);
+            assert!(
+                html.contains(&format!("full mesh, {n} nodes, {channels} channels")),
+                "{n}"
+            );
+            // Only the channels that recorded something are drawn and listed.
+            assert_eq!(html.matches("<g class=\"channel\"").count(), 3, "{n}");
+            assert_eq!(html.matches("<tr class=\"channel\"").count(), 3, "{n}");
+            assert!(html.contains(&format!("the other {} recorded nothing", channels - 3)));
+            assert_eq!(html.matches("<g class=\"node\"").count(), n);
+            // The matrix up to 64 nodes: a cell per channel, the busy ones deeper.
+            let cells = html.matches("<rect class=\"cell\"").count();
+            assert_eq!(cells, if matrix { channels } else { 0 }, "{n}");
+            // Nodes in natural order: n2 before n10 before n20.
+            let at = |id: &str| {
+                html.find(&format!("<tr class=\"node\" data-node=\"{id}\""))
+                    .unwrap()
+            };
+            assert!(at("n2") < at("n10") && at("n10") < at("n20"), "{n}");
+            // Bounded: a browser loads it at once.
+            assert!(html.len() < 1_500_000, "{n} nodes: {} bytes", html.len());
+        }
     }
 }

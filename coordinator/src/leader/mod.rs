@@ -4,6 +4,7 @@
 //! term ends, and campaigns again ([`Terms`]).
 
 pub mod election;
+pub mod forward;
 pub mod replica;
 
 use std::sync::Arc;

@@ -10,8 +10,10 @@
 pub(crate) mod read;
 pub(crate) mod restore;
 mod upload;
+mod uploading;
 
 pub(crate) use upload::store_upload;
+pub(crate) use uploading::{UploadCount, Uploading};
 
 use bytes::Bytes;
 use cairn_core::{ChannelId, IncomingCut, NodeId, OutgoingCut, SnapshotId};

@@ -40,6 +40,7 @@ pub(crate) async fn store_upload(
     blobs: &BlobStore,
     header: &pb::UploadHeader,
     chunks: &mut Streaming<pb::UploadChunk>,
+    count: &super::UploadCount,
 ) -> Result<StoredPart, Error> {
     use pb::upload_chunk::Kind;
     let id = header.snapshot_id;
@@ -114,6 +115,7 @@ pub(crate) async fn store_upload(
                 }
                 local_state.size = local_state.size.saturating_add(size);
                 local_state.chunks.push(name);
+                count.add(size);
             }
             Some(Kind::ChannelState(state)) => {
                 let channel = channel_from_pb(state.channel.as_ref()).map_err(invalid)?;
@@ -125,10 +127,12 @@ pub(crate) async fn store_upload(
                 messages += state.messages.len() as u64;
                 let size = sizes.entry(channel).or_default();
                 size.0 = size.0.saturating_add(state.messages.len() as u64);
-                size.1 = state
+                let payload = state
                     .messages
                     .iter()
-                    .fold(size.1, |n, m| n.saturating_add(m.payload.len() as u64));
+                    .fold(0u64, |n, m| n.saturating_add(m.payload.len() as u64));
+                size.1 = size.1.saturating_add(payload);
+                count.add(payload);
                 channel_states
                     .write(&state.encode_length_delimited_to_vec())
                     .await

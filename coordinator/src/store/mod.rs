@@ -284,5 +284,6 @@ pub(crate) fn sample_snapshot(id: u64) -> SnapshotRecord {
         epoch: 0,
         term: 0,
         events: Vec::new(),
+        request_id: String::new(),
     }
 }

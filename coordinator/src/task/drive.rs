@@ -309,6 +309,14 @@ impl State {
     fn note(&mut self, note: Note) {
         match note {
             Note::Changed { node, change } => tracing::info!(%node, "{change}"),
+            Note::StartRepeated {
+                snapshot,
+                request_id,
+            } => tracing::info!(
+                snapshot = snapshot.0,
+                request_id,
+                "a start repeated the request id of snapshot {snapshot}: answered with it"
+            ),
             Note::Restarted { node } => {
                 if self.settings.auto_restore {
                     tracing::warn!(%node, "node restarted: automatic recovery will restore the newest completed snapshot");

@@ -177,7 +177,11 @@ impl State {
         self.load_policy().await?;
         self.recover_restores().await?;
         let mut newest_completed = None;
+        let mut requests = Vec::new();
         for mut record in self.meta.snapshots().await? {
+            if !record.request_id.is_empty() {
+                requests.push((SnapshotId(record.id), record.request_id.clone()));
+            }
             if record.status == SnapshotStatus::Completed {
                 newest_completed = newest_completed.max(Some(record.finished_at_ms));
             }
@@ -190,6 +194,7 @@ impl State {
                 self.put_record(&record).await?;
             }
         }
+        self.drive(Input::StartsLoaded { requests }).await;
         if let Some(at) = newest_completed {
             let age = Duration::from_millis(now_ms().saturating_sub(at));
             self.drive(Input::NewestCompleted { age }).await;
@@ -330,9 +335,10 @@ impl State {
                 request,
                 timeout,
                 labels,
+                request_id,
                 reply,
             } => {
-                let result = self.start(request, timeout, labels).await;
+                let result = self.start(request, timeout, labels, request_id).await;
                 let _ = reply.send(result);
             }
             Msg::Abort { id, reason, reply } => {

@@ -79,6 +79,8 @@ pub(crate) enum Msg {
         request: StartRequest,
         timeout: Duration,
         labels: BTreeMap<String, String>,
+        /// The client's request id (empty for none).
+        request_id: String,
         reply: oneshot::Sender<Result<SnapshotId, Error>>,
     },
     Abort {

@@ -23,6 +23,7 @@ impl State {
         request: StartRequest,
         timeout: Duration,
         labels: BTreeMap<String, String>,
+        request_id: String,
     ) -> Result<SnapshotId, Error> {
         let token = self.token();
         let start = StartInput {
@@ -30,6 +31,7 @@ impl State {
             timeout,
             labels,
             term: self.leadership.term(),
+            request_id,
         };
         let input = Input::Start { token, start };
         for (told, answer) in self.drive(input).await {

@@ -153,6 +153,7 @@ impl Harness {
             request,
             timeout: Duration::from_secs(30),
             labels: BTreeMap::new(),
+            request_id: String::new(),
             reply,
         })
         .await
@@ -273,7 +274,7 @@ async fn a_snapshot_keeps_its_timeline_once_per_node_and_step() {
     let _b = h.register("b").await;
     let id = h.start_snapshot().await.unwrap();
     for node in ["a", "b", "a"] {
-        let report = NodeReport::StateRecorded;
+        let report = NodeReport::StateRecorded(Default::default());
         h.tx.send(Msg::NodeEvent {
             node: NodeId::new(node),
             id: SnapshotId(id),
@@ -485,7 +486,7 @@ async fn a_watcher_and_a_reader_see_the_progress_the_tracker_has() {
     let _a = h.register("a").await;
     let _b = h.register("b").await;
     let id = h.start_snapshot().await.unwrap();
-    let report = NodeReport::StateRecorded;
+    let report = NodeReport::StateRecorded(Default::default());
     h.tx.send(Msg::NodeEvent {
         node: NodeId::new("a"),
         id: SnapshotId(id),

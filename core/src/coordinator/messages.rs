@@ -272,6 +272,12 @@ pub enum Input<E> {
         /// Where it came from.
         source: PolicySource,
     },
+    /// At a term's start: the request ids of the stored snapshots' starts, so that a
+    /// start retried after a leader change answers the snapshot it started.
+    StartsLoaded {
+        /// Each stored snapshot with a request id, and that id.
+        requests: Vec<(SnapshotId, String)>,
+    },
     /// At a term's start: how old the newest completed snapshot is (freshness).
     NewestCompleted {
         /// Its age.
@@ -293,6 +299,9 @@ pub struct StartInput {
     pub labels: BTreeMap<String, String>,
     /// The leader's term.
     pub term: u64,
+    /// The client's request id (empty for none): a start with the request id of a
+    /// snapshot the engine knows answers that snapshot and starts nothing.
+    pub request_id: String,
 }
 
 /// Which write the engine asks for (named again in [`Input::Persisted`]).
@@ -508,6 +517,13 @@ pub enum Action<E> {
 /// What happened to the membership, for the log.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Note {
+    /// A start repeated a request id: it was answered with the snapshot it started.
+    StartRepeated {
+        /// The snapshot.
+        snapshot: SnapshotId,
+        /// The request id.
+        request_id: String,
+    },
     /// A node joined or moved (the change in words).
     Changed {
         /// The node.

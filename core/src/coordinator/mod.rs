@@ -54,7 +54,7 @@ pub use messages::{
 };
 pub use restores::restore_epoch;
 pub use restores::{AUTO_RESTORE_CANDIDATES, RECOVERY_BACKOFF_MS};
-pub use snapshots::PartSizes;
+pub use snapshots::{MAX_REQUESTS, PartSizes};
 
 /// The engine's roles, each with its own fields.
 struct Roles {
@@ -144,6 +144,18 @@ impl<E: std::fmt::Display> CoordinatorEngine<E> {
             }
             Input::RemoveNode { token, node } => roles.remove_node(out, now, token, &node),
             Input::Leave { node } => roles.leave(out, now, &node),
+            Input::Start { token, start }
+                if let Some(id) = roles.snapshots.requested(&start.request_id) =>
+            {
+                out.push(Action::Note(Note::StartRepeated {
+                    snapshot: id,
+                    request_id: start.request_id,
+                }));
+                out.push(Action::Reply {
+                    token,
+                    answer: Answer::Started(Ok(id)),
+                });
+            }
             Input::Start { token, start } => match roles.spannable() {
                 Ok(topology) => {
                     let epoch = roles.restores.epoch();
@@ -245,6 +257,11 @@ impl<E: std::fmt::Display> CoordinatorEngine<E> {
                 policy,
                 source,
             } => roles.adopt_policy(out, token, policy, source),
+            Input::StartsLoaded { requests } => {
+                for (id, request_id) in requests {
+                    roles.snapshots.remember_request(id, request_id);
+                }
+            }
             Input::NewestCompleted { age } => {
                 roles.snapshots.schedule.completed_before(now.mono_ms, age);
             }

@@ -68,6 +68,7 @@ impl Roles {
     ) {
         match result {
             Ok(()) => {
+                self.snapshots.forget_request(id);
                 out.push(Action::Note(Note::Deleted { snapshot: id }));
                 self.collect_garbage(out, Some(token));
             }
@@ -137,6 +138,7 @@ impl Roles {
             return out.push(Action::Note(Note::Retention(format!("{e}"))));
         }
         for snapshot in deleted {
+            self.snapshots.forget_request(snapshot);
             out.push(Action::Note(Note::RetentionDeleted { snapshot }));
         }
         self.collect_garbage(out, None);

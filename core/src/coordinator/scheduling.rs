@@ -60,6 +60,7 @@ impl Roles {
                     timeout: policy.timeout,
                     labels: BTreeMap::from([("scheduled".to_owned(), "true".to_owned())]),
                     term,
+                    request_id: String::new(),
                 };
                 let epoch = self.restores.epoch();
                 self.snapshots

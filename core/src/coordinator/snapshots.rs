@@ -8,7 +8,7 @@ use std::time::Duration;
 use super::{
     Action, Actions, Answer, Note, Persist, Refusal, SnapshotWrite, StartInput, Timer, Token, Write,
 };
-use crate::control::{NodeCommand, NodeReport};
+use crate::control::{NodeCommand, NodeReport, StateTimes};
 use crate::record::{
     EventKind, EventRecord, SnapshotRecord, SnapshotStatus, VerdictRecord, event_detail,
 };
@@ -83,6 +83,43 @@ pub(super) struct Snapshots {
     /// The schedule: scheduled starts, and every end fed back to it (on the engine's
     /// monotonic clock).
     pub(super) schedule: Schedule,
+    /// The request ids of the starts this engine knows: loaded at the term's start from
+    /// the stored records, and each start stored since.
+    requests: Requests,
+}
+
+/// The request ids of the newest [`MAX_REQUESTS`] snapshots started with one.
+#[derive(Default)]
+struct Requests {
+    by_request: BTreeMap<String, SnapshotId>,
+    by_snapshot: BTreeMap<SnapshotId, String>,
+}
+
+/// How many request ids are remembered (the newest snapshots'): far more than a client
+/// retries across, in memory bounded by the ids' 128 bytes.
+pub const MAX_REQUESTS: usize = 4096;
+
+impl Requests {
+    fn insert(&mut self, id: SnapshotId, request_id: String) {
+        if request_id.is_empty() || self.by_request.contains_key(&request_id) {
+            return;
+        }
+        self.by_request.insert(request_id.clone(), id);
+        if let Some(old) = self.by_snapshot.insert(id, request_id) {
+            self.by_request.remove(&old);
+        }
+        while self.by_snapshot.len() > MAX_REQUESTS {
+            if let Some((_, oldest)) = self.by_snapshot.pop_first() {
+                self.by_request.remove(&oldest);
+            }
+        }
+    }
+
+    fn remove(&mut self, id: SnapshotId) {
+        if let Some(request_id) = self.by_snapshot.remove(&id) {
+            self.by_request.remove(&request_id);
+        }
+    }
 }
 
 impl Snapshots {
@@ -95,7 +132,27 @@ impl Snapshots {
             starting: None,
             aborting: BTreeMap::new(),
             id_floor: 0,
+            requests: Requests::default(),
         }
+    }
+
+    /// The snapshot started with `request_id`, if this engine knows one (never for an
+    /// empty request id).
+    pub(super) fn requested(&self, request_id: &str) -> Option<SnapshotId> {
+        if request_id.is_empty() {
+            return None;
+        }
+        self.requests.by_request.get(request_id).copied()
+    }
+
+    /// Snapshot `id` was started with `request_id` (a stored record's, at a term's start).
+    pub(super) fn remember_request(&mut self, id: SnapshotId, request_id: String) {
+        self.requests.insert(id, request_id);
+    }
+
+    /// Snapshot `id`'s record is deleted: its request id names nothing any more.
+    pub(super) fn forget_request(&mut self, id: SnapshotId) {
+        self.requests.remove(id);
     }
 
     pub(super) fn tracker(&self) -> &SnapshotTracker {
@@ -185,10 +242,11 @@ impl Snapshots {
         report: NodeReport,
     ) {
         match report {
-            NodeReport::StateRecorded => {
+            NodeReport::StateRecorded(times) => {
                 let update = self.tracker.state_recorded(id, node);
                 if !matches!(update, Update::Ignored) {
-                    self.step(out, id, node, now, EventKind::StateRecorded, String::new());
+                    let event = self.state_recorded_event(id, node, now, times);
+                    self.push_step(out, id, event);
                 }
                 self.settle(out, now, id, update);
             }
@@ -331,6 +389,7 @@ impl Snapshots {
             timeout,
             labels,
             term,
+            request_id,
         } = start;
         let mut plan = match self.tracker.start(id, request, &topology) {
             Ok(plan) => plan,
@@ -365,6 +424,7 @@ impl Snapshots {
             epoch,
             term,
             events: vec![EventRecord::new(now, EventKind::Started)],
+            request_id,
         };
         out.push(Action::Persist {
             what: Persist::Snapshot(SnapshotWrite::Started(id)),
@@ -411,6 +471,7 @@ impl Snapshots {
             debug_assert!(matches!(update, Update::Finished(..)), "{update:?}");
             return self.answer_start(out, by, Err(Refusal::Store(e)));
         }
+        self.requests.insert(id, record.request_id.clone());
         self.inflight.insert(id, *record);
         for initiator in &plan.initiators {
             out.push(Action::Send {
@@ -603,24 +664,57 @@ impl Snapshots {
         kind: EventKind,
         detail: String,
     ) {
-        let Some(record) = self.inflight.get_mut(&id) else {
-            return;
-        };
-        let node = node.to_string();
-        if record
-            .events
-            .iter()
-            .any(|e| e.kind == kind && e.node == node)
-        {
-            return;
-        }
         let event = EventRecord {
-            node,
+            node: node.to_string(),
             detail,
             ..EventRecord::new(now, kind)
         };
+        self.push_step(out, id, event);
+    }
+
+    /// Adds `event`, a node's step, to the timeline of snapshot `id` unless that node's
+    /// step of that kind is there already (see [`Self::step`]).
+    fn push_step<E>(&mut self, out: &mut Actions<E>, id: SnapshotId, event: EventRecord) {
+        let Some(record) = self.inflight.get_mut(&id) else {
+            return;
+        };
+        if record
+            .events
+            .iter()
+            .any(|e| e.kind == event.kind && e.node == event.node)
+        {
+            return;
+        }
         record.events.push(event.clone());
         out.push(Action::Step { id, event });
+    }
+
+    /// Node `node`'s STATE_RECORDED event at `now`, with its own account of how long it
+    /// took (`times`): the marker's start delay is the time from the start to the report
+    /// less the node's time since its first sight of the snapshot (so the two clocks need
+    /// not agree); alignment and held messages only in ALIGNED mode.
+    fn state_recorded_event(
+        &self,
+        id: SnapshotId,
+        node: &NodeId,
+        now: u64,
+        times: StateTimes,
+    ) -> EventRecord {
+        let mut event = EventRecord {
+            node: node.to_string(),
+            ..EventRecord::new(now, EventKind::StateRecorded)
+        };
+        if let Some(record) = self.inflight.get(&id) {
+            let since_start = now.saturating_sub(record.started_at_ms);
+            event.start_delay_ms = times
+                .recording_for_ms
+                .map(|took| since_start.saturating_sub(took));
+            if record.mode == "ALIGNED" {
+                event.alignment_ms = times.aligned_ms.map(|ms| ms.min(since_start));
+                event.held_messages = times.held_messages;
+            }
+        }
+        event
     }
 
     /// Node `node`'s part of snapshot `id` is stored (the tracker took it): its sizes count

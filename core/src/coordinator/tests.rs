@@ -4,7 +4,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use super::*;
-use crate::control::{NodeCommand, NodeReport, Registration};
+use crate::control::{NodeCommand, NodeReport, Registration, StateTimes};
 use crate::record::{EventKind, RemovedRecord, RestoreRecord, RestoreStatus, SnapshotStatus};
 use crate::report::{IncomingCut, LocalReport, OutgoingCut};
 use crate::schedule::{PolicyChange, PolicySource};
@@ -112,6 +112,7 @@ fn start_input(token: Token) -> Input<E> {
             timeout: TIMEOUT,
             labels: BTreeMap::from([("why".to_owned(), "test".to_owned())]),
             term: 7,
+            request_id: String::new(),
         },
     }
 }
@@ -518,6 +519,78 @@ fn a_part_of_another_epoch_fails_the_snapshot_naming_the_node() {
             "snapshot 1 started in epoch 0, node b recorded its part in epoch 4 (after restore-4)"
         )
     );
+}
+
+/// Starts snapshot `id` in `mode`, its steps unchecked (see [`started`]).
+fn started_in(engine: &mut CoordinatorEngine<E>, id: u64, mode: SnapshotMode) {
+    let mut input = start_input(1);
+    if let Input::Start { start, .. } = &mut input {
+        start.request.mode = mode;
+    }
+    engine.handle(at(T0), input);
+    engine.handle(
+        at(T0),
+        Input::IdTaken {
+            result: Ok(SnapshotId(id)),
+        },
+    );
+    engine.handle(
+        at(T0),
+        Input::Persisted {
+            what: Persist::Snapshot(SnapshotWrite::Started(SnapshotId(id))),
+            result: Ok(()),
+        },
+    );
+    engine.drain_actions();
+    assert!(engine.live_record(SnapshotId(id)).is_some());
+}
+
+#[test]
+fn a_nodes_state_report_says_its_start_delay_and_in_aligned_mode_its_alignment() {
+    let recorded = |node: &str, recording_for_ms| Input::Report {
+        node: NodeId::new(node),
+        id: SnapshotId(1),
+        report: NodeReport::StateRecorded(StateTimes {
+            recording_for_ms,
+            aligned_ms: Some(20),
+            held_messages: Some(4),
+        }),
+    };
+    let event = |engine: &CoordinatorEngine<E>, node: &str| {
+        engine
+            .live_record(SnapshotId(1))
+            .unwrap()
+            .events
+            .iter()
+            .find(|e| e.kind == EventKind::StateRecorded && e.node == node)
+            .cloned()
+            .unwrap()
+    };
+    for mode in [SnapshotMode::ChandyLamport, SnapshotMode::Aligned] {
+        let mut engine = engine();
+        started_in(&mut engine, 1, mode);
+        // Reported 100 ms after the start, 30 ms after the node first met the snapshot:
+        // its marker took 70 ms to come (by each side's own clock).
+        engine.handle(at(T0 + 100), recorded("a", Some(30)));
+        let actions = engine.drain_actions();
+        assert!(
+            matches!(&actions[0], Action::Step { event, .. } if event.start_delay_ms == Some(70)),
+            "{actions:?}"
+        );
+        let a = event(&engine, "a");
+        let aligned = mode == SnapshotMode::Aligned;
+        assert_eq!(a.start_delay_ms, Some(70));
+        assert_eq!(a.alignment_ms, aligned.then_some(20), "{mode:?}");
+        assert_eq!(a.held_messages, aligned.then_some(4), "{mode:?}");
+        // A node's time longer than the coordinator's (clocks differ) is no negative delay;
+        // a daemon that says nothing leaves it unknown.
+        engine.handle(at(T0 + 10), recorded("b", Some(50)));
+        assert_eq!(event(&engine, "b").start_delay_ms, Some(0));
+        let mut engine = engine_of(4);
+        started_in(&mut engine, 1, mode);
+        engine.handle(at(T0 + 10), recorded("a", None));
+        assert_eq!(event(&engine, "a").start_delay_ms, None);
+    }
 }
 
 #[test]
@@ -1839,4 +1912,132 @@ fn an_acknowledged_progress_write_does_not_tell_an_end_taken_after_it() {
         engine.drain_actions(),
         [Action::RestoreEnded { record: done }]
     );
+}
+
+/// A start with a request id: stored with the record; a start that repeats it is answered
+/// with that snapshot and starts nothing — in this term, and in the next one (loaded from
+/// the records) — until the record is deleted.
+#[test]
+fn a_start_that_repeats_its_request_id_answers_the_snapshot_it_started() {
+    let with_id = |token: Token, request_id: &str| {
+        let mut input = start_input(token);
+        if let Input::Start { start, .. } = &mut input {
+            start.request_id = request_id.to_owned();
+        }
+        input
+    };
+    let mut engine = engine();
+    engine.handle(at(T0), with_id(1, "retry-me"));
+    assert_eq!(engine.drain_actions(), [Action::TakeId]);
+    engine.handle(
+        at(T0),
+        Input::IdTaken {
+            result: Ok(SnapshotId(5)),
+        },
+    );
+    let record = match engine.drain_actions().as_slice() {
+        [
+            Action::Persist {
+                write: Write::Snapshot(record),
+                ..
+            },
+        ] => (**record).clone(),
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(record.request_id, "retry-me");
+    // Until its record is stored, nobody knows of it: a repeat would wait (the runtime
+    // drives one input at a time), so only the stored start is remembered.
+    engine.handle(
+        at(T0),
+        Input::Persisted {
+            what: Persist::Snapshot(SnapshotWrite::Started(SnapshotId(5))),
+            result: Ok(()),
+        },
+    );
+    engine.drain_actions();
+    engine.handle(at(T0 + 1), with_id(2, "retry-me"));
+    assert_eq!(
+        engine.drain_actions(),
+        [
+            Action::Note(Note::StartRepeated {
+                snapshot: SnapshotId(5),
+                request_id: "retry-me".into(),
+            }),
+            Action::Reply {
+                token: 2,
+                answer: Answer::Started(Ok(SnapshotId(5)))
+            },
+        ]
+    );
+    // Another request id, or none, starts another snapshot.
+    engine.handle(at(T0 + 1), with_id(3, "another"));
+    assert_eq!(engine.drain_actions(), [Action::TakeId]);
+
+    // The next term knows it from the stored records, even with no member connected.
+    let mut next = CoordinatorEngine::<E>::new(config(4));
+    next.handle(
+        at(T0),
+        Input::StartsLoaded {
+            requests: vec![
+                (SnapshotId(5), "retry-me".into()),
+                (SnapshotId(6), String::new()),
+            ],
+        },
+    );
+    next.handle(at(T0 + 2), with_id(4, "retry-me"));
+    let actions = next.drain_actions();
+    assert!(
+        matches!(
+            actions.last(),
+            Some(Action::Reply {
+                token: 4,
+                answer: Answer::Started(Ok(SnapshotId(5)))
+            })
+        ),
+        "{actions:?}"
+    );
+    // A start without a request id is no repeat: with no member connected, refused.
+    next.handle(at(T0 + 2), with_id(7, ""));
+    let actions = next.drain_actions();
+    assert!(
+        matches!(
+            actions.as_slice(),
+            [Action::Reply {
+                token: 7,
+                answer: Answer::Started(Err(_))
+            }]
+        ),
+        "no members: {actions:?}"
+    );
+}
+
+#[test]
+fn request_ids_are_bounded_to_the_newest_snapshots() {
+    let mut engine = CoordinatorEngine::<E>::new(config(4));
+    let n = snapshots::MAX_REQUESTS as u64 + 10;
+    engine.handle(
+        at(T0),
+        Input::StartsLoaded {
+            requests: (1..=n).map(|i| (SnapshotId(i), format!("r{i}"))).collect(),
+        },
+    );
+    let known = |engine: &mut CoordinatorEngine<E>, request_id: &str| {
+        let mut input = start_input(9);
+        if let Input::Start { start, .. } = &mut input {
+            start.request_id = request_id.to_owned();
+        }
+        engine.handle(at(T0), input);
+        engine.drain_actions().iter().any(|a| {
+            matches!(
+                a,
+                Action::Reply {
+                    answer: Answer::Started(Ok(_)),
+                    ..
+                }
+            )
+        })
+    };
+    assert!(known(&mut engine, &format!("r{n}")));
+    assert!(!known(&mut engine, "r10"), "the oldest are forgotten");
+    assert!(known(&mut engine, "r11"));
 }

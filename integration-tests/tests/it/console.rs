@@ -136,6 +136,10 @@ async fn the_console_shows_every_snapshot_its_cut_and_its_failure_and_the_api_ma
         free_port()
     )));
     let base = format!("http://{http}");
+    // Screenshots go under docs/ when CAIRN_CONSOLE_SCREENSHOTS=docs.
+    let shots = std::env::var_os("CAIRN_CONSOLE_SCREENSHOTS").map(PathBuf::from);
+    let shot_dir = shots.clone().unwrap_or_else(|| profile.0.join("shots"));
+    std::fs::create_dir_all(&shot_dir).unwrap();
 
     // Snapshots in all three modes, with labels.
     let mut completed = Vec::new();
@@ -203,10 +207,117 @@ async fn the_console_shows_every_snapshot_its_cut_and_its_failure_and_the_api_ma
     );
     assert!(page.contains("http-equiv=\"refresh\""), "{page}");
     assert!(page.contains("data-kind=\"STATE_RECORDED\""), "{page}");
+
+    // Its progress, read while n2 holds it up: WatchSnapshot says whom it waits for, and
+    // keeps sending (once a second) with the elapsed time growing though nothing else
+    // changes; the in-flight page and `cairnctl snapshot watch` say the same.
+    let mut client = cluster.client().await.unwrap();
+    let mut watch = client
+        .watch_snapshot(pb::WatchSnapshotRequest { snapshot_id: held })
+        .await
+        .unwrap()
+        .into_inner();
+    let mut next = async || {
+        tokio::time::timeout(Duration::from_secs(10), watch.message())
+            .await
+            .expect("a progress message at least once a second")
+            .unwrap()
+            .expect("the watch ended early")
+    };
+    let mut waiting = next().await;
+    let until = std::time::Instant::now() + Duration::from_secs(30);
+    while waiting.waiting_for != ["n2"] {
+        assert!(
+            std::time::Instant::now() < until,
+            "never waiting for n2 alone: {waiting:?}"
+        );
+        waiting = next().await;
+    }
+    assert_eq!(waiting.nodes, ["n1", "n2", "n3"], "{waiting:?}");
+    assert_eq!(waiting.status, pb::SnapshotStatus::InProgress as i32);
+    let n1 = &waiting.node_progress[0];
+    assert!(
+        n1.stored && n1.part_stored_after_ms.is_some(),
+        "{waiting:?}"
+    );
+    assert!(waiting.bytes_stored > 0 && waiting.bytes_stored >= n1.bytes_stored);
+    assert!(
+        waiting.node_progress[1].part_stored_after_ms.is_none(),
+        "{waiting:?}"
+    );
+    for _ in 0..2 {
+        let again = next().await;
+        assert_eq!(again.waiting_for, ["n2"], "{again:?}");
+        assert!(
+            again.elapsed_ms > waiting.elapsed_ms,
+            "{waiting:?} then {again:?}"
+        );
+        waiting = again;
+    }
+    let page = chromium_load(&profile, &format!("{base}/snapshots/{held}"), None).await;
+    assert!(page.contains("data-waiting=\"n2\""), "{page}");
+    let png = shot_dir.join("console-in-flight.png");
+    chromium_load(&profile, &format!("{base}/snapshots/{held}"), Some(&png)).await;
+    assert!(std::fs::read(&png).unwrap().starts_with(b"\x89PNG"));
+    assert!(
+        page.contains("/3 recorded · 2/3 stored · waiting for n2"),
+        "{page}"
+    );
+    let json = api(&http, &format!("/api/v1/snapshots/{held}")).await;
+    assert!(json["startedAtMs"].as_str().is_some(), "{json}");
+    let mut watcher = tokio::process::Command::new(binary("cairnctl").unwrap())
+        .args([
+            "--coordinator",
+            &grpc,
+            "snapshot",
+            "watch",
+            &held.to_string(),
+        ])
+        .stdout(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut lines = tokio::io::AsyncBufReadExt::lines(tokio::io::BufReader::new(
+        watcher.stdout.take().unwrap(),
+    ));
+    for _ in 0..2 {
+        let line = tokio::time::timeout(Duration::from_secs(10), lines.next_line())
+            .await
+            .expect("cairnctl snapshot watch prints a line a second")
+            .unwrap()
+            .unwrap();
+        assert!(
+            line.contains("IN_PROGRESS") && line.contains("stored 2/3  waiting for n2"),
+            "{line}"
+        );
+    }
+    watcher.kill().await.unwrap();
+
     n2.inject_fault(channel_fault("n1", "n2", Fault::Resume(pb::Resume {})))
         .await
         .unwrap();
+    // The watch ends with the end: all stored, nothing awaited, the elapsed time its duration.
+    let mut last = waiting;
+    while let Some(progress) = watch.message().await.unwrap() {
+        last = progress;
+    }
+    assert_eq!(
+        last.status,
+        pb::SnapshotStatus::Completed as i32,
+        "{last:?}"
+    );
+    assert!(last.waiting_for.is_empty(), "{last:?}");
+    assert!(
+        last.node_progress
+            .iter()
+            .all(|n| n.stored && n.part_stored_after_ms.is_some())
+    );
     let held = cluster.wait_with(held, false).await.unwrap();
+    assert_eq!(
+        last.elapsed_ms,
+        held.finished_at_ms - held.started_at_ms,
+        "{last:?}"
+    );
     assert_eq!(held.status, pb::SnapshotStatus::Completed as i32);
     let page = chromium_load(
         &profile,
@@ -269,6 +380,20 @@ async fn the_console_shows_every_snapshot_its_cut_and_its_failure_and_the_api_ma
         let verdict = s.verdict.clone().unwrap();
         assert_eq!(messages, verdict.recorded_messages);
         assert!(s.events.windows(2).all(|w| w[0].at_ms <= w[1].at_ms));
+        // Each node's own account: the marker's start delay, and when ALIGNED how long it
+        // aligned and what it held.
+        let aligned = s.plan.as_ref().unwrap().mode == pb::SnapshotMode::Aligned as i32;
+        for e in s
+            .events
+            .iter()
+            .filter(|e| e.kind == Kind::StateRecorded as i32)
+        {
+            let elapsed = e.at_ms - s.started_at_ms;
+            assert!(e.start_delay_ms.is_some_and(|d| d <= elapsed), "{e:?}");
+            assert_eq!(e.alignment_ms.is_some(), aligned, "{e:?}");
+            assert_eq!(e.held_messages.is_some(), aligned, "{e:?}");
+            assert!(e.alignment_ms.is_none_or(|a| a <= elapsed), "{e:?}");
+        }
         // Per channel, the recorded counts and bytes are those of the data.
         let mut from_data: BTreeMap<(String, String), (u64, u64)> = BTreeMap::new();
         for node in &s.nodes {
@@ -516,9 +641,6 @@ async fn the_console_shows_every_snapshot_its_cut_and_its_failure_and_the_api_ma
     assert_eq!(json["events"].as_array().unwrap().len(), 9, "{json}");
 
     // The pages, through a real browser.
-    let shots = std::env::var_os("CAIRN_CONSOLE_SCREENSHOTS").map(PathBuf::from);
-    let shot_dir = shots.clone().unwrap_or_else(|| profile.0.join("shots"));
-    std::fs::create_dir_all(&shot_dir).unwrap();
     let list_page = chromium_load(&profile, &format!("{base}/snapshots"), None).await;
     for s in &all {
         let status = match pb::SnapshotStatus::try_from(s.status).unwrap() {
@@ -537,6 +659,35 @@ async fn the_console_shows_every_snapshot_its_cut_and_its_failure_and_the_api_ma
         "{list_page}"
     );
     assert!(list_page.contains("id=\"freshness\""), "{list_page}");
+    // The overview counts every kept snapshot and the restore, whatever the page shows.
+    let listed = api(&http, "/api/v1/snapshots?page_size=1000").await;
+    let count = |status: &str| {
+        listed["snapshots"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|s| s["status"] == status)
+            .count()
+    };
+    let counts = format!(
+        "id=\"counts\" data-in-progress=\"0\" data-completed=\"{}\" data-failed=\"{}\" \
+         data-aborted=\"0\" data-restored=\"1\"",
+        count("SNAPSHOT_STATUS_COMPLETED"),
+        count("SNAPSHOT_STATUS_FAILED")
+    );
+    assert!(count("SNAPSHOT_STATUS_COMPLETED") >= 4, "{listed}");
+    assert!(list_page.contains(&counts), "{counts} missing: {list_page}");
+    let overview = api(&http, "/api/v1/snapshots?status=FAILED").await["overview"].clone();
+    assert_eq!(overview, listed["overview"]);
+    assert_eq!(
+        overview["completed"].as_str(),
+        Some(count("SNAPSHOT_STATUS_COMPLETED").to_string().as_str()),
+        "{overview}"
+    );
+    assert!(
+        overview["durationMs"]["max"].as_str().is_some(),
+        "{overview}"
+    );
     let filtered = chromium_load(&profile, &format!("{base}/snapshots?status=FAILED"), None).await;
     assert_eq!(
         filtered.matches("<tr class=\"snapshot\"").count(),
@@ -579,6 +730,16 @@ async fn the_console_shows_every_snapshot_its_cut_and_its_failure_and_the_api_ma
         let total: u64 = per_channel.values().map(|(m, _)| m).sum();
         assert_eq!(total, s.verdict.as_ref().unwrap().recorded_messages);
         assert_eq!(page.matches("<tr class=\"event\"").count(), s.events.len());
+        // Every node's marker start delay; an aligned snapshot's alignment and held messages.
+        let aligned = s.plan.as_ref().unwrap().mode == pb::SnapshotMode::Aligned as i32;
+        assert_eq!(
+            page.matches("<td class=\"num start-delay\">").count(),
+            3,
+            "{page}"
+        );
+        assert!(!page.contains("<td class=\"num start-delay\">—"), "{page}");
+        let alignments = page.matches("<td class=\"num alignment\">").count();
+        assert_eq!(alignments, if aligned { 3 } else { 0 }, "{page}");
     }
     let failed_id = snapshot_id(&failed);
     let page = chromium_load(&profile, &format!("{base}/snapshots/{failed_id}"), None).await;
@@ -755,4 +916,101 @@ async fn the_console_shows_every_snapshot_its_cut_and_its_failure_and_the_api_ma
         1
     );
     drop(cluster);
+}
+
+/// A cut of 64 nodes (a full mesh of 4032 channels) in the console: a summary of the
+/// topology instead of every pair, a ring drawing only the channels that recorded
+/// messages, a matrix of every channel, node ids in natural order; loaded and drawn by
+/// Chromium (docs/console-64-nodes.png with CAIRN_CONSOLE_SCREENSHOTS=docs).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cut_of_64_nodes_reads_in_the_console() {
+    const N: usize = 64;
+    let started = std::time::Instant::now();
+    // 129 processes on this machine's cores: the banks transfer once a second each
+    // (rather than 200 times), enough for messages in flight at the cut.
+    let mut cluster = CoordinatedCluster::start(0, Store::Embedded, &[], &[])
+        .await
+        .unwrap();
+    cluster.bank_workload = 1.0;
+    for _ in 0..N {
+        cluster.add_node(true, &[]).unwrap();
+    }
+    // Beside the other tests on two cores: more room than the harness's 30 s.
+    eventually("64 nodes registered", Duration::from_secs(120), || async {
+        let nodes = cluster
+            .client()
+            .await?
+            .list_nodes(pb::ListNodesRequest {})
+            .await?
+            .into_inner()
+            .nodes;
+        let connected = nodes.iter().filter(|n| n.connected).count();
+        anyhow::ensure!(connected == N, "{connected} of {N} connected");
+        Ok(())
+    })
+    .await
+    .unwrap();
+    for i in 0..N {
+        cluster.wait_wired(i, true).await.unwrap();
+    }
+    eprintln!("{N} nodes up in {:?}", started.elapsed());
+    let http = cluster.coordinator_metrics.clone();
+    let base = format!("http://{http}");
+    // On two cores a daemon of 64 may miss a heartbeat and be briefly disconnected: a
+    // refused start ("not connected") is tried again, as `cairnctl snapshot start --wait`
+    // does.
+    let snapshot = eventually(
+        "a snapshot of every node completes",
+        Duration::from_secs(180),
+        || {
+            cluster.completed(pb::StartSnapshotRequest {
+                mode: pb::SnapshotMode::Unaligned as i32,
+                timeout_ms: 120_000,
+                ..Default::default()
+            })
+        },
+    )
+    .await
+    .unwrap();
+    eprintln!("snapshot of {N} nodes done after {:?}", started.elapsed());
+    let id = snapshot_id(&snapshot);
+    let channels = N * (N - 1);
+    assert_eq!(snapshot.channels.len(), channels);
+    let profile = Profile(std::env::temp_dir().join(format!(
+        "cairn-console-64-{}-{}",
+        std::process::id(),
+        free_port()
+    )));
+    let page = chromium_load(&profile, &format!("{base}/snapshots/{id}"), None).await;
+    assert!(
+        page.contains(&format!("full mesh, {N} nodes, {channels} channels")),
+        "{page}"
+    );
+    assert_eq!(page.matches("<g class=\"node\"").count(), N);
+    assert_eq!(page.matches("<rect class=\"cell\"").count(), channels);
+    // The ring and the channel table show only the channels that recorded messages.
+    let recorded = recorded_per_channel(&snapshot)
+        .values()
+        .filter(|(messages, _)| *messages > 0)
+        .count();
+    assert_eq!(page.matches("<g class=\"channel\"").count(), recorded);
+    assert_eq!(page.matches("<tr class=\"channel\"").count(), recorded);
+    let at = |node: &str| {
+        page.find(&format!("<tr class=\"node\" data-node=\"{node}\""))
+            .unwrap_or_else(|| panic!("{node} missing"))
+    };
+    assert!(at("n2") < at("n10") && at("n10") < at("n64"));
+    let nodes = chromium_load(&profile, &format!("{base}/nodes"), None).await;
+    assert!(
+        nodes.contains(&format!("full mesh, {N} nodes, {channels} channels")),
+        "{nodes}"
+    );
+    let shot_dir = std::env::var_os("CAIRN_CONSOLE_SCREENSHOTS")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| profile.0.join("shots"));
+    std::fs::create_dir_all(&shot_dir).unwrap();
+    let png = shot_dir.join("console-64-nodes.png");
+    chromium_load(&profile, &format!("{base}/snapshots/{id}"), Some(&png)).await;
+    assert!(std::fs::read(&png).unwrap().starts_with(b"\x89PNG"));
+    eprintln!("done after {:?}", started.elapsed());
 }

@@ -6,6 +6,7 @@
 mod auth;
 mod bank_snapshots;
 mod console;
+mod console_login;
 mod coordinator;
 mod etcd_tls;
 mod faults;

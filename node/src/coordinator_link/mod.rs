@@ -384,7 +384,14 @@ impl CoordinatorLink {
                     .await
                     .map_err(|_| LinkError::SessionClosed);
             }
-            NodeEvent::StateRecorded(id) => (id, Kind::StateRecorded(pb::Empty {})),
+            NodeEvent::StateRecorded { id, times } => (
+                id,
+                Kind::StateRecorded(pb::NodeStateRecorded {
+                    recording_for_ms: times.recording_for_ms,
+                    aligned_ms: times.aligned_ms,
+                    held_messages: times.held_messages,
+                }),
+            ),
             NodeEvent::Failed(id, reason) => {
                 // Dropping its items ends the upload without a cut: the coordinator keeps
                 // nothing of it.

@@ -3,23 +3,28 @@
 //! sending task).
 
 use bytes::Bytes;
-use cairn_core::{ChannelId, Event, Plan};
+use cairn_core::{ChannelId, Event};
 use cairn_proto::v1 as pb;
 
-use std::collections::VecDeque;
-use std::sync::Arc;
-
-use tokio::sync::oneshot;
-
-use super::{HoldFault, InItem, InboxItem, NodeLoop, OutFrame, Pulled};
-use crate::shared::ChannelHandles;
+use super::{HoldFault, InItem, InboxItem, NodeLoop, OutFrame, OutItem};
 
 impl NodeLoop {
     /// A peer (re)opened a channel. A new incarnation of the peer means it restarted: the
     /// channel starts over, and the snapshots in flight here fail naming it.
-    pub(super) fn on_inbound_opened(&mut self, channel: &ChannelId, incarnation: u64) -> u64 {
+    ///
+    /// `None`: the handshake was checked in an epoch this node has left since; the stream
+    /// is refused as any of another epoch (a reset here would undo the new epoch's start).
+    pub(super) fn on_inbound_opened(
+        &mut self,
+        channel: &ChannelId,
+        incarnation: u64,
+        epoch: u64,
+    ) -> Option<u64> {
+        if epoch != self.epoch {
+            return None;
+        }
         let Some(incoming) = self.incoming.get_mut(channel) else {
-            return 0;
+            return Some(0);
         };
         if incoming.incarnation != 0 && incoming.incarnation != incarnation {
             tracing::warn!(%channel, old = incoming.incarnation, new = incarnation, "peer restarted: resetting channel");
@@ -42,7 +47,7 @@ impl NodeLoop {
         }
         let incoming = self.incoming.get_mut(channel).expect("checked");
         incoming.incarnation = incarnation;
-        incoming.received_seq
+        Some(incoming.received_seq)
     }
 
     pub(super) fn on_inbound_frames(
@@ -280,7 +285,7 @@ impl NodeLoop {
         &mut self,
         channel: ChannelId,
         epoch: u64,
-        mut requeue: Vec<Bytes>,
+        requeue: Vec<Bytes>,
         lost_markers: Vec<cairn_core::SnapshotId>,
     ) {
         if !self.outgoing.contains_key(&channel) {
@@ -293,9 +298,18 @@ impl NodeLoop {
             return;
         }
         if epoch != self.epoch {
-            // Data of an epoch this node has left: dropped like the rest of it.
+            // A reset of an epoch this node has left (the sending task found the peer's
+            // new incarnation before it saw the node move on). The new epoch started the
+            // channel over already, and a restore set its count to the replayed messages:
+            // resetting it again would number the next messages from 0 while the peer
+            // counts from the replayed ones, and every later cut would disagree. What the
+            // task handed back is of the old epoch: dropped like the rest of it. So are its
+            // markers, failing nothing: their snapshots were settled with that epoch (one
+            // may be the very snapshot just restored, its marker delivered and only the
+            // acknowledgement lost).
             self.outgoing[&channel].handles.release(requeue.len());
-            requeue.clear();
+            tracing::debug!(%channel, epoch, now = self.epoch, markers = lost_markers.len(), "a reset of a past epoch ignored");
+            return;
         }
         self.feed(Event::ChannelReset {
             channel: channel.clone(),
@@ -403,97 +417,6 @@ impl NodeLoop {
                     .load(std::sync::atomic::Ordering::Acquire),
                 ..app.window.status()
             }),
-        }
-    }
-}
-
-/// The loop's state of one incoming channel.
-pub(super) struct Incoming {
-    pub(super) handles: Arc<ChannelHandles>,
-    /// The sending daemon's incarnation; 0 before the first contact.
-    pub(super) incarnation: u64,
-    /// Highest sequence number taken in (processed or held).
-    pub(super) received_seq: u64,
-    /// Bumped at each reset, so messages of an older incarnation are not counted.
-    pub(super) generation: u64,
-    /// Data index of the next message.
-    pub(super) next_index: u64,
-    /// Data index of the next message to hand to the application (credits are granted
-    /// from here).
-    pub(super) delivered_next: u64,
-    pub(super) blocked: bool,
-    pub(super) held: VecDeque<InItem>,
-    pub(super) data_messages: u64,
-    /// Markers taken in since the daemon started.
-    pub(super) markers: u64,
-    /// Fault injection holds the channel...
-    pub(super) fault_hold: bool,
-    /// ...except for this many more frames.
-    pub(super) release: u64,
-}
-
-impl Incoming {
-    pub(super) fn new(handles: Arc<ChannelHandles>) -> Self {
-        Self {
-            handles,
-            incarnation: 0,
-            received_seq: 0,
-            generation: 0,
-            next_index: 0,
-            delivered_next: 0,
-            blocked: false,
-            held: VecDeque::new(),
-            data_messages: 0,
-            markers: 0,
-            fault_hold: false,
-            release: 0,
-        }
-    }
-
-    /// Whether the next held frame may go in.
-    pub(super) fn may_take(&self) -> bool {
-        !self.blocked && (!self.fault_hold || self.release > 0)
-    }
-
-    pub(super) fn took(&mut self) {
-        if self.fault_hold {
-            self.release -= 1;
-        }
-    }
-}
-
-/// An item of an outgoing queue.
-pub(super) enum OutItem {
-    Data { index: u64, payload: Bytes },
-    Marker(Plan),
-}
-
-/// The loop's state of one outgoing channel.
-pub(super) struct Outgoing {
-    pub(super) handles: Arc<ChannelHandles>,
-    pub(super) queue: VecDeque<OutItem>,
-    pub(super) next_index: u64,
-    pub(super) pending_pull: Option<(usize, oneshot::Sender<Pulled>)>,
-    pub(super) data_messages: u64,
-    /// Markers put on the wire since the daemon started.
-    pub(super) markers: u64,
-    /// Data with an index below this may go on the wire (the peer's credits).
-    pub(super) credit_limit: u64,
-    /// The peer grants credits (else `credit_limit` is `u64::MAX`).
-    pub(super) credited: bool,
-}
-
-impl Outgoing {
-    pub(super) fn new(handles: Arc<ChannelHandles>) -> Self {
-        Self {
-            handles,
-            queue: VecDeque::new(),
-            next_index: 0,
-            pending_pull: None,
-            data_messages: 0,
-            markers: 0,
-            credit_limit: u64::MAX,
-            credited: false,
         }
     }
 }

@@ -17,7 +17,16 @@ impl NodeLoop {
     pub(super) fn execute(&mut self, command: Command) {
         match command {
             Command::EnqueueRecordState { id, front } => {
-                self.recordings.started(id);
+                // What an aligned snapshot held back on this node until now.
+                let held = self
+                    .incoming
+                    .values()
+                    .filter(|c| c.blocked)
+                    .flat_map(|c| &c.held)
+                    .filter(|item| matches!(item, InItem::Data(_)))
+                    .count() as u64;
+                self.recordings
+                    .started(id, self.seen.get(&id).copied(), held);
                 if self.app.is_none() {
                     tracing::warn!(snapshot = %id, "no application attached: snapshot fails here");
                     let reason = FailureReason::NoApplication(self.shared.node_id.clone());

@@ -1,6 +1,7 @@
 //! What the node loop tells the coordinator link. The loop owns these events: the link
 //! imports them from here, and nothing in the loop knows of the link.
 
+use cairn_core::control::StateTimes;
 use cairn_core::{FailureReason, SnapshotId};
 use tokio::sync::mpsc;
 
@@ -10,8 +11,8 @@ use crate::shared::StateChunk;
 /// What the node loop tells the coordinator.
 #[derive(Debug)]
 pub(crate) enum NodeEvent {
-    /// The application recorded its state for this snapshot.
-    StateRecorded(SnapshotId),
+    /// The application recorded its state for this snapshot, and how long it took here.
+    StateRecorded { id: SnapshotId, times: StateTimes },
     /// The next piece of the application's state (streamed into the part's upload).
     StateChunk { id: SnapshotId, chunk: StateChunk },
     /// This node's part is complete (its state, if any, went ahead in pieces).
@@ -28,7 +29,7 @@ impl NodeEvent {
     /// The snapshot the event is about, if any.
     pub(crate) fn snapshot(&self) -> Option<SnapshotId> {
         match self {
-            Self::StateRecorded(id) | Self::StateChunk { id, .. } | Self::Failed(id, _) => {
+            Self::StateRecorded { id, .. } | Self::StateChunk { id, .. } | Self::Failed(id, _) => {
                 Some(*id)
             }
             Self::PartReady(part) => Some(part.report.id),

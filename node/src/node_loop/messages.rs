@@ -44,7 +44,10 @@ pub(crate) enum LoopMsg {
     InboundOpened {
         channel: ChannelId,
         incarnation: u64,
-        reply: oneshot::Sender<u64>,
+        /// The epoch the handshake was checked in.
+        epoch: u64,
+        /// The highest sequence number taken in; `None` if the node left `epoch` since.
+        reply: oneshot::Sender<Option<u64>>,
     },
     /// Frames of an incoming channel, numbered from `first_seq`. Their data items hold
     /// credits of the channel's incoming semaphore.

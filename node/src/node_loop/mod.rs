@@ -5,6 +5,7 @@
 mod app;
 mod channels;
 mod commands;
+mod ends;
 mod events;
 mod flow;
 mod messages;
@@ -14,6 +15,7 @@ mod rewire;
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::Arc;
+use std::time::Instant;
 
 use bytes::Bytes;
 use cairn_core::{ChannelId, Command, Event, FailureReason, Plan, SnapshotEngine, SnapshotId};
@@ -22,7 +24,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::error::Error;
 use crate::shared::{Shared, StateChunk, Wiring};
-use channels::{Incoming, OutItem, Outgoing};
+use ends::{Incoming, OutItem, Outgoing};
 use events::Events;
 pub(crate) use events::NodeEvent;
 pub(crate) use messages::{
@@ -87,8 +89,10 @@ pub(crate) struct NodeLoop {
     /// Snapshots whose record request the application has, and whose state is not complete.
     awaiting_state: BTreeSet<SnapshotId>,
     recordings: Recordings,
-    /// The newest snapshot ids this node has met, so an initiation cannot reuse one.
-    seen: BTreeSet<SnapshotId>,
+    /// The newest snapshot ids this node has met, so an initiation cannot reuse one, and
+    /// when it first met each (its first marker or its initiation: the start of its
+    /// alignment, and what its report of the state measures from).
+    seen: BTreeMap<SnapshotId, Instant>,
     pending: VecDeque<Event>,
     /// How deep `feed` calls are nested (commands feed events too).
     depth: u32,
@@ -138,7 +142,7 @@ impl NodeLoop {
             peers_changed: false,
             awaiting_state: BTreeSet::new(),
             recordings: Recordings::new(keep_parts, events.clone()),
-            seen: BTreeSet::new(),
+            seen: BTreeMap::new(),
             pending: VecDeque::new(),
             depth: 0,
             deferred: VecDeque::new(),
@@ -205,9 +209,10 @@ impl NodeLoop {
             LoopMsg::InboundOpened {
                 channel,
                 incarnation,
+                epoch,
                 reply,
             } => {
-                let received = self.on_inbound_opened(&channel, incarnation);
+                let received = self.on_inbound_opened(&channel, incarnation, epoch);
                 let _ = reply.send(received);
             }
             LoopMsg::InboundFrames {
@@ -298,7 +303,7 @@ impl NodeLoop {
                 alignment_timeout,
                 reply,
             } => {
-                let result = if self.seen.contains(&id) || id.0 == 0 {
+                let result = if self.seen.contains_key(&id) || id.0 == 0 {
                     Err(Error::DuplicateSnapshot(id))
                 } else {
                     let plan = Plan {
@@ -345,7 +350,7 @@ impl NodeLoop {
 
     /// Remembers a snapshot id as used (the newest 4,096), so an initiation cannot reuse it.
     fn remember(&mut self, id: SnapshotId) {
-        self.seen.insert(id);
+        self.seen.entry(id).or_insert_with(Instant::now);
         while self.seen.len() > 4096 {
             self.seen.pop_first();
         }

@@ -7,8 +7,10 @@
 //! one, the state is kept with the part.
 
 use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
+use cairn_core::control::StateTimes;
 use cairn_core::{ChannelId, FailureReason, LocalReport, SnapshotId};
 
 use super::events::{Events, NodeEvent};
@@ -23,6 +25,12 @@ struct Recording {
     state_done: bool,
     channels: BTreeMap<ChannelId, Vec<(u64, Bytes)>>,
     report: Option<LocalReport>,
+    /// When this node first met the snapshot (a marker or its initiation), if known.
+    began: Option<Instant>,
+    /// From then until the application was asked for its state (an aligned snapshot's
+    /// alignment), and the data messages held on blocked channels at that moment.
+    asked_after: Option<Duration>,
+    held_messages: u64,
     /// The snapshot's `tracing` span on this node (`snapshot{snapshot=ID}`): recording
     /// started, state recorded, channels recorded, part complete — the node's part of the
     /// snapshot's trace (its upload logs in a span of the same name).
@@ -37,6 +45,9 @@ impl Recording {
             state_done: false,
             channels: BTreeMap::new(),
             report: None,
+            began: None,
+            asked_after: None,
+            held_messages: 0,
             span: tracing::info_span!(parent: None, "snapshot", snapshot = id.0),
         }
     }
@@ -65,10 +76,14 @@ impl Recordings {
         self.active.entry(id).or_insert_with(|| Recording::new(id))
     }
 
-    /// The engine asked the application for its state (a first marker, or an initiation):
-    /// the snapshot starts on this node.
-    pub(super) fn started(&mut self, id: SnapshotId) {
+    /// The engine asked the application for its state (a first marker, or an initiation;
+    /// an aligned snapshot once every marker came): the snapshot starts on this node, which
+    /// first met it at `began`, holding `held_messages` data messages on its channels.
+    pub(super) fn started(&mut self, id: SnapshotId, began: Option<Instant>, held_messages: u64) {
         let recording = self.recording(id);
+        recording.began = began;
+        recording.asked_after = began.map(|at| at.elapsed());
+        recording.held_messages = held_messages;
         recording
             .span
             .in_scope(|| tracing::debug!("recording: the application is asked for its state"));
@@ -118,7 +133,13 @@ impl Recordings {
             }
         } else {
             if first {
-                self.tell(NodeEvent::StateRecorded(id));
+                let ms = |d: Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
+                let times = StateTimes {
+                    recording_for_ms: recording.began.map(|at| ms(at.elapsed())),
+                    aligned_ms: recording.asked_after.map(ms),
+                    held_messages: recording.began.map(|_| recording.held_messages),
+                };
+                self.tell(NodeEvent::StateRecorded { id, times });
             }
             self.tell(NodeEvent::StateChunk { id, chunk });
         }

@@ -96,6 +96,9 @@ struct Loaded {
     identity: Option<Identity>,
     /// The server configuration of the identity (client certificates required).
     server: Option<Arc<rustls::ServerConfig>>,
+    /// The same for browsers: a client certificate is verified if presented but not
+    /// required (the console's login takes a token instead), ALPN `h2` and `http/1.1`.
+    browser: Option<Arc<rustls::ServerConfig>>,
     /// The leaf certificate of the identity.
     leaf: Option<CertificateDer<'static>>,
     /// The client certificate verifier of `server` (the CA and the CRLs in force), for the
@@ -207,6 +210,7 @@ impl Inner {
                 ca,
                 identity: None,
                 server: None,
+                browser: None,
                 leaf: None,
                 verifier: None,
             });
@@ -256,6 +260,7 @@ impl Inner {
                 Err(e) => return Err(crl_error(e.to_string())),
             }
         }
+        let (verifier_roots, verifier_crls) = (roots.clone(), crls.clone());
         let verifier =
             rustls::server::WebPkiClientVerifier::builder_with_provider(roots, provider())
                 .with_crls(crls)
@@ -279,17 +284,33 @@ impl Inner {
             .map_err(|e| cert_error(e.to_string()))?
             .with_client_cert_verifier(verifier.clone())
             // Checks that the key is the certificate's.
-            .with_single_cert(chain.clone(), key)
+            .with_single_cert(chain.clone(), key.clone_key())
             .map_err(|e| TlsError {
                 flag: "--tls-cert/--tls-key",
                 path: cert_path.clone(),
                 reason: e.to_string(),
             })?;
         server.alpn_protocols = vec![b"h2".to_vec()];
+        // Browsers: the same CA and CRLs for a certificate presented, none required.
+        let optional =
+            rustls::server::WebPkiClientVerifier::builder_with_provider(verifier_roots, provider())
+                .with_crls(verifier_crls)
+                .allow_unknown_revocation_status()
+                .allow_unauthenticated()
+                .build()
+                .map_err(|e| cert_error(e.to_string()))?;
+        let mut browser = rustls::ServerConfig::builder_with_provider(provider())
+            .with_safe_default_protocol_versions()
+            .map_err(|e| cert_error(e.to_string()))?
+            .with_client_cert_verifier(optional)
+            .with_single_cert(chain.clone(), key)
+            .map_err(|e| cert_error(e.to_string()))?;
+        browser.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
         Ok(Loaded {
             ca,
             identity: Some(Identity::from_pem(cert_pem, key_pem)),
             server: Some(Arc::new(server)),
+            browser: Some(Arc::new(browser)),
             leaf: chain.into_iter().next(),
             verifier: Some(verifier),
         })
@@ -387,6 +408,7 @@ impl Tls {
                 ca: Certificate::from_pem(""),
                 identity: None,
                 server: None,
+                browser: None,
                 leaf: None,
                 verifier: None,
             })),
@@ -464,6 +486,15 @@ impl Tls {
     /// without an identity.
     pub fn server_config(&self) -> Option<Arc<rustls::ServerConfig>> {
         self.current().server.clone()
+    }
+
+    /// [`Self::server_config`] for a port browsers open (the coordinator's console): a
+    /// client certificate is verified if the client presents one, not required, and
+    /// HTTP/1.1 is offered beside h2. Every request must then authenticate otherwise (a
+    /// token, the console's session): the auth layer finds no identity on such a
+    /// connection.
+    pub fn browser_server_config(&self) -> Option<Arc<rustls::ServerConfig>> {
+        self.current().browser.clone()
     }
 
     /// Whether a client certificate chain (leaf first) that a connection presented when it

@@ -102,10 +102,15 @@ impl Tokens {
 
     /// The entry of `token`, comparing its SHA-256 with every entry in constant time.
     pub fn find(&self, token: &str) -> Option<&TokenEntry> {
-        let hash: [u8; 32] = Sha256::digest(token.as_bytes()).into();
+        self.find_hash(&Sha256::digest(token.as_bytes()).into())
+    }
+
+    /// The entry whose token has SHA-256 `hash`, compared in constant time (a console
+    /// session names its token by hash).
+    pub fn find_hash(&self, hash: &[u8; 32]) -> Option<&TokenEntry> {
         let mut found = None;
         for entry in &self.entries {
-            if constant_time_eq(&entry.hash, &hash) {
+            if constant_time_eq(&entry.hash, hash) {
                 found = Some(entry);
             }
         }

@@ -110,6 +110,7 @@ pub fn snapshot_pb(record: &SnapshotRecord) -> pb::Snapshot {
         bytes_reused: record.bytes_reused,
         term: record.term,
         events: record.events.iter().map(event_pb).collect(),
+        request_id: record.request_id.clone(),
         channels: record
             .channels
             .iter()
@@ -144,6 +145,9 @@ pub fn event_pb(event: &EventRecord) -> pb::SnapshotEvent {
         bytes_new: event.bytes_new,
         bytes_reused: event.bytes_reused,
         detail: event.detail.clone(),
+        start_delay_ms: event.start_delay_ms,
+        alignment_ms: event.alignment_ms,
+        held_messages: event.held_messages,
     }
 }
 
@@ -168,8 +172,52 @@ pub fn restore_pb(r: &RestoreRecord) -> pb::RestoreOperation {
     }
 }
 
-/// A snapshot's progress for watchers.
-pub fn progress_pb(record: &SnapshotRecord) -> pb::SnapshotProgress {
+/// A snapshot's progress for watchers, as of `now_ms` (milliseconds since the Unix epoch:
+/// the elapsed time of a snapshot still running).
+pub fn progress_pb(record: &SnapshotRecord, now_ms: u64) -> pb::SnapshotProgress {
+    let running = record.status == SnapshotStatus::InProgress;
+    let end = if running {
+        now_ms
+    } else {
+        record.finished_at_ms
+    };
+    // One pass over the events and the lists (a watch redraws this every second): each
+    // node's first STATE_RECORDED and PART_STORED.
+    let mut events: std::collections::HashMap<(&str, EventKind), &EventRecord> =
+        std::collections::HashMap::new();
+    for e in &record.events {
+        events.entry((e.node.as_str(), e.kind)).or_insert(e);
+    }
+    let recorded_set: std::collections::HashSet<&str> =
+        record.recorded.iter().map(String::as_str).collect();
+    let reported_set: std::collections::HashSet<&str> =
+        record.reported.iter().map(String::as_str).collect();
+    let node_progress: Vec<pb::NodeProgress> = record
+        .nodes
+        .iter()
+        .map(|node| {
+            let recorded = events
+                .get(&(node.as_str(), EventKind::StateRecorded))
+                .copied();
+            let stored = events.get(&(node.as_str(), EventKind::PartStored)).copied();
+            pb::NodeProgress {
+                node_id: node.clone(),
+                recorded: recorded_set.contains(node.as_str()),
+                stored: reported_set.contains(node.as_str()),
+                state_recorded_after_ms: recorded
+                    .map(|e| e.at_ms.saturating_sub(record.started_at_ms)),
+                part_stored_after_ms: stored.map(|e| e.at_ms.saturating_sub(record.started_at_ms)),
+                local_state_bytes: stored.map_or(0, |e| e.local_state_bytes),
+                recorded_messages: stored.map_or(0, |e| e.recorded_messages),
+                bytes_stored: stored.map_or(0, |e| e.bytes_new.saturating_add(e.bytes_reused)),
+                start_delay_ms: recorded.and_then(|e| e.start_delay_ms),
+                alignment_ms: recorded.and_then(|e| e.alignment_ms),
+                held_messages: recorded.and_then(|e| e.held_messages),
+                // Uploads in progress are the service's to add: not in the record.
+                bytes_uploading: 0,
+            }
+        })
+        .collect();
     pb::SnapshotProgress {
         snapshot_id: record.id,
         status: status_pb(record.status) as i32,
@@ -177,6 +225,64 @@ pub fn progress_pb(record: &SnapshotRecord) -> pb::SnapshotProgress {
         reported: record.reported.clone(),
         failure: record.failure.as_ref().map(failure_pb),
         verdict: record.verdict.as_ref().map(verdict_pb),
+        started_at_ms: record.started_at_ms,
+        elapsed_ms: end.saturating_sub(record.started_at_ms),
+        nodes: record.nodes.clone(),
+        waiting_for: if running {
+            record
+                .nodes
+                .iter()
+                .filter(|n| !reported_set.contains(n.as_str()))
+                .cloned()
+                .collect()
+        } else {
+            Vec::new()
+        },
+        bytes_stored: record.bytes_new.saturating_add(record.bytes_reused),
+        recorded_messages: node_progress
+            .iter()
+            .fold(0u64, |sum, n| sum.saturating_add(n.recorded_messages)),
+        node_progress,
+        bytes_uploading: 0,
+    }
+}
+
+/// The overview of `ListSnapshots` over every kept snapshot and `restores` restores.
+pub fn overview_pb(records: &[SnapshotRecord], restores: usize) -> pb::SnapshotOverview {
+    let count =
+        |status: SnapshotStatus| records.iter().filter(|r| r.status == status).count() as u64;
+    let completed: Vec<&SnapshotRecord> = records
+        .iter()
+        .filter(|r| r.status == SnapshotStatus::Completed)
+        .collect();
+    let summary = |values: Vec<u64>| -> Option<pb::MinAvgMax> {
+        let n = values.len() as u128;
+        let sum: u128 = values.iter().map(|&v| u128::from(v)).sum();
+        Some(pb::MinAvgMax {
+            min: *values.iter().min()?,
+            avg: u64::try_from(sum / n).unwrap_or(u64::MAX),
+            max: *values.iter().max()?,
+        })
+    };
+    pb::SnapshotOverview {
+        in_progress: count(SnapshotStatus::InProgress),
+        completed: completed.len() as u64,
+        failed: count(SnapshotStatus::Failed),
+        aborted: count(SnapshotStatus::Aborted),
+        restored: restores as u64,
+        duration_ms: summary(
+            completed
+                .iter()
+                .map(|r| r.finished_at_ms.saturating_sub(r.started_at_ms))
+                .collect(),
+        ),
+        bytes: summary(
+            completed
+                .iter()
+                .map(|r| r.bytes_new.saturating_add(r.bytes_reused))
+                .collect(),
+        ),
+        newest_completed_id: completed.iter().map(|r| r.id).max().unwrap_or(0),
     }
 }
 
@@ -343,5 +449,148 @@ mod status_tests {
                 status
             );
         }
+    }
+
+    #[test]
+    fn progress_says_how_long_how_far_and_whom_it_waits_for() {
+        let event = |at_ms, kind, node: &str, bytes| EventRecord {
+            node: node.into(),
+            local_state_bytes: bytes,
+            recorded_messages: 2,
+            bytes_new: bytes,
+            ..EventRecord::new(at_ms, kind)
+        };
+        let mut record = SnapshotRecord {
+            id: 9,
+            mode: "ALIGNED".into(),
+            initiators: vec!["n1".into()],
+            alignment_timeout_ms: 0,
+            status: SnapshotStatus::InProgress,
+            failure: None,
+            verdict: None,
+            started_at_ms: 1_000,
+            finished_at_ms: 0,
+            timeout_ms: 60_000,
+            labels: Default::default(),
+            nodes: vec!["n1".into(), "n2".into(), "n3".into()],
+            channels: Vec::new(),
+            recorded: vec!["n1".into(), "n2".into()],
+            reported: vec!["n1".into()],
+            bytes_new: 100,
+            bytes_reused: 0,
+            epoch: 0,
+            term: 0,
+            events: vec![
+                EventRecord::new(1_000, EventKind::Started),
+                EventRecord {
+                    start_delay_ms: Some(15),
+                    alignment_ms: Some(20),
+                    held_messages: Some(3),
+                    ..event(1_040, EventKind::StateRecorded, "n1", 0)
+                },
+                event(1_090, EventKind::StateRecorded, "n2", 0),
+                event(1_200, EventKind::PartStored, "n1", 100),
+            ],
+            request_id: String::new(),
+        };
+        let p = progress_pb(&record, 4_500);
+        assert_eq!(p.elapsed_ms, 3_500);
+        assert_eq!(p.started_at_ms, 1_000);
+        assert_eq!(p.waiting_for, ["n2", "n3"]);
+        assert_eq!((p.bytes_stored, p.recorded_messages), (100, 2));
+        let [n1, n2, n3] = &p.node_progress[..] else {
+            panic!("{p:?}")
+        };
+        assert_eq!(
+            (
+                n1.recorded,
+                n1.stored,
+                n1.state_recorded_after_ms,
+                n1.part_stored_after_ms
+            ),
+            (true, true, Some(40), Some(200))
+        );
+        assert_eq!((n1.local_state_bytes, n1.bytes_stored), (100, 100));
+        assert_eq!(
+            (n1.start_delay_ms, n1.alignment_ms, n1.held_messages),
+            (Some(15), Some(20), Some(3))
+        );
+        assert_eq!((n2.start_delay_ms, n2.alignment_ms), (None, None));
+        assert_eq!(
+            (
+                n2.recorded,
+                n2.stored,
+                n2.state_recorded_after_ms,
+                n2.part_stored_after_ms
+            ),
+            (true, false, Some(90), None)
+        );
+        assert_eq!((n3.recorded, n3.state_recorded_after_ms), (false, None));
+        // Ended: its duration, whatever the clock says now; nothing awaited.
+        record.status = SnapshotStatus::Failed;
+        record.finished_at_ms = 3_000;
+        let p = progress_pb(&record, 9_999);
+        assert_eq!(p.elapsed_ms, 2_000);
+        assert!(p.waiting_for.is_empty());
+        // A clock that went back never makes a negative time.
+        record.status = SnapshotStatus::InProgress;
+        assert_eq!(progress_pb(&record, 10).elapsed_ms, 0);
+    }
+
+    #[test]
+    fn the_overview_counts_every_status_and_sums_up_the_completed() {
+        let record = |id, status, started_at_ms, finished_at_ms, bytes_new| SnapshotRecord {
+            id,
+            mode: "UNALIGNED".into(),
+            initiators: Vec::new(),
+            alignment_timeout_ms: 0,
+            status,
+            failure: None,
+            verdict: None,
+            started_at_ms,
+            finished_at_ms,
+            timeout_ms: 0,
+            labels: Default::default(),
+            nodes: Vec::new(),
+            channels: Vec::new(),
+            recorded: Vec::new(),
+            reported: Vec::new(),
+            bytes_new,
+            bytes_reused: 1,
+            epoch: 0,
+            term: 0,
+            events: Vec::new(),
+            request_id: String::new(),
+        };
+        let empty = overview_pb(&[], 0);
+        assert_eq!(
+            (empty.duration_ms, empty.bytes, empty.newest_completed_id),
+            (None, None, 0)
+        );
+        let records = [
+            record(1, SnapshotStatus::Completed, 100, 110, 9),
+            record(2, SnapshotStatus::Failed, 200, 900, 0),
+            record(3, SnapshotStatus::Completed, 300, 340, 99),
+            record(4, SnapshotStatus::Completed, 400, 401, u64::MAX),
+            record(5, SnapshotStatus::Aborted, 500, 501, 0),
+            record(6, SnapshotStatus::InProgress, 600, 0, 0),
+        ];
+        let o = overview_pb(&records, 2);
+        assert_eq!(
+            (o.in_progress, o.completed, o.failed, o.aborted, o.restored),
+            (1, 3, 1, 1, 2)
+        );
+        assert_eq!(
+            o.duration_ms,
+            Some(pb::MinAvgMax {
+                min: 1,
+                avg: 17,
+                max: 40
+            })
+        );
+        // Sizes that overflow a u64 when summed still average (saturating per record).
+        let bytes = o.bytes.unwrap();
+        assert_eq!((bytes.min, bytes.max), (10, u64::MAX));
+        assert_eq!(o.newest_completed_id, 4);
     }
 }

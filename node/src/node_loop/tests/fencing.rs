@@ -381,3 +381,102 @@ async fn a_removed_member_s_channels_are_dropped_live() {
     assert!(node.status().await.snapshots_in_flight.is_empty());
     node.stop().await;
 }
+
+/// A channel task still in the old epoch can meet the peer's new incarnation after the node
+/// entered a restore's epoch (seen in the nemesis: b restarted, the automatic restore
+/// followed). Its reset, and a handshake checked in the old epoch, are stale: the restored
+/// counts stand, and the next cut agrees with the peer's (which replays the same messages).
+#[tokio::test]
+async fn a_reset_or_an_open_of_a_past_epoch_leaves_the_restored_channels_alone() {
+    let mut node = Node::start(&["a", "b"], true);
+    let mut app = node.attach(1, 16).await;
+    assert!(matches!(app.next().await, Kind::Attached(_)));
+    assert_eq!(node.opened(B).await, 0);
+    // Snapshot 1 completes here in epoch 0 (the one the restore below could be of).
+    node.send(LoopMsg::InitiatePlan { plan: plan(1) }).await;
+    assert!(matches!(app.next().await, Kind::RecordState(r) if r.snapshot_id == 1));
+    node.app_state(&app, 1, "S1").await;
+    assert!(node.frames(0, 1, vec![InItem::Marker(plan(1))]).await);
+    let events = node.events().await;
+    assert!(
+        matches!(events.last(), Some(NodeEvent::PartReady(p)) if p.report.id == SnapshotId(1)),
+        "{events:?}"
+    );
+    let restore = RestoreData {
+        restore_id: "r1".into(),
+        snapshot_id: 5,
+        epoch: 1,
+        feed: RestoreFeed::whole(bytes(&["S"])),
+        incoming: BTreeMap::from([(ch("b", "a"), bytes(&["m0"]))]),
+        outgoing: BTreeMap::from([(ch("a", "b"), 1)]),
+    };
+    node.send(LoopMsg::Restore(Box::new(restore))).await;
+    let events = node.events().await;
+    assert!(events.is_empty(), "nothing was in flight: {events:?}");
+    let out_next = |status: &pb::NodeStatus| {
+        let a_b = Some(pb::ChannelRef::from(&ch("a", "b")));
+        let end = status.channels.iter().find(|c| c.channel == a_b);
+        end.map(|c| (c.next_index, c.queued))
+    };
+    assert_eq!(out_next(&node.status().await), Some((1, 0)));
+
+    // The task of epoch 0 hands back a frame and snapshot 1's marker it held, and resets
+    // the channel: ignored but for the frame's credit; snapshot 1 is not failed.
+    node.take_credits(&ch("a", "b"), 1);
+    node.send(LoopMsg::OutboundReset {
+        channel: ch("a", "b"),
+        epoch: 0,
+        requeue: bytes(&["old"]),
+        lost_markers: vec![SnapshotId(1)],
+    })
+    .await;
+    let events = node.events().await;
+    assert!(events.is_empty(), "{events:?}");
+    assert!(node.part(1).await.is_ok(), "snapshot 1's part stands");
+    assert_eq!(
+        out_next(&node.status().await),
+        Some((1, 0)),
+        "the restored count stands, the old frame is not queued"
+    );
+    assert_eq!(node.credits(&ch("a", "b")), BUFFER);
+    // b's handshake checked in epoch 0, from another incarnation, is refused.
+    assert_eq!(node.opened_in(0, B + 1).await, None);
+
+    // The application applies the state, takes the replayed message and sends one.
+    assert!(matches!(app.next().await, Kind::Restore(_)));
+    assert_eq!(app.delivered().await, bytes(&["m0"]));
+    node.send(LoopMsg::AppRestoreApplied {
+        session: app.session,
+        restore_id: "r1".into(),
+    })
+    .await;
+    node.app_send(&app, "after").await;
+    // b opens in epoch 1 (its first contact there), and a snapshot is taken: the cut
+    // counts the replayed message on both channels.
+    assert_eq!(node.opened(B).await, 0);
+    let mut pulled = node.pull(ch("a", "b")).await;
+    node.status().await;
+    let sent = answered(&mut pulled).expect("the message is pulled");
+    assert!(matches!(&sent.frames[..], [OutFrame::Data(d)] if d == "after"));
+    let mut pulled = node.pull(ch("a", "b")).await;
+    node.send(LoopMsg::InitiatePlan { plan: plan(2) }).await;
+    assert!(matches!(app.next().await, Kind::RecordState(r) if r.snapshot_id == 2));
+    node.app_state(&app, 2, "S2").await;
+    node.status().await;
+    let sent = answered(&mut pulled).expect("the marker is pulled");
+    assert!(matches!(&sent.frames[..], [m] if is_marker(m, 2)));
+    assert!(node.frames(1, 1, vec![InItem::Marker(plan(2))]).await);
+    let mut events = node.events().await;
+    let Some(NodeEvent::PartReady(part)) = events.pop() else {
+        panic!("expected the part: {events:?}");
+    };
+    let incoming = part.report.incoming[&ch("b", "a")];
+    assert_eq!((incoming.delivered, incoming.marker_at), (1, 1));
+    let outgoing = part.report.outgoing[&ch("a", "b")];
+    assert_eq!(
+        (outgoing.sent, outgoing.marker_at),
+        (2, 2),
+        "the replayed message and the one sent after"
+    );
+    node.stop().await;
+}

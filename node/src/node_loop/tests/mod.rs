@@ -170,9 +170,18 @@ impl Node {
 
     /// Peer b (re)opens its channel to a.
     async fn opened(&self, incarnation: u64) -> u64 {
+        let epoch = *self.shared.epoch.borrow();
+        self.opened_in(epoch, incarnation)
+            .await
+            .expect("opened in the node's epoch")
+    }
+
+    /// b opens its channel to a with a handshake checked in `epoch`.
+    async fn opened_in(&self, epoch: u64, incarnation: u64) -> Option<u64> {
         self.ask(|reply| LoopMsg::InboundOpened {
             channel: ch("b", "a"),
             incarnation,
+            epoch,
             reply,
         })
         .await

@@ -66,7 +66,7 @@ async fn the_part_is_ready_with_the_state_the_recorded_message_and_the_cut() {
     node.app_state(&app, 1, "S1").await;
     let events = node.events().await;
     assert!(
-        matches!(&events[..], [NodeEvent::StateRecorded(SnapshotId(1)), NodeEvent::StateChunk { id: SnapshotId(1), chunk }] if chunk.bytes == "S1"),
+        matches!(&events[..], [NodeEvent::StateRecorded { id: SnapshotId(1), .. }, NodeEvent::StateChunk { id: SnapshotId(1), chunk }] if chunk.bytes == "S1"),
         "{events:?}"
     );
 

@@ -30,6 +30,53 @@ pub use cairn_proto::files::tokens::{Role, TokenEntry, Tokens};
 
 use super::identity::{CertIdentity, Identity, Peer, Refusals};
 
+/// The request header a coordinator replica that forwards a client's call to the leader
+/// sets to the caller's role and name (`ROLE NAME`, e.g. `operator alice`): the leader takes
+/// the caller's role from it — and only on a connection whose client certificate is a
+/// coordinator's of this cluster; anyone else who sends it is refused.
+pub const ON_BEHALF_OF: &str = "cairn-on-behalf-of";
+
+/// Who a call was authenticated as, put in the request's extensions by [`AuthLayer`] for
+/// the methods that need a role: what a forwarding replica passes on in [`ON_BEHALF_OF`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Caller {
+    /// The role checked (the token's, the certificate's, or the forwarded one).
+    pub role: Role,
+    /// A name for logs: the token's or the certificate's (may be empty).
+    pub name: String,
+}
+
+impl Caller {
+    /// The [`ON_BEHALF_OF`] value for this caller.
+    pub fn header_value(&self) -> http::HeaderValue {
+        let name: String = self
+            .name
+            .chars()
+            .filter(|c| c.is_ascii_graphic())
+            .take(128)
+            .collect();
+        let text = if name.is_empty() {
+            self.role.to_string()
+        } else {
+            format!("{} {name}", self.role)
+        };
+        http::HeaderValue::from_str(&text)
+            .unwrap_or_else(|_| http::HeaderValue::from_static("viewer"))
+    }
+
+    /// Parses an [`ON_BEHALF_OF`] value.
+    fn parse(value: &http::HeaderValue) -> Result<Self, String> {
+        let text = value
+            .to_str()
+            .map_err(|_| format!("{ON_BEHALF_OF} is not ASCII"))?;
+        let (role, name) = text.trim().split_once(' ').unwrap_or((text.trim(), ""));
+        Ok(Self {
+            role: role.parse().map_err(|e| format!("{ON_BEHALF_OF}: {e}"))?,
+            name: name.trim().to_owned(),
+        })
+    }
+}
+
 /// What a gRPC method needs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Required {
@@ -254,6 +301,46 @@ impl Auth {
         self.file.is_some()
     }
 
+    /// The entry of `token` in the tokens in force (the console's login); `None` without
+    /// `--auth-tokens` or for an unknown token.
+    pub fn token(&self, token: &str) -> Option<TokenEntry> {
+        self.file.as_ref()?.tokens().find(token.trim()).cloned()
+    }
+
+    /// The entry of the token whose SHA-256 is `hash`, if it is still in force (a console
+    /// session: a token removed from the file ends its sessions at once).
+    pub fn token_by_hash(&self, hash: &[u8; 32]) -> Option<TokenEntry> {
+        self.file.as_ref()?.tokens().find_hash(hash).cloned()
+    }
+
+    /// A role-only check (the console's session, whose token was checked at login): `role`
+    /// may call `path`, or PERMISSION_DENIED naming both, counted as any refusal.
+    pub fn check_session(&self, path: &str, role: Role, name: &str) -> Result<Caller, Status> {
+        let needed = match required(path) {
+            Required::Open => {
+                return Ok(Caller {
+                    role,
+                    name: name.to_owned(),
+                });
+            }
+            Required::Role(needed) => needed,
+            Required::Node => Role::Admin,
+        };
+        if role < needed {
+            self.refused
+                .get_or_create(&vec![("code".to_owned(), "permission_denied".to_owned())])
+                .inc();
+            let method = path.rsplit('/').next().unwrap_or(path);
+            return Err(Status::permission_denied(format!(
+                "{method} needs {needed}; the session of {name} is {role}"
+            )));
+        }
+        Ok(Caller {
+            role,
+            name: name.to_owned(),
+        })
+    }
+
     /// Tokens need TLS (`tls`: this process serves mutual TLS): a start-up check. Nodes
     /// are authenticated by their certificates, so without TLS the node RPCs could only be
     /// open to anyone while the API asks for tokens — a phantom node could register — and
@@ -380,7 +467,21 @@ impl Auth {
         cert: Option<&[u8]>,
         cluster: &str,
     ) -> Result<Option<Peer>, Status> {
+        self.check_caller(path, headers, cert, cluster)
+            .map(|(peer, _)| peer)
+    }
+
+    /// [`Self::check`], and who the caller is for a method that needs a role (`None`:
+    /// the method is open, or the server is: plaintext without tokens).
+    pub fn check_caller(
+        &self,
+        path: &str,
+        headers: &http::HeaderMap,
+        cert: Option<&[u8]>,
+        cluster: &str,
+    ) -> Result<(Option<Peer>, Option<Caller>), Status> {
         let peer = cert.map(|der| self.identities.peer(der, cluster));
+        let mut caller = None;
         let result = match required(path) {
             Required::Open => Ok(()),
             Required::Node => match &peer {
@@ -414,7 +515,9 @@ impl Auth {
                     ))
                 }
             },
-            Required::Role(needed) => self.check_role(path, needed, headers, peer.as_ref()),
+            Required::Role(needed) => self
+                .check_role(path, needed, headers, peer.as_ref())
+                .map(|checked| caller = checked),
         };
         if let Err(status) = &result {
             let code = match status.code() {
@@ -426,19 +529,20 @@ impl Auth {
                 .inc();
             tracing::debug!(method = path, "refused: {}", status.message());
         }
-        result.map(|()| peer)
+        result.map(|()| (peer, caller))
     }
 
-    /// A call that needs `needed`: the role of the bearer token if one is given and
-    /// tokens are on, else the role of the certificate's identity; open only on a
-    /// plaintext connection to a server without tokens.
+    /// A call that needs `needed`: the role a coordinator forwarded it with
+    /// ([`ON_BEHALF_OF`], only from a coordinator's certificate), else the role of the
+    /// bearer token if one is given and tokens are on, else the role of the certificate's
+    /// identity; open (`None`) only on a plaintext connection to a server without tokens.
     fn check_role(
         &self,
         path: &str,
         needed: Role,
         headers: &http::HeaderMap,
         peer: Option<&Peer>,
-    ) -> Result<(), Status> {
+    ) -> Result<Option<Caller>, Status> {
         let person = |peer: &Peer| match &peer.identity {
             Ok(CertIdentity {
                 identity: Identity::Person { role, name },
@@ -446,39 +550,77 @@ impl Auth {
             }) => Some((*role, name.clone())),
             _ => None,
         };
-        let (role, what) = match (&self.file, headers.get(http::header::AUTHORIZATION)) {
-            (Some(file), Some(value)) => (token_role(&file.tokens(), value)?, "the token".into()),
-            _ => match peer.and_then(person) {
-                Some((role, name)) => (role, format!("the certificate of {name}")),
-                None if peer.is_none() && self.file.is_none() => return Ok(()),
-                None => {
-                    let token = "a bearer token is required (authorization: Bearer <token>)";
-                    let Some(peer) = peer else {
-                        return Err(Status::unauthenticated(token));
-                    };
-                    let who = match &peer.identity {
-                        Ok(identity) => format!("this one is {identity}"),
-                        Err(why) => why.clone(),
-                    };
-                    let certificate = format!(
-                        "a client certificate with a role is required ({}CLUSTER/ROLE/NAME; {who})",
-                        super::identity::SCHEME
-                    );
-                    return Err(Status::unauthenticated(if self.file.is_some() {
-                        format!("{token}, or {certificate}")
-                    } else {
-                        certificate
-                    }));
+        let (caller, what) = if let Some(value) = headers.get(ON_BEHALF_OF) {
+            match peer {
+                // Plaintext without tokens: everything is open, the header means nothing.
+                None if self.file.is_none() => return Ok(None),
+                Some(Peer {
+                    identity:
+                        Ok(CertIdentity {
+                            identity: Identity::Coordinator,
+                            ..
+                        }),
+                    ..
+                }) => {
+                    let caller = Caller::parse(value).map_err(Status::invalid_argument)?;
+                    let what = format!("the caller a coordinator forwarded ({})", caller.name);
+                    (caller, what)
                 }
-            },
+                _ => {
+                    return Err(Status::permission_denied(format!(
+                        "{ON_BEHALF_OF} is accepted only from a coordinator replica's \
+                         certificate ({}CLUSTER/coordinator)",
+                        super::identity::SCHEME
+                    )));
+                }
+            }
+        } else {
+            match (&self.file, headers.get(http::header::AUTHORIZATION)) {
+                (Some(file), Some(value)) => {
+                    let tokens = file.tokens();
+                    let entry = token_entry(&tokens, value)?;
+                    let caller = Caller {
+                        role: entry.role,
+                        name: entry.name.clone().unwrap_or_default(),
+                    };
+                    (caller, "the token".into())
+                }
+                _ => match peer.and_then(person) {
+                    Some((role, name)) => {
+                        let what = format!("the certificate of {name}");
+                        (Caller { role, name }, what)
+                    }
+                    None if peer.is_none() && self.file.is_none() => return Ok(None),
+                    None => {
+                        let token = "a bearer token is required (authorization: Bearer <token>)";
+                        let Some(peer) = peer else {
+                            return Err(Status::unauthenticated(token));
+                        };
+                        let who = match &peer.identity {
+                            Ok(identity) => format!("this one is {identity}"),
+                            Err(why) => why.clone(),
+                        };
+                        let certificate = format!(
+                            "a client certificate with a role is required ({}CLUSTER/ROLE/NAME; {who})",
+                            super::identity::SCHEME
+                        );
+                        return Err(Status::unauthenticated(if self.file.is_some() {
+                            format!("{token}, or {certificate}")
+                        } else {
+                            certificate
+                        }));
+                    }
+                },
+            }
         };
-        if role < needed {
+        if caller.role < needed {
             let method = path.rsplit('/').next().unwrap_or(path);
             return Err(Status::permission_denied(format!(
-                "{method} needs {needed}; {what} is {role}"
+                "{method} needs {needed}; {what} is {}",
+                caller.role
             )));
         }
-        Ok(())
+        Ok(Some(caller))
     }
 }
 
@@ -497,8 +639,11 @@ impl Auth {
     }
 }
 
-/// The role of the bearer token in an `authorization` header value.
-fn token_role(tokens: &Tokens, value: &http::HeaderValue) -> Result<Role, Status> {
+/// The entry of the bearer token in an `authorization` header value.
+fn token_entry<'t>(
+    tokens: &'t Tokens,
+    value: &http::HeaderValue,
+) -> Result<&'t TokenEntry, Status> {
     let token = value
         .to_str()
         .ok()
@@ -512,7 +657,6 @@ fn token_role(tokens: &Tokens, value: &http::HeaderValue) -> Result<Role, Status
         })?;
     tokens
         .find(token)
-        .map(|entry| entry.role)
         .ok_or_else(|| Status::unauthenticated("unknown token"))
 }
 
@@ -590,15 +734,18 @@ where
         let cert = chain
             .as_ref()
             .map(|c| c.first().map(|c| c.to_vec()).unwrap_or_default());
-        match self.auth.check(
+        match self.auth.check_caller(
             request.uri().path(),
             request.headers(),
             cert.as_deref(),
             &self.cluster,
         ) {
-            Ok(peer) => {
+            Ok((peer, caller)) => {
                 if let Some(peer) = peer {
                     request.extensions_mut().insert(peer);
+                }
+                if let Some(caller) = caller {
+                    request.extensions_mut().insert(caller);
                 }
                 Box::pin(self.inner.call(request))
             }
@@ -861,5 +1008,59 @@ mod tests {
         assert!(plain(&auth, restore, &none).is_ok());
         assert!(plain(&auth, session, &none).is_ok());
         assert!(check("/grpc.health.v1.Health/Check", "cairn://d/x/y").is_ok());
+    }
+
+    /// A forwarded call carries its caller's role in `cairn-on-behalf-of`: the leader takes
+    /// it from a coordinator's certificate only, and the role is checked as ever.
+    #[test]
+    fn only_a_coordinator_may_call_on_behalf_of_another() {
+        let restore = "/cairn.v1.Coordinator/RestoreSnapshot";
+        let start = "/cairn.v1.Coordinator/StartSnapshot";
+        let auth = Auth::open();
+        let forwarded = |value: &str| {
+            let mut h = http::HeaderMap::new();
+            h.insert(ON_BEHALF_OF, value.parse().unwrap());
+            h
+        };
+        let check = |path: &str, uri: &str, headers: &http::HeaderMap| {
+            auth.check_caller(path, headers, Some(&cert(uri)), "c")
+        };
+        let (_, caller) =
+            check(restore, "cairn://c/coordinator", &forwarded("admin alice")).unwrap();
+        assert_eq!(
+            caller,
+            Some(Caller {
+                role: Role::Admin,
+                name: "alice".into()
+            })
+        );
+        let e = check(restore, "cairn://c/coordinator", &forwarded("operator ci")).unwrap_err();
+        assert_eq!(e.code(), tonic::Code::PermissionDenied);
+        assert!(e.message().contains("RestoreSnapshot needs admin"), "{e:?}");
+        assert!(e.message().contains("forwarded (ci) is operator"), "{e:?}");
+        // Anyone else who sends it is refused, whatever their own role.
+        for uri in [
+            "cairn://c/admin/mallory",
+            "cairn://c/node/n1",
+            "cairn://d/coordinator",
+        ] {
+            let e = check(start, uri, &forwarded("admin x")).unwrap_err();
+            assert_eq!(e.code(), tonic::Code::PermissionDenied, "{uri}");
+            assert!(e.message().contains("only from a coordinator"), "{e:?}");
+        }
+        let e = check(start, "cairn://c/coordinator", &forwarded("root x")).unwrap_err();
+        assert_eq!(e.code(), tonic::Code::InvalidArgument);
+        // The coordinator's own certificate has no role of its own.
+        assert!(check(start, "cairn://c/coordinator", &http::HeaderMap::new()).is_err());
+        // The header a forwarder writes reads back as the caller.
+        let caller = Caller {
+            role: Role::Operator,
+            name: "ci job\n7".into(),
+        };
+        let parsed = Caller::parse(&caller.header_value()).unwrap();
+        assert_eq!(
+            (parsed.role, parsed.name.as_str()),
+            (Role::Operator, "cijob7")
+        );
     }
 }

@@ -24,7 +24,8 @@ pub enum ClientCert {
     /// A plaintext connection.
     Plain,
     /// A TLS connection and the certificate chain its client presented, leaf first —
-    /// empty, a certificate naming nobody, if it presented none (the servers require one).
+    /// empty, a certificate naming nobody, if it presented none (only the console's port
+    /// admits such a connection: a browser).
     Tls(Arc<[rustls::pki_types::CertificateDer<'static>]>),
 }
 
@@ -91,6 +92,7 @@ pub async fn serve(
             }
         }
     });
+    let has_routes = routes.is_some();
     let gate = Gate {
         auth: auth.0,
         cluster: auth.1,
@@ -108,7 +110,15 @@ pub async fn serve(
         }
         Some((tls, metrics)) => {
             let local = listener.local_addr()?;
-            let incoming = super::tls::incoming(listener, tls, metrics, shutdown.clone());
+            // With routes (the coordinator's console) browsers may connect without a
+            // certificate: their requests then need a token or the console's session.
+            let clients = if has_routes {
+                super::tls::Clients::Browsers
+            } else {
+                super::tls::Clients::Certified
+            };
+            let incoming =
+                super::tls::incoming_for(listener, tls, metrics, shutdown.clone(), clients);
             let app = app.into_make_service_with_connect_info::<ClientCert>();
             axum::serve(TlsListener { incoming, local }, app)
                 .with_graceful_shutdown(shutdown.cancelled_owned())
@@ -143,7 +153,10 @@ async fn gate_request(
         )
             .into_response();
     };
+    // A connection without a certificate (a browser on the console's port) has none to
+    // check again: its requests authenticate otherwise, or are refused below.
     if let (Some(tls), ClientCert::Tls(chain)) = (&gate.tls, &cert)
+        && !chain.is_empty()
         && let Err(why) = tls.check_client(chain)
     {
         return (

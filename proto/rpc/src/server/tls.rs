@@ -439,6 +439,27 @@ pub fn incoming(
     metrics: TlsMetrics,
     stop: CancellationToken,
 ) -> ReceiverStream<Result<TlsStream<TcpStream>, std::io::Error>> {
+    incoming_for(listener, tls, metrics, stop, Clients::Certified)
+}
+
+/// Whom a TLS port's handshake admits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Clients {
+    /// Clients with a certificate of the CA (mutual TLS): every gRPC port.
+    Certified,
+    /// Browsers too: a certificate is checked if presented, not required
+    /// ([`Tls::browser_server_config`]): the coordinator's console.
+    Browsers,
+}
+
+/// [`incoming`], admitting `clients`.
+pub fn incoming_for(
+    listener: TcpListener,
+    tls: Tls,
+    metrics: TlsMetrics,
+    stop: CancellationToken,
+    clients: Clients,
+) -> ReceiverStream<Result<TlsStream<TcpStream>, std::io::Error>> {
     let (tx, rx) = tokio::sync::mpsc::channel(64);
     let logged = Arc::new(Mutex::new(Logged::default()));
     let gate = Gate::new(
@@ -481,7 +502,11 @@ pub fn incoming(
                 }
             };
             let _ = stream.set_nodelay(true);
-            let Some(config) = tls.server_config() else {
+            let config = match clients {
+                Clients::Certified => tls.server_config(),
+                Clients::Browsers => tls.browser_server_config(),
+            };
+            let Some(config) = config else {
                 return;
             };
             let tx = tx.clone();

@@ -58,6 +58,9 @@ pub(crate) fn snapshot_json(s: &pb::Snapshot) -> serde_json::Value {
             "bytes_new": e.bytes_new,
             "bytes_reused": e.bytes_reused,
             "detail": e.detail,
+            "start_delay_ms": e.start_delay_ms,
+            "alignment_ms": e.alignment_ms,
+            "held_messages": e.held_messages,
         })).collect::<Vec<_>>(),
     })
 }
@@ -82,6 +85,19 @@ pub(crate) fn event_rows(s: &pb::Snapshot) -> Vec<Vec<String>> {
                     "state {} B, {} messages recorded, {} B new, {} B reused",
                     e.local_state_bytes, e.recorded_messages, e.bytes_new, e.bytes_reused
                 ),
+                pb::snapshot_event::Kind::StateRecorded => {
+                    let mut said = Vec::new();
+                    if let Some(ms) = e.start_delay_ms {
+                        said.push(format!("marker's start delay {ms} ms"));
+                    }
+                    if let Some(ms) = e.alignment_ms {
+                        said.push(format!("aligned {ms} ms"));
+                    }
+                    if let Some(n) = e.held_messages {
+                        said.push(format!("{n} messages held"));
+                    }
+                    said.join(", ")
+                }
                 pb::snapshot_event::Kind::Verified if e.detail.is_empty() => format!(
                     "consistent, {} messages recorded in flight",
                     e.recorded_messages

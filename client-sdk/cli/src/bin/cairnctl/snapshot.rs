@@ -1,8 +1,9 @@
 //! `cairnctl snapshot`: start, inspect, list, watch, abort, verify, delete and restore
 //! snapshots.
 
+use std::io::{IsTerminal, Write};
 use std::process::ExitCode;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use cairn_proto::v1 as pb;
 use cairn_sdk::CoordinatorClient;
@@ -10,13 +11,15 @@ use clap::{Subcommand, ValueEnum};
 
 use crate::output::{
     EVENT_HEADER, Output, SNAPSHOT_HEADER, event_rows, print_snapshot, snapshot_json, snapshot_row,
-    status_word, table,
+    table,
 };
 use crate::restore;
 
 mod export;
+mod progress;
 
 use export::export;
+use progress::{progress_json, progress_line, start_when_connected};
 
 #[derive(Debug, Subcommand)]
 pub(crate) enum SnapshotCommand {
@@ -40,6 +43,19 @@ pub(crate) enum SnapshotCommand {
         /// Wait until it ends and print it.
         #[arg(long, env = "CAIRN_WAIT")]
         wait: bool,
+        /// With --wait: a start refused because members are not connected to the
+        /// coordinator (just after a leader change or a restart, while the daemons
+        /// register again) is tried again, with the same request id, until they are or
+        /// this long has passed (0s: not at all).
+        #[arg(long, env = "CAIRN_WAIT_MEMBERS", value_parser = humantime::parse_duration, default_value = "30s")]
+        wait_members: Duration,
+        /// Makes the start idempotent: a start with the request id of a snapshot the
+        /// coordinator knows prints that snapshot's id and starts nothing (e.g. a CI job's
+        /// id, so that a re-run of the job does not snapshot twice). Default: a fresh
+        /// random one, reused when cairnctl retries after a leader change. 1-128 ASCII
+        /// letters, digits and `-_.:`.
+        #[arg(long, env = "CAIRN_REQUEST_ID")]
+        request_id: Option<String>,
     },
     /// Show one snapshot.
     Get {
@@ -168,6 +184,8 @@ pub(crate) async fn snapshot(
             alignment_timeout,
             label,
             wait,
+            wait_members,
+            request_id,
         } => {
             let labels = label
                 .iter()
@@ -177,15 +195,16 @@ pub(crate) async fn snapshot(
                         .ok_or_else(|| anyhow::anyhow!("label `{l}` is not KEY=VALUE"))
                 })
                 .collect::<anyhow::Result<_>>()?;
-            let id = client
-                .start_snapshot(pb::StartSnapshotRequest {
-                    mode: mode.pb() as i32,
-                    initiators: initiator,
-                    timeout_ms: timeout.map_or(0, |d| d.as_millis() as u64),
-                    alignment_timeout_ms: alignment_timeout.map_or(0, |d| d.as_millis() as u64),
-                    labels,
-                })
-                .await?;
+            let request = pb::StartSnapshotRequest {
+                mode: mode.pb() as i32,
+                initiators: initiator,
+                timeout_ms: timeout.map_or(0, |d| d.as_millis() as u64),
+                alignment_timeout_ms: alignment_timeout.map_or(0, |d| d.as_millis() as u64),
+                labels,
+                request_id: request_id.unwrap_or_else(cairn_sdk::coordinator::new_request_id),
+            };
+            let patience = if wait { wait_members } else { Duration::ZERO };
+            let id = start_when_connected(&mut client, request, patience).await?;
             if !wait {
                 match output {
                     Output::Json => println!("{}", serde_json::json!({ "snapshot_id": id })),
@@ -294,29 +313,25 @@ pub(crate) async fn snapshot(
                 .watch_snapshot(pb::WatchSnapshotRequest { snapshot_id: id })
                 .await?
                 .into_inner();
-            let start = Instant::now();
+            // On a terminal the line is redrawn in place (the coordinator sends the progress
+            // at least once a second while it runs); otherwise a line per message.
+            let redraw = matches!(output, Output::Table) && std::io::stdout().is_terminal();
             let mut last = pb::SnapshotStatus::Unspecified as i32;
             while let Some(progress) = stream.message().await? {
                 last = progress.status;
+                let running = progress.status == pb::SnapshotStatus::InProgress as i32;
                 match output {
-                    Output::Json => println!(
-                        "{}",
-                        serde_json::json!({"snapshot_id": id, "status": status_word(progress.status), "recorded": progress.recorded, "reported": progress.reported,
-                            "failure": progress.failure.as_ref().map(|f| f.message.clone())})
-                    ),
-                    Output::Table => println!(
-                        "{:>7.1}s  {:<11} recorded [{}]  stored [{}]{}",
-                        start.elapsed().as_secs_f64(),
-                        status_word(progress.status),
-                        progress.recorded.join(" "),
-                        progress.reported.join(" "),
-                        progress
-                            .failure
-                            .as_ref()
-                            .map(|f| format!("  {}", f.message))
-                            .unwrap_or_default()
-                    ),
+                    Output::Json => println!("{}", progress_json(&progress)),
+                    Output::Table if redraw && running => {
+                        print!("\r\x1b[2K{}", progress_line(&progress));
+                        std::io::stdout().flush()?;
+                    }
+                    Output::Table if redraw => println!("\r\x1b[2K{}", progress_line(&progress)),
+                    Output::Table => println!("{}", progress_line(&progress)),
                 }
+            }
+            if redraw && last == pb::SnapshotStatus::InProgress as i32 {
+                println!();
             }
             Ok(if last == pb::SnapshotStatus::Completed as i32 {
                 ExitCode::SUCCESS
