@@ -52,6 +52,7 @@ impl Part {
                         payload: payload.clone(),
                     })
                     .collect(),
+                run: None,
             })
             .collect()
     }

@@ -5,6 +5,8 @@
 
 use bytes::{Bytes, BytesMut};
 
+use crate::v1 as pb;
+
 /// Payloads from this size on travel as a run of their own, uncopied.
 pub const OWN_RUN: usize = 1 << 10;
 
@@ -120,6 +122,108 @@ pub fn split(
     }))
 }
 
+/// A channel's recorded messages (`(data index, payload)`, in order) as runs: consecutive
+/// indices share a run until it holds about `max_bytes` (each message counted with 16 bytes
+/// of overhead, as a message-per-field upload counts them); a gap in the indices starts a
+/// new run.
+pub fn recorded_runs(messages: &[(u64, Bytes)], max_bytes: usize) -> Vec<pb::RecordedRun> {
+    let mut runs = Vec::new();
+    let mut current: Option<(pb::RecordedRun, BytesMut, usize)> = None;
+    for (index, payload) in messages {
+        let next = match &current {
+            Some((run, _, size)) => {
+                *size < max_bytes
+                    && run.first_index.checked_add(run.lengths.len() as u64) == Some(*index)
+            }
+            None => false,
+        };
+        if !next {
+            if let Some((mut run, blob, _)) = current.take() {
+                run.payloads = blob.freeze();
+                runs.push(run);
+            }
+            let run = pb::RecordedRun {
+                first_index: *index,
+                ..Default::default()
+            };
+            current = Some((run, BytesMut::new(), 0));
+        }
+        let (run, blob, size) = current.as_mut().expect("set above");
+        blob.extend_from_slice(payload);
+        run.lengths.push(payload.len() as u32);
+        *size += payload.len() + 16;
+    }
+    if let Some((mut run, blob, _)) = current {
+        run.payloads = blob.freeze();
+        runs.push(run);
+    }
+    runs
+}
+
+/// Why a recorded run cannot be taken apart.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RecordedRunError {
+    /// Its payloads do not split.
+    #[error(transparent)]
+    Run(#[from] RunError),
+    /// Its indices run past the largest one.
+    #[error("a run of {count} messages from index {first} runs past the largest index")]
+    Overflow {
+        /// Its first index.
+        first: u64,
+        /// Its messages.
+        count: usize,
+    },
+    /// A channel state holds messages and a run at once.
+    #[error("a channel state holds both messages and a run")]
+    Both,
+}
+
+/// The data indices of a recorded run's messages, every check made: the lengths add up to
+/// its payloads, each is at most `max_payload`, the indices do not overflow.
+pub fn run_indices(
+    run: &pb::RecordedRun,
+    max_payload: usize,
+) -> Result<std::ops::Range<u64>, RecordedRunError> {
+    let end = u64::try_from(run.lengths.len())
+        .ok()
+        .and_then(|count| run.first_index.checked_add(count))
+        .ok_or(RecordedRunError::Overflow {
+            first: run.first_index,
+            count: run.lengths.len(),
+        })?;
+    split(&run.payloads, &run.lengths, max_payload).map(drop)?;
+    Ok(run.first_index..end)
+}
+
+/// The messages of a recorded run, each payload a slice of its blob (no copy), every
+/// check of [`run_indices`] made first.
+pub fn run_messages(
+    run: &pb::RecordedRun,
+    max_payload: usize,
+) -> Result<impl Iterator<Item = pb::RecordedMessage>, RecordedRunError> {
+    let indices = run_indices(run, max_payload)?;
+    let payloads = split(&run.payloads, &run.lengths, max_payload)?;
+    Ok(indices
+        .zip(payloads)
+        .map(|(index, payload)| pb::RecordedMessage { index, payload }))
+}
+
+/// A channel state with its run, if any, turned into messages (what readers are given):
+/// refused if it holds messages and a run at once, or the run does not take apart.
+pub fn expand(
+    mut state: pb::ChannelState,
+    max_payload: usize,
+) -> Result<pb::ChannelState, RecordedRunError> {
+    if let Some(run) = state.run.take() {
+        if !state.messages.is_empty() {
+            return Err(RecordedRunError::Both);
+        }
+        state.messages = run_messages(&run, max_payload)?.collect();
+    }
+    Ok(state)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -159,5 +263,62 @@ mod tests {
         assert_eq!(runs[1].1.as_ptr(), large.as_ptr(), "not copied");
         assert_eq!(runs[2], ("a", Bytes::from_static(b"w"), vec![1]));
         assert_eq!(runs[3], ("b", Bytes::from_static(b"v"), vec![1]));
+    }
+
+    #[test]
+    fn recorded_messages_go_as_runs_of_consecutive_indices_and_come_back_as_they_were() {
+        let messages: Vec<(u64, Bytes)> = [(3, "a"), (4, "bc"), (5, ""), (9, "d"), (10, "ef")]
+            .into_iter()
+            .map(|(i, p)| (i, Bytes::from_static(p.as_bytes())))
+            .collect();
+        let runs = recorded_runs(&messages, 1 << 20);
+        assert_eq!(runs.len(), 2, "a gap starts a run");
+        assert_eq!(
+            (runs[0].first_index, &runs[0].lengths[..]),
+            (3, &[1, 2, 0][..])
+        );
+        assert_eq!(runs[0].payloads, "abc");
+        let back: Vec<(u64, Bytes)> = runs
+            .iter()
+            .flat_map(|r| run_messages(r, 8).unwrap())
+            .map(|m| (m.index, m.payload))
+            .collect();
+        assert_eq!(back, messages);
+        // A run is cut once it holds about the bytes asked (16 each of overhead here).
+        assert_eq!(recorded_runs(&messages[..3], 18).len(), 2);
+        assert!(recorded_runs(&[], 8).is_empty());
+    }
+
+    #[test]
+    fn a_bad_recorded_run_is_refused_before_any_message() {
+        let run = |first, payloads: &'static str, lengths: Vec<u32>| pb::RecordedRun {
+            first_index: first,
+            payloads: Bytes::from_static(payloads.as_bytes()),
+            lengths,
+        };
+        assert!(matches!(
+            run_messages(&run(u64::MAX, "ab", vec![1, 1]), 8).err(),
+            Some(RecordedRunError::Overflow { .. })
+        ));
+        assert!(run_messages(&run(u64::MAX - 1, "a", vec![1]), 8).is_ok());
+        assert!(matches!(
+            run_messages(&run(0, "ab", vec![1]), 8).err(),
+            Some(RecordedRunError::Run(RunError::Mismatch { .. }))
+        ));
+        let both = pb::ChannelState {
+            channel: None,
+            messages: vec![pb::RecordedMessage::default()],
+            run: Some(run(0, "a", vec![1])),
+        };
+        assert_eq!(expand(both, 8).err(), Some(RecordedRunError::Both));
+        let one = pb::ChannelState {
+            run: Some(run(7, "xy", vec![2])),
+            ..Default::default()
+        };
+        let one = expand(one, 8).unwrap();
+        assert_eq!(
+            (one.messages.len(), one.messages[0].index, one.run),
+            (1, 7, None)
+        );
     }
 }

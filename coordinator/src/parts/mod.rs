@@ -221,6 +221,8 @@ async fn decode_channel_states(
     let mut states = Vec::new();
     while !buf.is_empty() {
         let state = pb::ChannelState::decode_length_delimited(&mut buf)
+            .map_err(|e| e.to_string())
+            .and_then(expand)
             .map_err(|e| Error::DataLoss(format!("{what} do not decode: {e}")))?;
         states.push(state);
     }
@@ -268,8 +270,14 @@ pub(crate) async fn send_chunks<T>(
 const MAX_CHANNEL_STATE: usize =
     cairn_rpc::limits::data_message(cairn_rpc::limits::MAX_PAYLOAD_CEILING);
 
+/// A stored channel state as readers are given it: its run, if any, as messages.
+fn expand(state: pb::ChannelState) -> Result<pb::ChannelState, String> {
+    cairn_proto::runs::expand(state, cairn_rpc::limits::MAX_PAYLOAD_CEILING)
+        .map_err(|e| e.to_string())
+}
+
 /// Decodes the recorded messages of a part as their chunks arrive: each chunk is appended,
-/// and every `ChannelState` whose bytes are all here is taken out.
+/// and every `ChannelState` whose bytes are all here is taken out (a run as its messages).
 #[derive(Default)]
 pub(crate) struct ChannelStateDecoder {
     buffer: bytes::BytesMut,
@@ -300,7 +308,9 @@ impl ChannelStateDecoder {
                 return Ok(out);
             }
             let message = self.buffer.split_to(prefix + len).freeze();
-            out.push(pb::ChannelState::decode(message.slice(prefix..)).map_err(|e| e.to_string())?);
+            let state =
+                pb::ChannelState::decode(message.slice(prefix..)).map_err(|e| e.to_string())?;
+            out.push(expand(state)?);
         }
     }
 

@@ -68,6 +68,7 @@ pub(crate) async fn pieces(
                             payload: payload.clone(),
                         })
                         .collect(),
+                    run: None,
                 };
                 if tx.send(piece(Kind::ChannelState(state))).await.is_err() {
                     return;

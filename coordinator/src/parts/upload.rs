@@ -1,17 +1,19 @@
 //! A part's upload, stored: the state's chunks as the daemon cut them (sent only when new),
-//! the recorded messages, chunked here, the part's manifest, and the part record summing it
-//! up for the tracker.
+//! the recorded messages (runs stored as they come, per byte), chunked here, the part's
+//! manifest, and the part record summing it up for the tracker.
 
 use std::collections::BTreeMap;
 
 use cairn_core::{ChannelId, IncomingCut, LocalReport, NodeId, NodePart, OutgoingCut, SnapshotId};
 use cairn_proto::convert::{ConvertError, channel_from_pb};
+use cairn_proto::runs::run_indices;
 use cairn_proto::v1 as pb;
 use prost::Message;
 use tonic::Streaming;
 
 use cairn_blob::chunking::MIN_CHUNK;
 use cairn_blob::{BlobStore, Chunk, ChunkList, MAX_CHUNK, Manifest, check_chunk};
+use cairn_rpc::limits::MAX_PAYLOAD_CEILING;
 
 use super::{not_its_own, touches};
 use crate::error::Error;
@@ -34,8 +36,9 @@ pub(crate) struct StoredPart {
 /// the cut. A chunk sent with its bytes is checked against its name and stored (create-only);
 /// one sent without is checked to be in the store (the daemon found it there with
 /// `HasChunks`, or wrote it there itself). The recorded messages are chunked into the store
-/// as they come; the part's manifest is stored last. A blob store that fails is
-/// [`Error::Storage`] naming the node (the snapshot fails); bad input is INVALID_ARGUMENT.
+/// as they come — a run as it came, its lengths and indices checked, never taken apart; the
+/// part's manifest is stored last. A blob store that fails is [`Error::Storage`] naming the
+/// node (the snapshot fails); bad input is INVALID_ARGUMENT.
 pub(crate) async fn store_upload(
     blobs: &BlobStore,
     header: &pb::UploadHeader,
@@ -118,20 +121,47 @@ pub(crate) async fn store_upload(
                 count.add(size);
             }
             Some(Kind::ChannelState(state)) => {
-                let channel = channel_from_pb(state.channel.as_ref()).map_err(invalid)?;
-                touches(&node, &channel, "recorded messages of")?;
-                recorded
-                    .entry(channel.clone())
-                    .or_default()
-                    .extend(state.messages.iter().map(|m| m.index));
-                messages += state.messages.len() as u64;
-                let size = sizes.entry(channel).or_default();
-                size.0 = size.0.saturating_add(state.messages.len() as u64);
+                let indices: Vec<u64> = state.messages.iter().map(|m| m.index).collect();
                 let payload = state
                     .messages
                     .iter()
                     .fold(0u64, |n, m| n.saturating_add(m.payload.len() as u64));
-                size.1 = size.1.saturating_add(payload);
+                let channel = channel_from_pb(state.channel.as_ref()).map_err(invalid)?;
+                touches(&node, &channel, "recorded messages of")?;
+                recorded.entry(channel.clone()).or_default().extend(indices);
+                note(
+                    &mut sizes,
+                    &mut messages,
+                    channel,
+                    state.messages.len() as u64,
+                    payload,
+                );
+                count.add(payload);
+                channel_states
+                    .write(&state.encode_length_delimited_to_vec())
+                    .await
+                    .map_err(storage)?;
+            }
+            Some(Kind::ChannelRun(state)) => {
+                // Per byte: the run's lengths are checked and its indices noted; its
+                // payloads are stored as they came, never taken apart.
+                let channel = channel_from_pb(state.channel.as_ref()).map_err(invalid)?;
+                touches(&node, &channel, "recorded messages of")?;
+                let bad = |why: String| {
+                    Error::InvalidArgument(format!(
+                        "node {node}'s recorded messages of channel {channel}: {why}"
+                    ))
+                };
+                let run = match (&state.run, state.messages.is_empty()) {
+                    (Some(run), true) => run,
+                    _ => return Err(bad("a run upload holds one run and no messages".into())),
+                };
+                let indices =
+                    run_indices(run, MAX_PAYLOAD_CEILING).map_err(|e| bad(e.to_string()))?;
+                let payload = run.payloads.len() as u64;
+                let n = indices.end - indices.start;
+                recorded.entry(channel.clone()).or_default().extend(indices);
+                note(&mut sizes, &mut messages, channel, n, payload);
                 count.add(payload);
                 channel_states
                     .write(&state.encode_length_delimited_to_vec())
@@ -228,6 +258,20 @@ pub(crate) async fn store_upload(
         recorded,
     };
     Ok(StoredPart { record, part })
+}
+
+/// Counts `n` recorded messages of `payload` bytes on `channel`.
+fn note(
+    sizes: &mut BTreeMap<ChannelId, (u64, u64)>,
+    messages: &mut u64,
+    channel: ChannelId,
+    n: u64,
+    payload: u64,
+) {
+    *messages = messages.saturating_add(n);
+    let size = sizes.entry(channel).or_default();
+    size.0 = size.0.saturating_add(n);
+    size.1 = size.1.saturating_add(payload);
 }
 
 fn cut_record(channel: &ChannelId, count: u64, marker_at: u64) -> CutRecord {

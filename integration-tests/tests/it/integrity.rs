@@ -710,6 +710,82 @@ async fn an_upload_naming_chunks_it_does_not_have_is_refused() {
     }
 }
 
+/// Recorded messages uploaded as a run are checked before anything is stored: a run whose
+/// lengths do not add up to its bytes, whose indices overflow, or that comes with messages
+/// beside it is INVALID_ARGUMENT naming the node, the channel and why.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_recorded_run_that_does_not_add_up_is_refused() {
+    use pb::upload_chunk::Kind as Piece;
+    let cluster = CoordinatedCluster::start(0, Store::Embedded, &[], &[])
+        .await
+        .unwrap();
+    let mut client = cluster.client().await.unwrap();
+    let (_session, _commands) = fake_node(&mut client, "n1").await;
+    let run = |first_index, payloads: &'static [u8], lengths: Vec<u32>| pb::RecordedRun {
+        first_index,
+        payloads: Bytes::from_static(payloads),
+        lengths,
+    };
+    let state = |run, messages| pb::ChannelState {
+        channel: Some(pb::ChannelRef {
+            from: "n2".into(),
+            to: "n1".into(),
+        }),
+        messages,
+        run: Some(run),
+    };
+    let one = vec![pb::RecordedMessage {
+        index: 0,
+        payload: Bytes::from_static(b"x"),
+    }];
+    for (state, says) in [
+        (
+            state(run(0, b"abc", vec![1, 1]), vec![]),
+            "add up to 2 bytes",
+        ),
+        (
+            state(run(u64::MAX, b"ab", vec![1, 1]), vec![]),
+            "past the largest index",
+        ),
+        (
+            state(run(1, b"ab", vec![2]), one),
+            "one run and no messages",
+        ),
+    ] {
+        let id = cluster
+            .start_snapshot(pb::StartSnapshotRequest::default())
+            .await
+            .unwrap();
+        let upload = upload_of(
+            id,
+            0,
+            [
+                Piece::ChannelRun(state),
+                Piece::Cut(pb::UploadCut::default()),
+            ],
+        );
+        let refused = client
+            .upload_snapshot_part(tokio_stream::iter(upload))
+            .await
+            .unwrap_err();
+        assert_eq!(refused.code(), Code::InvalidArgument, "{refused:?}");
+        assert!(
+            refused
+                .message()
+                .contains("node n1's recorded messages of channel n2->n1")
+                && refused.message().contains(says),
+            "{refused:?}"
+        );
+        client
+            .abort_snapshot(pb::AbortSnapshotRequest {
+                snapshot_id: id,
+                reason: "test".into(),
+            })
+            .await
+            .unwrap();
+    }
+}
+
 fn hex_of(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }

@@ -1,7 +1,7 @@
 //! Uploading a part to the coordinator: the application's state cut into content-defined
 //! chunks as its pieces arrive, only the chunks the blob store lacks sent (or written to the
-//! store by this daemon when it has one), then the recorded messages and the cut, converted
-//! to the wire here.
+//! store by this daemon when it has one), then the recorded messages as runs (one blob and
+//! its lengths per run of consecutive messages) and the cut, converted to the wire here.
 
 use bytes::Bytes;
 use cairn_blob::{BlobStore, Chunk, Chunker};
@@ -169,8 +169,8 @@ impl Uploader {
                             return Ok(Fed::Sent);
                         }
                     }
-                    for piece in channel_pieces(part.channel_states()) {
-                        if tx.send(message(Kind::ChannelState(piece))).await.is_err() {
+                    for piece in channel_runs(&part) {
+                        if tx.send(message(Kind::ChannelRun(piece))).await.is_err() {
                             return Ok(Fed::Sent);
                         }
                     }
@@ -248,30 +248,17 @@ impl Uploader {
     }
 }
 
-/// Each channel's recorded messages in pieces of at most about `UPLOAD_CHUNK` bytes.
-fn channel_pieces(states: Vec<pb::ChannelState>) -> Vec<pb::ChannelState> {
-    let mut pieces = Vec::new();
-    for state in states {
-        let mut piece = pb::ChannelState {
-            channel: state.channel.clone(),
-            messages: Vec::new(),
-        };
-        let mut size = 0;
-        for message in state.messages {
-            size += message.payload.len() + 16;
-            piece.messages.push(message);
-            if size >= UPLOAD_CHUNK {
-                let empty = pb::ChannelState {
-                    channel: state.channel.clone(),
-                    messages: Vec::new(),
-                };
-                pieces.push(std::mem::replace(&mut piece, empty));
-                size = 0;
-            }
-        }
-        if !piece.messages.is_empty() {
-            pieces.push(piece);
-        }
-    }
-    pieces
+/// Each channel's recorded messages as runs of consecutive indices of at most about
+/// `UPLOAD_CHUNK` bytes: one blob and its lengths each, which the coordinator stores as they
+/// come.
+fn channel_runs(part: &Part) -> impl Iterator<Item = pb::ChannelState> + '_ {
+    part.channels.iter().flat_map(|(channel, messages)| {
+        cairn_proto::runs::recorded_runs(messages, UPLOAD_CHUNK)
+            .into_iter()
+            .map(move |run| pb::ChannelState {
+                channel: Some(channel.into()),
+                messages: Vec::new(),
+                run: Some(run),
+            })
+    })
 }

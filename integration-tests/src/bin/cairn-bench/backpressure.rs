@@ -90,9 +90,10 @@ pub(super) async fn backpressure_at(
             results[i].0.push(ms);
             results[i]
                 .1
-                .push(s.verdict.map_or(0, |v| v.recorded_messages));
+                .push(s.verdict.as_ref().map_or(0, |v| v.recorded_messages));
             results[i].2.push(backlog);
             results[i].3.push(buffers);
+            results[i].4.push(phases(&s));
         }
     }
     // Memory: the slow node's daemon and a flooding one's, at their peaks.
@@ -111,10 +112,14 @@ pub(super) async fn backpressure_at(
             mib(receiver_peak)
         ),
         &["mode", "backlog at start (mean)", "p50 ms", "max ms", "recorded messages (mean)", "recorded bytes (mean)",
-          "at start (mean): senders' send windows · senders' queues · wire + held · n3's inbox · n3's app window"],
+          "at start (mean): senders' send windows · senders' queues · wire + held · n3's inbox · n3's app window",
+          "p50 ms: start → last state recorded · → last part stored"],
     );
     let mean = |v: &[u64]| v.iter().sum::<u64>() as f64 / v.len().max(1) as f64;
-    for ((name, ..), (lat, recorded, backlog, buffers)) in cases.iter().zip(&results) {
+    for ((name, ..), (lat, recorded, backlog, buffers, phases)) in cases.iter().zip(&results) {
+        let to_states: Vec<f64> = phases.iter().map(|p| p.0).collect();
+        let to_parts: Vec<f64> = phases.iter().map(|p| p.1).collect();
+        let (to_states, to_parts) = (quantile(&to_states, 0.5), quantile(&to_parts, 0.5));
         let payload = 16.0;
         let recorded = mean(recorded);
         let of = |f: fn(&Buffers) -> u64| mean(&buffers.iter().map(f).collect::<Vec<_>>());
@@ -134,6 +139,7 @@ pub(super) async fn backpressure_at(
                 format!("{recorded:.0}"),
                 format!("{:.0}", recorded * payload),
                 format!("{sending:.0} · {queues:.0} · {wire:.0} · {inbox:.0} · {window:.0}"),
+                format!("{to_states:.0} · {to_parts:.0}"),
             ],
             json!({"scenario": "c", "buffer": buffer, "mode": name, "backlog": mean(backlog),
                    "p50_ms": quantile(lat, 0.5),
@@ -141,6 +147,7 @@ pub(super) async fn backpressure_at(
                    "recorded_bytes": recorded * payload,
                    "buffers_at_start": {"send_windows": sending, "sender_queues": queues, "wire_and_held": wire, "inbox": inbox,
                                         "app_window": window},
+                   "p50_ms_to_last_state": to_states, "p50_ms_state_to_last_part": to_parts,
                    "daemon_peak_bytes": {"n1": sender_peak, "n3": receiver_peak}}),
         );
     }
@@ -148,8 +155,29 @@ pub(super) async fn backpressure_at(
 }
 
 /// One mode's samples in scenario c: latencies (ms), recorded messages, backlogs at start,
-/// and where the backlog waited at start.
-pub(super) type Samples = (Vec<f64>, Vec<u64>, Vec<u64>, Vec<Buffers>);
+/// where the backlog waited at start, and the snapshot's [`phases`].
+pub(super) type Samples = (Vec<f64>, Vec<u64>, Vec<u64>, Vec<Buffers>, Vec<(f64, f64)>);
+
+/// Where a snapshot's time went, from its own events (the coordinator's clock, ms): from its
+/// start to the last node's state recorded, and from there to the last part stored (the
+/// channels' recording, the upload and the store).
+pub(super) fn phases(s: &pb::Snapshot) -> (f64, f64) {
+    use pb::snapshot_event::Kind;
+    let last = |kind: Kind| {
+        s.events
+            .iter()
+            .filter(|e| e.kind == kind as i32)
+            .map(|e| e.at_ms)
+            .max()
+    };
+    let started = last(Kind::Started).unwrap_or(0);
+    let state = last(Kind::StateRecorded).unwrap_or(started);
+    let part = last(Kind::PartStored).unwrap_or(state);
+    (
+        state.saturating_sub(started) as f64,
+        part.saturating_sub(state) as f64,
+    )
+}
 
 /// Where scenario c's backlog towards n3 waits, read from the daemons' `GetNodeStatus`
 /// (one daemon after another, so the parts are approximate while the flood goes on).
