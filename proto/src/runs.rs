@@ -122,42 +122,61 @@ pub fn split(
     }))
 }
 
-/// A channel's recorded messages (`(data index, payload)`, in order) as runs: consecutive
-/// indices share a run until it holds about `max_bytes` (each message counted with 16 bytes
-/// of overhead, as a message-per-field upload counts them); a gap in the indices starts a
-/// new run.
-pub fn recorded_runs(messages: &[(u64, Bytes)], max_bytes: usize) -> Vec<pb::RecordedRun> {
-    let mut runs = Vec::new();
-    let mut current: Option<(pb::RecordedRun, BytesMut, usize)> = None;
-    for (index, payload) in messages {
-        let next = match &current {
-            Some((run, _, size)) => {
-                *size < max_bytes
-                    && run.first_index.checked_add(run.lengths.len() as u64) == Some(*index)
-            }
-            None => false,
-        };
-        if !next {
-            if let Some((mut run, blob, _)) = current.take() {
-                run.payloads = blob.freeze();
-                runs.push(run);
-            }
-            let run = pb::RecordedRun {
-                first_index: *index,
-                ..Default::default()
-            };
-            current = Some((run, BytesMut::new(), 0));
+/// What one recorded run holds at most: about this many bytes, each message counted with
+/// 16 bytes of overhead (a run's real overhead is 1–4 bytes a message)…
+pub const RECORDED_RUN_BYTES: usize = 1 << 20;
+/// …so at most this many messages (a run is refused above it: a run of empty payloads must
+/// not make a reader build millions of messages out of a few bytes).
+pub const MAX_RUN_MESSAGES: usize = RECORDED_RUN_BYTES / 16 + 1;
+
+/// A channel's recorded messages (`(data index, payload)`, in order) as runs, one at a time:
+/// consecutive indices share a run until it holds about [`RECORDED_RUN_BYTES`]; a gap in
+/// the indices starts a new run, and a payload of [`OWN_RUN`] bytes or more travels as a run
+/// of its own, uncopied.
+pub fn recorded_runs(messages: &[(u64, Bytes)]) -> RecordedRuns<'_> {
+    RecordedRuns { rest: messages }
+}
+
+/// The runs of [`recorded_runs`].
+#[derive(Debug)]
+pub struct RecordedRuns<'a> {
+    rest: &'a [(u64, Bytes)],
+}
+
+impl Iterator for RecordedRuns<'_> {
+    type Item = pb::RecordedRun;
+
+    fn next(&mut self) -> Option<pb::RecordedRun> {
+        let ((first, payload), _) = self.rest.split_first()?;
+        if payload.len() >= OWN_RUN {
+            self.rest = &self.rest[1..];
+            return Some(pb::RecordedRun {
+                first_index: *first,
+                payloads: payload.clone(),
+                lengths: vec![payload.len() as u32],
+            });
         }
-        let (run, blob, size) = current.as_mut().expect("set above");
-        blob.extend_from_slice(payload);
-        run.lengths.push(payload.len() as u32);
-        *size += payload.len() + 16;
+        let mut blob = BytesMut::new();
+        let mut lengths = Vec::new();
+        let mut size = 0usize;
+        let mut taken = 0usize;
+        for (index, payload) in self.rest {
+            let next = first.checked_add(taken as u64) == Some(*index);
+            if !next || payload.len() >= OWN_RUN || size >= RECORDED_RUN_BYTES {
+                break;
+            }
+            blob.extend_from_slice(payload);
+            lengths.push(payload.len() as u32);
+            size += payload.len() + 16;
+            taken += 1;
+        }
+        self.rest = &self.rest[taken..];
+        Some(pb::RecordedRun {
+            first_index: *first,
+            payloads: blob.freeze(),
+            lengths,
+        })
     }
-    if let Some((mut run, blob, _)) = current {
-        run.payloads = blob.freeze();
-        runs.push(run);
-    }
-    runs
 }
 
 /// Why a recorded run cannot be taken apart.
@@ -174,17 +193,29 @@ pub enum RecordedRunError {
         /// Its messages.
         count: usize,
     },
+    /// It holds more messages than a run may.
+    #[error("a run of {count} messages, above the {MAX_RUN_MESSAGES} a run may hold")]
+    TooMany {
+        /// Its messages.
+        count: usize,
+    },
     /// A channel state holds messages and a run at once.
     #[error("a channel state holds both messages and a run")]
     Both,
 }
 
-/// The data indices of a recorded run's messages, every check made: the lengths add up to
-/// its payloads, each is at most `max_payload`, the indices do not overflow.
+/// The data indices of a recorded run's messages, every check made: at most
+/// [`MAX_RUN_MESSAGES`], the lengths add up to its payloads, each is at most `max_payload`,
+/// the indices do not overflow.
 pub fn run_indices(
     run: &pb::RecordedRun,
     max_payload: usize,
 ) -> Result<std::ops::Range<u64>, RecordedRunError> {
+    if run.lengths.len() > MAX_RUN_MESSAGES {
+        return Err(RecordedRunError::TooMany {
+            count: run.lengths.len(),
+        });
+    }
     let end = u64::try_from(run.lengths.len())
         .ok()
         .and_then(|count| run.first_index.checked_add(count))
@@ -271,7 +302,7 @@ mod tests {
             .into_iter()
             .map(|(i, p)| (i, Bytes::from_static(p.as_bytes())))
             .collect();
-        let runs = recorded_runs(&messages, 1 << 20);
+        let runs: Vec<_> = recorded_runs(&messages).collect();
         assert_eq!(runs.len(), 2, "a gap starts a run");
         assert_eq!(
             (runs[0].first_index, &runs[0].lengths[..]),
@@ -284,9 +315,28 @@ mod tests {
             .map(|m| (m.index, m.payload))
             .collect();
         assert_eq!(back, messages);
-        // A run is cut once it holds about the bytes asked (16 each of overhead here).
-        assert_eq!(recorded_runs(&messages[..3], 18).len(), 2);
-        assert!(recorded_runs(&[], 8).is_empty());
+        assert_eq!(recorded_runs(&[]).count(), 0);
+        // A run is cut once it holds about RECORDED_RUN_BYTES (16 each of overhead here),
+        // and never holds more messages than a run may.
+        let empty: Vec<(u64, Bytes)> = (0..MAX_RUN_MESSAGES as u64 * 2)
+            .map(|i| (i, Bytes::new()))
+            .collect();
+        let runs: Vec<_> = recorded_runs(&empty).collect();
+        assert_eq!(runs.len(), 3);
+        assert_eq!(runs[0].lengths.len(), RECORDED_RUN_BYTES / 16);
+        assert!(runs.iter().all(|r| run_indices(r, 0).is_ok()));
+        assert_eq!(runs[1].first_index, (RECORDED_RUN_BYTES / 16) as u64);
+        // A large payload goes alone, uncopied, between the runs of small ones.
+        let large = Bytes::from(vec![1u8; OWN_RUN]);
+        let mixed = [
+            (0, Bytes::from_static(b"a")),
+            (1, large.clone()),
+            (2, Bytes::from_static(b"b")),
+        ];
+        let runs: Vec<_> = recorded_runs(&mixed).collect();
+        assert_eq!(runs.len(), 3);
+        assert_eq!(runs[1].payloads.as_ptr(), large.as_ptr(), "not copied");
+        assert_eq!((runs[2].first_index, &runs[2].lengths[..]), (2, &[1][..]));
     }
 
     #[test]
@@ -301,6 +351,12 @@ mod tests {
             Some(RecordedRunError::Overflow { .. })
         ));
         assert!(run_messages(&run(u64::MAX - 1, "a", vec![1]), 8).is_ok());
+        assert_eq!(
+            run_indices(&run(0, "", vec![0; MAX_RUN_MESSAGES + 1]), 8).err(),
+            Some(RecordedRunError::TooMany {
+                count: MAX_RUN_MESSAGES + 1
+            })
+        );
         assert!(matches!(
             run_messages(&run(0, "ab", vec![1]), 8).err(),
             Some(RecordedRunError::Run(RunError::Mismatch { .. }))

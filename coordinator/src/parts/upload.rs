@@ -121,6 +121,13 @@ pub(crate) async fn store_upload(
                 count.add(size);
             }
             Some(Kind::ChannelState(state)) => {
+                if state.run.is_some() {
+                    // Its indices would go unchecked while its bytes are stored.
+                    return Err(Error::InvalidArgument(format!(
+                        "node {node}'s recorded messages: a run comes as channel_run, not in \
+                         channel_state"
+                    )));
+                }
                 let indices: Vec<u64> = state.messages.iter().map(|m| m.index).collect();
                 let payload = state
                     .messages

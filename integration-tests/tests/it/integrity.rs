@@ -738,44 +738,43 @@ async fn a_recorded_run_that_does_not_add_up_is_refused() {
         index: 0,
         payload: Bytes::from_static(b"x"),
     }];
-    for (state, says) in [
+    let of_channel = "node n1's recorded messages of channel n2->n1: ";
+    for (piece, says) in [
         (
-            state(run(0, b"abc", vec![1, 1]), vec![]),
-            "add up to 2 bytes",
+            Piece::ChannelRun(state(run(0, b"abc", vec![1, 1]), vec![])),
+            format!("{of_channel}a run's lengths add up to 2 bytes"),
         ),
         (
-            state(run(u64::MAX, b"ab", vec![1, 1]), vec![]),
-            "past the largest index",
+            Piece::ChannelRun(state(run(u64::MAX, b"ab", vec![1, 1]), vec![])),
+            format!(
+                "{of_channel}a run of 2 messages from index {} runs past",
+                u64::MAX
+            ),
         ),
         (
-            state(run(1, b"ab", vec![2]), one),
-            "one run and no messages",
+            Piece::ChannelRun(state(run(1, b"ab", vec![2]), one)),
+            format!("{of_channel}a run upload holds one run and no messages"),
+        ),
+        (
+            Piece::ChannelRun(state(run(0, b"", vec![0; 70_000]), vec![])),
+            format!("{of_channel}a run of 70000 messages, above the 65537 a run may hold"),
+        ),
+        (
+            Piece::ChannelState(state(run(0, b"a", vec![1]), vec![])),
+            "node n1's recorded messages: a run comes as channel_run".to_owned(),
         ),
     ] {
         let id = cluster
             .start_snapshot(pb::StartSnapshotRequest::default())
             .await
             .unwrap();
-        let upload = upload_of(
-            id,
-            0,
-            [
-                Piece::ChannelRun(state),
-                Piece::Cut(pb::UploadCut::default()),
-            ],
-        );
+        let upload = upload_of(id, 0, [piece, Piece::Cut(pb::UploadCut::default())]);
         let refused = client
             .upload_snapshot_part(tokio_stream::iter(upload))
             .await
             .unwrap_err();
         assert_eq!(refused.code(), Code::InvalidArgument, "{refused:?}");
-        assert!(
-            refused
-                .message()
-                .contains("node n1's recorded messages of channel n2->n1")
-                && refused.message().contains(says),
-            "{refused:?}"
-        );
+        assert!(refused.message().contains(&says), "{says}: {refused:?}");
         client
             .abort_snapshot(pb::AbortSnapshotRequest {
                 snapshot_id: id,

@@ -17,8 +17,6 @@ use crate::metrics::NodeMetrics;
 use crate::part::Part;
 use crate::shared::StateChunk;
 
-/// Largest piece of a channel's recorded messages per upload message.
-const UPLOAD_CHUNK: usize = 1 << 20;
 /// Chunks asked about in one `HasChunks` call (at most the coordinator's 1024)…
 const BATCH_CHUNKS: usize = 64;
 /// …or fewer, once they hold this many bytes: what a part's upload holds at most, beside
@@ -248,17 +246,15 @@ impl Uploader {
     }
 }
 
-/// Each channel's recorded messages as runs of consecutive indices of at most about
-/// `UPLOAD_CHUNK` bytes: one blob and its lengths each, which the coordinator stores as they
-/// come.
+/// Each channel's recorded messages as runs of consecutive indices of at most about 1 MiB
+/// (`cairn_proto::runs::recorded_runs`), built one at a time as they are sent: one blob and
+/// its lengths each, which the coordinator stores as they come.
 fn channel_runs(part: &Part) -> impl Iterator<Item = pb::ChannelState> + '_ {
     part.channels.iter().flat_map(|(channel, messages)| {
-        cairn_proto::runs::recorded_runs(messages, UPLOAD_CHUNK)
-            .into_iter()
-            .map(move |run| pb::ChannelState {
-                channel: Some(channel.into()),
-                messages: Vec::new(),
-                run: Some(run),
-            })
+        cairn_proto::runs::recorded_runs(messages).map(move |run| pb::ChannelState {
+            channel: Some(channel.into()),
+            messages: Vec::new(),
+            run: Some(run),
+        })
     })
 }
