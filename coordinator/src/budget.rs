@@ -7,7 +7,6 @@
 //! the budget a call is refused at once with RESOURCE_EXHAUSTED naming the streaming read,
 //! instead of the process growing with every concurrent call.
 
-use std::future::Future;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
@@ -138,7 +137,7 @@ pub(crate) struct Holding<S> {
     inner: S,
 }
 
-type BoxFuture<T, E> = Pin<Box<dyn Future<Output = Result<T, E>> + Send>>;
+use crate::BoxFuture;
 
 impl<S, B> tower_service::Service<http::Request<B>> for Holding<S>
 where

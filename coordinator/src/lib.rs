@@ -35,6 +35,10 @@ pub mod policy;
 pub mod store;
 mod task;
 
+/// The future of a tower middleware's `call` (the coordinator's layers: the response budget,
+/// the leader hint, forwarding to the leader).
+type BoxFuture<T, E> = std::pin::Pin<Box<dyn std::future::Future<Output = Result<T, E>> + Send>>;
+
 use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::AtomicU64;

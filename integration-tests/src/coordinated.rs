@@ -648,7 +648,13 @@ impl CoordinatedCluster {
 
     /// Waits until `n` nodes are registered.
     pub async fn wait_registered(&self, n: usize) -> anyhow::Result<()> {
-        eventually("nodes register", Duration::from_secs(30), || async {
+        self.wait_registered_within(n, Duration::from_secs(30))
+            .await
+    }
+
+    /// Waits until `n` nodes are registered, for at most `within`.
+    pub async fn wait_registered_within(&self, n: usize, within: Duration) -> anyhow::Result<()> {
+        eventually("nodes register", within, || async {
             let nodes = self
                 .client()
                 .await?

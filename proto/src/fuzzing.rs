@@ -80,9 +80,7 @@ pub fn upload_chunk(data: &[u8]) {
         }
         Some(pb::upload_chunk::Kind::ChannelRun(state)) => {
             let _ = crate::convert::channel_from_pb(state.channel.as_ref());
-            if let Ok(state) = runs::expand(state, MAX_PAYLOAD) {
-                let _ = state.messages.len();
-            }
+            let _ = runs::expand(state, MAX_PAYLOAD);
         }
         Some(pb::upload_chunk::Kind::Header(_) | pb::upload_chunk::Kind::StateChunk(_)) | None => {}
     }

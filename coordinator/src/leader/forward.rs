@@ -19,8 +19,6 @@
 //! answered there, UNAVAILABLE for a write — retryable, and a `StartSnapshot` retried with
 //! its `request_id` starts nothing twice.
 
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -106,7 +104,7 @@ pub(crate) struct Forward<S> {
     layer: ForwardLayer,
 }
 
-type BoxFuture<T, E> = Pin<Box<dyn Future<Output = Result<T, E>> + Send>>;
+use crate::BoxFuture;
 
 impl<S> tower_service::Service<http::Request<Body>> for Forward<S>
 where

@@ -4,8 +4,6 @@
 //! [`HintLayer`] adds `cairn-leader: HOST:PORT` to every response of a follower that knows
 //! the leader, so daemons, `cairnctl` and the SDK can follow it.
 
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::{Arc, RwLock};
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -209,7 +207,7 @@ pub(crate) struct Hinted<S> {
     replica: Arc<Replica>,
 }
 
-type BoxFuture<T, E> = Pin<Box<dyn Future<Output = Result<T, E>> + Send>>;
+use crate::BoxFuture;
 
 impl<S, B> tower_service::Service<http::Request<B>> for Hinted<S>
 where

@@ -936,20 +936,10 @@ async fn a_cut_of_64_nodes_reads_in_the_console() {
         cluster.add_node(true, &[]).unwrap();
     }
     // Beside the other tests on two cores: more room than the harness's 30 s.
-    eventually("64 nodes registered", Duration::from_secs(120), || async {
-        let nodes = cluster
-            .client()
-            .await?
-            .list_nodes(pb::ListNodesRequest {})
-            .await?
-            .into_inner()
-            .nodes;
-        let connected = nodes.iter().filter(|n| n.connected).count();
-        anyhow::ensure!(connected == N, "{connected} of {N} connected");
-        Ok(())
-    })
-    .await
-    .unwrap();
+    cluster
+        .wait_registered_within(N, Duration::from_secs(120))
+        .await
+        .unwrap();
     for i in 0..N {
         cluster.wait_wired(i, true).await.unwrap();
     }

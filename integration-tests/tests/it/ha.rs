@@ -591,27 +591,39 @@ async fn a_follower_answers_every_call_and_a_revoked_lease_deposes_the_leader() 
         tonic_health::pb::health_check_response::ServingStatus::Unknown as i32
     );
 
-    // cairnctl, given the follower first, finds the leader and shows the replicas.
-    let status = std::process::Command::new(binary("cairnctl").unwrap())
-        .args([
-            "--coordinator",
-            &format!("{},{}", cluster.replicas[follower].address, leader_address),
-            "-o",
-            "json",
-            "status",
-        ])
-        .output()
-        .unwrap();
-    assert!(
-        status.status.success(),
-        "{}",
-        String::from_utf8_lossy(&status.stderr)
-    );
-    let status: serde_json::Value = serde_json::from_slice(&status.stdout).unwrap();
+    // cairnctl, given the follower first, finds the leader and shows the replicas. The
+    // list is what the leader last read from etcd (every 200 ms), and a follower whose
+    // lease lapsed under load campaigns again with a new key: wait for both to be listed.
+    let coordinators = format!("{},{}", cluster.replicas[follower].address, leader_address);
+    let status = eventually(
+        "cairnctl status lists both replicas",
+        Duration::from_secs(20),
+        || {
+            let coordinators = coordinators.clone();
+            async move {
+                let out = tokio::process::Command::new(binary("cairnctl")?)
+                    .args(["--coordinator", &coordinators, "-o", "json", "status"])
+                    .output()
+                    .await?;
+                anyhow::ensure!(
+                    out.status.success(),
+                    "{}",
+                    String::from_utf8_lossy(&out.stderr)
+                );
+                let status: serde_json::Value = serde_json::from_slice(&out.stdout)?;
+                anyhow::ensure!(
+                    status["replicas"].as_array().map(Vec::len) == Some(2),
+                    "{status}"
+                );
+                Ok(status)
+            }
+        },
+    )
+    .await
+    .unwrap();
     assert_eq!(status["leader"], leader_address.as_str(), "{status}");
     assert_eq!(status["term"], term, "{status}");
     assert_eq!(status["coordinator"], leader_address.as_str(), "{status}");
-    assert_eq!(status["replicas"].as_array().unwrap().len(), 2, "{status}");
 
     // The leader's lease, revoked from outside (etcd's election key ends in the lease id).
     let mut etcd_client = etcd_client::Client::connect([etcd.endpoint.as_str()], None)
