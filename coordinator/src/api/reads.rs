@@ -23,18 +23,15 @@ impl CoordinatorService {
         let record = self.record(SnapshotId(r.snapshot_id)).await?;
         let mut snapshot = snapshot_pb(&record);
         let parts = self.parts(SnapshotId(r.snapshot_id)).await?;
-        // Inline data is read whole: its bytes are reserved first, for every part at once
-        // (twice: the chunks read and the messages decoded from them), and held until the
-        // response's body has been sent (`budget::HoldLayer`).
+        // Inline data is read whole: its memory is reserved first, for every part at once
+        // (its bytes twice, the chunks read and the messages decoded from them, and each
+        // message decoded), and held until the response's body has been sent
+        // (`budget::HoldLayer`).
         let mut reserved = Vec::new();
         if r.include_data {
-            let bytes = parts.iter().fold(0u64, |sum, part| {
-                sum.saturating_add(
-                    part.local_state_bytes
-                        .saturating_add(part.recorded_bytes())
-                        .saturating_mul(2),
-                )
-            });
+            let bytes = parts
+                .iter()
+                .fold(0u64, |sum, part| sum.saturating_add(part.inline_memory()));
             let what = format!("snapshot {}'s inline data", r.snapshot_id);
             reserved.push(self.budget.reserve(bytes, &what)?);
         }

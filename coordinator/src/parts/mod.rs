@@ -270,14 +270,17 @@ pub(crate) async fn send_chunks<T>(
 const MAX_CHANNEL_STATE: usize =
     cairn_rpc::limits::data_message(cairn_rpc::limits::MAX_PAYLOAD_CEILING);
 
-/// A stored channel state as readers are given it: its run, if any, as messages.
-fn expand(state: pb::ChannelState) -> Result<pb::ChannelState, String> {
+/// A stored channel state as readers are given it: its run, if any, as messages (at most
+/// [`cairn_proto::runs::MAX_RUN_MESSAGES`]).
+pub(crate) fn expand(state: pb::ChannelState) -> Result<pb::ChannelState, String> {
     cairn_proto::runs::expand(state, cairn_rpc::limits::MAX_PAYLOAD_CEILING)
         .map_err(|e| e.to_string())
 }
 
 /// Decodes the recorded messages of a part as their chunks arrive: each chunk is appended,
-/// and every `ChannelState` whose bytes are all here is taken out (a run as its messages).
+/// and every `ChannelState` whose bytes are all here is taken out as stored — a run still a
+/// run, for the reader to [`expand`] one at a time (a chunk of runs of empty payloads is
+/// millions of messages).
 #[derive(Default)]
 pub(crate) struct ChannelStateDecoder {
     buffer: bytes::BytesMut,
@@ -310,7 +313,7 @@ impl ChannelStateDecoder {
             let message = self.buffer.split_to(prefix + len).freeze();
             let state =
                 pb::ChannelState::decode(message.slice(prefix..)).map_err(|e| e.to_string())?;
-            out.push(expand(state)?);
+            out.push(state);
         }
     }
 

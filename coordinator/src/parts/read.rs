@@ -91,6 +91,15 @@ pub(crate) fn stream(
                     }
                 };
                 for state in states {
+                    // One run at a time as messages: what is held stays bounded.
+                    let state = match super::expand(state) {
+                        Ok(state) => state,
+                        Err(e) => {
+                            let e = Error::DataLoss(format!("{what} do not decode: {e}"));
+                            let _ = tx.send(Err(e.into())).await;
+                            return;
+                        }
+                    };
                     messages += state.messages.len() as u64;
                     if tx.send(Ok(data(Kind::ChannelState(state)))).await.is_err() {
                         return;

@@ -24,6 +24,11 @@ use crate::store::{PartRecord, RecordedChannelRecord};
 /// bound (about 28 GiB of state at the average chunk size).
 const MAX_PART_CHUNKS: usize = 900_000;
 
+/// Most messages one part records in flight, over all its channels: their indices are kept
+/// for the verifier (8 bytes each, 64 MiB at most), and a run of empty payloads costs its
+/// sender about one byte a message.
+pub(crate) const MAX_PART_RECORDED: u64 = 1 << 23;
+
 /// A stored part: its record (already in the blob store's terms) and what the tracker needs.
 pub(crate) struct StoredPart {
     /// The record to store under `parts/<id>/<node>`.
@@ -128,21 +133,16 @@ pub(crate) async fn store_upload(
                          channel_state"
                     )));
                 }
-                let indices: Vec<u64> = state.messages.iter().map(|m| m.index).collect();
                 let payload = state
                     .messages
                     .iter()
                     .fold(0u64, |n, m| n.saturating_add(m.payload.len() as u64));
                 let channel = channel_from_pb(state.channel.as_ref()).map_err(invalid)?;
                 touches(&node, &channel, "recorded messages of")?;
-                recorded.entry(channel.clone()).or_default().extend(indices);
-                note(
-                    &mut sizes,
-                    &mut messages,
-                    channel,
-                    state.messages.len() as u64,
-                    payload,
-                );
+                let n = state.messages.len() as u64;
+                note(&node, &mut sizes, &mut messages, &channel, n, payload)?;
+                let indices = state.messages.iter().map(|m| m.index);
+                recorded.entry(channel).or_default().extend(indices);
                 count.add(payload);
                 channel_states
                     .write(&state.encode_length_delimited_to_vec())
@@ -167,8 +167,8 @@ pub(crate) async fn store_upload(
                     run_indices(run, MAX_PAYLOAD_CEILING).map_err(|e| bad(e.to_string()))?;
                 let payload = run.payloads.len() as u64;
                 let n = indices.end - indices.start;
-                recorded.entry(channel.clone()).or_default().extend(indices);
-                note(&mut sizes, &mut messages, channel, n, payload);
+                note(&node, &mut sizes, &mut messages, &channel, n, payload)?;
+                recorded.entry(channel).or_default().extend(indices);
                 count.add(payload);
                 channel_states
                     .write(&state.encode_length_delimited_to_vec())
@@ -267,18 +267,27 @@ pub(crate) async fn store_upload(
     Ok(StoredPart { record, part })
 }
 
-/// Counts `n` recorded messages of `payload` bytes on `channel`.
+/// Counts `n` recorded messages of `payload` bytes on `channel`; refused past
+/// [`MAX_PART_RECORDED`] in the part.
 fn note(
+    node: &NodeId,
     sizes: &mut BTreeMap<ChannelId, (u64, u64)>,
     messages: &mut u64,
-    channel: ChannelId,
+    channel: &ChannelId,
     n: u64,
     payload: u64,
-) {
+) -> Result<(), Error> {
     *messages = messages.saturating_add(n);
-    let size = sizes.entry(channel).or_default();
+    if *messages > MAX_PART_RECORDED {
+        return Err(Error::InvalidArgument(format!(
+            "node {node}'s part records more than {MAX_PART_RECORDED} messages in flight, the \
+             most one part may hold"
+        )));
+    }
+    let size = sizes.entry(channel.clone()).or_default();
     size.0 = size.0.saturating_add(n);
     size.1 = size.1.saturating_add(payload);
+    Ok(())
 }
 
 fn cut_record(channel: &ChannelId, count: u64, marker_at: u64) -> CutRecord {

@@ -783,6 +783,31 @@ async fn a_recorded_run_that_does_not_add_up_is_refused() {
             .await
             .unwrap();
     }
+    // A part records at most 8,388,608 messages (their indices are kept for the verifier):
+    // runs of empty payloads cost a byte a message, so the count, not the bytes, bounds them.
+    let id = cluster
+        .start_snapshot(pb::StartSnapshotRequest::default())
+        .await
+        .unwrap();
+    let per_run = 1u64 << 16;
+    let runs = (0..129u64).map(|i| {
+        Piece::ChannelRun(state(
+            run(i * per_run, b"", vec![0; per_run as usize]),
+            vec![],
+        ))
+    });
+    let upload = upload_of(id, 0, runs.chain([Piece::Cut(pb::UploadCut::default())]));
+    let refused = client
+        .upload_snapshot_part(tokio_stream::iter(upload))
+        .await
+        .unwrap_err();
+    assert_eq!(refused.code(), Code::InvalidArgument, "{refused:?}");
+    assert!(
+        refused
+            .message()
+            .contains("node n1's part records more than 8388608 messages in flight"),
+        "{refused:?}"
+    );
 }
 
 fn hex_of(bytes: &[u8]) -> String {

@@ -82,19 +82,38 @@ pub struct PartRecord {
 impl PartRecord {
     /// Bytes of the messages this part recorded, as counted per channel (parts stored
     /// before that was counted: the inline list's size, or, with messages but no size
-    /// known, the most a part returns inline), for the response budget.
+    /// known, the most a part returns inline; counted empty payloads are 0), for the
+    /// response budget.
     pub fn recorded_bytes(&self) -> u64 {
         let counted = self
             .recorded_channels
             .iter()
             .fold(0u64, |sum, c| sum.saturating_add(c.bytes));
         let known = counted.max(self.channel_states.size);
-        if known == 0 && self.recorded_messages > 0 {
+        if known == 0 && self.recorded_channels.is_empty() && self.recorded_messages > 0 {
             return MAX_INLINE_DATA;
         }
         known
     }
+
+    /// What reading this part inline holds in memory at most, for the response budget: its
+    /// bytes twice (the chunks read and what is decoded from them) and each recorded
+    /// message's own [`DECODED_MESSAGE_MEMORY`] (a run of empty payloads is a few bytes
+    /// stored, but as many messages decoded).
+    pub fn inline_memory(&self) -> u64 {
+        self.local_state_bytes
+            .saturating_add(self.recorded_bytes())
+            .saturating_mul(2)
+            .saturating_add(
+                self.recorded_messages
+                    .saturating_mul(DECODED_MESSAGE_MEMORY),
+            )
+    }
 }
+
+/// Memory one recorded message takes decoded, beyond its payload: its index and `Bytes`
+/// (40 bytes), twice over for the slack of a `Vec` grown by doubling.
+pub const DECODED_MESSAGE_MEMORY: u64 = 80;
 
 /// The snapshot policy (`/cairn/<cluster>/policy`), so that it outlives a restart.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -125,4 +144,40 @@ pub struct PolicyRecord {
 
 fn is_empty(list: &ChunkList) -> bool {
     list.size == 0 && list.chunks.is_empty()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn part(state: u64, messages: u64, bytes: u64) -> PartRecord {
+        PartRecord {
+            node: "n1".into(),
+            incarnation: 1,
+            incoming: Vec::new(),
+            outgoing: Vec::new(),
+            manifest: None,
+            local_state_bytes: state,
+            local_state: ChunkList::default(),
+            channel_states: ChunkList::default(),
+            recorded_messages: messages,
+            bytes_new: 0,
+            bytes_reused: 0,
+            epoch: 0,
+            applied_restore_id: String::new(),
+            recorded_channels: vec![RecordedChannelRecord {
+                channel: "n2->n1".into(),
+                messages,
+                bytes,
+            }],
+        }
+    }
+
+    #[test]
+    fn inline_memory_counts_the_bytes_twice_and_every_message_decoded() {
+        assert_eq!(part(1000, 10, 500).inline_memory(), 3000 + 10 * 80);
+        // A run of empty payloads: no bytes, yet each message is held once decoded.
+        assert_eq!(part(0, 1 << 23, 0).inline_memory(), (1 << 23) * 80);
+        assert_eq!(part(u64::MAX, u64::MAX, 1).inline_memory(), u64::MAX);
+    }
 }
