@@ -233,6 +233,7 @@ impl Link {
             if let Some(pull) = state.pull.take() {
                 let cancel = LoopMsg::CancelPull {
                     channel: self.channel.clone(),
+                    link: self.handles.clone(),
                 };
                 if self.loop_tx.send(cancel).await.is_err() {
                     return Ended::Shutdown;
@@ -267,6 +268,7 @@ impl Link {
                 .loop_tx
                 .send(LoopMsg::OutboundReset {
                     channel: self.channel.clone(),
+                    link: self.handles.clone(),
                     epoch: state.epoch,
                     requeue,
                     lost_markers,
@@ -328,6 +330,7 @@ impl Link {
                 };
                 let pull = LoopMsg::Pull {
                     channel: self.channel.clone(),
+                    link: self.handles.clone(),
                     max,
                     reply,
                 };
@@ -409,6 +412,7 @@ impl Link {
     async fn grant(&self, state: &State, limit: u64) -> bool {
         let credit = LoopMsg::Credit {
             channel: self.channel.clone(),
+            link: self.handles.clone(),
             epoch: state.epoch,
             limit,
         };

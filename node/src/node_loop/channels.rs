@@ -214,6 +214,20 @@ impl NodeLoop {
 
     /// Answers the channel's waiting pull, if any, with what its queue holds: markers
     /// always, data only within the peer's credits.
+    /// Whether `link` is the handles of `channel` as wired now: an outgoing channel's task
+    /// sends them with what it says, and one left over from before the channel was removed
+    /// and added again (its shutdown not yet seen) must not take the new task's pull, grant
+    /// its credits or reset it.
+    pub(super) fn is_current(
+        &self,
+        channel: &ChannelId,
+        link: &std::sync::Arc<crate::shared::ChannelHandles>,
+    ) -> bool {
+        self.outgoing
+            .get(channel)
+            .is_some_and(|out| std::sync::Arc::ptr_eq(&out.handles, link))
+    }
+
     pub(super) fn serve_pull(&mut self, channel: &ChannelId) {
         let Some(out) = self.outgoing.get_mut(channel) else {
             return; // removed
@@ -284,12 +298,16 @@ impl NodeLoop {
     pub(super) fn on_outbound_reset(
         &mut self,
         channel: ChannelId,
+        link: &std::sync::Arc<crate::shared::ChannelHandles>,
         epoch: u64,
         requeue: Vec<Bytes>,
         lost_markers: Vec<cairn_core::SnapshotId>,
     ) {
-        if !self.outgoing.contains_key(&channel) {
-            // Its peer was removed: what the task held, and handed back here, is dropped.
+        if !self.is_current(&channel, link) {
+            // Its peer was removed (and maybe added again since: this is the old member's
+            // task, not the new one's): what the task held, and handed back here, is
+            // dropped, its credits given back to its own handles.
+            link.release(requeue.len());
             tracing::warn!(%channel, dropped = requeue.len(), "peer removed: messages it never acknowledged dropped");
             self.shared
                 .metrics

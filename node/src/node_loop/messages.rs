@@ -14,7 +14,7 @@ use tonic::Status;
 
 use crate::error::Error;
 use crate::part::Part;
-use crate::shared::{StateChunk, Wiring};
+use crate::shared::{ChannelHandles, StateChunk, Wiring};
 
 /// One frame of an incoming channel, decoded.
 #[derive(Debug, Clone)]
@@ -66,6 +66,9 @@ pub(crate) enum LoopMsg {
     /// An outgoing channel's task wants up to `max` frames.
     Pull {
         channel: ChannelId,
+        /// The sending task's channel handles: a task of a channel since removed and added
+        /// again holds the old ones, and the loop ignores what it says.
+        link: Arc<ChannelHandles>,
         max: usize,
         reply: oneshot::Sender<Pulled>,
     },
@@ -77,11 +80,19 @@ pub(crate) enum LoopMsg {
         reply: oneshot::Sender<bool>,
     },
     /// An outgoing channel's task withdraws its waiting pull (before a reset).
-    CancelPull { channel: ChannelId },
+    CancelPull {
+        channel: ChannelId,
+        /// The sending task's channel handles: a task of a channel since removed and added
+        /// again holds the old ones, and the loop ignores what it says.
+        link: Arc<ChannelHandles>,
+    },
     /// An outgoing channel's peer granted credits up to data index `limit` (`u64::MAX`: a
     /// peer without credit-based flow control), in `epoch`.
     Credit {
         channel: ChannelId,
+        /// The sending task's channel handles: a task of a channel since removed and added
+        /// again holds the old ones, and the loop ignores what it says.
+        link: Arc<ChannelHandles>,
         epoch: u64,
         limit: u64,
     },
@@ -89,6 +100,9 @@ pub(crate) enum LoopMsg {
     /// `lost_markers` the snapshots whose markers it never acknowledged.
     OutboundReset {
         channel: ChannelId,
+        /// The sending task's channel handles: a task of a channel since removed and added
+        /// again holds the old ones, and the loop ignores what it says.
+        link: Arc<ChannelHandles>,
         /// The epoch of the requeued data; dropped if the node has moved on.
         epoch: u64,
         requeue: Vec<Bytes>,

@@ -233,10 +233,13 @@ impl NodeLoop {
             }
             LoopMsg::Pull {
                 channel,
+                link,
                 max,
                 reply,
             } => {
-                if let Some(out) = self.outgoing.get_mut(&channel) {
+                if self.is_current(&channel, &link)
+                    && let Some(out) = self.outgoing.get_mut(&channel)
+                {
                     out.pending_pull = Some((max, reply));
                     self.serve_pull(&channel);
                 }
@@ -248,22 +251,30 @@ impl NodeLoop {
             } => {
                 let _ = reply.send(self.fault(&channel, fault));
             }
-            LoopMsg::CancelPull { channel } => {
-                if let Some(out) = self.outgoing.get_mut(&channel) {
+            LoopMsg::CancelPull { channel, link } => {
+                if self.is_current(&channel, &link)
+                    && let Some(out) = self.outgoing.get_mut(&channel)
+                {
                     out.pending_pull = None;
                 }
             }
             LoopMsg::Credit {
                 channel,
+                link,
                 epoch,
                 limit,
-            } => self.on_credit(&channel, epoch, limit),
+            } => {
+                if self.is_current(&channel, &link) {
+                    self.on_credit(&channel, epoch, limit);
+                }
+            }
             LoopMsg::OutboundReset {
                 channel,
+                link,
                 epoch,
                 requeue,
                 lost_markers,
-            } => self.on_outbound_reset(channel, epoch, requeue, lost_markers),
+            } => self.on_outbound_reset(channel, &link, epoch, requeue, lost_markers),
             LoopMsg::AppAttach {
                 session,
                 packed,

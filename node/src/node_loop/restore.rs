@@ -237,9 +237,19 @@ impl NodeLoop {
 
     /// The coordinator names, at registration, an epoch this node may enter as it is (it
     /// does so only for a daemon new to the cluster: one behind a restore is sent the
-    /// restore instead, and enters its epoch only with its state).
+    /// restore instead, and enters its epoch only with its state). Never a lower epoch: its
+    /// fence would let frames of a past epoch in again (the coordinator's epochs only grow;
+    /// a lower one comes from a stale answer).
     pub(super) fn adopt_epoch(&mut self, epoch: u64) {
         if epoch == self.epoch {
+            return;
+        }
+        if epoch < self.epoch {
+            tracing::warn!(
+                at = self.epoch,
+                offered = epoch,
+                "the coordinator named a past epoch to enter: ignored"
+            );
             return;
         }
         tracing::info!(

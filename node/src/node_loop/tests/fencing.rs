@@ -357,6 +357,7 @@ async fn a_removed_member_s_channels_are_dropped_live() {
     let _late_pull = node.pull(ch("a", "b")).await;
     node.send(LoopMsg::OutboundReset {
         channel: ch("a", "b"),
+        link: Arc::new(ChannelHandles::new(BUFFER)),
         epoch: 0,
         requeue: bytes(&["unacked"]),
         lost_markers: Vec::new(),
@@ -425,6 +426,7 @@ async fn a_reset_or_an_open_of_a_past_epoch_leaves_the_restored_channels_alone()
     node.take_credits(&ch("a", "b"), 1);
     node.send(LoopMsg::OutboundReset {
         channel: ch("a", "b"),
+        link: node.handles(&ch("a", "b")),
         epoch: 0,
         requeue: bytes(&["old"]),
         lost_markers: vec![SnapshotId(1)],
@@ -477,6 +479,94 @@ async fn a_reset_or_an_open_of_a_past_epoch_leaves_the_restored_channels_alone()
         (outgoing.sent, outgoing.marker_at),
         (2, 2),
         "the replayed message and the one sent after"
+    );
+    node.stop().await;
+}
+
+/// The epoch a coordinator names at registration is entered only forwards: a past one (a
+/// stale answer) is ignored, and its frames stay fenced out.
+#[tokio::test]
+async fn an_adopted_epoch_never_goes_back() {
+    let mut node = Node::start(&["a", "b"], true);
+    node.send(LoopMsg::AdoptEpoch { epoch: 3 }).await;
+    assert_eq!(node.status().await.epoch, 3);
+    node.send(LoopMsg::AdoptEpoch { epoch: 2 }).await;
+    assert_eq!(node.status().await.epoch, 3);
+    assert_eq!(*node.shared.epoch.borrow(), 3);
+    // A handshake checked in the epoch offered is refused, as of any past one; one in
+    // epoch 3 opens, and its frames are kept where frames of epoch 2 are not.
+    assert_eq!(node.opened_in(2, B).await, None);
+    node.opened(B).await;
+    assert!(!node.frames(2, 1, vec![data("stale")]).await);
+    assert_eq!(node.status().await.inbox_depth, 0);
+    assert!(node.frames(3, 1, vec![data("fresh")]).await);
+    assert_eq!(node.status().await.inbox_depth, 1);
+    node.stop().await;
+}
+
+/// A member removed and added again gets new channel handles, and its new sending task
+/// pulls with them. The old task, its shutdown not yet seen, says things about the same
+/// channel id: its pull does not take the new task's place, its credits and its reset are
+/// ignored (what it hands back is dropped as the removed member's).
+#[tokio::test]
+async fn a_re_added_member_s_old_task_cannot_take_the_new_task_s_pull() {
+    let mut node = Node::start(&["a", "b"], true);
+    let app = node.attach(1, 1).await;
+    let old = node.handles(&ch("a", "b"));
+    for (members, what) in [(&["a"][..], "b removed"), (&["a", "b"][..], "b added")] {
+        let wiring = Arc::new(wiring(members, Some(&node.shared.wiring())));
+        node.ask(|reply| LoopMsg::Rewire {
+            wiring,
+            what: what.into(),
+            reply,
+        })
+        .await;
+    }
+    let new = node.handles(&ch("a", "b"));
+    assert!(!Arc::ptr_eq(&old, &new), "b's channel was built anew");
+    let mut pulled = node.pull(ch("a", "b")).await;
+    // The old task: a pull, credits for the channel, a reset handing back a frame.
+    let (reply, mut stale) = oneshot::channel();
+    node.send(LoopMsg::Pull {
+        channel: ch("a", "b"),
+        link: old.clone(),
+        max: 64,
+        reply,
+    })
+    .await;
+    node.send(LoopMsg::Credit {
+        channel: ch("a", "b"),
+        link: old.clone(),
+        epoch: 0,
+        limit: 0,
+    })
+    .await;
+    node.send(LoopMsg::OutboundReset {
+        channel: ch("a", "b"),
+        link: old.clone(),
+        epoch: 0,
+        requeue: bytes(&["old"]),
+        lost_markers: Vec::new(),
+    })
+    .await;
+    node.app_send(&app, "new").await;
+    node.status().await;
+    // The new task's pull is answered with the new message, numbered from 0.
+    let sent = answered(&mut pulled).expect("the new task's pull is answered");
+    assert!(matches!(&sent.frames[..], [OutFrame::Data(d)] if d == "new"));
+    assert!(
+        matches!(stale.try_recv(), Err(oneshot::error::TryRecvError::Closed)),
+        "the old task's pull is dropped unanswered"
+    );
+    // Nothing else queued: the old reset requeued nothing and renumbered nothing.
+    let a_b = Some(pb::ChannelRef::from(&ch("a", "b")));
+    let status = node.status().await;
+    let end = status.channels.iter().find(|c| c.channel == a_b).unwrap();
+    assert_eq!((end.next_index, end.queued), (1, 0));
+    assert_eq!(
+        node.shared.metrics.removed_peer_messages.get(),
+        1,
+        "the old frame"
     );
     node.stop().await;
 }

@@ -209,6 +209,10 @@ impl Node {
     async fn pull(&self, channel: ChannelId) -> oneshot::Receiver<Pulled> {
         let (reply, pulled) = oneshot::channel();
         self.send(LoopMsg::Pull {
+            link: self.shared.channel(&channel).unwrap_or_else(|| {
+                // A late pull of a removed channel's task: handles of its own.
+                Arc::new(ChannelHandles::new(BUFFER))
+            }),
             channel,
             max: 64,
             reply,
