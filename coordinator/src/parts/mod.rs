@@ -201,31 +201,54 @@ pub(crate) async fn manifest_of(blobs: &BlobStore, part: &PartRecord) -> Result<
     }
 }
 
-/// A part's recorded messages, channel by channel, every chunk checked.
-pub(crate) async fn channel_states(
+/// Each of a part's stored channel states as stored (a run still a run), chunk by chunk,
+/// every chunk checked as it is read: only one chunk and the states decoded from it are
+/// held at a time. `keep` is given each state and may stop the read with an error.
+pub(crate) async fn each_channel_state(
     blobs: &BlobStore,
     part: &PartRecord,
-) -> Result<Vec<pb::ChannelState>, Error> {
-    let manifest = manifest_of(blobs, part).await?;
-    decode_channel_states(blobs, part, &manifest).await
+    manifest: &Manifest,
+    mut keep: impl FnMut(pb::ChannelState) -> Result<(), Error>,
+) -> Result<(), Error> {
+    let what = format!("node {}'s channel states", part.node);
+    let loss = |e: String| Error::DataLoss(format!("{what} do not decode: {e}"));
+    let mut decoder = ChannelStateDecoder::default();
+    let mut read = 0u64;
+    for hash in &manifest.channel_states.chunks {
+        let chunk = blobs
+            .read_chunk(hash)
+            .await
+            .map_err(|e| Error::reading(&what, &e))?;
+        read = read.saturating_add(chunk.len() as u64);
+        for state in decoder.push(&chunk).map_err(loss)? {
+            keep(state)?;
+        }
+    }
+    decoder.finish().map_err(loss)?;
+    if read != manifest.channel_states.size {
+        return Err(Error::DataLoss(format!(
+            "{what}: the chunks hold {read} bytes where their list says {}",
+            manifest.channel_states.size
+        )));
+    }
+    Ok(())
 }
 
+/// A part's recorded messages, channel by channel (runs as messages), every chunk checked.
 async fn decode_channel_states(
     blobs: &BlobStore,
     part: &PartRecord,
     manifest: &Manifest,
 ) -> Result<Vec<pb::ChannelState>, Error> {
     let what = format!("node {}'s channel states", part.node);
-    let bytes = read(blobs, &manifest.channel_states, &what).await?;
-    let mut buf = &bytes[..];
     let mut states = Vec::new();
-    while !buf.is_empty() {
-        let state = pb::ChannelState::decode_length_delimited(&mut buf)
-            .map_err(|e| e.to_string())
-            .and_then(expand)
-            .map_err(|e| Error::DataLoss(format!("{what} do not decode: {e}")))?;
+    each_channel_state(blobs, part, manifest, |state| {
+        let state =
+            expand(state).map_err(|e| Error::DataLoss(format!("{what} do not decode: {e}")))?;
         states.push(state);
-    }
+        Ok(())
+    })
+    .await?;
     Ok(states)
 }
 

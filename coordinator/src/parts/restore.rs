@@ -21,22 +21,38 @@ pub(crate) async fn pieces(
 ) -> Result<mpsc::Receiver<Result<pb::RestorePiece, Status>>, Error> {
     let r_node = node;
     // Every part may hold recorded messages of this node's channels: the receiver's
-    // (in flight to it) or, unaligned, the sender's (still queued there).
+    // (in flight to it) or, unaligned, the sender's (still queued there). Each part is read
+    // chunk by chunk, and only this node's channels are expanded and kept: the payloads of
+    // those it receives on, the indices alone of those it sends on (it replays only their
+    // count).
     let mut recorded = Vec::new();
     for part in parts {
-        for state in super::channel_states(&blobs, part).await? {
-            let channel = channel_from_pb(state.channel.as_ref()).map_err(|e| {
-                Error::DataLoss(format!("node {}'s channel states: {e}", part.node))
-            })?;
+        let manifest = super::manifest_of(&blobs, part).await?;
+        let what = format!("node {}'s channel states", part.node);
+        let owner = NodeId::new(part.node.clone());
+        super::each_channel_state(&blobs, part, &manifest, |state| {
+            let channel = channel_from_pb(state.channel.as_ref())
+                .map_err(|e| Error::DataLoss(format!("{what}: {e}")))?;
             // Only the messages a part's own node recorded on its own channels (older
             // parts were stored before uploads were checked for that).
-            let own = super::touches(&NodeId::new(part.node.clone()), &channel, "").is_ok();
-            if own && (channel.to.as_str() == r_node || channel.from.as_str() == r_node) {
-                for m in state.messages {
-                    recorded.push((channel.clone(), m.index, m.payload));
-                }
+            let own = super::touches(&owner, &channel, "").is_ok();
+            let sends = channel.from.as_str() == r_node;
+            if !own || !(sends || channel.to.as_str() == r_node) {
+                return Ok(());
             }
-        }
+            let state = super::expand(state)
+                .map_err(|e| Error::DataLoss(format!("{what} do not decode: {e}")))?;
+            for m in state.messages {
+                let payload = if sends {
+                    bytes::Bytes::new()
+                } else {
+                    m.payload
+                };
+                recorded.push((channel.clone(), m.index, payload));
+            }
+            Ok(())
+        })
+        .await?;
     }
     let plan = cairn_core::restore::replay(recorded);
     let manifest = super::manifest_of(&blobs, &own).await?;

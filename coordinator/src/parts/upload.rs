@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 
 use cairn_core::{ChannelId, IncomingCut, LocalReport, NodeId, NodePart, OutgoingCut, SnapshotId};
 use cairn_proto::convert::{ConvertError, channel_from_pb};
-use cairn_proto::runs::run_indices;
+use cairn_proto::runs::{MAX_RUN_MESSAGES, run_indices};
 use cairn_proto::v1 as pb;
 use prost::Message;
 use tonic::Streaming;
@@ -25,8 +25,8 @@ use crate::store::{PartRecord, RecordedChannelRecord};
 const MAX_PART_CHUNKS: usize = 900_000;
 
 /// Most messages one part records in flight, over all its channels: their indices are kept
-/// for the verifier (8 bytes each, 64 MiB at most), and a run of empty payloads costs its
-/// sender about one byte a message.
+/// for the verifier (8 bytes each: 64 MiB, up to twice that while their `Vec`s grow), and
+/// a run of empty payloads costs its sender about one byte a message.
 pub(crate) const MAX_PART_RECORDED: u64 = 1 << 23;
 
 /// A stored part: its record (already in the blob store's terms) and what the tracker needs.
@@ -144,10 +144,25 @@ pub(crate) async fn store_upload(
                 let indices = state.messages.iter().map(|m| m.index);
                 recorded.entry(channel).or_default().extend(indices);
                 count.add(payload);
-                channel_states
-                    .write(&state.encode_length_delimited_to_vec())
-                    .await
-                    .map_err(storage)?;
+                if state.messages.len() <= MAX_RUN_MESSAGES {
+                    channel_states
+                        .write(&state.encode_length_delimited_to_vec())
+                        .await
+                        .map_err(storage)?;
+                } else {
+                    // Stored in pieces a reader decodes one at a time, as a run is.
+                    for messages in state.messages.chunks(MAX_RUN_MESSAGES) {
+                        let piece = pb::ChannelState {
+                            channel: state.channel.clone(),
+                            messages: messages.to_vec(),
+                            run: None,
+                        };
+                        channel_states
+                            .write(&piece.encode_length_delimited_to_vec())
+                            .await
+                            .map_err(storage)?;
+                    }
+                }
             }
             Some(Kind::ChannelRun(state)) => {
                 // Per byte: the run's lengths are checked and its indices noted; its
@@ -210,9 +225,16 @@ pub(crate) async fn store_upload(
             return Err(not_its_own(&node, channel, "an outgoing cut of"));
         }
     }
-    // Sizes are kept for the channels of the part's cut only: a part cannot grow its record
-    // with messages of channels it does not report.
-    sizes.retain(|c, _| incoming.contains_key(c) || outgoing.contains_key(c));
+    // Messages are recorded on the channels of the part's cut only: stored for a channel it
+    // does not report, they would be read back (and reserved for) as nothing.
+    let reported = |c: &ChannelId| incoming.contains_key(c) || outgoing.contains_key(c);
+    if let Some((channel, _)) = sizes.iter().find(|(c, (n, _))| *n > 0 && !reported(c)) {
+        return Err(Error::InvalidArgument(format!(
+            "node {node}'s part records messages of channel {channel}, which its cut does not \
+             name"
+        )));
+    }
+    sizes.retain(|c, _| reported(c));
     let channel_states = channel_states.finish().await.map_err(storage)?;
     let (bytes_new, bytes_reused) = (
         state_new + channel_states.new,

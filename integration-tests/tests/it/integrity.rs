@@ -763,6 +763,12 @@ async fn a_recorded_run_that_does_not_add_up_is_refused() {
             Piece::ChannelState(state(run(0, b"a", vec![1]), vec![])),
             "node n1's recorded messages: a run comes as channel_run".to_owned(),
         ),
+        (
+            // A good run, but the cut that closes the upload does not name its channel.
+            Piece::ChannelRun(state(run(0, b"ab", vec![1, 1]), vec![])),
+            "node n1's part records messages of channel n2->n1, which its cut does not name"
+                .to_owned(),
+        ),
     ] {
         let id = cluster
             .start_snapshot(pb::StartSnapshotRequest::default())

@@ -487,7 +487,7 @@ async fn a_reset_or_an_open_of_a_past_epoch_leaves_the_restored_channels_alone()
 /// stale answer) is ignored, and its frames stay fenced out.
 #[tokio::test]
 async fn an_adopted_epoch_never_goes_back() {
-    let mut node = Node::start(&["a", "b"], true);
+    let node = Node::start(&["a", "b"], true);
     node.send(LoopMsg::AdoptEpoch { epoch: 3 }).await;
     assert_eq!(node.status().await.epoch, 3);
     node.send(LoopMsg::AdoptEpoch { epoch: 2 }).await;
@@ -510,7 +510,7 @@ async fn an_adopted_epoch_never_goes_back() {
 /// ignored (what it hands back is dropped as the removed member's).
 #[tokio::test]
 async fn a_re_added_member_s_old_task_cannot_take_the_new_task_s_pull() {
-    let mut node = Node::start(&["a", "b"], true);
+    let node = Node::start(&["a", "b"], true);
     let app = node.attach(1, 1).await;
     let old = node.handles(&ch("a", "b"));
     for (members, what) in [(&["a"][..], "b removed"), (&["a", "b"][..], "b added")] {
