@@ -674,3 +674,87 @@ async fn a_sessions_consumed_stream_needs_its_flow_key() {
     );
     cluster.stop().await.unwrap();
 }
+
+/// A stalled application never pays back what its peer read ahead of a full channel while
+/// states were due: snapshot after snapshot the sender's queue to it grows to its buffer
+/// plus the debt bound (65,536) and no further — each state lets a send window in on debt
+/// until then — and past it a state due waits behind the sends (its part does not
+/// complete while the peer stalls).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn snapshots_against_a_stalled_peer_grow_the_senders_queue_only_to_its_bound() {
+    const BUFFER: u64 = 1_024;
+    const DEBT_MAX: u64 = 1 << 16;
+    let cluster = bind(&["a", "b"])
+        .await
+        .unwrap()
+        .start(|_, config| config.channel_buffer = BUFFER as usize);
+    let a = AppSession::connect(&cluster.nodes[&NodeId::from("a")].app.to_string(), "sender")
+        .await
+        .unwrap();
+    // b's application attaches and reads nothing, ever.
+    let _b = AppSession::connect(
+        &cluster.nodes[&NodeId::from("b")].app.to_string(),
+        "stalled",
+    )
+    .await
+    .unwrap();
+    let sender = a.sender();
+    tokio::spawn(answer_snapshots(a));
+    let flood = tokio::spawn(async move {
+        loop {
+            sender.send("b", Bytes::from_static(b"12345678")).await?;
+        }
+        #[allow(unreachable_code)]
+        anyhow::Ok(())
+    });
+    let a_b = Some(pb::ChannelRef {
+        from: "a".into(),
+        to: "b".into(),
+    });
+    let mut queued: u64;
+    let mut id = 0;
+    loop {
+        id += 1;
+        assert!(
+            id <= 40,
+            "40 snapshots and the read-ahead never reached its bound"
+        );
+        cluster
+            .admin("a")
+            .await
+            .unwrap()
+            .initiate_snapshot(pb::InitiateSnapshotRequest {
+                snapshot_id: id,
+                mode: pb::SnapshotMode::Unaligned as i32,
+                alignment_timeout_ms: 0,
+            })
+            .await
+            .unwrap();
+        // a's part completes once its state is read, past what was read ahead.
+        let (code, message) = part_outcome(&cluster, "a", id).await;
+        let status = cluster.status("a").await.unwrap();
+        let end = status.channels.iter().find(|c| c.channel == a_b).unwrap();
+        queued = end.queued;
+        assert!(
+            queued <= BUFFER + DEBT_MAX,
+            "after snapshot {id} a's queue to b holds {queued}, over its buffer ({BUFFER}) \
+             plus the debt bound ({DEBT_MAX})"
+        );
+        match code {
+            Code::Ok => continue,
+            // The state waits behind sends the channel may no longer owe.
+            Code::NotFound => break,
+            other => panic!("a's part of snapshot {id}: {other:?} {message}"),
+        }
+    }
+    assert!(
+        queued >= DEBT_MAX,
+        "the state stopped getting through with only {queued} queued (snapshot {id})"
+    );
+    assert!(
+        id > 2,
+        "several states got through on debt before the bound"
+    );
+    flood.abort();
+    cluster.stop().await.unwrap();
+}

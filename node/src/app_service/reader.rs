@@ -5,8 +5,13 @@
 use super::*;
 
 /// Most messages a session reads ahead of a full channel, without credits, while a recorded
-/// state is due (so the state, and the cut, are not held up behind a slow peer).
+/// state is due (so the state, and the cut, are not held up behind a slow peer)…
 const READ_AHEAD_MAX: u64 = 1 << 16;
+/// …and most a channel owes over time: each state lets the application send up to its
+/// window more on debt, which a stalled peer never pays back, so without this bound every
+/// snapshot would grow the queue to it (its queue holds at most `--channel-buffer` plus
+/// this many; past it a state due waits for the peer like any send).
+const DEBT_MAX: u64 = 1 << 16;
 
 pub(super) struct SessionReader {
     /// Record requests handed to the application and not answered yet.
@@ -101,10 +106,11 @@ impl SessionReader {
         }
     }
 
-    /// Whether a recorded state is due and the read-ahead has room.
-    fn may_read_ahead(&self) -> bool {
+    /// Whether a recorded state is due and the read-ahead, and the channel's debt, have room.
+    fn may_read_ahead(&self, handles: &ChannelHandles) -> bool {
         self.records.pending.load(Ordering::Acquire) > 0
             && self.read_ahead.load(Ordering::Relaxed) < READ_AHEAD_MAX
+            && handles.debt.load(Ordering::Acquire) < DEBT_MAX
     }
 
     /// Takes a message in on credit: the channel's credits pay it back.
@@ -123,7 +129,8 @@ impl SessionReader {
     /// Checks every message, then forwards them in order, taking one credit each; when a
     /// channel is full what is ready goes first and the session waits (backpressure) —
     /// unless the application owes a recorded state: then the session reads ahead (up to
-    /// `READ_AHEAD_MAX` messages), queueing what it reads on credit, so that the state
+    /// `READ_AHEAD_MAX` messages, while the channel owes fewer than `DEBT_MAX`), queueing
+    /// what it reads on credit, so that the state
     /// behind these sends reaches the loop without waiting for a slow peer. The messages
     /// are queued all the same, before the state, and an unaligned snapshot records them.
     async fn send(&self, batch: pb::SendBatch) -> Result<(), Status> {
@@ -183,7 +190,7 @@ impl SessionReader {
             let credits = &handles.credits;
             match credits.try_acquire() {
                 Ok(permit) => permit.forget(),
-                Err(_) if self.may_read_ahead() => self.on_credit(handles),
+                Err(_) if self.may_read_ahead(handles) => self.on_credit(handles),
                 Err(_) => {
                     if !ready.is_empty() {
                         let sends = std::mem::take(&mut ready);
@@ -197,7 +204,7 @@ impl SessionReader {
                     // read ahead.
                     loop {
                         let woken = self.records.wake.notified();
-                        if self.may_read_ahead() {
+                        if self.may_read_ahead(handles) {
                             self.on_credit(handles);
                             break;
                         }
