@@ -1,6 +1,6 @@
 //! The application's session with its local node daemon.
 
-use std::collections::{BTreeSet, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 
@@ -36,6 +36,9 @@ const CONSUMED_OPEN_TIMEOUT: std::time::Duration = std::time::Duration::from_sec
 /// Consumed messages after which the session acknowledges them even with more buffered
 /// (it always does before it waits for more).
 const ACK_EVERY: u64 = 256;
+/// Most record requests remembered as answered from one copy while the other is due (as
+/// many snapshots as could be in flight at once, and more).
+const ANSWERED_MEMORY: usize = 1024;
 
 /// Something the daemon asks of, or hands to, the application.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -49,6 +52,11 @@ pub enum AppEvent {
     },
     /// Record your local state now and answer with [`AppSender::state_recorded`].
     /// Everything received before this event belongs in the state; nothing after it.
+    ///
+    /// For an unaligned snapshot it comes between the next two messages, ahead of
+    /// messages the daemon already handed the session: those are recorded as in flight,
+    /// and follow as usual. Answer before asking for the next event (or at least before
+    /// applying it), so that the state holds exactly the messages received before this.
     RecordState {
         /// The snapshot.
         snapshot_id: u64,
@@ -94,7 +102,8 @@ pub enum AppEvent {
 
 enum Outgoing {
     Send(String, Bytes),
-    State(u64, Bytes),
+    /// A recorded state, with the messages consumed at its cut.
+    State(u64, Option<u64>, Bytes),
     RestoreApplied(String),
 }
 
@@ -112,6 +121,39 @@ pub struct AppSession {
     consumed: (u64, u64),
     acknowledged: u64,
     acks: watch::Sender<(u64, u64)>,
+    /// Early copies of record requests, from the `App/Consumed` stream.
+    early: Arc<EarlyRecords>,
+    /// Requests answered at their early copy, whose in-band copy is still to come...
+    answered_early: BTreeSet<u64>,
+    /// ...and answered in band, whose early copy is still to come.
+    answered_in_band: BTreeSet<u64>,
+}
+
+/// Record requests that came ahead of the session's deliveries (`Taken.record_state`).
+#[derive(Default)]
+struct EarlyRecords {
+    /// Requests not taken yet, and whether the stream bringing them ended (no more come).
+    due: std::sync::Mutex<(VecDeque<u64>, bool)>,
+    /// Wakes the session waiting for deliveries.
+    wake: tokio::sync::Notify,
+}
+
+impl EarlyRecords {
+    fn arrived(&self, ids: Vec<u64>, ended: bool) {
+        let mut due = self.due.lock().expect("never poisoned");
+        due.0.extend(ids);
+        due.1 |= ended;
+        drop(due);
+        self.wake.notify_one();
+    }
+}
+
+/// Remembers `id` in a set bounded by [`ANSWERED_MEMORY`] (the oldest goes first).
+fn remember(set: &mut BTreeSet<u64>, id: u64) {
+    set.insert(id);
+    while set.len() > ANSWERED_MEMORY {
+        set.pop_first();
+    }
 }
 
 impl AppSession {
@@ -194,6 +236,7 @@ impl AppSession {
             },
         ));
         let (acks, mut latest) = watch::channel((0u64, 0u64));
+        let early = Arc::new(EarlyRecords::default());
         if session != 0 {
             let (ack_tx, ack_rx) = mpsc::channel::<pb::Consumption>(1);
             tokio::spawn(async move {
@@ -240,12 +283,20 @@ impl AppSession {
                 );
             }
             let room = room.clone();
+            let early = early.clone();
             tokio::spawn(async move {
                 let mut released = 0u64;
                 let reported = opened.is_ok();
                 if let Ok(response) = opened {
                     let mut taken = response.into_inner();
-                    while let Ok(Some(pb::Taken { messages })) = taken.message().await {
+                    while let Ok(Some(pb::Taken {
+                        messages,
+                        record_state,
+                    })) = taken.message().await
+                    {
+                        if !record_state.is_empty() {
+                            early.arrived(record_state, false);
+                        }
                         // Never more than was written (a confused daemon cannot inflate
                         // it).
                         let messages = messages.min(written.load(Ordering::Acquire));
@@ -267,6 +318,7 @@ impl AppSession {
                     // What the daemon did not report taking is not confirmed now.
                     close(&confirmed_tx);
                 }
+                early.arrived(Vec::new(), true);
             });
         }
         Ok(Self {
@@ -277,6 +329,7 @@ impl AppSession {
                 restore: Arc::default(),
                 sends: Arc::default(),
                 confirmed,
+                cuts: Arc::default(),
             },
             inbound,
             buffered: VecDeque::new(),
@@ -285,7 +338,38 @@ impl AppSession {
             consumed: (0, 0),
             acknowledged: 0,
             acks,
+            early,
+            answered_early: BTreeSet::new(),
+            answered_in_band: BTreeSet::new(),
         })
+    }
+
+    /// The application takes its cut for `snapshot_id` here: after the messages it has
+    /// consumed so far, which the answer names.
+    fn cut(&mut self, snapshot_id: u64) -> AppEvent {
+        let mut cuts = self.sender.cuts.lock().expect("never poisoned");
+        cuts.insert(snapshot_id, self.consumed.0);
+        while cuts.len() > ANSWERED_MEMORY {
+            cuts.pop_first();
+        }
+        AppEvent::RecordState { snapshot_id }
+    }
+
+    /// An early copy of a record request not answered yet, if one came.
+    fn early_request(&mut self) -> Option<u64> {
+        let mut due = self.early.due.lock().expect("never poisoned");
+        if due.1 {
+            // No early copy comes any more: none is waited for.
+            self.answered_in_band.clear();
+        }
+        while let Some(id) = due.0.pop_front() {
+            if !self.answered_in_band.remove(&id) {
+                drop(due);
+                remember(&mut self.answered_early, id);
+                return Some(id);
+            }
+        }
+        None
     }
 
     /// Tells the daemon what the application has taken (it keeps at most a window of
@@ -328,6 +412,11 @@ impl AppSession {
             self.sender.restore_applied(&restore_id)?;
         }
         loop {
+            // A record request that overtook the deliveries: the cut is here, between two
+            // messages.
+            if let Some(id) = self.early_request() {
+                return Ok(Some(self.cut(id)));
+            }
             if let Some(event) = self.buffered.pop_front() {
                 if let AppEvent::Restore { restore_id, .. }
                 | AppEvent::RestorePiece {
@@ -352,7 +441,12 @@ impl AppSession {
             }
             // Everything taken: say so before waiting for more.
             self.acknowledge();
-            let Some(message) = self.inbound.message().await? else {
+            let message = tokio::select! {
+                // Cancel-safe: the stream keeps what it has read of a message.
+                message = self.inbound.message() => message?,
+                () = self.early.wake.notified() => continue,
+            };
+            let Some(message) = message else {
                 return Ok(None);
             };
             match message.kind {
@@ -380,9 +474,14 @@ impl AppSession {
                     }
                 }
                 Some(Kind::RecordState(r)) => {
-                    return Ok(Some(AppEvent::RecordState {
-                        snapshot_id: r.snapshot_id,
-                    }));
+                    // Answered at its early copy already: the cut was there.
+                    if self.answered_early.remove(&r.snapshot_id) {
+                        continue;
+                    }
+                    if r.early_copy {
+                        remember(&mut self.answered_in_band, r.snapshot_id);
+                    }
+                    return Ok(Some(self.cut(r.snapshot_id)));
                 }
                 Some(Kind::Restore(r)) => self.staging.piece(r, &mut self.buffered),
                 Some(Kind::RestoreAborted(a)) => self.staging.aborted(a, &mut self.buffered),

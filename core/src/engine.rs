@@ -150,7 +150,7 @@ impl SnapshotEngine {
                 }
                 None => Outcome::Ignored(Ignored::UnknownChannel),
             },
-            Event::StateRecorded { id } => self.on_state_recorded(id),
+            Event::StateRecorded { id, unconsumed } => self.on_state_recorded(id, &unconsumed),
             Event::AlignmentTimedOut { id } => self.on_alignment_timed_out(id),
             Event::MarkerTransmitted { channel, id } => self.on_marker_transmitted(&channel, id),
             Event::ChannelReset { channel } => self.on_channel_reset(channel),
@@ -414,7 +414,7 @@ impl SnapshotEngine {
         }
     }
 
-    fn on_state_recorded(&mut self, id: SnapshotId) -> Outcome {
+    fn on_state_recorded(&mut self, id: SnapshotId, unconsumed: &[(ChannelId, u64)]) -> Outcome {
         let Some(snapshot) = self.snapshots.get_mut(&id) else {
             return Outcome::Ignored(if self.is_finished(id) {
                 Ignored::FinishedSnapshot
@@ -425,6 +425,27 @@ impl SnapshotEngine {
         if snapshot.phase != Phase::AwaitingState {
             return Outcome::Ignored(Ignored::StateNotAwaited);
         }
+        if let Err(why) = Self::cut_earlier(snapshot, unconsumed) {
+            let reason = FailureReason::BadCut {
+                node: self.node.clone(),
+                why,
+            };
+            self.abort(id, reason);
+            return Outcome::Applied;
+        }
+        let snapshot = self.snapshots.get_mut(&id).expect("in flight");
+        for &(ref channel, count) in unconsumed.iter().filter(|(_, n)| *n > 0) {
+            let cut = snapshot.incoming.get_mut(channel).expect("checked");
+            let delivered = cut.delivered.expect("recorded");
+            // Handed over before the request, consumed after the cut: in flight at the
+            // cut, and before every message recorded on the channel so far.
+            self.commands.push_back(Command::RecordChannelMessages {
+                id,
+                channel: channel.clone(),
+                indices: delivered - count..delivered,
+            });
+            cut.delivered = Some(delivered - count);
+        }
         snapshot.phase = Phase::StateRecorded;
         for (channel, cut) in &mut snapshot.outgoing {
             cut.sent = Some(self.outgoing[channel].queued);
@@ -434,6 +455,45 @@ impl SnapshotEngine {
         }
         self.check_done(id);
         Outcome::Applied
+    }
+
+    /// Whether the application may have cut before messages it was handed: only when the
+    /// request overtook the inbox (an aligned snapshot's cut has no channel state), only
+    /// on its incoming channels, each named once, and never before what the cut counted
+    /// as delivered on the channel.
+    fn cut_earlier(
+        snapshot: &LocalSnapshot,
+        unconsumed: &[(ChannelId, u64)],
+    ) -> Result<(), String> {
+        if unconsumed.iter().all(|(_, n)| *n == 0) {
+            return Ok(());
+        }
+        if !snapshot.overtake {
+            return Err(
+                "the application cut its state before messages it had been handed, \
+                 for a record request that did not overtake them"
+                    .into(),
+            );
+        }
+        let mut named = BTreeSet::new();
+        for (channel, count) in unconsumed {
+            let Some(cut) = snapshot.incoming.get(channel) else {
+                return Err(format!(
+                    "the application's cut names {channel}, not an incoming channel"
+                ));
+            };
+            if !named.insert(channel) {
+                return Err(format!("the application's cut names {channel} twice"));
+            }
+            let delivered = cut.delivered.unwrap_or(0);
+            if *count > delivered {
+                return Err(format!(
+                    "the application's cut leaves {count} messages of {channel} unconsumed, \
+                     but only {delivered} were handed over"
+                ));
+            }
+        }
+        Ok(())
     }
 
     fn on_data_received(&mut self, channel: &ChannelId, count: u64) -> Outcome {

@@ -64,6 +64,12 @@ pub enum Event {
     StateRecorded {
         /// The snapshot.
         id: SnapshotId,
+        /// Messages the application had been handed before a request that overtook the
+        /// inbox and had not consumed when it took its cut (it took the request's early
+        /// copy): for each incoming channel, how many of the last ones handed over belong
+        /// after the cut. They become channel state. Empty when the cut is where the
+        /// request was handed over.
+        unconsumed: Vec<(ChannelId, u64)>,
     },
     /// A marker left an outgoing queue for the wire: it can no longer overtake anything.
     MarkerTransmitted {

@@ -50,6 +50,15 @@ pub enum FailureReason {
         /// What each part says, for people.
         detail: String,
     },
+    /// A process's application cut its state where the process cannot place the cut (it
+    /// cut at a record request's early copy, docs/architecture.md §4.2, and named a count
+    /// of consumed messages that does not match what it was handed).
+    BadCut {
+        /// The process.
+        node: NodeId,
+        /// Why, for people.
+        why: String,
+    },
 }
 
 /// What kind of reason a [`FailureReason`] is: its stable word is how the store, the wire's
@@ -82,11 +91,13 @@ pub enum FailureKind {
     MixedEpochs,
     /// [`FailureReason::CoordinatorFailover`].
     CoordinatorFailover,
+    /// [`FailureReason::BadCut`].
+    BadCut,
 }
 
 impl FailureKind {
     /// Every kind.
-    pub const ALL: [Self; 13] = [
+    pub const ALL: [Self; 14] = [
         Self::Aborted,
         Self::Timeout,
         Self::NodeLost,
@@ -100,6 +111,7 @@ impl FailureKind {
         Self::MembershipChanged,
         Self::MixedEpochs,
         Self::CoordinatorFailover,
+        Self::BadCut,
     ];
 
     /// The kind's stable word, as the store and scripts spell it.
@@ -118,6 +130,7 @@ impl FailureKind {
             Self::MembershipChanged => "MEMBERSHIP_CHANGED",
             Self::MixedEpochs => "MIXED_EPOCHS",
             Self::CoordinatorFailover => "COORDINATOR_FAILOVER",
+            Self::BadCut => "BAD_CUT",
         }
     }
 
@@ -144,6 +157,7 @@ impl FailureReason {
             Self::Aborted(_) => FailureKind::Aborted,
             Self::MembershipChanged(_) => FailureKind::MembershipChanged,
             Self::MixedEpochs { .. } => FailureKind::MixedEpochs,
+            Self::BadCut { .. } => FailureKind::BadCut,
         }
     }
 
@@ -153,7 +167,10 @@ impl FailureReason {
             Self::Timeout { missing: nodes }
             | Self::Storage { nodes, .. }
             | Self::MixedEpochs { nodes, .. } => nodes.clone(),
-            Self::NodeLost(node) | Self::NoApplication(node) | Self::Shutdown(node) => {
+            Self::NodeLost(node)
+            | Self::NoApplication(node)
+            | Self::Shutdown(node)
+            | Self::BadCut { node, .. } => {
                 vec![node.clone()]
             }
             Self::ChannelReset(_)
@@ -183,7 +200,7 @@ impl FailureReason {
             | Self::MembershipChanged(what)
             | Self::Aborted(what) => what.clone(),
             Self::MixedEpochs { detail, .. } => detail.clone(),
-            Self::Storage { why, .. } => why.clone(),
+            Self::Storage { why, .. } | Self::BadCut { why, .. } => why.clone(),
             Self::Timeout { .. }
             | Self::NodeLost(_)
             | Self::ChannelReset(_)
@@ -217,6 +234,7 @@ impl fmt::Display for FailureReason {
             }
             Self::Storage { why, .. } => write!(f, "storage failed: {why}"),
             Self::Aborted(why) => write!(f, "aborted: {why}"),
+            Self::BadCut { node, why } => write!(f, "bad cut at node {node}: {why}"),
         }
     }
 }

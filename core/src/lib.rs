@@ -37,7 +37,7 @@
 //! assert_eq!(commands, [Command::EnqueueRecordState { id: plan.id, front: false }]);
 //!
 //! // The application answered: the marker goes out and b's part is complete.
-//! engine.handle(Event::StateRecorded { id: plan.id });
+//! engine.handle(Event::StateRecorded { id: plan.id, unconsumed: vec![] });
 //! let commands: Vec<Command> = engine.drain_commands().collect();
 //! assert!(matches!(&commands[0], Command::SendMarker { channel, .. } if channel == &ChannelId::new("b", "a")));
 //! assert!(matches!(&commands[1], Command::ReportLocalDone { .. }));

@@ -102,7 +102,13 @@ fn recorded_state_sends_a_marker_behind_the_queue_on_every_outgoing_channel() {
     let p = plan(1, SnapshotMode::ChandyLamport, "b");
     feed(&mut e, Event::SnapshotInitiated { plan: p.clone() });
     assert_eq!(
-        feed(&mut e, Event::StateRecorded { id: SnapshotId(1) }),
+        feed(
+            &mut e,
+            Event::StateRecorded {
+                id: SnapshotId(1),
+                unconsumed: vec![]
+            }
+        ),
         vec![marker_out("a", &p, false), marker_out("c", &p, false)]
     );
 }
@@ -142,7 +148,13 @@ fn marker_on_last_channel_completes_local_snapshot() {
     feed(&mut e, queued(ch("b", "a"), 2));
     feed(&mut e, received(ch("c", "b"), 1));
     feed(&mut e, marker("a", &p));
-    feed(&mut e, Event::StateRecorded { id: SnapshotId(7) });
+    feed(
+        &mut e,
+        Event::StateRecorded {
+            id: SnapshotId(7),
+            unconsumed: vec![],
+        },
+    );
     feed(&mut e, received(ch("c", "b"), 2));
     let report = LocalReport {
         id: SnapshotId(7),
@@ -204,7 +216,13 @@ fn marker_of_a_finished_snapshot_is_ignored() {
     let mut e = SnapshotEngine::new("b".into(), t);
     let p = plan(1, SnapshotMode::ChandyLamport, "a");
     feed(&mut e, marker("a", &p));
-    feed(&mut e, Event::StateRecorded { id: SnapshotId(1) });
+    feed(
+        &mut e,
+        Event::StateRecorded {
+            id: SnapshotId(1),
+            unconsumed: vec![],
+        },
+    );
     assert_eq!(
         e.handle(marker("a", &p)),
         Outcome::Ignored(Ignored::FinishedSnapshot)
@@ -215,7 +233,10 @@ fn marker_of_a_finished_snapshot_is_ignored() {
 fn state_for_an_unknown_snapshot_is_ignored() {
     let mut e = mesh_b();
     assert_eq!(
-        e.handle(Event::StateRecorded { id: SnapshotId(9) }),
+        e.handle(Event::StateRecorded {
+            id: SnapshotId(9),
+            unconsumed: vec![]
+        }),
         Outcome::Ignored(Ignored::UnknownSnapshot)
     );
 }
@@ -266,7 +287,13 @@ fn unaligned_marker_overtakes_the_outgoing_queue_which_the_sender_records() {
         feed(&mut e, queued(ch("b", "c"), 1)),
         vec![record(2, ch("b", "c"), 0..1)]
     );
-    feed(&mut e, Event::StateRecorded { id: SnapshotId(2) });
+    feed(
+        &mut e,
+        Event::StateRecorded {
+            id: SnapshotId(2),
+            unconsumed: vec![],
+        },
+    );
     assert_eq!(feed(&mut e, queued(ch("b", "c"), 1)), vec![]);
 }
 
@@ -450,7 +477,13 @@ fn alignment_timeout_after_the_state_moves_markers_still_queued_to_the_front() {
         ]
     );
     assert_eq!(
-        feed(&mut e, Event::StateRecorded { id: SnapshotId(9) }),
+        feed(
+            &mut e,
+            Event::StateRecorded {
+                id: SnapshotId(9),
+                unconsumed: vec![]
+            }
+        ),
         vec![marker_out("a", &p, false), marker_out("c", &p, false)]
     );
     feed(&mut e, marker("a", &p));
@@ -517,7 +550,13 @@ fn alignment_timeout_while_the_state_is_awaited_sends_the_markers_in_front() {
         vec![]
     );
     assert_eq!(
-        feed(&mut e, Event::StateRecorded { id: SnapshotId(10) }),
+        feed(
+            &mut e,
+            Event::StateRecorded {
+                id: SnapshotId(10),
+                unconsumed: vec![]
+            }
+        ),
         vec![
             marker_out("a", &timed(&p), true),
             record(10, ch("b", "a"), 0..4),
@@ -633,7 +672,13 @@ fn process_without_incoming_channels_is_done_once_its_state_is_recorded() {
     let mut e = SnapshotEngine::new("a".into(), t);
     let p = plan(1, SnapshotMode::ChandyLamport, "a");
     feed(&mut e, Event::SnapshotInitiated { plan: p.clone() });
-    let commands = feed(&mut e, Event::StateRecorded { id: SnapshotId(1) });
+    let commands = feed(
+        &mut e,
+        Event::StateRecorded {
+            id: SnapshotId(1),
+            unconsumed: vec![],
+        },
+    );
     assert_eq!(commands.len(), 2);
     assert_eq!(
         commands[0],
@@ -712,4 +757,117 @@ fn a_topology_change_fails_the_snapshots_in_flight_and_keeps_the_counters_of_cha
         }),
         Outcome::Ignored(Ignored::NotAMember)
     );
+}
+
+/// An unaligned record request overtakes the inbox, and its early copy overtakes what the
+/// application was handed: the application cuts before the last messages it was handed
+/// and had not consumed. They are in flight at the cut: recorded ahead of the channel's
+/// other recorded messages, and the cut counts them as not delivered.
+#[test]
+fn an_early_cut_records_what_the_application_was_handed_and_had_not_consumed() {
+    let mut e = mesh_b();
+    let p = plan(3, SnapshotMode::Unaligned, "a");
+    feed(&mut e, received(ch("a", "b"), 5));
+    feed(&mut e, delivered(ch("a", "b"), 5));
+    feed(&mut e, received(ch("c", "b"), 4));
+    feed(&mut e, delivered(ch("c", "b"), 3));
+    // The marker on a->b: the request goes to the front; c->b's undelivered one is
+    // channel state, and c->b stays open until its marker.
+    assert_eq!(
+        feed(&mut e, marker("a", &p)),
+        vec![
+            Command::EnqueueRecordState {
+                id: SnapshotId(3),
+                front: true
+            },
+            record(3, ch("c", "b"), 3..4),
+            marker_out("a", &p, true),
+            marker_out("c", &p, true),
+        ]
+    );
+    // The application had consumed 3 of a->b's 5 and 1 of c->b's 3.
+    assert_eq!(
+        feed(
+            &mut e,
+            Event::StateRecorded {
+                id: SnapshotId(3),
+                unconsumed: vec![(ch("a", "b"), 2), (ch("c", "b"), 2)],
+            }
+        ),
+        vec![record(3, ch("a", "b"), 3..5), record(3, ch("c", "b"), 1..3)]
+    );
+    let commands = feed(&mut e, marker("c", &p));
+    let [Command::ReportLocalDone { report }] = &commands[..] else {
+        panic!("expected the report, got {commands:?}");
+    };
+    assert_eq!(
+        report.incoming[&ch("a", "b")],
+        IncomingCut {
+            delivered: 3,
+            marker_at: 5
+        }
+    );
+    assert_eq!(
+        report.incoming[&ch("c", "b")],
+        IncomingCut {
+            delivered: 1,
+            marker_at: 4
+        }
+    );
+}
+
+/// A cut earlier than the request is refused where it cannot be consistent: for a request
+/// that did not overtake the inbox (an aligned snapshot has no channel state), for more
+/// messages than were handed over, or for a channel that is not incoming.
+#[test]
+fn an_early_cut_that_cannot_be_consistent_fails_the_snapshot_naming_the_node() {
+    type Case = (SnapshotMode, Vec<(ChannelId, u64)>, &'static str);
+    let cases: [Case; 4] = [
+        (
+            SnapshotMode::ChandyLamport,
+            vec![(ch("a", "b"), 1)],
+            "did not overtake them",
+        ),
+        (
+            SnapshotMode::Unaligned,
+            vec![(ch("a", "b"), 6)],
+            "only 5 were handed over",
+        ),
+        (
+            SnapshotMode::Unaligned,
+            vec![(ch("b", "a"), 1)],
+            "not an incoming channel",
+        ),
+        (
+            SnapshotMode::Unaligned,
+            vec![(ch("a", "b"), 1), (ch("a", "b"), 1)],
+            "twice",
+        ),
+    ];
+    for (mode, unconsumed, words) in cases {
+        let mut e = mesh_b();
+        let p = plan(4, mode, "a");
+        feed(&mut e, received(ch("a", "b"), 5));
+        feed(&mut e, delivered(ch("a", "b"), 5));
+        feed(&mut e, marker("a", &p));
+        let commands = feed(
+            &mut e,
+            Event::StateRecorded {
+                id: SnapshotId(4),
+                unconsumed,
+            },
+        );
+        let [
+            Command::Abort {
+                reason: FailureReason::BadCut { node, why },
+                ..
+            },
+        ] = &commands[..]
+        else {
+            panic!("{mode:?}: expected an abort, got {commands:?}");
+        };
+        assert_eq!(node.as_str(), "b");
+        assert!(why.contains(words), "{why}");
+        assert_eq!(e.in_flight().count(), 0);
+    }
 }

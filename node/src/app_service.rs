@@ -49,6 +49,8 @@ pub(crate) struct SendsTaken {
     flow_opened: std::sync::atomic::AtomicBool,
     /// ...presenting this key (`Attached.flow_key`).
     flow_key: u64,
+    /// The session's record requests (their early copies go out on the `Consumed` stream).
+    records: Arc<RecordsDue>,
 }
 
 /// A session's entry in `sessions_taken`: removed, and the session marked ended, when this
@@ -102,7 +104,9 @@ impl pb::app_server::App for AppService {
             return Err(invalid("the first message of a session must be Attach").into());
         };
         let session = self.sessions.fetch_add(1, Ordering::Relaxed) + 1;
+        let records = Arc::new(RecordsDue::default());
         let taken = Arc::new(SendsTaken {
+            records: records.clone(),
             acknowledges: attach.acknowledges_deliveries,
             // Never 0 (what a client that knows no key sends).
             flow_key: rand::random::<u64>().max(1),
@@ -124,7 +128,6 @@ impl pb::app_server::App for AppService {
         // overtaken by an unaligned snapshot's record request.
         let (tx, rx) = mpsc::channel(2);
         let (reply, attached) = oneshot::channel();
-        let records = Arc::new(RecordsDue::default());
         let asked = self
             .loop_tx
             .send(LoopMsg::AppAttach {
@@ -245,6 +248,7 @@ async fn flow(
 ) {
     let mut consumption = Some(first);
     let mut told = 0;
+    let mut early = Vec::new();
     loop {
         if let Some(c) = consumption.take() {
             if c.session != session {
@@ -262,20 +266,26 @@ async fn flow(
             }
         }
         let now = taken.messages.load(Ordering::Acquire);
-        if now != told {
+        early.append(&mut taken.records.early.lock().expect("never poisoned"));
+        if now != told || !early.is_empty() {
             told = now;
+            let message = pb::Taken {
+                messages: now,
+                record_state: std::mem::take(&mut early),
+            };
             // An application that stops reading its counts holds only this stream up,
             // never past its session's end or the daemon's shutdown.
             tokio::select! {
                 _ = shutdown.cancelled() => return,
                 _ = taken.ended.cancelled() => return,
-                sent = tx.send(Ok(pb::Taken { messages: now })) => if sent.is_err() { return },
+                sent = tx.send(Ok(message)) => if sent.is_err() { return },
             }
         }
         tokio::select! {
             _ = shutdown.cancelled() => return,
             _ = taken.ended.cancelled() => return,
             _ = taken.changed.notified() => {}
+            _ = taken.records.early_wake.notified() => {}
             m = inbound.message() => match m {
                 Ok(Some(c)) => consumption = Some(c),
                 Ok(None) | Err(_) => return,

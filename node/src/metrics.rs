@@ -47,6 +47,9 @@ pub(crate) struct NodeMetrics {
     pub messages: Family<DirectionLabel, Counter>,
     /// Messages this node recorded as channel state.
     pub recorded_messages: Counter,
+    /// Of those, messages the application had been handed and had not consumed when it
+    /// took its cut at a record request's early copy.
+    pub early_cut_messages: Counter,
     /// Times an outgoing channel reconnected.
     pub reconnects: Counter,
     /// Sessions with the coordinator that registered (the first, and each reconnect).
@@ -87,6 +90,12 @@ impl NodeMetrics {
             "cairn_node_recorded_channel_messages",
             "Messages recorded as channel state",
             self.recorded_messages.clone(),
+        );
+        registry.register(
+            "cairn_node_early_cut_messages",
+            "Messages recorded as channel state because the application had been handed them \
+             and had not consumed them when it took its cut at a record request's early copy",
+            self.early_cut_messages.clone(),
         );
         registry.register(
             "cairn_node_channel_reconnects",

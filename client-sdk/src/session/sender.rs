@@ -23,6 +23,8 @@ pub struct AppSender {
     /// reports; without that stream, how many were written to the session's stream), and
     /// whether no more will be confirmed (the stream, or the session, ended).
     pub(super) confirmed: watch::Receiver<(u64, bool)>,
+    /// Where the application took each cut it has not answered yet: messages consumed.
+    pub(super) cuts: Arc<std::sync::Mutex<BTreeMap<u64, u64>>>,
 }
 
 /// Room for one message, reserved by [`AppSender::reserve`]. Sending through it does not
@@ -106,8 +108,13 @@ impl AppSender {
     /// Answers [`AppEvent::RecordState`] with the local state (sent in chunks). Never
     /// waits: it follows everything sent before it, and precedes everything after.
     pub fn state_recorded(&self, snapshot_id: u64, state: Bytes) -> Result<(), Error> {
+        let consumed = self
+            .cuts
+            .lock()
+            .expect("never poisoned")
+            .remove(&snapshot_id);
         self.tx
-            .send(Outgoing::State(snapshot_id, state))
+            .send(Outgoing::State(snapshot_id, consumed, state))
             .map_err(|_| Error::SessionClosed)
     }
 

@@ -54,12 +54,15 @@ pub(super) async fn write_loop(
     let mut next = rx.recv().await;
     while let Some(item) = next.take() {
         let messages: Vec<Kind> = match item {
-            Outgoing::State(snapshot_id, state) => chunks(&state)
-                .map(|(chunk, last)| {
+            Outgoing::State(snapshot_id, consumed, state) => chunks(&state)
+                .enumerate()
+                .map(|(i, (chunk, last))| {
                     Kind::StateRecorded(pb::StateRecorded {
                         snapshot_id,
                         chunk,
                         last,
+                        // The cut is the first chunk's.
+                        consumed: consumed.filter(|_| i == 0),
                     })
                 })
                 .collect(),

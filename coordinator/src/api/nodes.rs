@@ -299,6 +299,14 @@ fn node_failure(node: &NodeId, reason: &pb::FailureReason) -> FailureReason {
             // Never: a storage reason always converts.
             other => other.unwrap_or_else(|e| aborted(format!("{} ({e})", reason.message))),
         },
+        // So does a bad cut of its application.
+        Kind::BadCut => FailureReason::BadCut {
+            node: node.clone(),
+            why: reason
+                .detail
+                .clone()
+                .unwrap_or_else(|| reason.message.clone()),
+        },
         Kind::Unspecified => aborted(reason.message.clone()),
         _ => FailureReason::try_from(reason)
             .unwrap_or_else(|e| aborted(format!("{} ({e})", reason.message))),

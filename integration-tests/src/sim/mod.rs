@@ -44,6 +44,9 @@ pub struct SimStats {
     pub overlapping: u64,
     /// Alignment timeouts that fired.
     pub alignment_timeouts: u64,
+    /// Cuts the application took at a record request's early copy, before messages it had
+    /// been handed and not consumed.
+    pub early_cuts: u64,
 }
 
 impl SimStats {
@@ -61,6 +64,7 @@ impl SimStats {
         self.channel_resets += other.channel_resets;
         self.overlapping += other.overlapping;
         self.alignment_timeouts += other.alignment_timeouts;
+        self.early_cuts += other.early_cuts;
     }
 }
 

@@ -36,9 +36,19 @@ enum InboxItem {
 
 #[derive(Debug)]
 enum AppItem {
-    Send { channel: ChannelId, msg: Msg },
-    State { id: SnapshotId, balance: u64 },
+    Send {
+        channel: ChannelId,
+        msg: Msg,
+    },
+    State {
+        id: SnapshotId,
+        balance: u64,
+        unconsumed: Vec<(ChannelId, u64)>,
+    },
 }
+
+/// Most items the application holds handed over and not consumed (its delivery window).
+const WINDOW: usize = 4;
 
 #[derive(Debug, Clone)]
 enum Frame {
@@ -74,6 +84,14 @@ pub(crate) struct Process {
     engine: Box<dyn Engine>,
     balance: u64,
     inbox: VecDeque<InboxItem>,
+    /// Handed to the application and not consumed yet: messages, and record requests
+    /// behind them (the in-band copy).
+    handed: VecDeque<InboxItem>,
+    /// Early copies of record requests that overtook the inbox: the application may take
+    /// one between two messages, before what it was handed.
+    early: VecDeque<SnapshotId>,
+    /// Requests the application answered from one copy whose other copy is still coming.
+    answered: BTreeSet<SnapshotId>,
     app_out: VecDeque<AppItem>,
     pub(crate) sent_log: Vec<(ChannelId, Msg)>,
     pub(crate) delivered_log: Vec<(ChannelId, Msg)>,
@@ -81,6 +99,19 @@ pub(crate) struct Process {
     pub(crate) cuts: BTreeMap<SnapshotId, (usize, usize)>,
     control: VecDeque<Control>,
     timers: Vec<SnapshotId>,
+}
+
+impl Process {
+    /// The application records its state: everything it consumed is in it, nothing else.
+    fn cut(&mut self, id: SnapshotId, unconsumed: Vec<(ChannelId, u64)>) {
+        self.cuts
+            .insert(id, (self.sent_log.len(), self.delivered_log.len()));
+        self.app_out.push_back(AppItem::State {
+            id,
+            balance: self.balance,
+            unconsumed,
+        });
+    }
 }
 
 /// A finished snapshot's evidence, kept for the oracle.
@@ -96,6 +127,8 @@ pub(crate) struct Evidence {
 enum Action {
     AppSend(usize),
     AppProcess(usize),
+    AppHand(usize),
+    AppEarly(usize),
     NodeTakeApp(usize),
     Control(usize),
     Timer(usize),
@@ -141,6 +174,9 @@ impl World {
                     engine,
                     balance: START_BALANCE,
                     inbox: VecDeque::new(),
+                    handed: VecDeque::new(),
+                    early: VecDeque::new(),
+                    answered: BTreeSet::new(),
                     app_out: VecDeque::new(),
                     sent_log: Vec::new(),
                     delivered_log: Vec::new(),
@@ -248,8 +284,14 @@ impl World {
             if live && p.balance > 0 && self.topology.outgoing(name).next().is_some() {
                 actions.push(Action::AppSend(i));
             }
-            if !p.inbox.is_empty() {
+            if !p.inbox.is_empty() && p.handed.len() < WINDOW {
+                actions.push(Action::AppHand(i));
+            }
+            if !p.handed.is_empty() {
                 actions.push(Action::AppProcess(i));
+            }
+            if !p.early.is_empty() {
+                actions.push(Action::AppEarly(i));
             }
             if !p.app_out.is_empty() {
                 actions.push(Action::NodeTakeApp(i));
@@ -293,10 +335,12 @@ impl World {
     /// No frame of the channel is queued, on the wire or waiting for the application.
     fn channel_quiescent(&self, i: usize) -> bool {
         let c = &self.channels[i];
+        let to = &self.procs[&c.to];
         self.links[c].quiescent()
-            && !self.procs[&c.to]
+            && !to
                 .inbox
                 .iter()
+                .chain(&to.handed)
                 .any(|item| matches!(item, InboxItem::Deliver { channel, .. } if channel == c))
             && !self.procs[&c.from]
                 .app_out
@@ -321,20 +365,62 @@ impl World {
                 p.sent_log.push((channel.clone(), msg));
                 p.app_out.push_back(AppItem::Send { channel, msg });
             }
+            Action::AppHand(i) => {
+                // The daemon hands the front of the inbox over: the engine counts a message
+                // delivered now, though the application consumes it later.
+                let name = self.names[i].clone();
+                let p = self.procs.get_mut(&name).expect("member");
+                let item = p.inbox.pop_front().expect("enabled");
+                let delivered = match &item {
+                    InboxItem::Deliver { channel, .. } => Some(channel.clone()),
+                    InboxItem::Record(_) => None,
+                };
+                p.handed.push_back(item);
+                if let Some(channel) = delivered {
+                    self.feed(&name, Event::DataDelivered { channel, count: 1 })?;
+                }
+            }
             Action::AppProcess(i) => {
                 let name = self.names[i].clone();
                 let p = self.procs.get_mut(&name).expect("member");
-                match p.inbox.pop_front().expect("enabled") {
+                match p.handed.pop_front().expect("enabled") {
                     InboxItem::Deliver { channel, msg } => {
                         p.balance += msg.amount;
-                        p.delivered_log.push((channel.clone(), msg));
-                        self.feed(&name, Event::DataDelivered { channel, count: 1 })?;
+                        p.delivered_log.push((channel, msg));
                     }
                     InboxItem::Record(id) => {
-                        p.cuts.insert(id, (p.sent_log.len(), p.delivered_log.len()));
-                        let balance = p.balance;
-                        p.app_out.push_back(AppItem::State { id, balance });
+                        // Cut at its early copy already, or the cut is here.
+                        if !p.answered.remove(&id) {
+                            if p.early.contains(&id) {
+                                p.answered.insert(id);
+                            }
+                            p.cut(id, Vec::new());
+                        }
                     }
+                }
+            }
+            Action::AppEarly(i) => {
+                let name = self.names[i].clone();
+                let p = self.procs.get_mut(&name).expect("member");
+                let id = p.early.pop_front().expect("enabled");
+                if !p.answered.remove(&id) {
+                    // Between two messages, before what was handed ahead of the in-band
+                    // request (all that was handed, if that is not handed over yet).
+                    let mut unconsumed: BTreeMap<ChannelId, u64> = BTreeMap::new();
+                    for item in &p.handed {
+                        match item {
+                            InboxItem::Record(r) if *r == id => break,
+                            InboxItem::Record(_) => {}
+                            InboxItem::Deliver { channel, .. } => {
+                                *unconsumed.entry(channel.clone()).or_default() += 1;
+                            }
+                        }
+                    }
+                    if !unconsumed.is_empty() {
+                        self.stats.early_cuts += 1;
+                    }
+                    p.answered.insert(id);
+                    p.cut(id, unconsumed.into_iter().collect());
                 }
             }
             Action::NodeTakeApp(i) => {
@@ -347,14 +433,18 @@ impl World {
                         link.outbox.push_back(Frame::Data(msg));
                         self.feed(&name, Event::DataQueued { channel, count: 1 })?;
                     }
-                    AppItem::State { id, balance } => {
+                    AppItem::State {
+                        id,
+                        balance,
+                        unconsumed,
+                    } => {
                         self.evidence
                             .entry(id)
                             .or_default()
                             .states
                             .insert(name.clone(), balance);
                         self.tracker.state_recorded(id, &name);
-                        self.feed(&name, Event::StateRecorded { id })?;
+                        self.feed(&name, Event::StateRecorded { id, unconsumed })?;
                     }
                 }
             }
@@ -513,6 +603,8 @@ impl World {
                 let p = self.procs.get_mut(node).expect("member");
                 if front {
                     p.inbox.push_front(InboxItem::Record(id));
+                    // Its early copy, on the flow-control stream.
+                    p.early.push_back(id);
                 } else {
                     p.inbox.push_back(InboxItem::Record(id));
                 }
@@ -553,7 +645,15 @@ impl World {
                     .recorded
                     .entry((node.clone(), channel))
                     .or_default();
-                recorded.extend(indices.zip(messages.iter().copied()));
+                let messages = indices.zip(messages.iter().copied());
+                // As the daemon does: messages handed over and not consumed at an early cut
+                // precede everything recorded on the channel so far.
+                match (recorded.first(), messages.clone().last()) {
+                    (Some((first, _)), Some((last, _))) if last < *first => {
+                        recorded.splice(0..0, messages);
+                    }
+                    _ => recorded.extend(messages),
+                }
             }
             Command::BlockChannel { channel } => {
                 self.links.get_mut(&channel).expect("channel").blocked = true;

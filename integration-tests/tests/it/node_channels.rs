@@ -489,11 +489,13 @@ async fn a_peer_restart_resets_the_channel_and_fails_the_snapshot_in_flight_nami
 }
 
 /// A stalled application behind a full channel: the record request of an overtaking
-/// snapshot waits behind the delivery window only (not the inbox, nor frames stuck in the
-/// peer stream), the overtaken backlog is recorded, and every message still arrives once
-/// and in order. `alignment_timeout_ms` > 0: an aligned snapshot whose marker, queued
-/// behind the backlog at the sender, overtakes it once the timeout passes there.
-async fn record_request_waits_behind_the_window_only(mode: pb::SnapshotMode, alignment_ms: u64) {
+/// snapshot waits behind nothing — not the inbox, nor frames stuck in the peer stream, nor
+/// the delivery window already handed to the application (its early copy overtakes that,
+/// and the messages handed over and not consumed are recorded) — the overtaken backlog is
+/// recorded in order, and every message still arrives once and in order.
+/// `alignment_timeout_ms` > 0: an aligned snapshot whose marker, queued behind the backlog
+/// at the sender, overtakes it once the timeout passes there.
+async fn record_request_waits_behind_nothing(mode: pb::SnapshotMode, alignment_ms: u64) {
     const N: u64 = 20_000;
     const BUFFER: usize = 4_096;
     // The daemon's delivery window before it has measured the application's pace
@@ -568,8 +570,9 @@ async fn record_request_waits_behind_the_window_only(mode: pb::SnapshotMode, ali
         );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    // Now b's application reads: what precedes the record request is what the daemon had
-    // handed it before the marker came — the window, not the thousands queued.
+    // Now b's application reads: the record request's early copy went out when the marker
+    // came, before the status said so; the window the daemon had handed over (all of it:
+    // the application read nothing) is behind it.
     let mut next = 0u64;
     let mut before_record = None;
     while next < N {
@@ -590,9 +593,10 @@ async fn record_request_waits_behind_the_window_only(mode: pb::SnapshotMode, ali
     }
     let before_record = before_record.expect("b was asked to record its state");
     assert!(
-        before_record <= INITIAL_WINDOW,
-        "{before_record} messages were handed to b's application ahead of its record \
-         request: more than the delivery window ({INITIAL_WINDOW})"
+        before_record < INITIAL_WINDOW,
+        "b's application consumed {before_record} messages before its record request: the \
+         whole delivery window ({INITIAL_WINDOW}) it had been handed, which the request's \
+         early copy should have overtaken"
     );
     flood.await.unwrap().unwrap();
     let (code, message) = part_outcome(&cluster, "b", 1).await;
@@ -605,22 +609,182 @@ async fn record_request_waits_behind_the_window_only(mode: pb::SnapshotMode, ali
         .await
         .unwrap()
         .into_inner();
-    let recorded: usize = part.channel_states.iter().map(|c| c.messages.len()).sum();
+    let recorded: Vec<u64> = part
+        .channel_states
+        .iter()
+        .flat_map(|c| &c.messages)
+        .map(|m| u64::from_be_bytes(m.payload.as_ref().try_into().unwrap()))
+        .collect();
     assert!(
-        recorded as u64 >= inbox,
-        "b recorded {recorded} messages; its inbox of {inbox} was overtaken"
+        recorded.len() as u64 >= inbox + INITIAL_WINDOW - before_record,
+        "b recorded {} messages; its inbox of {inbox} and the {} handed over and not \
+         consumed were overtaken",
+        recorded.len(),
+        INITIAL_WINDOW - before_record
+    );
+    // In flight at the cut, in order: from the first the application had not consumed.
+    let expected: Vec<u64> = (before_record..before_record + recorded.len() as u64).collect();
+    assert!(
+        recorded == expected,
+        "b recorded {:?}…, not from {before_record} in order",
+        &recorded[..recorded.len().min(8)]
     );
     cluster.stop().await.unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_unaligned_record_request_waits_behind_the_delivery_window_only() {
-    record_request_waits_behind_the_window_only(pb::SnapshotMode::Unaligned, 0).await;
+async fn an_unaligned_record_request_overtakes_the_delivery_window() {
+    record_request_waits_behind_nothing(pb::SnapshotMode::Unaligned, 0).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_aligned_marker_overtakes_the_senders_queue_once_its_timeout_passes() {
-    record_request_waits_behind_the_window_only(pb::SnapshotMode::Aligned, 100).await;
+    record_request_waits_behind_nothing(pb::SnapshotMode::Aligned, 100).await;
+}
+
+/// The early copy of an overtaking record request reaches the application on its
+/// `Consumed` stream, and the in-band copy says so; an application that names a cut it
+/// cannot have taken (more messages consumed than it was handed before the request) fails
+/// the snapshot there, naming the node, and the daemon goes on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cut_the_application_cannot_have_taken_fails_the_snapshot_naming_the_node() {
+    let cluster = bind(&["a", "b"]).await.unwrap().start(|_, _| {});
+    let a = AppSession::connect(&cluster.nodes[&NodeId::from("a")].app.to_string(), "app")
+        .await
+        .unwrap();
+    tokio::spawn(answer_snapshots(a));
+    let channel = tonic::transport::Endpoint::from_shared(format!(
+        "http://{}",
+        cluster.nodes[&NodeId::from("b")].app
+    ))
+    .unwrap()
+    .connect()
+    .await
+    .unwrap();
+    let mut client = pb::app_client::AppClient::new(channel);
+    let (to_node, from_app) = mpsc::channel(4);
+    let attach = pb::app_to_node::Kind::Attach(pb::Attach {
+        application: "hostile".into(),
+        packed_deliveries: true,
+        acknowledges_deliveries: true,
+    });
+    to_node
+        .send(pb::AppToNode { kind: Some(attach) })
+        .await
+        .unwrap();
+    let mut session = client
+        .session(ReceiverStream::new(from_app))
+        .await
+        .unwrap()
+        .into_inner();
+    let Some(pb::node_to_app::Kind::Attached(attached)) =
+        session.message().await.unwrap().unwrap().kind
+    else {
+        panic!("expected Attached first");
+    };
+    let first = pb::Consumption {
+        session: attached.session,
+        messages: 0,
+        bytes: 0,
+        flow_key: attached.flow_key,
+    };
+    let (acks, acks_rx) = mpsc::channel(4);
+    acks.send(first).await.unwrap();
+    let mut taken = client
+        .consumed(ReceiverStream::new(acks_rx))
+        .await
+        .unwrap()
+        .into_inner();
+    cluster
+        .admin("a")
+        .await
+        .unwrap()
+        .initiate_snapshot(pb::InitiateSnapshotRequest {
+            snapshot_id: 1,
+            mode: pb::SnapshotMode::Unaligned as i32,
+            alignment_timeout_ms: 0,
+        })
+        .await
+        .unwrap();
+    // The early copy, on the flow-control stream.
+    let early = tokio::time::timeout(Duration::from_secs(10), async {
+        loop {
+            let t = taken
+                .message()
+                .await
+                .unwrap()
+                .expect("the stream stays open");
+            if !t.record_state.is_empty() {
+                return t.record_state;
+            }
+        }
+    })
+    .await
+    .expect("no early copy of the record request within 10 s");
+    assert_eq!(early, vec![1]);
+    // The in-band copy says an early one went ahead.
+    let in_band = loop {
+        match session.message().await.unwrap().unwrap().kind {
+            Some(pb::node_to_app::Kind::RecordState(r)) => break r,
+            Some(_) => {}
+            None => panic!("an empty message"),
+        }
+    };
+    assert_eq!((in_band.snapshot_id, in_band.early_copy), (1, true));
+    // Nothing was handed over before it: a cut after 5 consumed cannot be.
+    let state = pb::app_to_node::Kind::StateRecorded(pb::StateRecorded {
+        snapshot_id: 1,
+        chunk: Bytes::from_static(b"state"),
+        last: true,
+        consumed: Some(5),
+    });
+    to_node
+        .send(pb::AppToNode { kind: Some(state) })
+        .await
+        .unwrap();
+    let (code, message) = part_outcome(&cluster, "b", 1).await;
+    assert_ne!(code, Code::Ok, "{message}");
+    assert!(
+        message.contains(
+            "bad cut at node b: the application cut its state after 5 messages consumed, \
+             but was asked after 0 handed over"
+        ),
+        "{message}"
+    );
+    // The daemon goes on: the session is open and a next snapshot completes.
+    cluster
+        .admin("a")
+        .await
+        .unwrap()
+        .initiate_snapshot(pb::InitiateSnapshotRequest {
+            snapshot_id: 2,
+            mode: pb::SnapshotMode::Unaligned as i32,
+            alignment_timeout_ms: 0,
+        })
+        .await
+        .unwrap();
+    let in_band = loop {
+        if let Some(pb::node_to_app::Kind::RecordState(r)) =
+            session.message().await.unwrap().unwrap().kind
+        {
+            break r;
+        }
+    };
+    assert_eq!(in_band.snapshot_id, 2);
+    let state = pb::app_to_node::Kind::StateRecorded(pb::StateRecorded {
+        snapshot_id: 2,
+        chunk: Bytes::from_static(b"state"),
+        last: true,
+        consumed: Some(0),
+    });
+    to_node
+        .send(pb::AppToNode { kind: Some(state) })
+        .await
+        .unwrap();
+    let (code, message) = part_outcome(&cluster, "b", 2).await;
+    assert_eq!(code, Code::Ok, "{message}");
+    drop((to_node, acks));
+    cluster.stop().await.unwrap();
 }
 
 /// Only the application holding a session may open its `Consumed` stream: another client

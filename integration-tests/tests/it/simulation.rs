@@ -69,7 +69,7 @@ fn sweep_completes_and_verifies_every_snapshot_in_every_mode_on_every_shape() {
     let per_shape = sweep(configs).unwrap_or_else(|failure| panic!("{failure}"));
     for (shape, stats) in &per_shape {
         eprintln!(
-            "{shape}: {} schedules, completed {:?}, refused {}, {} overlapping, {} channel-state messages, {} markers, {} connection resets, {} alignment timeouts",
+            "{shape}: {} schedules, completed {:?}, refused {}, {} overlapping, {} channel-state messages, {} markers, {} connection resets, {} alignment timeouts, {} early cuts",
             stats.schedules,
             stats.completed,
             stats.refused,
@@ -77,7 +77,8 @@ fn sweep_completes_and_verifies_every_snapshot_in_every_mode_on_every_shape() {
             stats.recorded_messages,
             stats.markers,
             stats.transport_resets,
-            stats.alignment_timeouts
+            stats.alignment_timeouts,
+            stats.early_cuts
         );
     }
     if replay {
@@ -104,6 +105,10 @@ fn sweep_completes_and_verifies_every_snapshot_in_every_mode_on_every_shape() {
         assert!(
             stats.overlapping > 0,
             "{shape} never overlapped two snapshots"
+        );
+        assert!(
+            stats.early_cuts > 0,
+            "{shape} never cut at a record request's early copy before unconsumed messages"
         );
         // In a ring every process has one incoming channel: alignment ends with the first
         // marker, so there is nothing to time out.

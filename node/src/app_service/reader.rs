@@ -81,6 +81,7 @@ impl SessionReader {
                         id: SnapshotId(state.snapshot_id),
                         chunk,
                         last,
+                        consumed: state.consumed,
                     })
                     .await?;
                     if last {

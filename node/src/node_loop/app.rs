@@ -48,6 +48,7 @@ impl NodeLoop {
             // No window until the application's `Consumed` stream opens.
             window: super::flow::DeliveryWindow::new(false),
             records,
+            handed: super::handed::Handed::default(),
         });
         self.peers_changed = false;
         Ok(())
@@ -154,6 +155,7 @@ impl NodeLoop {
         let before = app.window.peer_room(u64::MAX, 1);
         app.window
             .consumed(messages, bytes, std::time::Instant::now());
+        app.handed.consumed(app.window.counts().1);
         if app.window.peer_room(u64::MAX, 1) != before {
             let channels: Vec<ChannelId> = self.incoming.keys().cloned().collect();
             for channel in &channels {
@@ -163,13 +165,15 @@ impl NodeLoop {
     }
 
     /// A chunk of recorded state. The first chunk is the cut: the engine learns of it
-    /// then. The part completes once the last chunk is in.
+    /// then, with the messages handed over and not consumed at it if the application cut
+    /// at the request's early copy. The part completes once the last chunk is in.
     pub(super) fn on_app_state(
         &mut self,
         session: u64,
         id: SnapshotId,
         chunk: StateChunk,
         last: bool,
+        consumed: Option<u64>,
     ) {
         if self.app.as_ref().map(|a| a.session) != Some(session)
             || !self.awaiting_state.contains(&id)
@@ -178,7 +182,31 @@ impl NodeLoop {
             return;
         }
         if self.recordings.state_chunk(id, chunk) {
-            self.feed(Event::StateRecorded { id });
+            let incoming = &self.incoming;
+            let app = self.app.as_mut().expect("the session's");
+            let cut = app
+                .handed
+                .cut(id, consumed, |c| incoming.get(c).map(|i| i.generation));
+            match cut {
+                Ok(unconsumed) => {
+                    let early: u64 = unconsumed.iter().map(|(_, n)| n).sum();
+                    if early > 0 {
+                        self.shared.metrics.early_cut_messages.inc_by(early);
+                        tracing::debug!(snapshot = %id, unconsumed = early, "the application cut at the early request");
+                    }
+                    self.feed(Event::StateRecorded { id, unconsumed });
+                }
+                Err(why) => {
+                    let reason = FailureReason::BadCut {
+                        node: self.shared.node_id.clone(),
+                        why,
+                    };
+                    self.feed(Event::SnapshotAborted { id, reason });
+                }
+            }
+            if let Some(app) = self.app.as_mut() {
+                app.handed.consumed(app.window.counts().1);
+            }
         }
         if last {
             self.awaiting_state.remove(&id);
@@ -238,19 +266,26 @@ impl NodeLoop {
         if let Some(InboxItem::Record(id)) = self.inbox.front() {
             let id = *id;
             self.inbox.pop_front();
+            let early_copy = self.app.as_mut().is_some_and(|app| {
+                let handed = app.window.counts().0;
+                app.handed.asked_in_band(id, handed)
+            });
             if !self.engine.in_flight().any(|x| x == id) {
                 // Aborted while the request waited in the inbox: the application need not
                 // record anything for it.
+                if let Some(app) = self.app.as_mut() {
+                    app.handed.forget(id);
+                }
                 return;
             }
-            self.awaiting_state.insert(id);
-            if let Some(app) = &self.app {
-                app.records
-                    .pending
-                    .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
-                app.records.wake.notify_waiters();
+            // Asked already by the early copy (and perhaps answered).
+            if !early_copy {
+                self.asked_for_state(id);
             }
-            let kind = Kind::RecordState(pb::RecordState { snapshot_id: id.0 });
+            let kind = Kind::RecordState(pb::RecordState {
+                snapshot_id: id.0,
+                early_copy,
+            });
             permit.send(Ok(pb::NodeToApp { kind: Some(kind) }));
             return;
         }
@@ -298,11 +333,23 @@ impl NodeLoop {
             bytes += payload.len();
             count += 1;
             if !packed {
+                if let Some(app) = self.app.as_mut() {
+                    let at = app.window.counts().0 + count as u64 - 1;
+                    let keep = app.window.acknowledges();
+                    app.handed
+                        .push(at, keep, &channel, generation, index, &payload);
+                }
                 messages.push(pb::Deliver {
                     from: channel.from.to_string(),
                     payload,
                 });
                 continue;
+            }
+            if let Some(app) = self.app.as_mut() {
+                let at = app.window.counts().0 + count as u64 - 1;
+                let keep = app.window.acknowledges();
+                app.handed
+                    .push(at, keep, &channel, generation, index, &payload);
             }
             // Consecutive messages from one node share a run: one blob plus lengths.
             runs.push(channel.from, payload);
@@ -329,5 +376,36 @@ impl NodeLoop {
             self.regrant(&channel, false);
             self.feed(Event::DataDelivered { channel, count });
         }
+    }
+}
+
+impl NodeLoop {
+    /// The application is asked for `id`'s state: it is awaited, and its session reads
+    /// ahead of blocked sends until it comes.
+    fn asked_for_state(&mut self, id: SnapshotId) {
+        self.awaiting_state.insert(id);
+        if let Some(app) = &self.app {
+            app.records
+                .pending
+                .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+            app.records.wake.notify_waiters();
+        }
+    }
+
+    /// A record request that overtook the inbox also goes ahead of what the application
+    /// was handed: on its `App/Consumed` stream, when it has one and runs on a state of
+    /// this epoch (module `handed`).
+    pub(super) fn ask_early(&mut self, id: SnapshotId) {
+        if self.restore_pending.is_some() {
+            return;
+        }
+        let Some(app) = self.app.as_mut().filter(|a| a.window.acknowledges()) else {
+            return;
+        };
+        let (handed, consumed) = app.window.counts();
+        app.handed.asked_early(id, handed, consumed);
+        app.records.early.lock().expect("never poisoned").push(id.0);
+        app.records.early_wake.notify_one();
+        self.asked_for_state(id);
     }
 }

@@ -34,6 +34,7 @@ impl NodeLoop {
                         .push_back(Event::SnapshotAborted { id, reason });
                 } else if front {
                     self.inbox.push_front(InboxItem::Record(id));
+                    self.ask_early(id);
                 } else {
                     self.inbox.push_back(InboxItem::Record(id));
                 }
@@ -121,6 +122,10 @@ impl NodeLoop {
                 tracing::warn!(snapshot = %id, %reason, "snapshot failed on this node");
                 self.shared.metrics.outcome("failed");
                 self.awaiting_state.remove(&id);
+                if let Some(app) = self.app.as_mut() {
+                    app.handed.forget(id);
+                    app.handed.consumed(app.window.counts().1);
+                }
                 self.recordings.fail(id, reason);
             }
         }
@@ -138,6 +143,12 @@ impl NodeLoop {
             Vec::with_capacity((indices.end - indices.start) as usize);
         if let Some(incoming) = self.incoming.get(channel) {
             let generation = incoming.generation;
+            // Handed to the application before a cut it took at an early request.
+            let handed = self
+                .app
+                .as_ref()
+                .map(|app| app.handed.copy(channel, generation, &indices))
+                .unwrap_or_default();
             for item in self.inbox.iter().rev() {
                 if let InboxItem::Deliver {
                     channel: c,
@@ -157,6 +168,7 @@ impl NodeLoop {
                     }
                 }
             }
+            found.extend(handed.into_iter().rev());
         } else if let Some(out) = self.outgoing.get(channel) {
             for item in out.queue.iter().rev() {
                 if let OutItem::Data { index, payload } = item {

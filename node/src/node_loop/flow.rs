@@ -119,6 +119,16 @@ impl DeliveryWindow {
         self.limited = true;
     }
 
+    /// Messages handed over and consumed since the session opened.
+    pub(crate) fn counts(&self) -> (u64, u64) {
+        (self.handed, self.consumed)
+    }
+
+    /// Whether the application acknowledges what it consumes (so a window applies).
+    pub(crate) fn acknowledges(&self) -> bool {
+        self.acks
+    }
+
     pub(crate) fn handed(&mut self, messages: u64, bytes: u64) {
         self.handed = self.handed.saturating_add(messages);
         self.handed_bytes = self.handed_bytes.saturating_add(bytes);

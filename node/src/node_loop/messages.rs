@@ -131,6 +131,8 @@ pub(crate) enum LoopMsg {
         id: SnapshotId,
         chunk: StateChunk,
         last: bool,
+        /// On the first chunk: the messages the application had consumed at its cut.
+        consumed: Option<u64>,
     },
     /// The application's session ended.
     AppDetached { session: u64 },
@@ -203,6 +205,11 @@ pub(crate) struct RecordsDue {
     pub pending: AtomicU64,
     /// Woken when one is handed over (a session waiting for credits reads ahead then).
     pub wake: tokio::sync::Notify,
+    /// Early copies of record requests for the session's `App/Consumed` stream to send
+    /// (`Taken.record_state`)...
+    pub early: std::sync::Mutex<Vec<u64>>,
+    /// ...woken when there are some.
+    pub early_wake: tokio::sync::Notify,
 }
 
 /// Frames an outgoing channel's task pulled, with the epoch they belong to.

@@ -8,6 +8,7 @@ mod commands;
 mod ends;
 mod events;
 mod flow;
+mod handed;
 mod messages;
 mod recording;
 mod restore;
@@ -72,6 +73,8 @@ struct App {
     /// Record requests handed to the application and not answered yet (shared with its
     /// session reader, which reads ahead of blocked sends while there are any).
     records: Arc<RecordsDue>,
+    /// Messages handed over that a cut at an early request may still fall before.
+    handed: handed::Handed,
 }
 
 /// The loop's state. See the module docs.
@@ -197,7 +200,14 @@ impl NodeLoop {
                     app.window.full_with_backlog();
                     false
                 }
-                _ => true,
+                // Twice the window kept for a cut not known yet: the application is
+                // answering a record request; the rest waits for its answer.
+                Some(_) => {
+                    let (messages, bytes) = app.window.size();
+                    !app.handed
+                        .full((messages.saturating_mul(2), bytes.saturating_mul(2)))
+                }
+                None => true,
             },
             Some(_) => !aborted,
         };
@@ -291,7 +301,8 @@ impl NodeLoop {
                 id,
                 chunk,
                 last,
-            } => self.on_app_state(session, id, chunk, last),
+                consumed,
+            } => self.on_app_state(session, id, chunk, last, consumed),
             LoopMsg::AppDetached { session } => self.detach_app(Some(session)),
             LoopMsg::AppWindow { session, on } => self.app_window(session, on),
             LoopMsg::AppConsumed {

@@ -113,7 +113,14 @@ impl Recordings {
                 second.1 = first;
             }
         }
-        recorded.extend(messages);
+        // Messages the application was handed and had not consumed at an early cut come
+        // after the recording began but precede everything recorded on the channel.
+        match (recorded.first(), messages.last()) {
+            (Some((first, _)), Some((last, _))) if last < first => {
+                recorded.splice(0..0, messages);
+            }
+            _ => recorded.extend(messages),
+        }
     }
 
     /// Adds a chunk of the application's state; true for the first one.

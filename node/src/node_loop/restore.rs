@@ -35,6 +35,12 @@ impl NodeLoop {
         let topology = self.shared.wiring().topology.clone();
         self.engine = SnapshotEngine::new(self.shared.node_id.clone(), topology);
         self.awaiting_state.clear();
+        if let Some(app) = self.app.as_mut() {
+            // Kept messages count on the old epoch's channels: no cut of the new one falls
+            // before them.
+            app.handed = super::handed::Handed::default();
+            app.handed.consumed(app.window.counts().0);
+        }
         let mut dropped = 0u64;
         for item in self.inbox.drain(..) {
             if let InboxItem::Deliver {

@@ -49,6 +49,7 @@ impl From<FailureKind> for Kind {
             FailureKind::MembershipChanged => Kind::MembershipChanged,
             FailureKind::MixedEpochs => Kind::MixedEpochs,
             FailureKind::CoordinatorFailover => Kind::CoordinatorFailover,
+            FailureKind::BadCut => Kind::BadCut,
         }
     }
 }
@@ -109,6 +110,10 @@ impl TryFrom<&pb::FailureReason> for FailureReason {
                 nodes: nodes(),
                 detail: text(),
             },
+            Kind::BadCut => Self::BadCut {
+                node: node()?,
+                why: text(),
+            },
         })
     }
 }
@@ -122,6 +127,7 @@ fn kind_words(kind: Kind) -> &'static str {
         Kind::Unspecified => "aborted: ",
         Kind::MembershipChanged => "membership changed: ",
         Kind::CoordinatorFailover => "coordinator failover: ",
+        Kind::BadCut => "bad cut at node ",
         _ => "",
     }
 }
@@ -182,6 +188,12 @@ pub(crate) mod tests {
             FailureReason::MixedEpochs {
                 nodes: vec!["b".into()],
                 detail: "b recorded in epoch 2, the snapshot is of epoch 1".into(),
+            },
+            FailureReason::BadCut {
+                node: "b".into(),
+                why: "the application cut its state after 5 messages consumed, but was asked \
+                      after 0 handed over"
+                    .into(),
             },
         ]
     }

@@ -319,6 +319,10 @@ mod tests {
                 nodes: vec!["b".into()],
                 detail: "b recorded in epoch 2".into(),
             },
+            FailureReason::BadCut {
+                node: "b".into(),
+                why: "the application cut its state after 5 messages consumed".into(),
+            },
         ]
     }
 

@@ -248,6 +248,7 @@ impl Node {
             id: SnapshotId(id),
             chunk,
             last: true,
+            consumed: None,
         })
         .await;
     }
