@@ -123,10 +123,54 @@ pub struct AppSession {
     acks: watch::Sender<(u64, u64)>,
     /// Early copies of record requests, from the `App/Consumed` stream.
     early: Arc<EarlyRecords>,
+    /// Which copies were answered.
+    copies: Copies,
+}
+
+/// Which copy of each record request the application answers: the first it meets, once.
+#[derive(Debug, Default)]
+struct Copies {
     /// Requests answered at their early copy, whose in-band copy is still to come...
     answered_early: BTreeSet<u64>,
     /// ...and answered in band, whose early copy is still to come.
     answered_in_band: BTreeSet<u64>,
+}
+
+impl Copies {
+    /// An early copy of `id`: whether the cut is here.
+    fn early(&mut self, id: u64) -> bool {
+        if self.answered_in_band.remove(&id) {
+            return false;
+        }
+        remember(&mut self.answered_early, id);
+        true
+    }
+
+    /// The in-band copy of `id` (`early_copy`: one went ahead): whether the cut is here.
+    fn in_band(&mut self, id: u64, early_copy: bool) -> bool {
+        if self.answered_early.remove(&id) {
+            return false;
+        }
+        if early_copy {
+            remember(&mut self.answered_in_band, id);
+        }
+        true
+    }
+
+    /// The next early copy to cut at from those that came (`due`: and whether no more
+    /// come); skips those answered in band.
+    fn take_early(&mut self, due: &mut (VecDeque<u64>, bool)) -> Option<u64> {
+        while let Some(id) = due.0.pop_front() {
+            if self.early(id) {
+                return Some(id);
+            }
+        }
+        if due.1 {
+            // Every copy that came was met, and no more come: none is waited for.
+            self.answered_in_band.clear();
+        }
+        None
+    }
 }
 
 /// Record requests that came ahead of the session's deliveries (`Taken.record_state`).
@@ -339,8 +383,7 @@ impl AppSession {
             acknowledged: 0,
             acks,
             early,
-            answered_early: BTreeSet::new(),
-            answered_in_band: BTreeSet::new(),
+            copies: Copies::default(),
         })
     }
 
@@ -358,18 +401,7 @@ impl AppSession {
     /// An early copy of a record request not answered yet, if one came.
     fn early_request(&mut self) -> Option<u64> {
         let mut due = self.early.due.lock().expect("never poisoned");
-        if due.1 {
-            // No early copy comes any more: none is waited for.
-            self.answered_in_band.clear();
-        }
-        while let Some(id) = due.0.pop_front() {
-            if !self.answered_in_band.remove(&id) {
-                drop(due);
-                remember(&mut self.answered_early, id);
-                return Some(id);
-            }
-        }
-        None
+        self.copies.take_early(&mut due)
     }
 
     /// Tells the daemon what the application has taken (it keeps at most a window of
@@ -475,11 +507,8 @@ impl AppSession {
                 }
                 Some(Kind::RecordState(r)) => {
                     // Answered at its early copy already: the cut was there.
-                    if self.answered_early.remove(&r.snapshot_id) {
+                    if !self.copies.in_band(r.snapshot_id, r.early_copy) {
                         continue;
-                    }
-                    if r.early_copy {
-                        remember(&mut self.answered_in_band, r.snapshot_id);
                     }
                     return Ok(Some(self.cut(r.snapshot_id)));
                 }
@@ -494,5 +523,39 @@ impl AppSession {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::VecDeque;
+
+    use super::Copies;
+
+    #[test]
+    fn each_record_request_is_answered_once_at_the_first_copy_met() {
+        let mut c = Copies::default();
+        // Early first: the in-band copy is skipped.
+        assert!(c.early(1));
+        assert!(!c.in_band(1, true));
+        // In band first: the early copy is skipped...
+        assert!(c.in_band(2, true));
+        assert!(!c.early(2));
+        // ...even when it comes with the stream's end: the copies that came are met before
+        // what was answered in band is forgotten.
+        assert!(c.in_band(3, true));
+        let mut due = (VecDeque::from([3, 4]), true);
+        assert_eq!(c.take_early(&mut due), Some(4), "3 was answered in band");
+        assert_eq!(c.take_early(&mut due), None);
+        assert!(
+            c.answered_in_band.is_empty(),
+            "no early copy comes any more"
+        );
+        // A request with no early copy is answered in band, and nothing is remembered.
+        assert!(c.in_band(5, false));
+        assert!(c.answered_in_band.is_empty());
+        // Each is met once more at most: memory does not grow.
+        assert!(!c.in_band(4, true));
+        assert!(c.answered_early.is_empty() && c.answered_in_band.is_empty());
     }
 }

@@ -84,15 +84,8 @@ impl SessionReader {
                         consumed: state.consumed,
                     })
                     .await?;
-                    if last {
-                        let _ = self.records.pending.fetch_update(
-                            Ordering::AcqRel,
-                            Ordering::Acquire,
-                            |n| Some(n.saturating_sub(1)),
-                        );
-                        if self.records.pending.load(Ordering::Acquire) == 0 {
-                            self.read_ahead.store(0, Ordering::Relaxed);
-                        }
+                    if last && self.records.settled(SnapshotId(state.snapshot_id)) {
+                        self.read_ahead.store(0, Ordering::Relaxed);
                     }
                 }
                 Kind::RestoreApplied(applied) => {
@@ -109,7 +102,7 @@ impl SessionReader {
 
     /// Whether a recorded state is due and the read-ahead, and the channel's debt, have room.
     fn may_read_ahead(&self, handles: &ChannelHandles) -> bool {
-        self.records.pending.load(Ordering::Acquire) > 0
+        self.records.count() > 0
             && self.read_ahead.load(Ordering::Relaxed) < READ_AHEAD_MAX
             && handles.debt.load(Ordering::Acquire) < DEBT_MAX
     }

@@ -385,10 +385,7 @@ impl NodeLoop {
     fn asked_for_state(&mut self, id: SnapshotId) {
         self.awaiting_state.insert(id);
         if let Some(app) = &self.app {
-            app.records
-                .pending
-                .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
-            app.records.wake.notify_waiters();
+            app.records.asked(id);
         }
     }
 
@@ -404,8 +401,7 @@ impl NodeLoop {
         };
         let (handed, consumed) = app.window.counts();
         app.handed.asked_early(id, handed, consumed);
-        app.records.early.lock().expect("never poisoned").push(id.0);
-        app.records.early_wake.notify_one();
+        app.records.send_early(id);
         self.asked_for_state(id);
     }
 }

@@ -429,10 +429,7 @@ impl NodeLoop {
             channels,
             snapshots_in_flight: self.engine.in_flight().map(|id| id.0).collect(),
             delivery_window: self.app.as_ref().map(|app| pb::DeliveryWindowStatus {
-                records_pending: app
-                    .records
-                    .pending
-                    .load(std::sync::atomic::Ordering::Acquire),
+                records_pending: app.records.count(),
                 ..app.window.status()
             }),
         }

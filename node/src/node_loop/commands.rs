@@ -125,6 +125,8 @@ impl NodeLoop {
                 if let Some(app) = self.app.as_mut() {
                     app.handed.forget(id);
                     app.handed.consumed(app.window.counts().1);
+                    // Not answered now, or answered for nothing: no state is due for it.
+                    app.records.settled(id);
                 }
                 self.recordings.fail(id, reason);
             }
@@ -143,10 +145,12 @@ impl NodeLoop {
             Vec::with_capacity((indices.end - indices.start) as usize);
         if let Some(incoming) = self.incoming.get(channel) {
             let generation = incoming.generation;
-            // Handed to the application before a cut it took at an early request.
+            // Handed to the application before a cut it took at an early request (only
+            // messages already handed over are looked for there).
             let handed = self
                 .app
                 .as_ref()
+                .filter(|_| indices.start < incoming.delivered_next)
                 .map(|app| app.handed.copy(channel, generation, &indices))
                 .unwrap_or_default();
             for item in self.inbox.iter().rev() {

@@ -6,9 +6,10 @@
 //! cut were in flight at it: they are recorded as channel state, from here. Flink does the
 //! same with its input buffers' unconsumed data when a barrier overtakes them (FLIP-76).
 //!
-//! What is kept is bounded by the delivery window: entries go as the application's
-//! consumption counts pass them, except after the count an early request was sent at, until
-//! that request's cut is known; deliveries wait while twice the window is kept.
+//! What is kept is bounded by the delivery window: a message goes once the application's
+//! consumption count passes it, unless an early request's cut may still fall before it —
+//! between the count known when the early copy went out and the request's place, at most a
+//! window — until that request's cut is known. Nothing waits for a cut: deliveries go on.
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
@@ -18,6 +19,8 @@ use cairn_core::{ChannelId, SnapshotId};
 /// One message handed over.
 #[derive(Debug)]
 struct Message {
+    /// Its place among the messages handed over in the session (from 0).
+    at: u64,
     channel: ChannelId,
     generation: u64,
     index: u64,
@@ -27,11 +30,10 @@ struct Message {
 /// See the module docs.
 #[derive(Debug, Default)]
 pub(crate) struct Handed {
-    /// Consecutive messages handed over, the first being the `from`-th of the session (from
-    /// 0).
+    /// Messages handed over, in order (with gaps where none can be needed).
     kept: VecDeque<Message>,
-    from: u64,
-    bytes: u64,
+    /// What the application says it consumed.
+    acked: u64,
     /// Early requests whose cut is not known: it falls at or after these consumed counts.
     pins: BTreeMap<SnapshotId, u64>,
     /// Where each request's in-band copy was handed over (messages handed before it).
@@ -41,8 +43,17 @@ pub(crate) struct Handed {
 }
 
 impl Handed {
-    /// The `at`-th message of the session (from 0) was handed over; kept if `keep` (the
-    /// application acknowledges what it consumes), else nothing before it can be.
+    /// Kept messages start at the session's `at`-th (an epoch or a membership changed:
+    /// nothing before is the current channels').
+    pub(crate) fn starting_at(at: u64) -> Self {
+        Self {
+            acked: at,
+            ..Self::default()
+        }
+    }
+
+    /// The `at`-th message of the session (from 0) was handed over; kept only if `keep`
+    /// (the application acknowledges what it consumes).
     pub(crate) fn push(
         &mut self,
         at: u64,
@@ -52,49 +63,41 @@ impl Handed {
         index: u64,
         payload: &Bytes,
     ) {
-        if !keep || self.from.saturating_add(self.kept.len() as u64) != at {
-            self.kept.clear();
-            self.bytes = 0;
-            self.from = at;
+        if keep {
+            self.kept.push_back(Message {
+                at,
+                channel: channel.clone(),
+                generation,
+                index,
+                payload: payload.clone(),
+            });
         }
-        if !keep {
-            self.from = at.saturating_add(1);
-            return;
-        }
-        self.bytes = self.bytes.saturating_add(payload.len() as u64);
-        self.kept.push_back(Message {
-            channel: channel.clone(),
-            generation,
-            index,
-            payload: payload.clone(),
-        });
+    }
+
+    /// Whether a cut may still fall before the `at`-th message.
+    fn needed(&self, at: u64) -> bool {
+        at >= self.acked
+            || self
+                .pins
+                .iter()
+                .any(|(id, pin)| *pin <= at && self.asked.get(id).is_some_and(|a| at < *a))
     }
 
     /// The application has consumed `consumed` messages: what no cut can fall before goes.
     pub(crate) fn consumed(&mut self, consumed: u64) {
-        let floor = self
-            .pins
-            .values()
-            .copied()
-            .min()
-            .map_or(consumed, |pin| pin.min(consumed));
-        while self.from < floor {
-            let Some(m) = self.kept.pop_front() else {
-                self.from = floor;
-                break;
-            };
-            self.bytes = self.bytes.saturating_sub(m.payload.len() as u64);
-            self.from += 1;
+        self.acked = self.acked.max(consumed);
+        if self.pins.is_empty() {
+            while self.kept.front().is_some_and(|m| m.at < self.acked) {
+                self.kept.pop_front();
+            }
+        } else {
+            let kept = std::mem::take(&mut self.kept);
+            self.kept = kept.into_iter().filter(|m| self.needed(m.at)).collect();
         }
     }
 
-    /// Whether as much as `limit` (messages, bytes) is kept: deliveries wait.
-    pub(crate) fn full(&self, limit: (u64, u64)) -> bool {
-        self.kept.len() as u64 >= limit.0 || self.bytes >= limit.1
-    }
-
-    /// An early copy of `id`'s request went out with `handed` messages handed over and
-    /// `consumed` known consumed.
+    /// An early copy of `id`'s request went out with `handed` messages handed over (the
+    /// in-band copy's place) and `consumed` known consumed.
     pub(crate) fn asked_early(&mut self, id: SnapshotId, handed: u64, consumed: u64) {
         self.pins.insert(id, consumed);
         self.asked.insert(id, handed);
@@ -111,7 +114,9 @@ impl Handed {
         false
     }
 
-    /// The request of `id` will not be answered (aborted, or its state is in).
+    /// The request of `id` will not be answered (aborted, or its state is in). What it
+    /// kept goes at the next [`Self::consumed`] (not before: the cut's messages are copied
+    /// from here once it is placed).
     pub(crate) fn forget(&mut self, id: SnapshotId) {
         self.pins.remove(&id);
         self.asked.remove(&id);
@@ -128,7 +133,19 @@ impl Handed {
         current: impl Fn(&ChannelId) -> Option<u64>,
     ) -> Result<Vec<(ChannelId, u64)>, String> {
         let asked = self.asked.get(&id).copied();
+        let early = self.pins.contains_key(&id);
+        let counted = self.count(consumed, asked, early, current);
         self.forget(id);
+        counted
+    }
+
+    fn count(
+        &self,
+        consumed: Option<u64>,
+        asked: Option<u64>,
+        early: bool,
+        current: impl Fn(&ChannelId) -> Option<u64>,
+    ) -> Result<Vec<(ChannelId, u64)>, String> {
         let (Some(consumed), Some(asked)) = (consumed, asked) else {
             return Ok(Vec::new());
         };
@@ -139,29 +156,28 @@ impl Handed {
             ));
         }
         if consumed == asked {
-            // Where it was asked (what it consumed since may be gone already).
             return Ok(Vec::new());
         }
-        if consumed < self.from {
+        if !early {
             return Err(format!(
                 "the application cut its state after {consumed} messages consumed, before \
-                 what the daemon kept of the {asked} it handed over before asking (from {})",
-                self.from
+                 the {asked} handed over ahead of a request that had no early copy"
+            ));
+        }
+        let between = |m: &&Message| (consumed..asked).contains(&m.at);
+        let found = self.kept.iter().filter(between).count() as u64;
+        if found != asked - consumed {
+            return Err(format!(
+                "the application cut its state after {consumed} messages consumed, before \
+                 what the daemon kept of the {asked} it handed over ahead of the request \
+                 ({found} of the {} after the cut)",
+                asked - consumed
             ));
         }
         let mut unconsumed: BTreeMap<ChannelId, u64> = BTreeMap::new();
-        let skip = (consumed - self.from) as usize;
-        let take = (asked - consumed) as usize;
-        if self.kept.len() < skip + take {
-            return Err(format!(
-                "the application cut its state after {consumed} messages consumed, but the \
-                 daemon kept messages {} to {} only",
-                self.from,
-                self.from + self.kept.len() as u64
-            ));
-        }
-        for m in self.kept.iter().skip(skip).take(take) {
-            // A channel reset since fails the snapshot anyway; its old messages do not count.
+        for m in self.kept.iter().filter(between) {
+            // A channel reset or removed since holds no snapshot's messages (its messages
+            // of an older instance are in no cut of the current one).
             if current(&m.channel) == Some(m.generation) {
                 *unconsumed.entry(m.channel.clone()).or_default() += 1;
             }
@@ -205,6 +221,10 @@ mod tests {
         );
     }
 
+    fn ats(h: &Handed) -> Vec<u64> {
+        h.kept.iter().map(|m| m.at).collect()
+    }
+
     #[test]
     fn an_early_cut_names_per_channel_what_was_handed_before_the_request_and_not_consumed() {
         let mut h = Handed::default();
@@ -217,9 +237,12 @@ mod tests {
         }
         h.consumed(1);
         h.asked_early(SnapshotId(7), 5, 1);
-        // The application goes on consuming: nothing after the pin goes.
-        h.consumed(4);
-        assert_eq!(h.from, 1);
+        // Deliveries go on (a3, a4); the application goes on consuming: of what it
+        // consumed, only what the cut may fall before stays.
+        hand(&mut h, 5, "a", 3);
+        hand(&mut h, 6, "a", 4);
+        h.consumed(6);
+        assert_eq!(ats(&h), vec![1, 2, 3, 4, 6]);
         // It had cut after 2: c0 a2 c1 were in flight.
         let current = |_: &ChannelId| Some(0);
         assert_eq!(
@@ -231,8 +254,8 @@ mod tests {
             vec![(0, Bytes::from("c0")), (1, Bytes::from("c1"))]
         );
         // The cut is known: the pin is gone, and what was consumed goes.
-        h.consumed(4);
-        assert_eq!((h.from, h.kept.len()), (4, 1));
+        h.consumed(6);
+        assert_eq!(ats(&h), vec![6]);
         // The in-band copy, handed over later, is known as the early one's.
         assert!(h.asked_in_band(SnapshotId(7), 5));
         assert!(!h.asked_in_band(SnapshotId(8), 5));
@@ -254,7 +277,7 @@ mod tests {
         );
         h.asked_early(SnapshotId(2), 4, 2);
         let before = h.cut(SnapshotId(2), Some(1), current).unwrap_err();
-        assert!(before.contains("before what the daemon kept"), "{before}");
+        assert!(before.contains("(2 of the 3 after the cut)"), "{before}");
         // Where it was asked, or with no count (an application that predates early cuts):
         // no channel state — even once what it consumed since is gone.
         h.asked_early(SnapshotId(3), 4, 2);
@@ -264,10 +287,17 @@ mod tests {
         assert_eq!(h.cut(SnapshotId(6), Some(3), current), Ok(vec![]));
         h.asked_early(SnapshotId(4), 4, 2);
         assert_eq!(h.cut(SnapshotId(4), None, current), Ok(vec![]));
+        // Before the place of a request that had no early copy.
+        h.asked_in_band(SnapshotId(5), 4);
+        let in_band = h.cut(SnapshotId(5), Some(3), current).unwrap_err();
+        assert!(in_band.contains("had no early copy"), "{in_band}");
         // Without acknowledgements nothing is kept, and an early count cannot be matched.
         h.push(4, false, &ch("a"), 0, 4, &Bytes::new());
-        h.asked_in_band(SnapshotId(5), 5);
-        let unkept = h.cut(SnapshotId(5), Some(4), current).unwrap_err();
-        assert!(unkept.contains("before what the daemon kept"), "{unkept}");
+        h.asked_early(SnapshotId(9), 5, 4);
+        let unkept = h.cut(SnapshotId(9), Some(4), current).unwrap_err();
+        assert!(unkept.contains("(0 of the 1 after the cut)"), "{unkept}");
+        // A fresh start (a new epoch): nothing before it is kept or needed.
+        let h = Handed::starting_at(9);
+        assert_eq!((h.acked, h.kept.len()), (9, 0));
     }
 }

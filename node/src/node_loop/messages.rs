@@ -1,9 +1,8 @@
 //! What the services and channel tasks tell the node loop. (What they share without
 //! asking it is in [`crate::shared`].)
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::Arc;
-use std::sync::atomic::AtomicU64;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -199,10 +198,15 @@ pub(crate) enum LoopMsg {
     },
 }
 
-/// Record requests an application session has been handed and not answered yet.
+/// Most record requests remembered as due, or early copies waiting to go out (far more
+/// than snapshots in flight at once).
+const RECORDS_MEMORY: usize = 1024;
+
+/// Record requests an application session has been given (either copy) and has not
+/// answered in full, nor been relieved of by an abort.
 #[derive(Debug, Default)]
 pub(crate) struct RecordsDue {
-    pub pending: AtomicU64,
+    due: std::sync::Mutex<BTreeSet<SnapshotId>>,
     /// Woken when one is handed over (a session waiting for credits reads ahead then).
     pub wake: tokio::sync::Notify,
     /// Early copies of record requests for the session's `App/Consumed` stream to send
@@ -210,6 +214,43 @@ pub(crate) struct RecordsDue {
     pub early: std::sync::Mutex<Vec<u64>>,
     /// ...woken when there are some.
     pub early_wake: tokio::sync::Notify,
+}
+
+impl RecordsDue {
+    /// The application was asked for `id`'s state.
+    pub(crate) fn asked(&self, id: SnapshotId) {
+        let mut due = self.due.lock().expect("never poisoned");
+        due.insert(id);
+        while due.len() > RECORDS_MEMORY {
+            due.pop_first();
+        }
+        drop(due);
+        self.wake.notify_waiters();
+    }
+
+    /// `id`'s state was read in full, or the snapshot failed: whether none is due now.
+    pub(crate) fn settled(&self, id: SnapshotId) -> bool {
+        let mut due = self.due.lock().expect("never poisoned");
+        due.remove(&id);
+        due.is_empty()
+    }
+
+    /// How many are due.
+    pub(crate) fn count(&self) -> u64 {
+        self.due.lock().expect("never poisoned").len() as u64
+    }
+
+    /// An early copy of `id`'s request for the `Consumed` stream to send (a stream that is
+    /// not read keeps only the newest).
+    pub(crate) fn send_early(&self, id: SnapshotId) {
+        let mut early = self.early.lock().expect("never poisoned");
+        early.push(id.0);
+        if early.len() > RECORDS_MEMORY {
+            early.remove(0);
+        }
+        drop(early);
+        self.early_wake.notify_one();
+    }
 }
 
 /// Frames an outgoing channel's task pulled, with the epoch they belong to.

@@ -200,14 +200,7 @@ impl NodeLoop {
                     app.window.full_with_backlog();
                     false
                 }
-                // Twice the window kept for a cut not known yet: the application is
-                // answering a record request; the rest waits for its answer.
-                Some(_) => {
-                    let (messages, bytes) = app.window.size();
-                    !app.handed
-                        .full((messages.saturating_mul(2), bytes.saturating_mul(2)))
-                }
-                None => true,
+                _ => true,
             },
             Some(_) => !aborted,
         };

@@ -38,8 +38,7 @@ impl NodeLoop {
         if let Some(app) = self.app.as_mut() {
             // Kept messages count on the old epoch's channels: no cut of the new one falls
             // before them.
-            app.handed = super::handed::Handed::default();
-            app.handed.consumed(app.window.counts().0);
+            app.handed = super::handed::Handed::starting_at(app.window.counts().0);
         }
         let mut dropped = 0u64;
         for item in self.inbox.drain(..) {

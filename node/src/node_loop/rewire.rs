@@ -74,6 +74,12 @@ impl NodeLoop {
         self.drop_channels(&wiring);
         *self.shared.wiring.write().expect("wiring lock") = wiring.clone();
         self.peers_changed = self.app.is_some();
+        if let Some(app) = self.app.as_mut() {
+            // A channel taken up again counts from generation 0 anew: no kept message of
+            // its old instance may be taken for one of the new (no cut falls before the
+            // snapshots in flight, which fail below).
+            app.handed = super::handed::Handed::starting_at(app.window.counts().0);
+        }
         self.feed(Event::TopologyChanged {
             topology: wiring.topology.clone(),
             what,

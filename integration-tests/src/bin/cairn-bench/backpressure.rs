@@ -113,13 +113,14 @@ pub(super) async fn backpressure_at(
         ),
         &["mode", "backlog at start (mean)", "p50 ms", "max ms", "recorded messages (mean)", "recorded bytes (mean)",
           "at start (mean): senders' send windows · senders' queues · wire + held · n3's inbox · n3's app window",
-          "p50 ms: start → last state recorded · → last part stored"],
+          "p50 ms from the start: n1's · n2's · n3's state recorded; from the last: → last part stored"],
     );
     let mean = |v: &[u64]| v.iter().sum::<u64>() as f64 / v.len().max(1) as f64;
     for ((name, ..), (lat, recorded, backlog, buffers, phases)) in cases.iter().zip(&results) {
-        let to_states: Vec<f64> = phases.iter().map(|p| p.0).collect();
-        let to_parts: Vec<f64> = phases.iter().map(|p| p.1).collect();
-        let (to_states, to_parts) = (quantile(&to_states, 0.5), quantile(&to_parts, 0.5));
+        let to_state =
+            |i: usize| quantile(&phases.iter().map(|p| p.states[i]).collect::<Vec<_>>(), 0.5);
+        let to_states = [to_state(0), to_state(1), to_state(2)];
+        let to_parts = quantile(&phases.iter().map(|p| p.to_part).collect::<Vec<_>>(), 0.5);
         let payload = 16.0;
         let recorded = mean(recorded);
         let of = |f: fn(&Buffers) -> u64| mean(&buffers.iter().map(f).collect::<Vec<_>>());
@@ -139,7 +140,10 @@ pub(super) async fn backpressure_at(
                 format!("{recorded:.0}"),
                 format!("{:.0}", recorded * payload),
                 format!("{sending:.0} · {queues:.0} · {wire:.0} · {inbox:.0} · {window:.0}"),
-                format!("{to_states:.0} · {to_parts:.0}"),
+                format!(
+                    "{:.0} · {:.0} · {:.0}; {to_parts:.0}",
+                    to_states[0], to_states[1], to_states[2]
+                ),
             ],
             json!({"scenario": "c", "buffer": buffer, "mode": name, "backlog": mean(backlog),
                    "p50_ms": quantile(lat, 0.5),
@@ -147,7 +151,8 @@ pub(super) async fn backpressure_at(
                    "recorded_bytes": recorded * payload,
                    "buffers_at_start": {"send_windows": sending, "sender_queues": queues, "wire_and_held": wire, "inbox": inbox,
                                         "app_window": window},
-                   "p50_ms_to_last_state": to_states, "p50_ms_state_to_last_part": to_parts,
+                   "p50_ms_to_state": {"n1": to_states[0], "n2": to_states[1], "n3": to_states[2]},
+                   "p50_ms_state_to_last_part": to_parts,
                    "daemon_peak_bytes": {"n1": sender_peak, "n3": receiver_peak}}),
         );
     }
@@ -156,27 +161,37 @@ pub(super) async fn backpressure_at(
 
 /// One mode's samples in scenario c: latencies (ms), recorded messages, backlogs at start,
 /// where the backlog waited at start, and the snapshot's [`phases`].
-pub(super) type Samples = (Vec<f64>, Vec<u64>, Vec<u64>, Vec<Buffers>, Vec<(f64, f64)>);
+pub(super) type Samples = (Vec<f64>, Vec<u64>, Vec<u64>, Vec<Buffers>, Vec<Phases>);
 
 /// Where a snapshot's time went, from its own events (the coordinator's clock, ms): from its
-/// start to the last node's state recorded, and from there to the last part stored (the
-/// channels' recording, the upload and the store).
-pub(super) fn phases(s: &pb::Snapshot) -> (f64, f64) {
+/// start to each node's state recorded (n1, n2: the flooding senders; n3: the slow
+/// receiver), and from the last of them to the last part stored (the channels' recording,
+/// the upload and the store).
+#[derive(Debug, Clone, Copy, Default)]
+pub(super) struct Phases {
+    pub(super) states: [f64; 3],
+    pub(super) to_part: f64,
+}
+
+pub(super) fn phases(s: &pb::Snapshot) -> Phases {
     use pb::snapshot_event::Kind;
-    let last = |kind: Kind| {
+    let last = |kind: Kind, node: Option<&str>| {
         s.events
             .iter()
-            .filter(|e| e.kind == kind as i32)
+            .filter(|e| e.kind == kind as i32 && node.is_none_or(|n| e.node_id == n))
             .map(|e| e.at_ms)
             .max()
     };
-    let started = last(Kind::Started).unwrap_or(0);
-    let state = last(Kind::StateRecorded).unwrap_or(started);
-    let part = last(Kind::PartStored).unwrap_or(state);
-    (
-        state.saturating_sub(started) as f64,
-        part.saturating_sub(state) as f64,
-    )
+    let started = last(Kind::Started, None).unwrap_or(0);
+    let states = ["n1", "n2", "n3"].map(|n| {
+        last(Kind::StateRecorded, Some(n)).map_or(0.0, |at| at.saturating_sub(started) as f64)
+    });
+    let state = last(Kind::StateRecorded, None).unwrap_or(started);
+    let part = last(Kind::PartStored, None).unwrap_or(state);
+    Phases {
+        states,
+        to_part: part.saturating_sub(state) as f64,
+    }
 }
 
 /// Where scenario c's backlog towards n3 waits, read from the daemons' `GetNodeStatus`
