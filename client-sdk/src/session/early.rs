@@ -66,6 +66,10 @@ impl EarlyRecords {
     pub(super) fn arrived(&self, ids: Vec<u64>, ended: bool) {
         let mut due = self.due.lock().expect("never poisoned");
         due.0.extend(ids);
+        // Bounded whatever the daemon sends: the newest are the ones still due.
+        while due.0.len() > ANSWERED_MEMORY {
+            due.0.pop_front();
+        }
         due.1 |= ended;
         drop(due);
         self.wake.notify_one();

@@ -399,15 +399,50 @@ async fn answer_snapshots(mut session: AppSession) {
 }
 
 async fn initiate(cluster: &LocalCluster, node: &str, id: u64) {
+    initiate_in(cluster, node, id, pb::SnapshotMode::ChandyLamport).await;
+}
+
+async fn initiate_in(cluster: &LocalCluster, node: &str, id: u64, mode: pb::SnapshotMode) {
     cluster
         .admin(node)
         .await
         .unwrap()
         .initiate_snapshot(pb::InitiateSnapshotRequest {
             snapshot_id: id,
-            mode: pb::SnapshotMode::ChandyLamport as i32,
+            mode: mode as i32,
             alignment_timeout_ms: 0,
         })
+        .await
+        .unwrap();
+}
+
+/// A raw session's next in-band record request (other messages are skipped).
+async fn next_record_request(session: &mut tonic::Streaming<pb::NodeToApp>) -> pb::RecordState {
+    loop {
+        match session
+            .message()
+            .await
+            .unwrap()
+            .expect("the session stays open")
+            .kind
+        {
+            Some(pb::node_to_app::Kind::RecordState(r)) => return r,
+            Some(_) => {}
+            None => panic!("an empty message"),
+        }
+    }
+}
+
+/// A raw session answers `snapshot_id` with one chunk, naming its cut by `consumed`.
+async fn answer_raw(to_node: &mpsc::Sender<pb::AppToNode>, snapshot_id: u64, consumed: u64) {
+    let state = pb::app_to_node::Kind::StateRecorded(pb::StateRecorded {
+        snapshot_id,
+        chunk: Bytes::from_static(b"state"),
+        last: true,
+        consumed: Some(consumed),
+    });
+    to_node
+        .send(pb::AppToNode { kind: Some(state) })
         .await
         .unwrap();
 }
@@ -695,17 +730,7 @@ async fn a_cut_the_application_cannot_have_taken_fails_the_snapshot_naming_the_n
         .await
         .unwrap()
         .into_inner();
-    cluster
-        .admin("a")
-        .await
-        .unwrap()
-        .initiate_snapshot(pb::InitiateSnapshotRequest {
-            snapshot_id: 1,
-            mode: pb::SnapshotMode::Unaligned as i32,
-            alignment_timeout_ms: 0,
-        })
-        .await
-        .unwrap();
+    initiate_in(&cluster, "a", 1, pb::SnapshotMode::Unaligned).await;
     // The early copy, on the flow-control stream.
     let early = tokio::time::timeout(Duration::from_secs(10), async {
         loop {
@@ -723,25 +748,10 @@ async fn a_cut_the_application_cannot_have_taken_fails_the_snapshot_naming_the_n
     .expect("no early copy of the record request within 10 s");
     assert_eq!(early, vec![1]);
     // The in-band copy says an early one went ahead.
-    let in_band = loop {
-        match session.message().await.unwrap().unwrap().kind {
-            Some(pb::node_to_app::Kind::RecordState(r)) => break r,
-            Some(_) => {}
-            None => panic!("an empty message"),
-        }
-    };
+    let in_band = next_record_request(&mut session).await;
     assert_eq!((in_band.snapshot_id, in_band.early_copy), (1, true));
     // Nothing was handed over before it: a cut after 5 consumed cannot be.
-    let state = pb::app_to_node::Kind::StateRecorded(pb::StateRecorded {
-        snapshot_id: 1,
-        chunk: Bytes::from_static(b"state"),
-        last: true,
-        consumed: Some(5),
-    });
-    to_node
-        .send(pb::AppToNode { kind: Some(state) })
-        .await
-        .unwrap();
+    answer_raw(&to_node, 1, 5).await;
     let (code, message) = part_outcome(&cluster, "b", 1).await;
     assert_ne!(code, Code::Ok, "{message}");
     assert!(
@@ -752,35 +762,9 @@ async fn a_cut_the_application_cannot_have_taken_fails_the_snapshot_naming_the_n
         "{message}"
     );
     // The daemon goes on: the session is open and a next snapshot completes.
-    cluster
-        .admin("a")
-        .await
-        .unwrap()
-        .initiate_snapshot(pb::InitiateSnapshotRequest {
-            snapshot_id: 2,
-            mode: pb::SnapshotMode::Unaligned as i32,
-            alignment_timeout_ms: 0,
-        })
-        .await
-        .unwrap();
-    let in_band = loop {
-        if let Some(pb::node_to_app::Kind::RecordState(r)) =
-            session.message().await.unwrap().unwrap().kind
-        {
-            break r;
-        }
-    };
-    assert_eq!(in_band.snapshot_id, 2);
-    let state = pb::app_to_node::Kind::StateRecorded(pb::StateRecorded {
-        snapshot_id: 2,
-        chunk: Bytes::from_static(b"state"),
-        last: true,
-        consumed: Some(0),
-    });
-    to_node
-        .send(pb::AppToNode { kind: Some(state) })
-        .await
-        .unwrap();
+    initiate_in(&cluster, "a", 2, pb::SnapshotMode::Unaligned).await;
+    assert_eq!(next_record_request(&mut session).await.snapshot_id, 2);
+    answer_raw(&to_node, 2, 0).await;
     let (code, message) = part_outcome(&cluster, "b", 2).await;
     assert_eq!(code, Code::Ok, "{message}");
     drop((to_node, acks));
