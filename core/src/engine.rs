@@ -180,8 +180,9 @@ impl SnapshotEngine {
                 .collect(),
             _ => BTreeSet::new(),
         };
-        // An aligned snapshot's timeout runs from when this process joins it: it acts at
-        // the alignment (markers still missing) and at the senders' queues (markers still
+        // An aligned snapshot's timeout runs from the snapshot's start (the plan's
+        // `started_at_ms`, at most `after` from when this process joins it): it acts at the
+        // alignment (markers still missing) and at the senders' queues (markers still
         // waiting there).
         if let (SnapshotMode::Aligned, Some(after)) = (plan.mode, plan.alignment_timeout) {
             self.commands.push_back(Command::ScheduleAlignmentTimeout {

@@ -14,7 +14,8 @@ use crate::verifier::{Consistent, NodePart, Violation, verify};
 pub struct StartRequest {
     /// The mode.
     pub mode: SnapshotMode,
-    /// The initiators; empty lets the tracker choose one.
+    /// The initiators; empty lets the tracker choose (every member for an unaligned
+    /// snapshot, one member otherwise).
     pub initiators: BTreeSet<NodeId>,
     /// Aligned mode: switch to unaligned recording after this long aligning.
     pub alignment_timeout: Option<Duration>,
@@ -149,7 +150,7 @@ impl SnapshotTracker {
             return Err(StartError::NoMembers);
         }
         let initiators = if request.initiators.is_empty() {
-            Self::choose_initiator(topology)
+            Self::default_initiators(request.mode, topology)
         } else {
             request.initiators.clone()
         };
@@ -200,9 +201,16 @@ impl SnapshotTracker {
         Ok(plan)
     }
 
-    /// The first member, in id order, that reaches every member; else the first member
-    /// (and the reachability check then explains why it cannot work).
-    fn choose_initiator(topology: &Topology) -> BTreeSet<NodeId> {
+    /// The initiators of a request that names none. An unaligned snapshot starts at every
+    /// member, as Flink triggers every source: no node waits for a marker to travel to it
+    /// before it records, so the slowest node joins at once rather than a path later. The
+    /// other modes start at one member: the first, in id
+    /// order, that reaches every member; else the first member (and the reachability check
+    /// then explains why it cannot work).
+    fn default_initiators(mode: SnapshotMode, topology: &Topology) -> BTreeSet<NodeId> {
+        if mode == SnapshotMode::Unaligned {
+            return topology.nodes().iter().cloned().collect();
+        }
         let pick = topology
             .nodes()
             .iter()

@@ -211,6 +211,23 @@ fn tracker_chooses_an_initiator_that_reaches_every_node() {
         .start(SnapshotId(1), StartRequest::default(), &pair())
         .unwrap();
     assert_eq!(plan.initiators, BTreeSet::from(["a".into()]));
+    let aligned = t
+        .start(SnapshotId(2), request(SnapshotMode::Aligned, &[]), &pair())
+        .unwrap();
+    assert_eq!(aligned.initiators, BTreeSet::from(["a".into()]));
+}
+
+#[test]
+fn tracker_starts_an_unaligned_snapshot_at_every_member_unless_told_otherwise() {
+    let mut t = SnapshotTracker::new(4);
+    let every = t
+        .start(SnapshotId(1), request(SnapshotMode::Unaligned, &[]), &pair())
+        .unwrap();
+    assert_eq!(every.initiators, BTreeSet::from(["a".into(), "b".into()]));
+    let named = t
+        .start(SnapshotId(2), request(SnapshotMode::Unaligned, &["a"]), &pair())
+        .unwrap();
+    assert_eq!(named.initiators, BTreeSet::from(["a".into()]));
 }
 
 #[test]

@@ -28,7 +28,8 @@ pub(crate) enum SnapshotCommand {
         /// The mode.
         #[arg(long, env = "CAIRN_MODE", value_enum, default_value_t = Mode::ChandyLamport)]
         mode: Mode,
-        /// An initiator (repeatable); default: the coordinator chooses one.
+        /// An initiator (repeatable); default: every member for UNALIGNED (as Flink triggers
+        /// every source), one member the coordinator chooses for the other modes.
         #[arg(long, env = "CAIRN_INITIATORS", value_delimiter = ',')]
         initiator: Vec<String>,
         /// Timeout (e.g. 30s); default: the coordinator's.
