@@ -221,11 +221,19 @@ fn tracker_chooses_an_initiator_that_reaches_every_node() {
 fn tracker_starts_an_unaligned_snapshot_at_every_member_unless_told_otherwise() {
     let mut t = SnapshotTracker::new(4);
     let every = t
-        .start(SnapshotId(1), request(SnapshotMode::Unaligned, &[]), &pair())
+        .start(
+            SnapshotId(1),
+            request(SnapshotMode::Unaligned, &[]),
+            &pair(),
+        )
         .unwrap();
     assert_eq!(every.initiators, BTreeSet::from(["a".into(), "b".into()]));
     let named = t
-        .start(SnapshotId(2), request(SnapshotMode::Unaligned, &["a"]), &pair())
+        .start(
+            SnapshotId(2),
+            request(SnapshotMode::Unaligned, &["a"]),
+            &pair(),
+        )
         .unwrap();
     assert_eq!(named.initiators, BTreeSet::from(["a".into()]));
 }

@@ -55,7 +55,12 @@ pub(super) async fn backpressure_at(
     let cases: [(&str, pb::SnapshotMode, u64, &[&str]); 5] = [
         ("ALIGNED", pb::SnapshotMode::Aligned, 0, &[]),
         ("CHANDY_LAMPORT", pb::SnapshotMode::ChandyLamport, 0, &[]),
-        ("UNALIGNED (every node initiates)", pb::SnapshotMode::Unaligned, 0, &[]),
+        (
+            "UNALIGNED (every node initiates)",
+            pb::SnapshotMode::Unaligned,
+            0,
+            &[],
+        ),
         (
             "UNALIGNED, n1 alone initiates",
             pb::SnapshotMode::Unaligned,
