@@ -18,6 +18,7 @@ mod staging;
 mod writer;
 
 use early::{ANSWERED_MEMORY, Copies, EarlyRecords};
+use sender::Circulation;
 pub use sender::{AppSender, SendPermit};
 use staging::RestoreStaging;
 use writer::{Written, close, confirm, write_loop};
@@ -29,9 +30,10 @@ const SEND_BATCH: usize = 256;
 /// Most payload bytes coalesced into one `SendBatch`: well under the daemon's HTTP/2
 /// window, so a batch never waits for a window update in the middle.
 const SEND_BATCH_BYTES: usize = 256 << 10;
-/// Messages a session may have on its way to the daemon and not taken by it yet: few
+/// Most messages a session may have on its way to the daemon and not taken by it yet: few
 /// enough that a recorded state sent behind them is not held up, whatever their size
-/// (the daemon's 1 MiB HTTP/2 window bounds their bytes).
+/// (the daemon's 1 MiB HTTP/2 window bounds their bytes). The daemon advises fewer
+/// (`Taken.window`) while a slow peer holds it back.
 const SEND_ROOM: usize = 8192;
 /// How long `connect` waits for the daemon to open the `App/Consumed` stream.
 const CONSUMED_OPEN_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
@@ -258,12 +260,14 @@ impl AppSession {
             let early = early.clone();
             tokio::spawn(async move {
                 let mut released = 0u64;
+                let mut circulation = Circulation::default();
                 let reported = opened.is_ok();
                 if let Ok(response) = opened {
                     let mut taken = response.into_inner();
                     while let Ok(Some(pb::Taken {
                         messages,
                         record_state,
+                        window,
                     })) = taken.message().await
                     {
                         if !record_state.is_empty() {
@@ -272,8 +276,12 @@ impl AppSession {
                         // Never more than was written (a confused daemon cannot inflate
                         // it).
                         let messages = messages.min(written.load(Ordering::Acquire));
-                        if messages > released {
-                            room.add_permits((messages - released) as usize);
+                        let returned = messages.saturating_sub(released);
+                        let give = circulation.taken(returned, window);
+                        if give > 0 {
+                            room.add_permits(give as usize);
+                        }
+                        if returned > 0 {
                             released = messages;
                             confirm(&confirmed_tx, released);
                         }

@@ -260,7 +260,14 @@ impl BenchCluster {
         )
         .await;
         let cluster = match cluster {
-            Ok(cluster) => cluster,
+            // A trace of where a snapshot's time goes reads the processes' logs, kept with
+            // `CAIRN_BENCH_KEEP_LOGS=1` (and filtered with `CAIRN_LOG`, which they inherit).
+            Ok(mut cluster) => {
+                if std::env::var_os("CAIRN_BENCH_KEEP_LOGS").is_some() {
+                    cluster.keep_logs();
+                }
+                cluster
+            }
             Err(e) => {
                 if let Some(dir) = &certs {
                     let _ = std::fs::remove_dir_all(dir);

@@ -15,6 +15,7 @@ use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status, Streaming};
 
 use crate::error::Error;
+use crate::node_loop::flow::SendWindow;
 use crate::node_loop::{LoopMsg, RecordsDue};
 use crate::shared::{ChannelHandles, Shared, StateChunk, UPLOAD_ROOM};
 
@@ -51,6 +52,8 @@ pub(crate) struct SendsTaken {
     flow_key: u64,
     /// The session's record requests (their early copies go out on the `Consumed` stream).
     records: Arc<RecordsDue>,
+    /// The send window advised to the application (only the session's reader changes it).
+    window: std::sync::Mutex<SendWindow>,
 }
 
 /// A session's entry in `sessions_taken`: removed, and the session marked ended, when this
@@ -73,8 +76,22 @@ impl Drop for Registered {
 
 impl SendsTaken {
     fn took(&self, n: u64) {
+        self.window_mut().took(n, std::time::Instant::now());
         self.messages.fetch_add(n, Ordering::AcqRel);
         self.changed.notify_one();
+    }
+
+    /// The session waits for a peer's credit: the window shrinks to what it takes.
+    fn held(&self) {
+        self.window_mut().held();
+    }
+
+    fn window(&self) -> u64 {
+        self.window_mut().size()
+    }
+
+    fn window_mut(&self) -> std::sync::MutexGuard<'_, SendWindow> {
+        self.window.lock().expect("never poisoned")
     }
 }
 
@@ -247,7 +264,7 @@ async fn flow(
     shutdown: CancellationToken,
 ) {
     let mut consumption = Some(first);
-    let mut told = 0;
+    let (mut told, mut told_window) = (0, None);
     let mut early = Vec::new();
     loop {
         if let Some(c) = consumption.take() {
@@ -266,12 +283,14 @@ async fn flow(
             }
         }
         let now = taken.messages.load(Ordering::Acquire);
+        let window = Some(taken.window());
         early.append(&mut taken.records.early.lock().expect("never poisoned"));
-        if now != told || !early.is_empty() {
-            told = now;
+        if now != told || window != told_window || !early.is_empty() {
+            (told, told_window) = (now, window);
             let message = pb::Taken {
                 messages: now,
                 record_state: std::mem::take(&mut early),
+                window,
             };
             // An application that stops reading its counts holds only this stream up,
             // never past its session's end or the daemon's shutdown.

@@ -144,3 +144,58 @@ impl AppSender {
         self.peers.read().expect("never poisoned").contains(peer)
     }
 }
+
+/// The send window's permits in circulation — free, held by the application, or spent on
+/// sends the daemon has not taken — kept at the window the daemon advises
+/// (`Taken.window`, at most [`SEND_ROOM`]): a window that shrinks holds back permits
+/// that come back; one that grows adds permits.
+pub(super) struct Circulation {
+    circulating: u64,
+}
+
+impl Default for Circulation {
+    fn default() -> Self {
+        Self {
+            circulating: SEND_ROOM as u64,
+        }
+    }
+}
+
+impl Circulation {
+    /// The daemon took `returned` more sends and advises `window`: the permits to add.
+    pub(super) fn taken(&mut self, returned: u64, window: Option<u64>) -> u64 {
+        let target = window.map_or(SEND_ROOM as u64, |w| w.clamp(1, SEND_ROOM as u64));
+        let keep = self.circulating.saturating_sub(returned);
+        let now = target.max(keep);
+        self.circulating = now;
+        now - keep
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_permits_in_circulation_follow_the_advised_window() {
+        let mut c = Circulation::default();
+        let room = SEND_ROOM as u64;
+        assert_eq!(
+            c.taken(100, None),
+            100,
+            "no advice: every permit comes back"
+        );
+        // The window shrinks to 256: what comes back is held back until fewer than 256
+        // permits are left in circulation.
+        assert_eq!(c.taken(100, Some(256)), 0, "8,092 left: none back");
+        assert_eq!(c.taken(room - 300, Some(256)), 56, "200 left: back to 256");
+        assert_eq!(c.taken(200, Some(256)), 200, "at the window: each one back");
+        // It grows back without a send taken.
+        assert_eq!(c.taken(0, Some(1024)), 768);
+        // A window past the SDK's bound, or of 0, is held to 1..=SEND_ROOM.
+        assert_eq!(c.taken(0, Some(u64::MAX)), room - 1024);
+        assert_eq!(c.taken(room, Some(0)), 1);
+        // A daemon that returns more than is out cannot underflow.
+        assert_eq!(c.taken(u64::MAX, None), room);
+    }
+}

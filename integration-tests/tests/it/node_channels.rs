@@ -906,3 +906,108 @@ async fn snapshots_against_a_stalled_peer_grow_the_senders_queue_only_to_its_bou
     flood.abort();
     cluster.stop().await.unwrap();
 }
+
+/// A peer that holds a sender back shrinks the sender's application's send window to a
+/// few hundred sends (about 20 ms of what its daemon takes, at least 256): that is what a
+/// state it records waits behind, and what an unaligned snapshot records of them, where
+/// the SDK's full window would be 8,192.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_peer_shrinks_the_senders_window_and_what_its_state_waits_behind() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+    const BUFFER: u64 = 512;
+    // What may be on its way: the window's floor, and one batch of slack in the reading.
+    const OUT_MAX: u64 = 512;
+    let cluster = bind(&["a", "b"])
+        .await
+        .unwrap()
+        .start(|_, config| config.channel_buffer = BUFFER as usize);
+    let a = AppSession::connect(&cluster.nodes[&NodeId::from("a")].app.to_string(), "sender")
+        .await
+        .unwrap();
+    let mut b = AppSession::connect(&cluster.nodes[&NodeId::from("b")].app.to_string(), "slow")
+        .await
+        .unwrap();
+    // b consumes about 10 messages a millisecond.
+    let slow = tokio::spawn(async move {
+        let mut n = 0u64;
+        while let Ok(Some(event)) = b.next_event().await {
+            if let AppEvent::Message { .. } = event {
+                n += 1;
+                if n.is_multiple_of(10) {
+                    tokio::time::sleep(Duration::from_millis(1)).await;
+                }
+            }
+        }
+    });
+    let sender = a.sender();
+    tokio::spawn(answer_snapshots(a));
+    let sent = Arc::new(AtomicU64::new(0));
+    let counted = sent.clone();
+    let flood = tokio::spawn(async move {
+        loop {
+            sender.send("b", Bytes::from_static(b"12345678")).await?;
+            counted.fetch_add(1, Relaxed);
+        }
+        #[allow(unreachable_code)]
+        anyhow::Ok(())
+    });
+    let a_b = Some(pb::ChannelRef {
+        from: "a".into(),
+        to: "b".into(),
+    });
+    // Sends on their way: counted by the application, less those a's daemon took (read
+    // first, so the difference can only overstate them).
+    let mut small = 0;
+    let mut seen = Vec::new();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
+    while small < 5 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the sends on their way to a's daemon never stayed at or under {OUT_MAX} \
+             (readings: {seen:?})"
+        );
+        let status = cluster.status("a").await.unwrap();
+        let taken = status
+            .channels
+            .iter()
+            .find(|c| c.channel == a_b)
+            .unwrap()
+            .data_messages;
+        let out = sent.load(Relaxed).saturating_sub(taken);
+        seen.push(out);
+        small = if out <= OUT_MAX && taken > 0 {
+            small + 1
+        } else {
+            0
+        };
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // An unaligned snapshot now records a's queue and what it reads ahead to reach the
+    // state: about the buffer and the window, not the buffer and 8,192.
+    initiate_in(&cluster, "a", 1, pb::SnapshotMode::Unaligned).await;
+    assert_eq!(part_outcome(&cluster, "a", 1).await.0, Code::Ok);
+    let part = cluster
+        .admin("a")
+        .await
+        .unwrap()
+        .get_local_snapshot(pb::GetLocalSnapshotRequest { snapshot_id: 1 })
+        .await
+        .unwrap()
+        .into_inner();
+    let recorded: usize = part
+        .channel_states
+        .iter()
+        .filter(|c| c.channel == a_b)
+        .map(|c| c.messages.len())
+        .sum();
+    println!("a recorded {recorded} messages of a -> b; readings {seen:?}");
+    assert!(
+        recorded as u64 <= BUFFER + 2 * OUT_MAX,
+        "a recorded {recorded} messages of a -> b, more than its buffer ({BUFFER}) and \
+         twice the sends that may be on their way ({OUT_MAX})"
+    );
+    flood.abort();
+    slow.abort();
+    cluster.stop().await.unwrap();
+}

@@ -107,8 +107,10 @@ impl SessionReader {
             && handles.debt.load(Ordering::Acquire) < DEBT_MAX
     }
 
-    /// Takes a message in on credit: the channel's credits pay it back.
+    /// Takes a message in on credit: the channel's credits pay it back. The peer still
+    /// holds the session back (its window stays shrunk).
     fn on_credit(&self, handles: &ChannelHandles) {
+        self.taken.held();
         handles.debt.fetch_add(1, Ordering::AcqRel);
         self.read_ahead.fetch_add(1, Ordering::Relaxed);
     }
@@ -195,7 +197,8 @@ impl SessionReader {
                         .await?;
                     }
                     // Wait for a credit — or for a record request, which lets the session
-                    // read ahead.
+                    // read ahead. The peer holds the session back: its window shrinks.
+                    self.taken.held();
                     loop {
                         let woken = self.records.wake.notified();
                         if self.may_read_ahead(handles) {

@@ -5,7 +5,10 @@
 //! (FLIP-183). What waits ahead of a record request or a marker is then about
 //! [`APP_TARGET`] and [`PEER_TARGET`] of the application's work, whatever the backlog;
 //! the rest of a backlog waits in the senders' queues, where an unaligned marker overtakes
-//! it. docs/architecture.md §3.2 describes the protocol.
+//! it. On the sending side, the [`SendWindow`] bounds the application's sends on their way
+//! to the daemon to about [`SEND_TARGET`] of what the daemon takes while a peer holds it
+//! back, so that a recorded state sent behind them waits behind little.
+//! docs/architecture.md §3.2 describes the protocol.
 
 use std::time::{Duration, Instant};
 
@@ -27,6 +30,13 @@ pub(crate) const APP_FLOOR_BYTES: u64 = 256 << 10;
 pub(crate) const APP_MAX_BYTES: u64 = 8 << 20;
 /// Fewest credits of an incoming channel.
 pub(crate) const PEER_FLOOR: u64 = 64;
+/// Sends on their way and not taken, in time at the rate the daemon takes them while a
+/// peer holds it back.
+pub(crate) const SEND_TARGET: Duration = Duration::from_millis(20);
+/// Fewest sends in the send window: one batch of the SDK's.
+pub(crate) const SEND_FLOOR: u64 = 256;
+/// Most sends in the send window: the SDK's own bound.
+pub(crate) const SEND_MAX: u64 = 8192;
 /// Shortest interval the consumption rate is measured over.
 const SAMPLE: Duration = Duration::from_millis(20);
 /// Weight of a new sample in the rate's moving average.
@@ -173,6 +183,76 @@ impl DeliveryWindow {
     }
 }
 
+/// The application's send window, as the daemon advises it (`Taken.window`): the sends it
+/// may have on their way and not taken. While the daemon waits for a peer's credits to take
+/// them, about [`SEND_TARGET`] of the rate it takes them at (at least [`SEND_FLOOR`]); it
+/// doubles with each sample in which nothing held the daemon back, up to [`SEND_MAX`] (a
+/// peer that drains in bursts does not open it at once). A state the application records
+/// follows its sends, so this is what it waits behind — and what an unaligned snapshot
+/// records of them — rather than a full window read ahead past a full queue.
+#[derive(Debug)]
+pub(crate) struct SendWindow {
+    taken: u64,
+    /// Sends per second taken while a peer held the session back; `None`: not held back.
+    rate: Option<f64>,
+    sample: Option<(Instant, u64)>,
+    /// The session waited for a peer's credit since the last sample.
+    held: bool,
+}
+
+impl Default for SendWindow {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl SendWindow {
+    pub(crate) fn new() -> Self {
+        Self {
+            taken: 0,
+            rate: None,
+            sample: None,
+            held: false,
+        }
+    }
+
+    /// The window now, in messages.
+    pub(crate) fn size(&self) -> u64 {
+        self.rate.map_or(SEND_MAX, |rate| {
+            ((rate * SEND_TARGET.as_secs_f64()) as u64).clamp(SEND_FLOOR, SEND_MAX)
+        })
+    }
+
+    /// The session waits for a peer's credit to take a send.
+    pub(crate) fn held(&mut self) {
+        self.held = true;
+    }
+
+    /// The session took `n` more sends at `now`.
+    pub(crate) fn took(&mut self, n: u64, now: Instant) {
+        self.taken = self.taken.saturating_add(n);
+        let Some((at, t0)) = self.sample else {
+            self.sample = Some((now, self.taken));
+            return;
+        };
+        let elapsed = now.saturating_duration_since(at);
+        if elapsed < SAMPLE {
+            return;
+        }
+        self.rate = if std::mem::take(&mut self.held) {
+            let r = (self.taken - t0) as f64 / elapsed.as_secs_f64();
+            Some(self.rate.map_or(r, |old| old + ALPHA * (r - old)))
+        } else {
+            // Nothing held the session back: the window doubles (the rate it stands for
+            // does, from at least the floor's), and is gone once at its top.
+            self.rate
+                .map(|r| r.max(SEND_FLOOR as f64 / SEND_TARGET.as_secs_f64()) * 2.0)
+                .filter(|r| r * SEND_TARGET.as_secs_f64() < SEND_MAX as f64)
+        };
+        self.sample = Some((now, self.taken));
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -201,6 +281,43 @@ mod tests {
         assert_eq!(w.room(), Some((200, APP_FLOOR_BYTES)));
         w.consumed(5, 5, start + Duration::from_millis(202));
         assert_eq!(w.room(), Some((200, APP_FLOOR_BYTES)));
+    }
+
+    #[test]
+    fn the_send_window_shrinks_while_a_peer_holds_the_session_back_and_reopens_after() {
+        let start = Instant::now();
+        let at = |ms| start + Duration::from_millis(ms);
+        let mut w = SendWindow::new();
+        assert_eq!(w.size(), SEND_MAX);
+        w.took(100, at(0));
+        // 100,000 a second taken, waiting for credits: 20 ms of it.
+        w.held();
+        w.took(2_000, at(20));
+        assert_eq!(w.size(), 2_000);
+        // A slow peer: 2,000 a second (the moving average follows), then the floor.
+        for i in 2..40 {
+            w.held();
+            w.took(40, at(i * 20));
+        }
+        assert_eq!(w.size(), SEND_FLOOR);
+        // A sample too short changes nothing.
+        w.took(1, at(790));
+        assert_eq!(w.size(), SEND_FLOOR);
+        // Samples in which nothing held the session back: the window doubles each time,
+        // up to its top.
+        let mut sizes = Vec::new();
+        for i in 0..6 {
+            w.took(5_000, at(800 + i * 20));
+            sizes.push(w.size());
+        }
+        assert_eq!(sizes, [512, 1024, 2048, 4096, SEND_MAX, SEND_MAX]);
+        // A fast peer that holds it back now and then leaves the window at its top.
+        w.held();
+        w.took(1_000_000, at(920));
+        assert_eq!(w.size(), SEND_MAX);
+        // Counts past the top saturate.
+        w.took(u64::MAX, at(940));
+        assert_eq!(w.size(), SEND_MAX);
     }
 
     #[test]

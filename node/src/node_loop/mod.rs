@@ -7,7 +7,7 @@ mod channels;
 mod commands;
 mod ends;
 mod events;
-mod flow;
+pub(crate) mod flow;
 mod handed;
 mod messages;
 mod recording;

