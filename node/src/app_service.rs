@@ -151,6 +151,7 @@ impl pb::app_server::App for AppService {
                 session,
                 packed: attach.packed_deliveries,
                 flow_key: taken.flow_key,
+                acknowledges: attach.acknowledges_deliveries,
                 tx: tx.clone(),
                 records: records.clone(),
                 reply,

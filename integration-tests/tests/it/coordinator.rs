@@ -484,3 +484,127 @@ async fn retention_keeps_the_newest_completed_snapshots_and_their_chunks() {
         assert_completed(&snapshot, cluster.total());
     }
 }
+
+/// An unaligned marker overtakes a sender's queue, and the messages it overtakes go to the
+/// coordinator at once, while the snapshot runs: the coordinator receives them before the
+/// sender's application has recorded its state (it is held here until they arrive), and the
+/// snapshot then completes and verifies with them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unaligned_senders_overtaken_queue_is_uploaded_before_its_state() {
+    use bytes::Bytes;
+    let cluster = CoordinatedCluster::start_with(
+        2,
+        Store::Embedded,
+        &[0, 1],
+        &[],
+        &["--channel-buffer", "1000"],
+    )
+    .await
+    .unwrap();
+    // n1 floods n2 and answers record requests only once `answer` is set.
+    let answer = Arc::new(AtomicBool::new(false));
+    let mut n1 = AppSession::connect(&cluster.nodes[0].app, "flood")
+        .await
+        .unwrap();
+    let sender = n1.sender();
+    let flood = tokio::spawn(async move {
+        while sender
+            .send("n2", Bytes::from_static(b"12345678"))
+            .await
+            .is_ok()
+        {}
+    });
+    let held = answer.clone();
+    let n1_app = tokio::spawn(async move {
+        let sender = n1.sender();
+        while let Ok(Some(event)) = n1.next_event().await {
+            if let AppEvent::RecordState { snapshot_id } = event {
+                while !held.load(Ordering::Relaxed) {
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+                let _ = sender.state_recorded(snapshot_id, Bytes::from_static(b"n1"));
+            }
+        }
+    });
+    // n2 takes a message every 10 ms: n1's queue to it fills.
+    let mut n2 = AppSession::connect(&cluster.nodes[1].app, "slow")
+        .await
+        .unwrap();
+    let n2_app = tokio::spawn(async move {
+        let sender = n2.sender();
+        while let Ok(Some(event)) = n2.next_event().await {
+            match event {
+                AppEvent::RecordState { snapshot_id } => {
+                    let _ = sender.state_recorded(snapshot_id, Bytes::from_static(b"n2"));
+                }
+                _ => tokio::time::sleep(Duration::from_millis(10)).await,
+            }
+        }
+    });
+    // The queue is full once n1's daemon has taken its buffer and more beyond what n2 took.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let mut admin = cluster.admin(0).await.unwrap();
+        let status = admin
+            .get_node_status(pb::GetNodeStatusRequest {})
+            .await
+            .unwrap()
+            .into_inner();
+        let queued = status
+            .channels
+            .iter()
+            .find(|c| c.channel.as_ref().is_some_and(|c| c.to == "n2"))
+            .map_or(0, |c| c.queued);
+        if queued >= 900 {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "n1's queue to n2 never filled ({queued} queued)"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let id = cluster
+        .start_snapshot(pb::StartSnapshotRequest {
+            mode: pb::SnapshotMode::Unaligned as i32,
+            timeout_ms: 30_000,
+            initiators: vec!["n1".into()],
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    // Watched until n1's part has bytes at the coordinator while its state is held.
+    let mut client = cluster.client().await.unwrap();
+    let mut watch = client
+        .watch_snapshot(pb::WatchSnapshotRequest { snapshot_id: id })
+        .await
+        .unwrap()
+        .into_inner();
+    let uploading = tokio::time::timeout(Duration::from_secs(15), async {
+        while let Some(p) = watch.message().await.unwrap() {
+            let n1 = p.node_progress.iter().find(|n| n.node_id == "n1").unwrap();
+            assert!(!n1.recorded, "n1's state is held: it cannot be recorded");
+            if n1.bytes_uploading > 0 {
+                return n1.bytes_uploading;
+            }
+        }
+        panic!("the watch ended while n1's state was held");
+    })
+    .await
+    .expect("n1's overtaken messages never reached the coordinator while its state was held");
+    // 8-byte payloads: at least the queue's.
+    assert!(uploading >= 8 * 900, "only {uploading} bytes uploaded");
+    answer.store(true, Ordering::Relaxed);
+    let done = cluster.wait(id).await.unwrap();
+    assert_eq!(
+        done.status,
+        pb::SnapshotStatus::Completed as i32,
+        "{:?}",
+        done.failure
+    );
+    let recorded = done.verdict.as_ref().map_or(0, |v| v.recorded_messages);
+    assert!(recorded >= 900, "only {recorded} messages recorded");
+    flood.abort();
+    n1_app.abort();
+    n2_app.abort();
+}

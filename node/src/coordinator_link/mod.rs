@@ -402,6 +402,15 @@ impl CoordinatorLink {
                 let _ = self.upload(id.0, tx, client).send(UploadItem::State(chunk));
                 return Ok(());
             }
+            NodeEvent::Recorded {
+                id,
+                channel,
+                messages,
+            } => {
+                let run = UploadItem::Recorded(channel, messages);
+                let _ = self.upload(id.0, tx, client).send(run);
+                return Ok(());
+            }
             NodeEvent::PartReady(part) => {
                 let id = part.report.id.0;
                 let _ = self.upload(id, tx, client).send(UploadItem::Finish(part));

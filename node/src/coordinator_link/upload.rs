@@ -1,11 +1,14 @@
 //! Uploading a part to the coordinator: the application's state cut into content-defined
 //! chunks as its pieces arrive, only the chunks the blob store lacks sent (or written to the
-//! store by this daemon when it has one), then the recorded messages as runs (one blob and
-//! its lengths per run of consecutive messages) and the cut, converted to the wire here.
+//! store by this daemon when it has one); the messages recorded on outgoing channels as
+//! runs (one blob and its lengths per run of consecutive messages) as they are recorded;
+//! then the rest of the recorded messages and the cut, converted to the wire here.
+
+use std::collections::BTreeMap;
 
 use bytes::Bytes;
 use cairn_blob::{BlobStore, Chunk, Chunker};
-use cairn_core::FailureReason;
+use cairn_core::{ChannelId, FailureReason};
 use cairn_rpc::v1 as pb;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
@@ -24,7 +27,8 @@ const BATCH_CHUNKS: usize = 64;
 const BATCH_BYTES: usize = 2 << 20;
 
 impl CoordinatorLink {
-    /// The upload of snapshot `id`'s part, started at its first piece.
+    /// The upload of snapshot `id`'s part, started at its first piece (of state, or of
+    /// messages recorded on an outgoing channel).
     pub(super) fn upload(
         &mut self,
         id: u64,
@@ -59,6 +63,9 @@ impl CoordinatorLink {
 pub(crate) enum UploadItem {
     /// The next piece of the state.
     State(StateChunk),
+    /// Messages recorded on an outgoing channel, after those recorded on it before: sent
+    /// at once, and not again with the part.
+    Recorded(ChannelId, Vec<(u64, Bytes)>),
     /// The part is complete: its channel states and cut close the upload.
     Finish(Box<Part>),
 }
@@ -148,8 +155,23 @@ impl Uploader {
         use pb::upload_chunk::Kind;
         let mut chunker = Chunker::new();
         let mut batch: Vec<Chunk> = Vec::new();
+        // Per channel: the recorded messages sent ahead of the part.
+        let mut streamed: BTreeMap<ChannelId, usize> = BTreeMap::new();
         while let Some(item) = items.recv().await {
             match item {
+                UploadItem::Recorded(channel, messages) => {
+                    for run in cairn_proto::runs::recorded_runs(&messages) {
+                        let piece = pb::ChannelState {
+                            channel: Some((&channel).into()),
+                            messages: Vec::new(),
+                            run: Some(run),
+                        };
+                        if tx.send(message(Kind::ChannelRun(piece))).await.is_err() {
+                            return Ok(Fed::Sent);
+                        }
+                    }
+                    *streamed.entry(channel).or_default() += messages.len();
+                }
                 UploadItem::State(StateChunk { bytes, room }) => {
                     batch.extend(chunker.push(&bytes));
                     drop(room); // in the chunker: room for the next piece
@@ -167,7 +189,7 @@ impl Uploader {
                             return Ok(Fed::Sent);
                         }
                     }
-                    for piece in channel_runs(&part) {
+                    for piece in channel_runs(&part, &streamed) {
                         if tx.send(message(Kind::ChannelRun(piece))).await.is_err() {
                             return Ok(Fed::Sent);
                         }
@@ -246,12 +268,21 @@ impl Uploader {
     }
 }
 
-/// Each channel's recorded messages as runs of consecutive indices of at most about 1 MiB
-/// (`cairn_proto::runs::recorded_runs`), built one at a time as they are sent: one blob and
-/// its lengths each, which the coordinator stores as they come.
-fn channel_runs(part: &Part) -> impl Iterator<Item = pb::ChannelState> + '_ {
-    part.channels.iter().flat_map(|(channel, messages)| {
-        cairn_proto::runs::recorded_runs(messages).map(move |run| pb::ChannelState {
+/// Each channel's recorded messages, but the first `streamed` of it (sent ahead), as runs of
+/// consecutive indices of at most about 1 MiB (`cairn_proto::runs::recorded_runs`), built
+/// one at a time as they are sent: one blob and its lengths each, which the coordinator
+/// stores as they come.
+fn channel_runs<'a>(
+    part: &'a Part,
+    streamed: &'a BTreeMap<ChannelId, usize>,
+) -> impl Iterator<Item = pb::ChannelState> + 'a {
+    part.channels.iter().flat_map(move |(channel, messages)| {
+        let sent = streamed
+            .get(channel)
+            .copied()
+            .unwrap_or(0)
+            .min(messages.len());
+        cairn_proto::runs::recorded_runs(&messages[sent..]).map(move |run| pb::ChannelState {
             channel: Some(channel.into()),
             messages: Vec::new(),
             run: Some(run),

@@ -17,14 +17,15 @@ use crate::error::Error;
 impl NodeLoop {
     /// Attaches an application. The loop itself puts `Attached` first on the session's
     /// stream, so that no delivery can precede it.
+    /// `attach`: the session, whether it takes deliveries as runs, its flow key, and whether
+    /// it acknowledges deliveries.
     pub(super) fn attach_app(
         &mut self,
-        session: u64,
-        packed: bool,
-        flow_key: u64,
+        attach: (u64, bool, u64, bool),
         tx: AppTx,
         records: std::sync::Arc<super::RecordsDue>,
     ) -> Result<(), Error> {
+        let (session, packed, flow_key, acknowledges) = attach;
         if self.app.is_some() {
             return Err(Error::AlreadyAttached(self.shared.node_id.clone()));
         }
@@ -49,6 +50,7 @@ impl NodeLoop {
             window: super::flow::DeliveryWindow::new(false),
             records,
             handed: super::handed::Handed::default(),
+            window_pending: acknowledges,
         });
         self.peers_changed = false;
         Ok(())
@@ -140,6 +142,11 @@ impl NodeLoop {
             );
         }
         app.window.acknowledged(on);
+        app.window_pending = false;
+        if !on {
+            // No counts come any more to let kept messages go: none is kept from here.
+            app.handed = super::handed::Handed::starting_at(app.window.counts().0);
+        }
         let channels: Vec<ChannelId> = self.incoming.keys().cloned().collect();
         for channel in &channels {
             self.regrant(channel, false);
@@ -335,7 +342,7 @@ impl NodeLoop {
             if !packed {
                 if let Some(app) = self.app.as_mut() {
                     let at = app.window.counts().0 + count as u64 - 1;
-                    let keep = app.window.acknowledges();
+                    let keep = app.keeps_handed();
                     app.handed
                         .push(at, keep, &channel, generation, index, &payload);
                 }
@@ -347,7 +354,7 @@ impl NodeLoop {
             }
             if let Some(app) = self.app.as_mut() {
                 let at = app.window.counts().0 + count as u64 - 1;
-                let keep = app.window.acknowledges();
+                let keep = app.keeps_handed();
                 app.handed
                     .push(at, keep, &channel, generation, index, &payload);
             }
@@ -403,5 +410,16 @@ impl NodeLoop {
         app.handed.asked_early(id, handed, consumed);
         app.records.send_early(id);
         self.asked_for_state(id);
+    }
+}
+
+impl App {
+    /// Whether a message handed over now is kept for a cut at an early request: while the
+    /// delivery window applies, and while the application's `Consumed` stream is still to
+    /// open (it attached acknowledging deliveries; the daemon hands the inbox over in the
+    /// meantime), up to [`super::flow::APP_MAX`] messages.
+    fn keeps_handed(&self) -> bool {
+        self.window.acknowledges()
+            || (self.window_pending && (self.handed.len() as u64) < super::flow::APP_MAX)
     }
 }

@@ -71,7 +71,9 @@ impl NodeLoop {
                     messages.len() as u64 == indices.end - indices.start
                         || crate::mutants::is(crate::mutants::Mutant::RecordOneTooFew)
                 );
-                self.recordings.record_messages(id, channel, messages);
+                let outgoing = channel.from == self.shared.node_id;
+                self.recordings
+                    .record_messages(id, channel, messages, outgoing);
             }
             Command::BlockChannel { channel } => {
                 if let Some(incoming) = self.incoming.get_mut(&channel) {

@@ -1,8 +1,9 @@
 //! What the node loop tells the coordinator link. The loop owns these events: the link
 //! imports them from here, and nothing in the loop knows of the link.
 
+use bytes::Bytes;
 use cairn_core::control::StateTimes;
-use cairn_core::{FailureReason, SnapshotId};
+use cairn_core::{ChannelId, FailureReason, SnapshotId};
 use tokio::sync::mpsc;
 
 use crate::part::Part;
@@ -15,6 +16,13 @@ pub(crate) enum NodeEvent {
     StateRecorded { id: SnapshotId, times: StateTimes },
     /// The next piece of the application's state (streamed into the part's upload).
     StateChunk { id: SnapshotId, chunk: StateChunk },
+    /// Messages recorded on one of this node's outgoing channels, after every message
+    /// recorded on it before (streamed into the part's upload while the snapshot runs).
+    Recorded {
+        id: SnapshotId,
+        channel: ChannelId,
+        messages: Vec<(u64, Bytes)>,
+    },
     /// This node's part is complete (its state, if any, went ahead in pieces).
     PartReady(Box<Part>),
     /// The snapshot failed here.
@@ -29,9 +37,10 @@ impl NodeEvent {
     /// The snapshot the event is about, if any.
     pub(crate) fn snapshot(&self) -> Option<SnapshotId> {
         match self {
-            Self::StateRecorded { id, .. } | Self::StateChunk { id, .. } | Self::Failed(id, _) => {
-                Some(*id)
-            }
+            Self::StateRecorded { id, .. }
+            | Self::StateChunk { id, .. }
+            | Self::Recorded { id, .. }
+            | Self::Failed(id, _) => Some(*id),
             Self::PartReady(part) => Some(part.report.id),
             Self::RestoreApplied { .. } | Self::RestoreFailed { .. } => None,
         }

@@ -74,6 +74,11 @@ impl Handed {
         }
     }
 
+    /// Messages kept.
+    pub(crate) fn len(&self) -> usize {
+        self.kept.len()
+    }
+
     /// Whether a cut may still fall before the `at`-th message.
     fn needed(&self, at: u64) -> bool {
         at >= self.acked

@@ -115,6 +115,8 @@ pub(crate) enum LoopMsg {
         packed: bool,
         /// The key its `Consumed` stream must present (told in `Attached`).
         flow_key: u64,
+        /// It attached with `acknowledges_deliveries`: its `Consumed` stream is to come.
+        acknowledges: bool,
         tx: AppTx,
         records: Arc<RecordsDue>,
         reply: oneshot::Sender<Result<(), Error>>,

@@ -75,6 +75,10 @@ struct App {
     records: Arc<RecordsDue>,
     /// Messages handed over that a cut at an early request may still fall before.
     handed: handed::Handed,
+    /// It attached with `acknowledges_deliveries` and its `Consumed` stream has not opened
+    /// (nor failed) yet: what it is handed meanwhile is kept all the same (up to
+    /// [`flow::APP_MAX`] messages), since a cut at an early request may fall before it.
+    window_pending: bool,
 }
 
 /// The loop's state. See the module docs.
@@ -282,11 +286,13 @@ impl NodeLoop {
                 session,
                 packed,
                 flow_key,
+                acknowledges,
                 tx,
                 records,
                 reply,
             } => {
-                let _ = reply.send(self.attach_app(session, packed, flow_key, tx, records));
+                let attach = (session, packed, flow_key, acknowledges);
+                let _ = reply.send(self.attach_app(attach, tx, records));
             }
             LoopMsg::AppSend { session, sends } => self.on_app_send(session, sends),
             LoopMsg::AppState {

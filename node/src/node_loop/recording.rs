@@ -89,14 +89,21 @@ impl Recordings {
             .in_scope(|| tracing::debug!("recording: the application is asked for its state"));
     }
 
+    /// Adds messages recorded on `channel` (`outgoing`: one of this node's). With a
+    /// coordinator, an outgoing channel's messages also go on to the part's upload at once:
+    /// they are only ever appended (an early cut's handed messages, which go before the
+    /// others, are incoming), so the upload streams them while the snapshot runs rather
+    /// than after the part completes.
     pub(super) fn record_messages(
         &mut self,
         id: SnapshotId,
         channel: ChannelId,
         mut messages: Vec<(u64, Bytes)>,
+        outgoing: bool,
     ) {
+        let stream = outgoing && self.events.heard() && !messages.is_empty();
         let recording = self.recording(id);
-        let recorded = recording.channels.entry(channel).or_default();
+        let recorded = recording.channels.entry(channel.clone()).or_default();
         if crate::mutants::is(crate::mutants::Mutant::RecordWrongMessage) {
             // The channel's second recorded message gets the first one's bytes, whether they
             // came in one batch (an overtaking marker) or one by one (a recording window).
@@ -117,7 +124,16 @@ impl Recordings {
         // after the recording began but precede everything recorded on the channel.
         match (recorded.first(), messages.last()) {
             (Some((first, _)), Some((last, _))) if last < first => {
+                debug_assert!(!outgoing, "an outgoing channel's recording is appended to");
                 recorded.splice(0..0, messages);
+            }
+            _ if stream => {
+                recorded.extend(messages.iter().cloned());
+                self.tell(NodeEvent::Recorded {
+                    id,
+                    channel,
+                    messages,
+                });
             }
             _ => recorded.extend(messages),
         }

@@ -142,6 +142,7 @@ impl Node {
             session,
             packed: false,
             flow_key: 1,
+            acknowledges: true,
             tx,
             records,
             reply,
