@@ -288,11 +288,13 @@ impl AppSession {
                     }
                 }
                 // Without the daemon's counts, room comes back as sends are written (no
-                // send window), rather than never: what is written already goes back now.
+                // send window), rather than never: what is written already goes back now,
+                // and a window the daemon had shrunk opens to the SDK's own.
                 on_write.store(true, Ordering::Release);
                 let written = written.load(Ordering::Acquire);
-                if written > released {
-                    room.add_permits((written - released) as usize);
+                let give = circulation.taken(written.saturating_sub(released), None);
+                if give > 0 {
+                    room.add_permits(give as usize);
                 }
                 if reported {
                     // What the daemon did not report taking is not confirmed now.
