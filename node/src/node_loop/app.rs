@@ -417,9 +417,17 @@ impl App {
     /// Whether a message handed over now is kept for a cut at an early request: while the
     /// delivery window applies, and while the application's `Consumed` stream is still to
     /// open (it attached acknowledging deliveries; the daemon hands the inbox over in the
-    /// meantime), up to [`super::flow::APP_MAX`] messages.
+    /// meantime), up to the largest window ([`super::flow::APP_MAX`] messages,
+    /// [`super::flow::APP_MAX_BYTES`] bytes): an application that never opens the stream
+    /// holds no more than that here.
     fn keeps_handed(&self) -> bool {
-        self.window.acknowledges()
-            || (self.window_pending && (self.handed.len() as u64) < super::flow::APP_MAX)
+        if self.window.acknowledges() {
+            return true;
+        }
+        if !self.window_pending {
+            return false;
+        }
+        let (messages, bytes) = self.handed.size();
+        messages < super::flow::APP_MAX && bytes < super::flow::APP_MAX_BYTES
     }
 }

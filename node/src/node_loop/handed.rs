@@ -32,6 +32,8 @@ struct Message {
 pub(crate) struct Handed {
     /// Messages handed over, in order (with gaps where none can be needed).
     kept: VecDeque<Message>,
+    /// Their payload bytes.
+    kept_bytes: u64,
     /// What the application says it consumed.
     acked: u64,
     /// Early requests whose cut is not known: it falls at or after these consumed counts.
@@ -64,6 +66,7 @@ impl Handed {
         payload: &Bytes,
     ) {
         if keep {
+            self.kept_bytes = self.kept_bytes.saturating_add(payload.len() as u64);
             self.kept.push_back(Message {
                 at,
                 channel: channel.clone(),
@@ -74,9 +77,9 @@ impl Handed {
         }
     }
 
-    /// Messages kept.
-    pub(crate) fn len(&self) -> usize {
-        self.kept.len()
+    /// Messages kept, and their payload bytes.
+    pub(crate) fn size(&self) -> (u64, u64) {
+        (self.kept.len() as u64, self.kept_bytes)
     }
 
     /// Whether a cut may still fall before the `at`-th message.
@@ -93,11 +96,14 @@ impl Handed {
         self.acked = self.acked.max(consumed);
         if self.pins.is_empty() {
             while self.kept.front().is_some_and(|m| m.at < self.acked) {
-                self.kept.pop_front();
+                if let Some(m) = self.kept.pop_front() {
+                    self.kept_bytes = self.kept_bytes.saturating_sub(m.payload.len() as u64);
+                }
             }
         } else {
             let kept = std::mem::take(&mut self.kept);
             self.kept = kept.into_iter().filter(|m| self.needed(m.at)).collect();
+            self.kept_bytes = self.kept.iter().map(|m| m.payload.len() as u64).sum();
         }
     }
 
@@ -304,5 +310,21 @@ mod tests {
         // A fresh start (a new epoch): nothing before it is kept or needed.
         let h = Handed::starting_at(9);
         assert_eq!((h.acked, h.kept.len()), (9, 0));
+    }
+
+    #[test]
+    fn what_is_kept_is_counted_in_messages_and_bytes() {
+        let mut h = Handed::default();
+        let c = ChannelId::new("a", "b");
+        for at in 0..4 {
+            h.push(at, true, &c, 0, at, &Bytes::from(vec![0u8; 10]));
+        }
+        h.push(4, false, &c, 0, 4, &Bytes::from(vec![0u8; 10]));
+        assert_eq!(h.size(), (4, 40));
+        h.consumed(3);
+        assert_eq!(h.size(), (1, 10), "the three consumed go");
+        h.asked_early(SnapshotId(1), 5, 3);
+        h.consumed(5);
+        assert_eq!(h.size(), (1, 10), "a pinned cut keeps it");
     }
 }
