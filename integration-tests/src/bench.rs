@@ -450,29 +450,43 @@ pub async fn raw_tcp(payload: usize, duration: Duration) -> anyhow::Result<f64> 
 /// message per stream item (the `cairn.v1.Peer` service with a counting server); messages
 /// per second over `duration`.
 pub async fn plain_tonic(payload: usize, duration: Duration) -> anyhow::Result<f64> {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-    let addr = listener.local_addr()?;
+    tonic_chain(payload, 1, duration, 0).await
+}
+
+/// The three-hop baseline: the shape of cairn's path (application → daemon → daemon →
+/// application) with nothing of cairn in it — tonic streams on loopback inside this
+/// process, the frames of [`plain_tonic`] relayed by two servers that each decode a frame
+/// and send it on (through a bounded queue, as a daemon hands them between tasks) on a
+/// stream of their own to the next, `per_item` messages in each item (each its own run, as
+/// cairn carries a message of 1 KiB or more); messages per second over `duration`. What
+/// three tonic hops can carry on this machine, beside what one can.
+pub async fn relay_tonic(
+    payload: usize,
+    per_item: usize,
+    duration: Duration,
+) -> anyhow::Result<f64> {
+    tonic_chain(payload, per_item, duration, 2).await
+}
+
+/// `relays` relaying servers between a sending client and a counting server.
+async fn tonic_chain(
+    payload: usize,
+    per_item: usize,
+    duration: Duration,
+    relays: usize,
+) -> anyhow::Result<f64> {
     let received = Arc::new(AtomicU64::new(0));
-    let counter = CountingPeer(received.clone());
     let shutdown = CancellationToken::new();
-    let server_stop = shutdown.clone();
-    let server = tokio::spawn(
-        tonic::transport::Server::builder()
-            .initial_stream_window_size(16 << 20)
-            .initial_connection_window_size(32 << 20)
-            .add_service(pb::peer_server::PeerServer::new(counter))
-            .serve_with_incoming_shutdown(
-                tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true)),
-                server_stop.cancelled_owned(),
-            ),
-    );
-    let channel = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))?
-        .initial_stream_window_size(16 << 20)
-        .initial_connection_window_size(32 << 20)
-        .tcp_nodelay(true)
-        .connect()
-        .await?;
-    let mut client = pb::peer_client::PeerClient::new(channel);
+    let mut servers = Vec::new();
+    let (mut addr, server) = serve_peer(CountingPeer(received.clone()), &shutdown).await?;
+    servers.push(server);
+    for _ in 0..relays {
+        let next = addr;
+        let (relay_addr, server) = serve_peer(RelayPeer { next }, &shutdown).await?;
+        servers.push(server);
+        addr = relay_addr;
+    }
+    let mut client = pb::peer_client::PeerClient::new(peer_channel(addr).await?);
     let (tx, rx) = tokio::sync::mpsc::channel::<pb::PeerFrame>(1024);
     let call = tokio::spawn(async move {
         let _ = client
@@ -483,15 +497,26 @@ pub async fn plain_tonic(payload: usize, duration: Duration) -> anyhow::Result<f
     let frame = pb::PeerFrame {
         kind: Some(pb::peer_frame::Kind::Batch(pb::FrameBatch {
             first_seq: 1,
-            frames: vec![pb::Frame {
-                kind: Some(pb::frame::Kind::Data(pb::DataRun {
-                    payloads: message,
-                    lengths: vec![payload as u32],
-                })),
-            }],
+            frames: vec![
+                pb::Frame {
+                    kind: Some(pb::frame::Kind::Data(pb::DataRun {
+                        payloads: message,
+                        lengths: vec![payload as u32],
+                    })),
+                };
+                per_item
+            ],
             epoch: 0,
         })),
     };
+    // Past the start (HTTP/2 windows opening), as cairn's line is measured.
+    let warm = Instant::now() + Duration::from_millis(300);
+    while Instant::now() < warm {
+        if tx.send(frame.clone()).await.is_err() {
+            break;
+        }
+    }
+    let before = received.load(Relaxed);
     let started = Instant::now();
     let deadline = started + duration;
     while Instant::now() < deadline {
@@ -499,47 +524,139 @@ pub async fn plain_tonic(payload: usize, duration: Duration) -> anyhow::Result<f
             break;
         }
     }
-    let count = received.load(Relaxed);
+    let count = received.load(Relaxed) - before;
     let rate = count as f64 / started.elapsed().as_secs_f64();
     drop(tx);
     let _ = call.await;
     shutdown.cancel();
-    let _ = server.await;
+    for server in servers {
+        let _ = server.await;
+    }
+    anyhow::ensure!(count > 0, "the tonic baseline carried nothing");
     Ok(rate)
 }
 
-struct CountingPeer(Arc<AtomicU64>);
+/// Serves `peer` on a free loopback port with the windows cairn's streams use, until
+/// `shutdown`.
+async fn serve_peer<P: pb::peer_server::Peer>(
+    peer: P,
+    shutdown: &CancellationToken,
+) -> anyhow::Result<(
+    std::net::SocketAddr,
+    tokio::task::JoinHandle<Result<(), tonic::transport::Error>>,
+)> {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let addr = listener.local_addr()?;
+    let stop = shutdown.clone();
+    let server = tokio::spawn(
+        tonic::transport::Server::builder()
+            .initial_stream_window_size(16 << 20)
+            .initial_connection_window_size(32 << 20)
+            .add_service(pb::peer_server::PeerServer::new(peer))
+            .serve_with_incoming_shutdown(
+                tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true)),
+                stop.cancelled_owned(),
+            ),
+    );
+    Ok((addr, server))
+}
+
+/// A channel to `addr` with the windows of [`serve_peer`].
+async fn peer_channel(addr: std::net::SocketAddr) -> anyhow::Result<tonic::transport::Channel> {
+    Ok(
+        tonic::transport::Endpoint::from_shared(format!("http://{addr}"))?
+            .initial_stream_window_size(16 << 20)
+            .initial_connection_window_size(32 << 20)
+            .tcp_nodelay(true)
+            .connect()
+            .await?,
+    )
+}
+
+/// The answer stream of a `Peer/Channel` call of the baselines (never written: they ack
+/// nothing).
+type PeerAcks = tokio_stream::wrappers::ReceiverStream<Result<pb::PeerAck, tonic::Status>>;
+
+/// Answers a `Peer/Channel` call of the baselines: `each` takes every frame, until it says
+/// no more or the stream ends; the answer stream ends then.
+fn take_frames<F, Fut>(
+    request: tonic::Request<tonic::Streaming<pb::PeerFrame>>,
+    mut each: F,
+) -> tonic::Response<PeerAcks>
+where
+    F: FnMut(pb::PeerFrame) -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = bool> + Send,
+{
+    let mut frames = request.into_inner();
+    let (done, rx) = tokio::sync::mpsc::channel(1);
+    tokio::spawn(async move {
+        while let Ok(Some(frame)) = frames.message().await {
+            if !each(frame).await {
+                break;
+            }
+        }
+        drop(done);
+    });
+    tonic::Response::new(tokio_stream::wrappers::ReceiverStream::new(rx))
+}
+
+/// A hop of [`relay_tonic`]: each stream it serves is sent on, frame by frame, on a stream
+/// of its own to `next`.
+struct RelayPeer {
+    next: std::net::SocketAddr,
+}
 
 #[tonic::async_trait]
-impl pb::peer_server::Peer for CountingPeer {
-    type ChannelStream = tokio_stream::wrappers::ReceiverStream<Result<pb::PeerAck, tonic::Status>>;
+impl pb::peer_server::Peer for RelayPeer {
+    type ChannelStream = PeerAcks;
 
     async fn channel(
         &self,
         request: tonic::Request<tonic::Streaming<pb::PeerFrame>>,
     ) -> Result<tonic::Response<Self::ChannelStream>, tonic::Status> {
-        let mut frames = request.into_inner();
-        let counter = self.0.clone();
-        let (_tx, rx) = tokio::sync::mpsc::channel(1);
+        let channel = peer_channel(self.next)
+            .await
+            .map_err(|e| tonic::Status::unavailable(e.to_string()))?;
+        let mut client = pb::peer_client::PeerClient::new(channel);
+        let (forward, queued) = tokio::sync::mpsc::channel::<pb::PeerFrame>(1024);
         tokio::spawn(async move {
-            while let Ok(Some(frame)) = frames.message().await {
-                if let Some(pb::peer_frame::Kind::Batch(b)) = frame.kind {
-                    let n: usize = b
-                        .frames
-                        .iter()
-                        .map(|f| match &f.kind {
-                            Some(pb::frame::Kind::Data(d)) => d.lengths.len(),
-                            _ => 0,
-                        })
-                        .sum();
-                    counter.fetch_add(n as u64, Relaxed);
-                }
-            }
-            drop(_tx);
+            let _ = client
+                .channel(tokio_stream::wrappers::ReceiverStream::new(queued))
+                .await;
         });
-        Ok(tonic::Response::new(
-            tokio_stream::wrappers::ReceiverStream::new(rx),
-        ))
+        Ok(take_frames(request, move |frame| {
+            let forward = forward.clone();
+            async move { forward.send(frame).await.is_ok() }
+        }))
+    }
+}
+
+/// The end of the baselines: counts the messages it receives.
+struct CountingPeer(Arc<AtomicU64>);
+
+#[tonic::async_trait]
+impl pb::peer_server::Peer for CountingPeer {
+    type ChannelStream = PeerAcks;
+
+    async fn channel(
+        &self,
+        request: tonic::Request<tonic::Streaming<pb::PeerFrame>>,
+    ) -> Result<tonic::Response<Self::ChannelStream>, tonic::Status> {
+        let counter = self.0.clone();
+        Ok(take_frames(request, move |frame| {
+            if let Some(pb::peer_frame::Kind::Batch(b)) = frame.kind {
+                let n: usize = b
+                    .frames
+                    .iter()
+                    .map(|f| match &f.kind {
+                        Some(pb::frame::Kind::Data(d)) => d.lengths.len(),
+                        _ => 0,
+                    })
+                    .sum();
+                counter.fetch_add(n as u64, Relaxed);
+            }
+            std::future::ready(true)
+        }))
     }
 }
 

@@ -22,6 +22,10 @@ pub struct NodeConfig {
     /// Messages each channel may hold inside this daemon (incoming: waiting for the
     /// application; outgoing: queued or unacknowledged) before the sender is pushed back.
     pub channel_buffer: usize,
+    /// Buffer debloating at the sender: bound each outgoing queue to this much of its
+    /// peer's measured drain rate while the peer holds it back (`None`: `channel_buffer`
+    /// alone bounds it).
+    pub queue_target: Option<Duration>,
     /// Largest application payload accepted, in bytes.
     pub max_payload: usize,
     /// Whether `NodeAdmin/InjectFault` is allowed.
@@ -70,6 +74,7 @@ impl NodeConfig {
             peers,
             channels: None,
             channel_buffer: 16_384,
+            queue_target: None,
             max_payload: 4 << 20,
             fault_injection: false,
             grace_period: Duration::from_secs(10),

@@ -144,6 +144,7 @@ pub async fn run(
         incarnation,
         max_payload: config.max_payload,
         channel_buffer: buffer,
+        queue_target: config.queue_target,
         wiring: RwLock::new(Arc::new(first)),
         fault_injection: config.fault_injection,
         upload_room: Arc::new(tokio::sync::Semaphore::new(UPLOAD_ROOM)),

@@ -64,6 +64,14 @@ struct Args {
     /// measured: about 100 ms of its work) and the longest an outgoing queue grows.
     #[arg(long, env = "CAIRN_CHANNEL_BUFFER", default_value_t = 16_384)]
     channel_buffer: usize,
+    /// Buffer debloating at the sender (off unless given; e.g. 100ms, 1ms-60s): while a
+    /// peer drains a channel slower than this daemon fills it, the channel's outgoing queue
+    /// holds only this long of the peer's measured pace (at least 256 messages, at most
+    /// --channel-buffer); the rest of a backlog waits in the sending application. An
+    /// unaligned snapshot then records about that much per channel whatever the buffer, and
+    /// aligned markers wait behind it. A peer that keeps up is not bounded.
+    #[arg(long, env = "CAIRN_QUEUE_TARGET", value_parser = humantime::parse_duration)]
+    queue_target: Option<Duration>,
     /// Largest application payload, in bytes.
     #[arg(long, env = "CAIRN_MAX_PAYLOAD", default_value_t = 4 << 20)]
     max_payload: usize,
@@ -182,6 +190,15 @@ fn config(args: &Args) -> Result<NodeConfig, cairn_node::ConfigError> {
         ));
     }
     config.channel_buffer = args.channel_buffer;
+    if let Some(target) = args.queue_target
+        && !(Duration::from_millis(1)..=Duration::from_secs(60)).contains(&target)
+    {
+        return Err(cairn_node::ConfigError::Invalid(format!(
+            "--queue-target must be between 1ms and 60s, not {}",
+            humantime::format_duration(target)
+        )));
+    }
+    config.queue_target = args.queue_target;
     config.max_payload = args.max_payload;
     config.fault_injection = args.fault_injection;
     config.grace_period = args.grace_period;

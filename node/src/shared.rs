@@ -61,6 +61,9 @@ pub(crate) struct ChannelHandles {
     pub debt: AtomicU64,
     /// The channel's buffer (`--channel-buffer`): the credits it started with.
     pub buffer: u64,
+    /// Outgoing only: (the bound on what it holds, credits kept back to keep it there) —
+    /// see [`Self::bound_to`].
+    bound: std::sync::Mutex<(u64, u64)>,
     /// Incoming only: the credit limit granted to the sender (data index below which it may
     /// transmit), raised by the node loop as it delivers; each stream's reader watches it and
     /// passes it on (a watch, not a notification: a stream replaced but not yet closed
@@ -76,8 +79,31 @@ impl ChannelHandles {
             faults: ChannelFaults::default(),
             debt: AtomicU64::new(0),
             buffer: buffer as u64,
+            bound: std::sync::Mutex::new((buffer as u64, 0)),
             grant: tokio::sync::watch::Sender::new(buffer as u64),
         }
+    }
+
+    /// Outgoing: from now on the channel holds at most `bound` messages (of its buffer;
+    /// buffer debloating, `--queue-target`). Credits above it are kept back as they come
+    /// free, or given back at once when the bound grows.
+    pub(crate) fn bound_to(&self, bound: u64) {
+        let mut b = self.bound.lock().expect("never poisoned");
+        let bound = bound.clamp(1, self.buffer);
+        let keep = self.buffer - bound;
+        b.0 = bound;
+        if b.1 > keep {
+            self.credits.add_permits((b.1 - keep) as usize);
+            b.1 = keep;
+        } else if b.1 < keep {
+            // What is free now is kept back at once; the rest as it comes back.
+            b.1 += self.credits.forget_permits((keep - b.1) as usize) as u64;
+        }
+    }
+
+    /// The outgoing channel's bound now (its buffer unless debloated).
+    pub(crate) fn bound(&self) -> u64 {
+        self.bound.lock().expect("never poisoned").0
     }
 
     /// Incoming: grants the sender credits up to data index `limit`.
@@ -99,6 +125,13 @@ impl ChannelHandles {
                 Some(debt - paid)
             })
             .map(|debt| n -= debt.min(n));
+        if n > 0 {
+            // Then what the bound keeps back.
+            let mut b = self.bound.lock().expect("never poisoned");
+            let keep = (self.buffer - b.0).saturating_sub(b.1).min(n);
+            b.1 += keep;
+            n -= keep;
+        }
         if n > 0 {
             self.credits.add_permits(n as usize);
         }
@@ -135,6 +168,8 @@ pub(crate) struct Shared {
     pub max_payload: usize,
     /// Messages each channel may hold in this daemon.
     pub channel_buffer: usize,
+    /// Buffer debloating of the outgoing queues (`--queue-target`), if on.
+    pub queue_target: Option<std::time::Duration>,
     /// Read often, written when the membership changes; never held across an await.
     pub wiring: RwLock<Arc<Wiring>>,
     /// Whether fault injection is allowed.
@@ -170,5 +205,41 @@ impl Shared {
             .channels
             .get(channel)
             .cloned()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::ChannelHandles;
+
+    #[test]
+    fn a_bound_keeps_credits_back_as_they_come_free_and_gives_them_back_when_it_grows() {
+        let h = ChannelHandles::new(1_000);
+        let free = |h: &ChannelHandles| h.credits.available_permits();
+        // 900 messages queued or unacknowledged: 100 credits free.
+        h.credits.forget_permits(900);
+        assert_eq!(free(&h), 100);
+        // Bounded to 300: the 100 free are kept back at once, 600 more as they come back.
+        h.bound_to(300);
+        assert_eq!((free(&h), h.bound()), (0, 300));
+        h.release(500);
+        assert_eq!(free(&h), 0, "500 acknowledged, all kept back");
+        h.release(300);
+        assert_eq!(free(&h), 200, "the bound reached: 100 held, 200 free");
+        // A debt is paid before anything is kept back.
+        h.debt.store(50, std::sync::atomic::Ordering::Release);
+        h.release(60);
+        assert_eq!(free(&h), 210);
+        // The bound grows: what was kept back beyond it comes back at once.
+        h.bound_to(800);
+        assert_eq!(free(&h), 710);
+        h.bound_to(u64::MAX);
+        assert_eq!(
+            (free(&h), h.bound()),
+            (910, 1_000),
+            "never above the buffer"
+        );
+        h.release(90);
+        assert_eq!(free(&h), 1_000, "every credit back");
     }
 }

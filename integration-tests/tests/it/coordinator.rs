@@ -506,14 +506,7 @@ async fn an_unaligned_senders_overtaken_queue_is_uploaded_before_its_state() {
     let mut n1 = AppSession::connect(&cluster.nodes[0].app, "flood")
         .await
         .unwrap();
-    let sender = n1.sender();
-    let flood = tokio::spawn(async move {
-        while sender
-            .send("n2", Bytes::from_static(b"12345678"))
-            .await
-            .is_ok()
-        {}
-    });
+    let flood = flood_n2(&n1);
     let held = answer.clone();
     let n1_app = tokio::spawn(async move {
         let sender = n1.sender();
@@ -527,34 +520,11 @@ async fn an_unaligned_senders_overtaken_queue_is_uploaded_before_its_state() {
         }
     });
     // n2 takes a message every 10 ms: n1's queue to it fills.
-    let mut n2 = AppSession::connect(&cluster.nodes[1].app, "slow")
-        .await
-        .unwrap();
-    let n2_app = tokio::spawn(async move {
-        let sender = n2.sender();
-        while let Ok(Some(event)) = n2.next_event().await {
-            match event {
-                AppEvent::RecordState { snapshot_id } => {
-                    let _ = sender.state_recorded(snapshot_id, Bytes::from_static(b"n2"));
-                }
-                _ => tokio::time::sleep(Duration::from_millis(10)).await,
-            }
-        }
-    });
+    let n2_app = paced_n2(&cluster, || Duration::from_millis(10)).await;
     // The queue is full once n1's daemon has taken its buffer and more beyond what n2 took.
     let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
     loop {
-        let mut admin = cluster.admin(0).await.unwrap();
-        let status = admin
-            .get_node_status(pb::GetNodeStatusRequest {})
-            .await
-            .unwrap()
-            .into_inner();
-        let queued = status
-            .channels
-            .iter()
-            .find(|c| c.channel.as_ref().is_some_and(|c| c.to == "n2"))
-            .map_or(0, |c| c.queued);
+        let queued = queued_to_n2(&cluster).await;
         if queued >= 900 {
             break;
         }
@@ -607,4 +577,139 @@ async fn an_unaligned_senders_overtaken_queue_is_uploaded_before_its_state() {
     flood.abort();
     n1_app.abort();
     n2_app.abort();
+}
+
+/// Buffer debloating (`--queue-target`): behind a slow receiver, the sender's queue holds
+/// about the target's worth of the receiver's pace (here the floor, 256 messages), not its
+/// `--channel-buffer` (5,000; without the flag the same queue fills to it, as in the test
+/// above); the rest of the flood waits in the sending application. Snapshots still complete
+/// with the bound in place.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_debloated_queue_holds_its_peers_pace_not_its_buffer() {
+    use bytes::Bytes;
+    use std::sync::atomic::AtomicU64;
+    const BUFFER: u64 = 5_000;
+    let cluster = CoordinatedCluster::start_with(
+        2,
+        Store::Embedded,
+        &[0, 1],
+        &[],
+        &["--channel-buffer", "5000", "--queue-target", "50ms"],
+    )
+    .await
+    .unwrap();
+    let mut n1 = AppSession::connect(&cluster.nodes[0].app, "flood")
+        .await
+        .unwrap();
+    let flood = flood_n2(&n1);
+    let n1_app = tokio::spawn(async move {
+        let sender = n1.sender();
+        while let Ok(Some(event)) = n1.next_event().await {
+            if let AppEvent::RecordState { snapshot_id } = event {
+                let _ = sender.state_recorded(snapshot_id, Bytes::from_static(b"n1"));
+            }
+        }
+    });
+    // n2 takes about 4,000 messages a second (a millisecond's pause every four).
+    let received = Arc::new(AtomicU64::new(0));
+    let counted = received.clone();
+    let n2_app = paced_n2(&cluster, move || {
+        if counted.fetch_add(1, Ordering::Relaxed) % 4 == 3 {
+            Duration::from_millis(1)
+        } else {
+            Duration::ZERO
+        }
+    })
+    .await;
+    // Once n2 has worked through what its first credits let in, n1's queue to it stays
+    // within the bound (a little over while credits of a larger bound come back): twenty
+    // readings in a row.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    let (mut within, mut highest) = (0, 0);
+    while within < 20 {
+        let now = queued_to_n2(&cluster).await;
+        if received.load(Ordering::Relaxed) >= 2 * BUFFER && now > 0 {
+            highest = highest.max(now);
+            within = if now <= 300 { within + 1 } else { 0 };
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "n1's queue to n2 did not settle within its bound: {now} queued now, {highest} \
+             at most since n2 took {} messages",
+            2 * BUFFER
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let id = cluster
+        .start_snapshot(pb::StartSnapshotRequest {
+            mode: pb::SnapshotMode::Unaligned as i32,
+            timeout_ms: 30_000,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let done = cluster.wait(id).await.unwrap();
+    assert_eq!(
+        done.status,
+        pb::SnapshotStatus::Completed as i32,
+        "{:?}",
+        done.failure
+    );
+    flood.abort();
+    n1_app.abort();
+    n2_app.abort();
+}
+
+/// n1's application floods n2 with 8-byte messages until aborted.
+fn flood_n2(n1: &AppSession) -> JoinHandle<()> {
+    let sender = n1.sender();
+    tokio::spawn(async move {
+        while sender
+            .send("n2", bytes::Bytes::from_static(b"12345678"))
+            .await
+            .is_ok()
+        {}
+    })
+}
+
+/// The messages n1's daemon holds queued for n2 now.
+async fn queued_to_n2(cluster: &CoordinatedCluster) -> u64 {
+    let mut admin = cluster.admin(0).await.unwrap();
+    let status = admin
+        .get_node_status(pb::GetNodeStatusRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    status
+        .channels
+        .iter()
+        .find(|c| c.channel.as_ref().is_some_and(|c| c.to == "n2"))
+        .map_or(0, |c| c.queued)
+}
+
+/// n2's application: answers record requests at once, and pauses `pause()` after each
+/// message it takes.
+async fn paced_n2(
+    cluster: &CoordinatedCluster,
+    mut pause: impl FnMut() -> Duration + Send + 'static,
+) -> JoinHandle<()> {
+    let mut n2 = AppSession::connect(&cluster.nodes[1].app, "slow")
+        .await
+        .unwrap();
+    tokio::spawn(async move {
+        let sender = n2.sender();
+        while let Ok(Some(event)) = n2.next_event().await {
+            match event {
+                AppEvent::RecordState { snapshot_id } => {
+                    let _ = sender.state_recorded(snapshot_id, bytes::Bytes::from_static(b"n2"));
+                }
+                _ => {
+                    let pause = pause();
+                    if !pause.is_zero() {
+                        tokio::time::sleep(pause).await;
+                    }
+                }
+            }
+        }
+    })
 }

@@ -206,6 +206,18 @@ impl NodeLoop {
             return; // granted in an epoch this node has left
         }
         if let Some(out) = self.outgoing.get_mut(channel) {
+            if let Some(debloat) = out.debloat.as_mut().filter(|_| limit != u64::MAX) {
+                // Data was waiting for this credit: the newest queued is past the old limit.
+                let held = out.queue.iter().rev().find_map(|item| match item {
+                    OutItem::Data { index, .. } => Some(*index >= out.credit_limit),
+                    OutItem::Marker(_) => None,
+                });
+                debloat.granted(limit, held == Some(true), std::time::Instant::now());
+                let bound = debloat.bound(out.handles.buffer);
+                if bound != out.handles.bound() {
+                    out.handles.bound_to(bound);
+                }
+            }
             out.credit_limit = limit;
             out.credited = limit != u64::MAX;
             self.serve_pull(channel);

@@ -3,11 +3,13 @@
 
 use std::collections::VecDeque;
 use std::sync::Arc;
+use std::time::Duration;
 
 use bytes::Bytes;
 use cairn_core::Plan;
 use tokio::sync::oneshot;
 
+use super::flow::QueueBound;
 use super::{InItem, Pulled};
 use crate::shared::ChannelHandles;
 
@@ -85,10 +87,12 @@ pub(super) struct Outgoing {
     pub(super) credit_limit: u64,
     /// The peer grants credits (else `credit_limit` is `u64::MAX`).
     pub(super) credited: bool,
+    /// Buffer debloating (`--queue-target`), if on.
+    pub(super) debloat: Option<QueueBound>,
 }
 
 impl Outgoing {
-    pub(super) fn new(handles: Arc<ChannelHandles>) -> Self {
+    pub(super) fn new(handles: Arc<ChannelHandles>, queue_target: Option<Duration>) -> Self {
         Self {
             handles,
             queue: VecDeque::new(),
@@ -98,6 +102,7 @@ impl Outgoing {
             markers: 0,
             credit_limit: u64::MAX,
             credited: false,
+            debloat: queue_target.map(QueueBound::new),
         }
     }
 }

@@ -7,7 +7,9 @@
 //! the rest of a backlog waits in the senders' queues, where an unaligned marker overtakes
 //! it. On the sending side, the [`SendWindow`] bounds the application's sends on their way
 //! to the daemon to about [`SEND_TARGET`] of what the daemon takes while a peer holds it
-//! back, so that a recorded state sent behind them waits behind little.
+//! back, so that a recorded state sent behind them waits behind little. With
+//! `--queue-target`, the [`QueueBound`] also bounds each outgoing queue to that long of its
+//! peer's measured pace (buffer debloating at the sender).
 //! docs/architecture.md §3.2 describes the protocol.
 
 use std::time::{Duration, Instant};
@@ -253,9 +255,131 @@ impl SendWindow {
     }
 }
 
+/// Fewest messages an outgoing channel's queue is bounded to by [`QueueBound`].
+pub(crate) const QUEUE_FLOOR: u64 = 256;
+/// A bound past this is no bound (above any `--channel-buffer` in use).
+const QUEUE_UNBOUNDED: u64 = 1 << 24;
+
+/// Buffer debloating at the sender (`--queue-target`, off by default): an outgoing
+/// channel's queue (with what is on the wire and not acknowledged) is bounded to the time
+/// it takes the peer to drain it, measured as the rate at which the peer's credit limit
+/// advances while it holds the channel back — what the peer's application consumes — at
+/// least [`QUEUE_FLOOR`] and never above the channel's buffer. A peer that keeps up never
+/// holds the channel back: the bound then doubles with each sample until it is the buffer,
+/// so it never limits the rate it is measured from. The rest of a backlog waits in the sending application, behind
+/// its send window, where no snapshot records it.
+#[derive(Debug)]
+pub(crate) struct QueueBound {
+    target: Duration,
+    /// Data indices per second the peer granted while it held the channel back; `None`:
+    /// it did not hold it back in the last sample.
+    rate: Option<f64>,
+    sample: Option<(Instant, u64)>,
+    /// Data waited for the peer's credit at some grant since the last sample.
+    held: bool,
+}
+
+impl QueueBound {
+    /// Starts at the floor and opens as the peer keeps up (doubling with each sample), so
+    /// that a flood at the start does not fill a whole buffer before the peer's pace is
+    /// known.
+    pub(crate) fn new(target: Duration) -> Self {
+        Self {
+            target,
+            rate: Some(QUEUE_FLOOR as f64 / target.as_secs_f64().max(1e-3)),
+            sample: None,
+            held: false,
+        }
+    }
+
+    /// The peer granted data up to index `limit` at `now`; `held`: data was waiting for
+    /// the credit when it came.
+    pub(crate) fn granted(&mut self, limit: u64, held: bool, now: Instant) {
+        self.held |= held;
+        let Some((at, l0)) = self.sample else {
+            self.sample = Some((now, limit));
+            return;
+        };
+        if limit < l0 {
+            // The channel started over (a restarted peer, a new epoch): so does the sample.
+            self.sample = Some((now, limit));
+            self.held = held;
+            return;
+        }
+        let elapsed = now.saturating_duration_since(at);
+        if elapsed < SAMPLE {
+            return;
+        }
+        let target = self.target.as_secs_f64();
+        self.rate = if std::mem::take(&mut self.held) {
+            let r = (limit - l0) as f64 / elapsed.as_secs_f64();
+            Some(self.rate.map_or(r, |old| old + ALPHA * (r - old)))
+        } else {
+            // Nothing waited: the bound doubles (from at least the floor) with each such
+            // sample, as the send window does, rather than opening at once to a buffer a
+            // burst would fill; it is gone once past any buffer.
+            self.rate
+                .map(|r| r.max(QUEUE_FLOOR as f64 / target) * 2.0)
+                .filter(|r| r * target < QUEUE_UNBOUNDED as f64)
+        };
+        self.sample = Some((now, limit));
+    }
+
+    /// Messages the channel may hold queued and unacknowledged, of its `buffer`.
+    pub(crate) fn bound(&self, buffer: u64) -> u64 {
+        self.rate.map_or(buffer, |rate| {
+            ((rate * self.target.as_secs_f64()) as u64).clamp(QUEUE_FLOOR.min(buffer), buffer)
+        })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_queue_is_bounded_by_the_time_its_peer_takes_to_drain_it_while_the_peer_holds_it_back() {
+        let start = Instant::now();
+        let at = |ms| start + Duration::from_millis(ms);
+        let mut q = QueueBound::new(Duration::from_millis(100));
+        assert_eq!(q.bound(50_000), QUEUE_FLOOR, "not measured: from the floor");
+        q.granted(0, true, at(0));
+        // The peer grants 2,000 a second while data waits for it: 100 ms of that.
+        for i in 1..=5 {
+            q.granted(i * 40, true, at(i * 20));
+        }
+        assert_eq!(q.bound(50_000), 200.max(QUEUE_FLOOR));
+        // Faster: 50,000 a second, the moving average follows up.
+        let mut limit = 200;
+        for i in 6..40 {
+            limit += 1_000;
+            q.granted(limit, true, at(i * 20));
+        }
+        assert!(
+            (4_900..=5_000).contains(&q.bound(50_000)),
+            "{}",
+            q.bound(50_000)
+        );
+        assert_eq!(q.bound(2_000), 2_000, "never above the buffer");
+        // Samples in which nothing waited for credit: the peer keeps up, the bound doubles
+        // with each, and is gone once past any buffer.
+        q.granted(limit + 10, false, at(40 * 20));
+        assert!(
+            (9_800..=10_000).contains(&q.bound(50_000)),
+            "{}",
+            q.bound(50_000)
+        );
+        for i in 41..52 {
+            q.granted(limit + 10, false, at(i * 20));
+        }
+        assert_eq!(q.bound(u64::MAX), u64::MAX);
+        // The channel starting over starts the sample over, and a slow peer bounds it to
+        // the floor.
+        q.granted(0, true, at(52 * 20));
+        q.granted(1, true, at(53 * 20));
+        assert_eq!(q.bound(50_000), QUEUE_FLOOR);
+        assert_eq!(q.bound(100), 100, "the floor never above the buffer");
+    }
 
     #[test]
     fn the_window_follows_the_measured_rate_within_its_bounds() {

@@ -13,11 +13,12 @@ impl NodeLoop {
                 .entry(channel)
                 .or_insert_with(|| Incoming::new(handles));
         }
+        let queue_target = self.shared.queue_target;
         for channel in wiring.topology.outgoing(me) {
             let handles = wiring.channels[&channel].clone();
             self.outgoing
                 .entry(channel)
-                .or_insert_with(|| Outgoing::new(handles));
+                .or_insert_with(|| Outgoing::new(handles, queue_target));
         }
     }
 

@@ -4,9 +4,10 @@
 use super::*;
 
 /// c. One slow application (a fixed delay per message) behind a backlog: each mode's
-/// latency and recorded channel state, at two channel buffers (the backlog grows with the
-/// buffer). The modes alternate in rounds (the backlog drifts); the backlog is measured as
-/// each snapshot starts; the daemons' peak resident sets are read at the end.
+/// latency and recorded channel state, at three channel buffers (the backlog grows with the
+/// buffer: 8,000 gives issue 34's 4× larger backlog, 50,000 the large one; `--channel-buffers`
+/// picks others). The modes alternate in rounds (the backlog drifts); the backlog is
+/// measured as each snapshot starts; the daemons' peak resident sets are read at the end.
 pub(super) async fn backpressure(
     args: &Args,
     store: &Store,
@@ -15,35 +16,57 @@ pub(super) async fn backpressure(
     let (buffers, rounds, delay) = if args.quick {
         (&[300u64][..], 1, Duration::from_micros(100))
     } else {
-        (&[2_000u64, 50_000][..], 3, Duration::from_micros(250))
+        (
+            &[2_000u64, 8_000, 50_000][..],
+            3,
+            Duration::from_micros(250),
+        )
+    };
+    let buffers = if args.channel_buffers.is_empty() {
+        buffers
+    } else {
+        &args.channel_buffers[..]
     };
     for &buffer in buffers {
-        backpressure_at(buffer, rounds, delay, store, report).await?;
+        backpressure_at(
+            buffer,
+            args.queue_target.as_deref(),
+            rounds,
+            delay,
+            store,
+            report,
+        )
+        .await?;
     }
     Ok(())
 }
 
 pub(super) async fn backpressure_at(
     buffer: u64,
+    queue_target: Option<&str>,
     rounds: usize,
     delay: Duration,
     store: &Store,
     report: &mut Report,
 ) -> anyhow::Result<()> {
-    let cluster = BenchCluster::start(
-        3,
-        store,
-        &[],
-        &["--channel-buffer", &buffer.to_string()],
-        1024,
-    )
-    .await?;
+    let buffer_arg = buffer.to_string();
+    let mut node_args = vec!["--channel-buffer", &buffer_arg];
+    if let Some(target) = queue_target {
+        node_args.extend(["--queue-target", target]);
+    }
+    let cluster = BenchCluster::start(3, store, &[], &node_args, 1024).await?;
     // n1 and n2 flood n3, whose application spends `delay` on each message.
     *cluster.apps[2].delay.lock().expect("never poisoned") = delay;
     cluster.apps[0].set_load(Load::Flood);
     cluster.apps[1].set_load(Load::Flood);
-    // Wait until the backlog is built: n3 lags the others by at least twice the buffer.
-    let want = buffer * 2;
+    // Wait until the backlog is built: n3 lags the others by at least twice the buffer
+    // (debloated queues hold less: a backlog of a few hundred then, the rest held in the
+    // senders' applications).
+    let want = if queue_target.is_some() {
+        (buffer * 2).min(512)
+    } else {
+        buffer * 2
+    };
     let deadline = Instant::now() + Duration::from_secs(60);
     while cluster.sent() - cluster.received() < want && Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(50)).await;
@@ -113,7 +136,8 @@ pub(super) async fn backpressure_at(
     let (sender_peak, receiver_peak) = (peak(0)?, peak(2)?);
     report.section(
         &format!(
-            "c. Backpressure (n3's app takes {delay:?} per message; n1, n2 flood it; --channel-buffer {buffer}; {rounds} round(s) of the five; daemon peaks: n1 {} MiB, n3 {} MiB)",
+            "c. Backpressure (n3's app takes {delay:?} per message; n1, n2 flood it; --channel-buffer {buffer}{}; {rounds} round(s) of the five; daemon peaks: n1 {} MiB, n3 {} MiB)",
+            queue_target.map_or(String::new(), |t| format!(", --queue-target {t}")),
             mib(sender_peak),
             mib(receiver_peak)
         ),
@@ -151,7 +175,7 @@ pub(super) async fn backpressure_at(
                     to_states[0], to_states[1], to_states[2]
                 ),
             ],
-            json!({"scenario": "c", "buffer": buffer, "mode": name, "backlog": mean(backlog),
+            json!({"scenario": "c", "buffer": buffer, "queue_target": queue_target, "mode": name, "backlog": mean(backlog),
                    "p50_ms": quantile(lat, 0.5),
                    "max_ms": lat.iter().copied().fold(0.0, f64::max), "recorded_messages": recorded,
                    "recorded_bytes": recorded * payload,

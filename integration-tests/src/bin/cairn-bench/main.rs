@@ -7,7 +7,7 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::time::{Duration, Instant};
 
 use cairn_integration_tests::bench::{
-    BenchCluster, Load, cpu_time, filler, peak_rss, plain_tonic, quantile, raw_tcp,
+    BenchCluster, Load, cpu_time, filler, peak_rss, plain_tonic, quantile, raw_tcp, relay_tonic,
 };
 use cairn_integration_tests::coordinated::Store;
 use cairn_integration_tests::s3::S3Server;
@@ -53,6 +53,14 @@ struct Args {
     /// Only these scenarios (letters a-j, comma-separated).
     #[arg(long, value_delimiter = ',', default_value = "a,b,c,d,e,f,g,h,i,j")]
     scenarios: Vec<String>,
+    /// c's channel buffers (`--channel-buffer` of its daemons; default 2000,8000,50000,
+    /// 300 with --quick).
+    #[arg(long, value_delimiter = ',', value_parser = clap::value_parser!(u64).range(1..))]
+    channel_buffers: Vec<u64>,
+    /// c's daemons debloat their outgoing queues (`--queue-target` of cairn-node, e.g.
+    /// 100ms); default: bounded by the buffer alone.
+    #[arg(long)]
+    queue_target: Option<String>,
     /// Where to write the results as JSON.
     #[arg(long, default_value = "bench-results.json")]
     out: std::path::PathBuf,

@@ -12,17 +12,34 @@ pub(super) async fn throughput(
     let window = Duration::from_secs(if args.quick { 1 } else { 5 });
     report.section(
         "d. Channel throughput (one direction; cairn: app → daemon → daemon → app)",
-        &["payload", "path", "messages/s", "MB/s", "of raw TCP"],
+        &[
+            "payload",
+            "path",
+            "messages/s",
+            "MB/s",
+            "of raw TCP",
+            "of one tonic stream",
+        ],
     );
     for size in [64usize, 4096] {
         let tcp = raw_tcp(size, window).await?;
         let tonic = plain_tonic(size, window).await?;
+        let relay = relay_tonic(size, 1, window).await?;
+        let relay_batched = relay_tonic(size, 64, window).await?;
         let cairn = channel_rate(store, size, window, false).await?;
         for (path, r) in [
             ("raw TCP, length-prefixed (one process)", tcp),
             (
                 "tonic bidi stream, one message per item (one process)",
                 tonic,
+            ),
+            (
+                "tonic, the same relayed over three hops (one process)",
+                relay,
+            ),
+            (
+                "tonic, batches of 64 relayed over three hops (one process)",
+                relay_batched,
             ),
             ("cairn, two daemons (four processes)", cairn),
         ] {
@@ -33,9 +50,11 @@ pub(super) async fn throughput(
                     rate(r),
                     format!("{:.0}", r * size as f64 / 1e6),
                     format!("{:.1} %", 100.0 * r / tcp),
+                    format!("{:.0} %", 100.0 * r / tonic),
                 ],
                 json!({"scenario": "d", "payload": size, "path": path, "per_s": r,
-                       "mb_per_s": r * size as f64 / 1e6, "of_tcp": r / tcp}),
+                       "mb_per_s": r * size as f64 / 1e6, "of_tcp": r / tcp,
+                       "of_tonic": r / tonic}),
             );
         }
     }

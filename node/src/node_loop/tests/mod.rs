@@ -90,6 +90,7 @@ impl Node {
             incarnation: 1,
             max_payload: 1 << 20,
             channel_buffer: BUFFER,
+            queue_target: None,
             wiring: RwLock::new(Arc::new(wiring(nodes, None))),
             fault_injection: false,
             upload_room: Arc::new(tokio::sync::Semaphore::new(crate::shared::UPLOAD_ROOM)),
