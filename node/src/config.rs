@@ -22,9 +22,9 @@ pub struct NodeConfig {
     /// Messages each channel may hold inside this daemon (incoming: waiting for the
     /// application; outgoing: queued or unacknowledged) before the sender is pushed back.
     pub channel_buffer: usize,
-    /// Buffer debloating at the sender: bound each outgoing queue to this much of its
-    /// peer's measured drain rate while the peer holds it back (`None`: `channel_buffer`
-    /// alone bounds it).
+    /// Buffer debloating at the sender: bound each outgoing queue (with what is on the wire
+    /// and not acknowledged) to this much of its peer's measured drain rate while the peer
+    /// holds it back (`None`: `channel_buffer` alone bounds it; at least 1 ms).
     pub queue_target: Option<Duration>,
     /// Largest application payload accepted, in bytes.
     pub max_payload: usize,

@@ -144,7 +144,11 @@ pub async fn run(
         incarnation,
         max_payload: config.max_payload,
         channel_buffer: buffer,
-        queue_target: config.queue_target,
+        // At least a millisecond (the CLI refuses less): a zero target would pin every
+        // held-back queue to the floor.
+        queue_target: config
+            .queue_target
+            .map(|t| t.max(std::time::Duration::from_millis(1))),
         wiring: RwLock::new(Arc::new(first)),
         fault_injection: config.fault_injection,
         upload_room: Arc::new(tokio::sync::Semaphore::new(UPLOAD_ROOM)),

@@ -66,8 +66,9 @@ struct Args {
     channel_buffer: usize,
     /// Buffer debloating at the sender (off unless given; e.g. 100ms, 1ms-60s): while a
     /// peer drains a channel slower than this daemon fills it, the channel's outgoing queue
-    /// holds only this long of the peer's measured pace (at least 256 messages, at most
-    /// --channel-buffer); the rest of a backlog waits in the sending application. An
+    /// (with what is on the wire unacknowledged) holds only this long of the peer's measured
+    /// pace (at least 256 messages, at most --channel-buffer; keep it well above the round
+    /// trip to peers); the rest of a backlog waits in the sending application. An
     /// unaligned snapshot then records about that much per channel whatever the buffer, and
     /// aligned markers wait behind it. A peer that keeps up is not bounded.
     #[arg(long, env = "CAIRN_QUEUE_TARGET", value_parser = humantime::parse_duration)]

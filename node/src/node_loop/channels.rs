@@ -206,13 +206,19 @@ impl NodeLoop {
             return; // granted in an epoch this node has left
         }
         if let Some(out) = self.outgoing.get_mut(channel) {
-            if let Some(debloat) = out.debloat.as_mut().filter(|_| limit != u64::MAX) {
-                // Data was waiting for this credit: the newest queued is past the old limit.
-                let held = out.queue.iter().rev().find_map(|item| match item {
-                    OutItem::Data { index, .. } => Some(*index >= out.credit_limit),
-                    OutItem::Marker(_) => None,
-                });
-                debloat.granted(limit, held == Some(true), std::time::Instant::now());
+            if let Some(debloat) = out.debloat.as_mut() {
+                if limit == u64::MAX {
+                    // A peer without credits: nothing to measure, no bound.
+                    debloat.unbounded();
+                } else {
+                    // Data was waiting for this credit: the newest queued is past the old
+                    // limit.
+                    let held = out.queue.iter().rev().find_map(|item| match item {
+                        OutItem::Data { index, .. } => Some(*index >= out.credit_limit),
+                        OutItem::Marker(_) => None,
+                    });
+                    debloat.granted(limit, held == Some(true), std::time::Instant::now());
+                }
                 let bound = debloat.bound(out.handles.buffer);
                 if bound != out.handles.bound() {
                     out.handles.bound_to(bound);
@@ -368,6 +374,9 @@ impl NodeLoop {
         if out.credited {
             // The restarted peer grants its credits afresh (its handshake's answer).
             out.credit_limit = 0;
+        }
+        if let Some(debloat) = out.debloat.as_mut() {
+            debloat.restart();
         }
         for payload in requeue.into_iter().chain(queued) {
             out.queue.push_back(OutItem::Data {

@@ -266,17 +266,20 @@ const QUEUE_UNBOUNDED: u64 = 1 << 24;
 /// advances while it holds the channel back — what the peer's application consumes — at
 /// least [`QUEUE_FLOOR`] and never above the channel's buffer. A peer that keeps up never
 /// holds the channel back: the bound then doubles with each sample until it is the buffer,
-/// so it never limits the rate it is measured from. The rest of a backlog waits in the sending application, behind
-/// its send window, where no snapshot records it.
+/// so it does not limit the rate it is measured from (as long as the target is well above
+/// the round trip: the bound counts what is on the wire too). The rest of a backlog waits
+/// in the sending application, behind its send window, where no snapshot records it.
 #[derive(Debug)]
 pub(crate) struct QueueBound {
     target: Duration,
     /// Data indices per second the peer granted while it held the channel back; `None`:
-    /// it did not hold it back in the last sample.
+    /// unbounded (it kept up long enough for the bound to pass any buffer).
     rate: Option<f64>,
-    sample: Option<(Instant, u64)>,
-    /// Data waited for the peer's credit at some grant since the last sample.
-    held: bool,
+    /// The sample running: since when, from which limit, and whether data was waiting at
+    /// the grant that began it (an interval is the peer's pace only if data waited at both
+    /// its ends: one that began with nothing waiting — idle, or the sender the bottleneck —
+    /// is not).
+    sample: Option<(Instant, u64, bool)>,
 }
 
 impl QueueBound {
@@ -288,41 +291,57 @@ impl QueueBound {
             target,
             rate: Some(QUEUE_FLOOR as f64 / target.as_secs_f64().max(1e-3)),
             sample: None,
-            held: false,
         }
+    }
+
+    /// The channel starts over (a restarted peer, a new epoch): its limits start again, and
+    /// so does the sample. The rate stays (the same peer, most likely at its pace).
+    pub(crate) fn restart(&mut self) {
+        self.sample = None;
+    }
+
+    /// The peer stopped granting credits: nothing to measure, no bound.
+    pub(crate) fn unbounded(&mut self) {
+        self.rate = None;
+        self.sample = None;
     }
 
     /// The peer granted data up to index `limit` at `now`; `held`: data was waiting for
     /// the credit when it came.
     pub(crate) fn granted(&mut self, limit: u64, held: bool, now: Instant) {
-        self.held |= held;
-        let Some((at, l0)) = self.sample else {
-            self.sample = Some((now, limit));
+        let Some((at, l0, waited)) = self.sample else {
+            self.sample = Some((now, limit, held));
             return;
         };
         if limit < l0 {
-            // The channel started over (a restarted peer, a new epoch): so does the sample.
-            self.sample = Some((now, limit));
-            self.held = held;
+            // The channel started over unannounced: so does the sample.
+            self.sample = Some((now, limit, held));
             return;
         }
         let elapsed = now.saturating_duration_since(at);
         if elapsed < SAMPLE {
             return;
         }
+        if held && !waited {
+            // Held back now, but not when the interval began (idle, or the sender the
+            // bottleneck, then a burst): the interval is not the peer's pace. Measure from
+            // here.
+            self.sample = Some((now, limit, true));
+            return;
+        }
         let target = self.target.as_secs_f64();
-        self.rate = if std::mem::take(&mut self.held) {
+        self.rate = if held {
             let r = (limit - l0) as f64 / elapsed.as_secs_f64();
             Some(self.rate.map_or(r, |old| old + ALPHA * (r - old)))
         } else {
-            // Nothing waited: the bound doubles (from at least the floor) with each such
-            // sample, as the send window does, rather than opening at once to a buffer a
-            // burst would fill; it is gone once past any buffer.
+            // Nothing waiting at its end: the bound doubles (from at least the floor) with
+            // each such sample, as the send window does, rather than opening at once to a
+            // buffer a burst would fill; it is gone once past any buffer.
             self.rate
                 .map(|r| r.max(QUEUE_FLOOR as f64 / target) * 2.0)
                 .filter(|r| r * target < QUEUE_UNBOUNDED as f64)
         };
-        self.sample = Some((now, limit));
+        self.sample = Some((now, limit, held));
     }
 
     /// Messages the channel may hold queued and unacknowledged, of its `buffer`.
@@ -375,10 +394,30 @@ mod tests {
         assert_eq!(q.bound(u64::MAX), u64::MAX);
         // The channel starting over starts the sample over, and a slow peer bounds it to
         // the floor.
+        q.restart();
         q.granted(0, true, at(52 * 20));
         q.granted(1, true, at(53 * 20));
         assert_eq!(q.bound(50_000), QUEUE_FLOOR);
         assert_eq!(q.bound(100), 100, "the floor never above the buffer");
+        // Idle, then a burst: the interval that began with nothing waiting is not the
+        // peer's pace (it would measure the idle time), so the bound does not fall for it.
+        let mut q = QueueBound::new(Duration::from_millis(100));
+        let mut limit = 0;
+        for i in 0..30 {
+            q.granted(limit, true, at(i * 20));
+            limit += 1_000;
+        }
+        let before = q.bound(50_000);
+        assert!(
+            (4_900..=5_000).contains(&before),
+            "50,000 a second: {before}"
+        );
+        q.granted(limit, false, at(30 * 20));
+        q.granted(limit + 10, true, at(5_000));
+        assert!(q.bound(50_000) >= before, "{}", q.bound(50_000));
+        // A peer that stops granting credits leaves the channel unbounded.
+        q.unbounded();
+        assert_eq!(q.bound(50_000), 50_000);
     }
 
     #[test]

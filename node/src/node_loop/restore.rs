@@ -84,6 +84,9 @@ impl NodeLoop {
                 // The peer grants its credits afresh in the new epoch's handshake.
                 out.credit_limit = 0;
             }
+            if let Some(debloat) = out.debloat.as_mut() {
+                debloat.restart();
+            }
         }
         let channels: Vec<ChannelId> = self.incoming.keys().cloned().collect();
         for channel in &channels {
