@@ -68,9 +68,9 @@ struct Args {
     /// peer drains a channel slower than this daemon fills it, the channel's outgoing queue
     /// (with what is on the wire unacknowledged) holds only this long of the peer's measured
     /// pace (at least 256 messages, at most --channel-buffer; keep it well above the round
-    /// trip to peers); the rest of a backlog waits in the sending application. An
-    /// unaligned snapshot then records about that much per channel whatever the buffer, and
-    /// aligned markers wait behind it. A peer that keeps up is not bounded.
+    /// trip to peers); the rest of a backlog waits in the sending application. What an
+    /// unaligned snapshot records then stays about the same whatever the buffer, and aligned
+    /// markers wait behind less. A peer that keeps up is not bounded.
     #[arg(long, env = "CAIRN_QUEUE_TARGET", value_parser = humantime::parse_duration)]
     queue_target: Option<Duration>,
     /// Largest application payload, in bytes.

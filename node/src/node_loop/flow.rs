@@ -257,7 +257,7 @@ impl SendWindow {
 
 /// Fewest messages an outgoing channel's queue is bounded to by [`QueueBound`].
 pub(crate) const QUEUE_FLOOR: u64 = 256;
-/// A bound past this is no bound (above any `--channel-buffer` in use).
+/// Past this the bound is dropped (the channel's buffer bounds it again).
 const QUEUE_UNBOUNDED: u64 = 1 << 24;
 
 /// Buffer debloating at the sender (`--queue-target`, off by default): an outgoing
