@@ -42,6 +42,8 @@
 //!         }
 //!         // Only with `session.restore_in_pieces(true)`, for states too large to hold twice.
 //!         AppEvent::RestorePiece { .. } | AppEvent::RestoreAborted { .. } => {}
+//!         // Only with `AttachOptions::snapshot_outcomes_after` (see `AppSession::attach`).
+//!         AppEvent::SnapshotCompleted { .. } | AppEvent::SnapshotAborted { .. } => {}
 //!     }
 //! }
 //! # Ok(()) }
@@ -69,4 +71,4 @@ pub use cairn_rpc::tls;
 
 pub use coordinator::CoordinatorClient;
 pub use error::Error;
-pub use session::{AppEvent, AppSender, AppSession, SendPermit};
+pub use session::{AppEvent, AppSender, AppSession, AttachOptions, SendPermit};

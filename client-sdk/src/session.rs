@@ -99,6 +99,44 @@ pub enum AppEvent {
         /// Why, in words.
         reason: String,
     },
+    /// Only with [`AttachOptions::snapshot_outcomes_after`]: a snapshot completed. Every
+    /// node's part is stored and verified, and the coordinator has stored that it
+    /// completed — so a restore can bring back this snapshot's state from now on. Effects
+    /// the application held back until its state was durable (what a two-phase-commit
+    /// sink pre-committed at this snapshot or before) may be made final now.
+    ///
+    /// Guarantees: told only after the coordinator stored the end; in increasing id order
+    /// together with [`AppEvent::SnapshotAborted`]; at least once — a session that breaks
+    /// and attaches again naming a lower id (see [`AppSession::outcomes_heard`]) hears
+    /// again what it may have missed, as far as the coordinator still keeps it (the newest
+    /// 4,096 ends). An application must therefore treat a repeated id as done already.
+    SnapshotCompleted {
+        /// The snapshot.
+        snapshot_id: u64,
+    },
+    /// Only with [`AttachOptions::snapshot_outcomes_after`]: a snapshot failed or was
+    /// aborted, and the coordinator stored that. Its state will never be restored. Same
+    /// guarantees as [`AppEvent::SnapshotCompleted`]. Effects pre-committed at it stay
+    /// pending: they belong to the history up to the next snapshot that completes, which
+    /// makes them final.
+    SnapshotAborted {
+        /// The snapshot.
+        snapshot_id: u64,
+        /// Why, in words (at most 512 bytes).
+        reason: String,
+    },
+}
+
+/// How a session attaches, beyond the defaults of [`AppSession::connect_with`].
+#[derive(Debug, Clone, Default)]
+pub struct AttachOptions {
+    /// Follow the snapshots' ends: hear [`AppEvent::SnapshotCompleted`] and
+    /// [`AppEvent::SnapshotAborted`] for every snapshot with an id above this one — first
+    /// those that ended already (as far as the coordinator keeps them), then each as it
+    /// ends. Give the highest id the application has acted on: 0 on a fresh start, the
+    /// restored state's on a restart, [`AppSession::outcomes_heard`] on a reattach.
+    /// `None` (the default): none are told.
+    pub snapshot_outcomes_after: Option<u64>,
 }
 
 enum Outgoing {
@@ -128,6 +166,8 @@ pub struct AppSession {
     copies: Copies,
     /// A record request was handed out: the next call lets the writer run first.
     recorded: bool,
+    /// The highest snapshot id whose end was handed out (or named at attach).
+    outcomes_heard: u64,
 }
 
 impl AppSession {
@@ -144,6 +184,16 @@ impl AppSession {
         address: &str,
         application: &str,
         tls: Option<&crate::tls::Tls>,
+    ) -> Result<Self, Error> {
+        Self::attach(address, application, tls, AttachOptions::default()).await
+    }
+
+    /// As [`AppSession::connect_with`], with `options` (following the snapshots' ends).
+    pub async fn attach(
+        address: &str,
+        application: &str,
+        tls: Option<&crate::tls::Tls>,
+        options: AttachOptions,
     ) -> Result<Self, Error> {
         let connect_error = |reason: String| Error::Connect {
             address: address.to_owned(),
@@ -168,6 +218,7 @@ impl AppSession {
                 application: application.to_owned(),
                 packed_deliveries: true,
                 acknowledges_deliveries: true,
+                snapshot_outcomes_after: options.snapshot_outcomes_after,
             })),
         };
         wire_tx
@@ -323,6 +374,7 @@ impl AppSession {
             early,
             copies: Copies::default(),
             recorded: false,
+            outcomes_heard: options.snapshot_outcomes_after.unwrap_or(0),
         })
     }
 
@@ -374,6 +426,13 @@ impl AppSession {
     /// The cluster's name.
     pub fn cluster(&self) -> &str {
         &self.attached.cluster
+    }
+
+    /// The highest snapshot id whose end this session handed out (or the id it attached
+    /// following from): what to name in [`AttachOptions::snapshot_outcomes_after`] when
+    /// attaching again, once the application has acted on every end handed out.
+    pub fn outcomes_heard(&self) -> u64 {
+        self.outcomes_heard
     }
 
     /// The next event; `None` when the daemon closed the session.
@@ -461,6 +520,25 @@ impl AppSession {
                 }
                 Some(Kind::Restore(r)) => self.staging.piece(r, &mut self.buffered),
                 Some(Kind::RestoreAborted(a)) => self.staging.aborted(a, &mut self.buffered),
+                Some(Kind::SnapshotCompleted(c)) => {
+                    // Never backwards: a confused daemon cannot make an end heard twice in
+                    // one session.
+                    if c.snapshot_id > self.outcomes_heard {
+                        self.outcomes_heard = c.snapshot_id;
+                        return Ok(Some(AppEvent::SnapshotCompleted {
+                            snapshot_id: c.snapshot_id,
+                        }));
+                    }
+                }
+                Some(Kind::SnapshotAborted(a)) => {
+                    if a.snapshot_id > self.outcomes_heard {
+                        self.outcomes_heard = a.snapshot_id;
+                        return Ok(Some(AppEvent::SnapshotAborted {
+                            snapshot_id: a.snapshot_id,
+                            reason: a.reason,
+                        }));
+                    }
+                }
                 Some(Kind::Peers(p)) => {
                     *self.sender.peers.write().expect("never poisoned") =
                         p.peers.into_iter().collect();

@@ -43,6 +43,9 @@ pub enum NodeCommand {
     Restore(NodeRestore),
     /// The answer to its leaving: `None` if it was removed, else why not.
     Left(Option<String>),
+    /// Snapshot ends told to the applications (pushed in id order as they are stored, or
+    /// the answer to the node's catch-up).
+    Outcomes(crate::lifecycle::Outcomes),
 }
 
 /// A restore as one node is told it.

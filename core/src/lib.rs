@@ -65,6 +65,7 @@ pub mod coordinator;
 pub mod engine;
 pub mod event;
 pub mod failure;
+pub mod lifecycle;
 pub mod record;
 pub mod report;
 pub mod restore;

@@ -132,7 +132,9 @@ pub fn spawn_app(mut session: AppSession, ctl: Arc<AppControl>, stop: Cancellati
                 Ok(Some(
                     AppEvent::Restore { .. }
                     | AppEvent::RestorePiece { .. }
-                    | AppEvent::RestoreAborted { .. },
+                    | AppEvent::RestoreAborted { .. }
+                    | AppEvent::SnapshotCompleted { .. }
+                    | AppEvent::SnapshotAborted { .. },
                 )) => {}
                 Ok(None) | Err(_) => return,
             }

@@ -152,6 +152,7 @@ impl pb::app_server::App for AppService {
                 packed: attach.packed_deliveries,
                 flow_key: taken.flow_key,
                 acknowledges: attach.acknowledges_deliveries,
+                outcomes_after: attach.snapshot_outcomes_after,
                 tx: tx.clone(),
                 records: records.clone(),
                 reply,

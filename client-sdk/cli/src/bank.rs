@@ -317,6 +317,8 @@ pub async fn run(
             },
             // The bank's state is small: it takes restores whole (no `restore_in_pieces`).
             Ok(Some(AppEvent::RestorePiece { .. } | AppEvent::RestoreAborted { .. })) => {}
+            // It does not follow the snapshots' ends (no `snapshot_outcomes_after`).
+            Ok(Some(AppEvent::SnapshotCompleted { .. } | AppEvent::SnapshotAborted { .. })) => {}
             Ok(None) => break Err(anyhow::anyhow!("the node daemon closed the session")),
             Err(e) => break Err(anyhow::anyhow!("session with the node daemon failed: {e}")),
         }

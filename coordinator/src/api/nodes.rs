@@ -263,6 +263,10 @@ fn session_msg(node: &NodeId, kind: pb::node_to_coordinator::Kind) -> Option<Msg
             message: failed.message,
         },
         Kind::Leave(_) => Msg::Leave { node },
+        Kind::OutcomesAfter(ask) => Msg::OutcomesAfter {
+            node,
+            after: ask.after,
+        },
         Kind::Register(_) => return None,
     })
 }

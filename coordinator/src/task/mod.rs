@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use cairn_core::control::NodeCommand;
 use cairn_core::coordinator::{Config, CoordinatorEngine, Input, Now};
+use cairn_core::lifecycle::SnapshotOutcome;
 use cairn_core::schedule::Policy;
 use cairn_core::{FailureReason, NodeId, SnapshotId, SnapshotMode, Topology};
 use tokio::sync::mpsc;
@@ -178,6 +179,7 @@ impl State {
         self.recover_restores().await?;
         let mut newest_completed = None;
         let mut requests = Vec::new();
+        let mut outcomes = Vec::new();
         for mut record in self.meta.snapshots().await? {
             if !record.request_id.is_empty() {
                 requests.push((SnapshotId(record.id), record.request_id.clone()));
@@ -193,8 +195,19 @@ impl State {
                 tracing::warn!(snapshot = record.id, "snapshot failed: {left}");
                 self.put_record(&record).await?;
             }
+            let id = SnapshotId(record.id);
+            outcomes.push(match &record.failure {
+                None if record.status == SnapshotStatus::Completed => {
+                    SnapshotOutcome::completed(id)
+                }
+                None => SnapshotOutcome::aborted(id, &format!("{:?}", record.status)),
+                Some(failure) => SnapshotOutcome::aborted(id, &failure.message),
+            });
         }
         self.drive(Input::StartsLoaded { requests }).await;
+        // Every record has ended by now: what they say is told already (a daemon that
+        // missed an end hears it when it catches up).
+        self.drive(Input::OutcomesLoaded { outcomes }).await;
         if let Some(at) = newest_completed {
             let age = Duration::from_millis(now_ms().saturating_sub(at));
             self.drive(Input::NewestCompleted { age }).await;
@@ -365,6 +378,9 @@ impl State {
             Msg::RemoveNode { node, reply } => {
                 let result = self.remove_node(node).await;
                 let _ = reply.send(result);
+            }
+            Msg::OutcomesAfter { node, after } => {
+                self.drive(Input::OutcomesAfter { node, after }).await;
             }
             Msg::Leave { node } => {
                 self.drive(Input::Leave { node }).await;

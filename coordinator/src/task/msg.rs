@@ -111,6 +111,11 @@ pub(crate) enum Msg {
     Leave {
         node: NodeId,
     },
+    /// A node's daemon catches up on the snapshots' ends told above `after`.
+    OutcomesAfter {
+        node: NodeId,
+        after: u64,
+    },
     /// The record of a snapshot in flight, with its progress; `None` if it has ended.
     Live {
         id: SnapshotId,

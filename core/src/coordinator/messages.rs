@@ -278,6 +278,20 @@ pub enum Input<E> {
         /// Each stored snapshot with a request id, and that id.
         requests: Vec<(SnapshotId, String)>,
     },
+    /// At a term's start: how every stored snapshot ended (each record has ended by
+    /// then), told already as far as the applications go.
+    OutcomesLoaded {
+        /// The outcomes.
+        outcomes: Vec<crate::lifecycle::SnapshotOutcome>,
+    },
+    /// A node's daemon asks for the outcomes told above `after` (its application attached
+    /// naming `after`, or it registered again): answered on its session.
+    OutcomesAfter {
+        /// The node.
+        node: NodeId,
+        /// The highest id its application heard of.
+        after: u64,
+    },
     /// At a term's start: how old the newest completed snapshot is (freshness).
     NewestCompleted {
         /// Its age.

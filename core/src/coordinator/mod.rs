@@ -28,7 +28,7 @@
 use std::collections::{BTreeMap, VecDeque};
 
 use crate::FailureReason;
-use crate::control::Membership;
+use crate::control::{Membership, NodeCommand};
 use crate::record::{RestoreRecord, SnapshotRecord};
 use crate::schedule::{PolicyView, Schedule, Status};
 use crate::tracker::SnapshotTracker;
@@ -262,6 +262,11 @@ impl<E: std::fmt::Display> CoordinatorEngine<E> {
                     roles.snapshots.remember_request(id, request_id);
                 }
             }
+            Input::OutcomesLoaded { outcomes } => roles.snapshots.outcomes_loaded(outcomes),
+            Input::OutcomesAfter { node, after } => out.push(Action::Send {
+                command: NodeCommand::Outcomes(roles.snapshots.outcomes_after(after)),
+                node,
+            }),
             Input::NewestCompleted { age } => {
                 roles.snapshots.schedule.completed_before(now.mono_ms, age);
             }

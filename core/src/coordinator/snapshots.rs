@@ -9,6 +9,7 @@ use super::{
     Action, Actions, Answer, Note, Persist, Refusal, SnapshotWrite, StartInput, Timer, Token, Write,
 };
 use crate::control::{NodeCommand, NodeReport, StateTimes};
+use crate::lifecycle::{Outcomes, SnapshotOutcome, Told};
 use crate::record::{
     EventKind, EventRecord, SnapshotRecord, SnapshotStatus, VerdictRecord, event_detail,
 };
@@ -86,6 +87,8 @@ pub(super) struct Snapshots {
     /// The request ids of the starts this engine knows: loaded at the term's start from
     /// the stored records, and each start stored since.
     requests: Requests,
+    /// The ends told to the members' applications, in id order (`crate::lifecycle`).
+    told: Told,
 }
 
 /// The request ids of the newest [`MAX_REQUESTS`] snapshots started with one.
@@ -133,6 +136,28 @@ impl Snapshots {
             aborting: BTreeMap::new(),
             id_floor: 0,
             requests: Requests::default(),
+            told: Told::default(),
+        }
+    }
+
+    /// At a term's start: the ends earlier terms stored, as told (a daemon that missed one
+    /// hears it when it catches up).
+    pub(super) fn outcomes_loaded(&mut self, outcomes: Vec<SnapshotOutcome>) {
+        self.told.loaded(outcomes);
+    }
+
+    /// A daemon's catch-up: the outcomes told above `after`.
+    pub(super) fn outcomes_after(&self, after: u64) -> Outcomes {
+        self.told.after(after)
+    }
+
+    /// The lowest snapshot id still open: in flight, or its end not stored.
+    fn lowest_open(&self) -> Option<SnapshotId> {
+        let inflight = self.inflight.keys().next().copied();
+        let unstored = self.unstored.keys().next().copied();
+        match (inflight, unstored) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
         }
     }
 
@@ -642,6 +667,17 @@ impl Snapshots {
             None => Ok(()),
             Some(failure) => Err(failure.message.clone()),
         };
+        // Stored: the members' applications hear it, in id order (after every lower id).
+        let told = match &outcome {
+            Ok(()) => SnapshotOutcome::completed(id),
+            Err(why) => SnapshotOutcome::aborted(id, why),
+        };
+        if let Some(push) = self.told.stored(told, self.lowest_open()) {
+            out.push(Action::Broadcast {
+                command: NodeCommand::Outcomes(push),
+                except: None,
+            });
+        }
         out.push(Action::Ended {
             record: Box::new(record),
         });

@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use super::*;
 use crate::control::{NodeCommand, NodeReport, Registration, StateTimes};
+use crate::lifecycle::{Outcomes, SnapshotOutcome};
 use crate::record::{EventKind, RemovedRecord, RestoreRecord, RestoreStatus, SnapshotStatus};
 use crate::report::{IncomingCut, LocalReport, OutgoingCut};
 use crate::schedule::{PolicyChange, PolicySource};
@@ -291,12 +292,16 @@ fn a_snapshot_completes_stored_before_told() {
             result: Ok(()),
         },
     );
-    // A completed snapshot is told to the runtime only (no node drops anything).
+    // A completed snapshot: no node drops anything; the applications hear it (stored
+    // before told), and the runtime.
     assert_eq!(
         engine.drain_actions(),
-        [Action::Ended {
-            record: Box::new(end)
-        }]
+        [
+            told(1, None, 0),
+            Action::Ended {
+                record: Box::new(end)
+            }
+        ]
     );
     assert!(!engine.is_open(SnapshotId(1)));
     engine.handle(at(T0 + 500), Input::Tick);
@@ -433,6 +438,7 @@ fn an_abort_is_answered_with_the_stored_end_and_dropped_everywhere() {
                 token: 2,
                 answer: Answer::Aborted(Ok(Box::new(end.clone()))),
             },
+            told(1, Some("aborted: aborted by a user"), 0),
             Action::Ended {
                 record: Box::new(end)
             },
@@ -1636,6 +1642,10 @@ fn retention_keeps_the_newest_completed_and_what_a_restore_holds() {
         matches!(
             &actions[..],
             [
+                Action::Broadcast {
+                    command: NodeCommand::Outcomes(_),
+                    except: None
+                },
                 Action::Ended { .. },
                 Action::List {
                     purpose: Listing::Retention
@@ -2040,4 +2050,101 @@ fn request_ids_are_bounded_to_the_newest_snapshots() {
     assert!(known(&mut engine, &format!("r{n}")));
     assert!(!known(&mut engine, "r10"), "the oldest are forgotten");
     assert!(known(&mut engine, "r11"));
+}
+
+/// The broadcast that tells the applications snapshot `id`'s end (`failure`: why it did not
+/// complete), the id told before it being `after`.
+fn told(id: u64, failure: Option<&str>, after: u64) -> Action<E> {
+    Action::Broadcast {
+        command: NodeCommand::Outcomes(Outcomes {
+            after,
+            outcomes: vec![SnapshotOutcome {
+                snapshot: SnapshotId(id),
+                failure: failure.map(str::to_owned),
+            }],
+            through: id,
+            catch_up: false,
+        }),
+        except: None,
+    }
+}
+
+#[test]
+fn ends_are_told_to_the_applications_in_id_order_and_again_on_a_catch_up() {
+    let mut engine = engine_of(2);
+    started(&mut engine, 1);
+    started(&mut engine, 2);
+    // 2 ends and is stored first: told to nobody while 1 is open.
+    engine.handle(at(T0 + 1), part(2, "a"));
+    engine.handle(at(T0 + 1), part(2, "b"));
+    engine.drain_actions();
+    engine.handle(
+        at(T0 + 2),
+        Input::Persisted {
+            what: Persist::Snapshot(SnapshotWrite::End(SnapshotId(2))),
+            result: Ok(()),
+        },
+    );
+    let actions = engine.drain_actions();
+    assert!(
+        !actions.iter().any(|a| matches!(
+            a,
+            Action::Broadcast {
+                command: NodeCommand::Outcomes(_),
+                ..
+            }
+        )),
+        "{actions:?}"
+    );
+    // 1 fails; its end is stored: 1 and then 2 are told, in one push.
+    engine.handle(at(T0 + 3), Input::TimedOut { id: SnapshotId(1) });
+    engine.drain_actions();
+    engine.handle(
+        at(T0 + 4),
+        Input::Persisted {
+            what: Persist::Snapshot(SnapshotWrite::End(SnapshotId(1))),
+            result: Ok(()),
+        },
+    );
+    let pushes: Vec<Outcomes> = engine
+        .drain_actions()
+        .into_iter()
+        .filter_map(|a| match a {
+            Action::Broadcast {
+                command: NodeCommand::Outcomes(o),
+                ..
+            } => Some(o),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(pushes.len(), 1);
+    let ids: Vec<(u64, bool)> = pushes[0]
+        .outcomes
+        .iter()
+        .map(|o| (o.snapshot.0, o.failure.is_none()))
+        .collect();
+    assert_eq!(ids, [(1, false), (2, true)]);
+    assert_eq!((pushes[0].after, pushes[0].through), (0, 2));
+    // A daemon catching up from 1 hears 2 again, on its own session.
+    engine.handle(
+        at(T0 + 5),
+        Input::OutcomesAfter {
+            node: NodeId::new("a"),
+            after: 1,
+        },
+    );
+    match &engine.drain_actions()[..] {
+        [
+            Action::Send {
+                node,
+                command: NodeCommand::Outcomes(o),
+            },
+        ] => {
+            assert_eq!(node.as_str(), "a");
+            assert!(o.catch_up);
+            assert_eq!((o.after, o.through, o.outcomes.len()), (1, 2, 1));
+            assert_eq!(o.outcomes[0].snapshot, SnapshotId(2));
+        }
+        other => panic!("{other:?}"),
+    }
 }

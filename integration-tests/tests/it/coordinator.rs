@@ -60,7 +60,9 @@ fn controlled_app(address: String, answer: Arc<AtomicBool>) -> JoinHandle<()> {
                 }
                 AppEvent::Restore { .. }
                 | AppEvent::RestorePiece { .. }
-                | AppEvent::RestoreAborted { .. } => {}
+                | AppEvent::RestoreAborted { .. }
+                | AppEvent::SnapshotCompleted { .. }
+                | AppEvent::SnapshotAborted { .. } => {}
             }
         }
     })

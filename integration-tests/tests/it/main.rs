@@ -15,6 +15,7 @@ mod grpcurl;
 mod ha;
 mod integrity;
 mod large_state;
+mod lifecycle;
 mod limits;
 mod limits_transport;
 mod local_cluster;

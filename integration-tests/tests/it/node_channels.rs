@@ -702,6 +702,7 @@ async fn a_cut_the_application_cannot_have_taken_fails_the_snapshot_naming_the_n
         application: "hostile".into(),
         packed_deliveries: true,
         acknowledges_deliveries: true,
+        snapshot_outcomes_after: None,
     });
     to_node
         .send(pb::AppToNode { kind: Some(attach) })

@@ -91,7 +91,9 @@ fn test_app(
                 }
                 AppEvent::Message { .. }
                 | AppEvent::RestorePiece { .. }
-                | AppEvent::RestoreAborted { .. } => {}
+                | AppEvent::RestoreAborted { .. }
+                | AppEvent::SnapshotCompleted { .. }
+                | AppEvent::SnapshotAborted { .. } => {}
             }
         }
     });

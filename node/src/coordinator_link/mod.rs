@@ -57,6 +57,7 @@ fn what(kind: &pb::coordinator_to_node::Kind) -> &'static str {
         Kind::Membership(_) => "membership",
         Kind::Restore(_) => "restore",
         Kind::Left(_) => "left",
+        Kind::Outcomes(_) => "outcomes",
     }
 }
 
@@ -252,6 +253,12 @@ impl CoordinatorLink {
                 self.shared
                     .registered
                     .store(true, std::sync::atomic::Ordering::Release);
+                // Outcomes pushed to an earlier session may be lost: the application's are
+                // caught up from this coordinator.
+                self.loop_tx
+                    .send(LoopMsg::Registered)
+                    .await
+                    .map_err(|_| LinkError::NodeStopping)?;
             }
             other => return Err(LinkError::NotRegistered(Box::new(other))),
         }
@@ -323,6 +330,18 @@ impl CoordinatorLink {
                 self.wirer.apply(&m).await?;
             }
             Kind::Registered(_) => {}
+            Kind::Outcomes(outcomes) => {
+                match cairn_core::lifecycle::Outcomes::try_from(&outcomes) {
+                    Ok(outcomes) => {
+                        let _ = self.loop_tx.send(LoopMsg::Outcomes(outcomes)).await;
+                    }
+                    // Not taken: the application hears nothing of it, and a later push shows
+                    // the gap, which is asked for again.
+                    Err(e) => tracing::error!(
+                        "coordinator sent snapshot outcomes that cannot be taken: {e}"
+                    ),
+                }
+            }
             Kind::Left(answer) => {
                 if let Some(reply) = self.leaving.take() {
                     let _ = reply.send(if answer.error.is_empty() {
@@ -373,6 +392,11 @@ impl CoordinatorLink {
                 let message = pb::NodeToCoordinator {
                     kind: Some(applied),
                 };
+                return tx.send(message).await.map_err(|_| LinkError::SessionClosed);
+            }
+            NodeEvent::OutcomesAfter(after) => {
+                let ask = pb::node_to_coordinator::Kind::OutcomesAfter(pb::OutcomesAfter { after });
+                let message = pb::NodeToCoordinator { kind: Some(ask) };
                 return tx.send(message).await.map_err(|_| LinkError::SessionClosed);
             }
             NodeEvent::RestoreFailed {

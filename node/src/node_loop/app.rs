@@ -65,6 +65,7 @@ impl NodeLoop {
             _ => {}
         }
         tracing::info!("application detached");
+        self.outcomes.detach();
         if let Some(app) = self.app.take() {
             self.restore_abandoned(app.session);
         }
@@ -230,6 +231,21 @@ impl NodeLoop {
             let peers = self.outgoing.keys().map(|c| c.to.to_string()).collect();
             let kind = Kind::Peers(pb::Peers { peers });
             permit.send(Ok(pb::NodeToApp { kind: Some(kind) }));
+            return;
+        }
+        // A snapshot's end, stored by the coordinator: ahead of deliveries, which it
+        // concerns no more than the timing of its telling.
+        if let (Some(outcome), ask) = self.outcomes.next_due() {
+            let id = outcome.snapshot.0;
+            let kind = match outcome.failure {
+                None => Kind::SnapshotCompleted(pb::SnapshotCompleted { snapshot_id: id }),
+                Some(reason) => Kind::SnapshotAborted(pb::SnapshotAborted {
+                    snapshot_id: id,
+                    reason,
+                }),
+            };
+            permit.send(Ok(pb::NodeToApp { kind: Some(kind) }));
+            self.ask_outcomes(ask);
             return;
         }
         if let Some(InboxItem::Restore {

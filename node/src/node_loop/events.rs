@@ -31,6 +31,9 @@ pub(crate) enum NodeEvent {
     RestoreApplied { restore_id: String },
     /// This node could not restore.
     RestoreFailed { restore_id: String, message: String },
+    /// The application follows the snapshots' ends above this id: ask the coordinator for
+    /// those told already (answered with `LoopMsg::Outcomes`).
+    OutcomesAfter(u64),
 }
 
 impl NodeEvent {
@@ -42,7 +45,9 @@ impl NodeEvent {
             | Self::Recorded { id, .. }
             | Self::Failed(id, _) => Some(*id),
             Self::PartReady(part) => Some(part.report.id),
-            Self::RestoreApplied { .. } | Self::RestoreFailed { .. } => None,
+            Self::RestoreApplied { .. } | Self::RestoreFailed { .. } | Self::OutcomesAfter(_) => {
+                None
+            }
         }
     }
 }

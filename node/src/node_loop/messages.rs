@@ -117,6 +117,8 @@ pub(crate) enum LoopMsg {
         flow_key: u64,
         /// It attached with `acknowledges_deliveries`: its `Consumed` stream is to come.
         acknowledges: bool,
+        /// It follows the snapshots' ends above this id (`Attach.snapshot_outcomes_after`).
+        outcomes_after: Option<u64>,
         tx: AppTx,
         records: Arc<RecordsDue>,
         reply: oneshot::Sender<Result<(), Error>>,
@@ -190,6 +192,11 @@ pub(crate) enum LoopMsg {
         id: SnapshotId,
         reason: cairn_core::FailureReason,
     },
+    /// The daemon registered with a coordinator (perhaps a new leader): the application's
+    /// outcomes are caught up from its cursor.
+    Registered,
+    /// Snapshots' ends from the coordinator, for the application.
+    Outcomes(cairn_core::lifecycle::Outcomes),
     /// The membership grew: publish the new wiring and take up its channels. The loop
     /// publishes it itself, so that whoever sees a new channel in `Shared` finds it in the
     /// loop too.

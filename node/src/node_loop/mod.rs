@@ -19,6 +19,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use bytes::Bytes;
+use cairn_core::lifecycle::Relay;
 use cairn_core::{ChannelId, Command, Event, FailureReason, Plan, SnapshotEngine, SnapshotId};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
@@ -112,6 +113,8 @@ pub(crate) struct NodeLoop {
     restore_pending: Option<RestorePending>,
     /// Where the coordinator link hears of restores applied or failed.
     events: Events,
+    /// The snapshots' ends due to the application (`cairn_core::lifecycle`).
+    outcomes: Relay,
 }
 
 /// A restore handed to the application and not yet applied.
@@ -157,6 +160,7 @@ impl NodeLoop {
             restore_pending: None,
             events,
             shared,
+            outcomes: Relay::default(),
         };
         this.take_up_channels(&wiring);
         this
@@ -208,7 +212,7 @@ impl NodeLoop {
             },
             Some(_) => !aborted,
         };
-        (ready || self.peers_changed).then(|| app.tx.clone())
+        (ready || self.peers_changed || self.outcomes.has_due()).then(|| app.tx.clone())
     }
 
     fn on_message(&mut self, msg: LoopMsg) {
@@ -287,12 +291,18 @@ impl NodeLoop {
                 packed,
                 flow_key,
                 acknowledges,
+                outcomes_after,
                 tx,
                 records,
                 reply,
             } => {
                 let attach = (session, packed, flow_key, acknowledges);
-                let _ = reply.send(self.attach_app(attach, tx, records));
+                let attached = self.attach_app(attach, tx, records);
+                if attached.is_ok() {
+                    let ask = self.outcomes.attach(outcomes_after);
+                    self.ask_outcomes(ask);
+                }
+                let _ = reply.send(attached);
             }
             LoopMsg::AppSend { session, sends } => self.on_app_send(session, sends),
             LoopMsg::AppState {
@@ -358,6 +368,14 @@ impl NodeLoop {
                 self.remember(id);
                 self.feed(Event::SnapshotAborted { id, reason });
             }
+            LoopMsg::Registered => {
+                let ask = self.outcomes.registered();
+                self.ask_outcomes(ask);
+            }
+            LoopMsg::Outcomes(outcomes) => {
+                let ask = self.outcomes.heard(outcomes);
+                self.ask_outcomes(ask);
+            }
             LoopMsg::Rewire {
                 wiring,
                 what,
@@ -366,6 +384,13 @@ impl NodeLoop {
                 self.rewire(wiring, what);
                 let _ = reply.send(());
             }
+        }
+    }
+
+    /// Asks the coordinator for the snapshots' ends above `after`, if asked to.
+    fn ask_outcomes(&self, after: Option<u64>) {
+        if let Some(after) = after {
+            self.events.tell(NodeEvent::OutcomesAfter(after));
         }
     }
 

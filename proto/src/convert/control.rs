@@ -3,9 +3,11 @@
 
 use super::{ConvertError, channel_from_pb, plan_to_pb};
 use crate::v1 as pb;
+use cairn_core::SnapshotId;
 use cairn_core::control::{
     ChannelStatus, FrameKind, Membership, NodeCommand, NodeInfo, NodeRestore, Registration,
 };
+use cairn_core::lifecycle::{MAX_TOLD, Outcomes, SnapshotOutcome};
 
 impl From<&pb::Register> for Registration {
     fn from(r: &pb::Register) -> Self {
@@ -139,6 +141,68 @@ impl From<&NodeRestore> for pb::NodeRestore {
     }
 }
 
+impl From<&Outcomes> for pb::SnapshotOutcomes {
+    fn from(o: &Outcomes) -> Self {
+        Self {
+            after: o.after,
+            outcomes: o
+                .outcomes
+                .iter()
+                .map(|o| pb::SnapshotOutcome {
+                    snapshot_id: o.snapshot.0,
+                    completed: o.failure.is_none(),
+                    reason: o.failure.clone().unwrap_or_default(),
+                })
+                .collect(),
+            through: o.through,
+            catch_up: o.catch_up,
+        }
+    }
+}
+
+/// Outcomes as a daemon takes them: at most [`MAX_TOLD`], in increasing id order, all
+/// above `after` and at or below `through`; reasons cut to their bound.
+impl TryFrom<&pb::SnapshotOutcomes> for Outcomes {
+    type Error = ConvertError;
+
+    fn try_from(o: &pb::SnapshotOutcomes) -> Result<Self, ConvertError> {
+        let invalid = |why: String| ConvertError::Invalid {
+            field: "outcomes",
+            why,
+        };
+        if o.outcomes.len() > MAX_TOLD {
+            return Err(invalid(format!(
+                "outcomes holds {} ends, more than {MAX_TOLD}",
+                o.outcomes.len()
+            )));
+        }
+        let mut last = o.after;
+        let mut outcomes = Vec::with_capacity(o.outcomes.len());
+        for told in &o.outcomes {
+            if told.snapshot_id <= last || told.snapshot_id > o.through {
+                return Err(invalid(format!(
+                    "outcomes are not in increasing id order within ({}, {}]: snapshot {} \
+                     after {last}",
+                    o.after, o.through, told.snapshot_id
+                )));
+            }
+            last = told.snapshot_id;
+            let snapshot = SnapshotId(told.snapshot_id);
+            outcomes.push(if told.completed {
+                SnapshotOutcome::completed(snapshot)
+            } else {
+                SnapshotOutcome::aborted(snapshot, &told.reason)
+            });
+        }
+        Ok(Self {
+            after: o.after,
+            outcomes,
+            through: o.through.max(o.after),
+            catch_up: o.catch_up,
+        })
+    }
+}
+
 /// A command as it leaves in `term` (the coordinator's plans carry epoch 0: the daemon
 /// stamps its own).
 pub fn command_to_pb(command: &NodeCommand, term: u64) -> pb::CoordinatorToNode {
@@ -155,6 +219,7 @@ pub fn command_to_pb(command: &NodeCommand, term: u64) -> pb::CoordinatorToNode 
         NodeCommand::Left(error) => Kind::Left(pb::LeaveAnswer {
             error: error.clone().unwrap_or_default(),
         }),
+        NodeCommand::Outcomes(o) => Kind::Outcomes(o.into()),
     };
     pb::CoordinatorToNode {
         kind: Some(kind),
@@ -167,6 +232,33 @@ mod tests {
     use cairn_core::ChannelId;
 
     use super::*;
+
+    #[test]
+    fn outcomes_round_trip_and_out_of_order_ones_are_refused() {
+        let outcomes = Outcomes {
+            after: 3,
+            outcomes: vec![
+                SnapshotOutcome::completed(SnapshotId(4)),
+                SnapshotOutcome::aborted(SnapshotId(6), "node n2 lost"),
+            ],
+            through: 6,
+            catch_up: true,
+        };
+        let wire = pb::SnapshotOutcomes::from(&outcomes);
+        assert_eq!(Outcomes::try_from(&wire), Ok(outcomes));
+        let mut backwards = wire.clone();
+        backwards.outcomes.reverse();
+        assert_eq!(
+            Outcomes::try_from(&backwards).unwrap_err().field(),
+            "outcomes"
+        );
+        let mut beyond = wire.clone();
+        beyond.through = 5;
+        assert!(Outcomes::try_from(&beyond).is_err());
+        let mut at_after = wire;
+        at_after.after = 4;
+        assert!(Outcomes::try_from(&at_after).is_err());
+    }
 
     #[test]
     fn a_channel_status_round_trips_and_needs_its_channel() {

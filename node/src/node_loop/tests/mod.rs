@@ -6,6 +6,7 @@
 //!
 //! - `snapshots`: start, part ready, failure, abort.
 //! - `fencing`: restore fencing and membership change.
+//! - `outcomes`: snapshots' ends relayed to the application.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, RwLock};
@@ -25,6 +26,7 @@ use crate::part::Part;
 use crate::shared::{ChannelHandles, Shared, StateChunk, Wiring};
 
 mod fencing;
+mod outcomes;
 mod snapshots;
 mod window;
 
@@ -137,6 +139,16 @@ impl Node {
 
     /// Attaches an application whose stream holds `room` messages.
     async fn attach(&self, session: u64, room: usize) -> App {
+        self.attach_following(session, room, None).await
+    }
+
+    /// As `attach`, following the snapshots' ends above `outcomes_after`.
+    async fn attach_following(
+        &self,
+        session: u64,
+        room: usize,
+        outcomes_after: Option<u64>,
+    ) -> App {
         let (tx, rx) = mpsc::channel(room);
         let records = Arc::new(RecordsDue::default());
         self.ask(|reply| LoopMsg::AppAttach {
@@ -144,6 +156,7 @@ impl Node {
             packed: false,
             flow_key: 1,
             acknowledges: true,
+            outcomes_after,
             tx,
             records,
             reply,
