@@ -53,6 +53,9 @@
 //!
 //! - [`session`]: [`AppSession`], [`AppSender`], [`SendPermit`], [`AppEvent`].
 //! - [`coordinator`]: the coordinator client, [`CoordinatorClient`].
+//! - [`sink`]: exactly-once effects on an external system, a two-phase-commit sink
+//!   ([`sink::TwoPhaseCommitSink`] over a [`sink::Transactional`]) driven by the snapshots'
+//!   ends ([`AttachOptions::snapshot_outcomes_after`]).
 //! - [`tls`]: TLS from PEM files (a CA, an identity) for clients (and servers): cairn-rpc's.
 //! - [`error`]: [`Error`], with [`Error::is_retryable`].
 //!
@@ -65,6 +68,7 @@
 pub mod coordinator;
 pub mod error;
 pub mod session;
+pub mod sink;
 
 /// TLS from PEM files for cairn's gRPC links (cairn-rpc's, re-exported).
 pub use cairn_rpc::tls;

@@ -1,0 +1,281 @@
+//! Exactly-once effects on an external system: a two-phase-commit sink, as Flink's
+//! `TwoPhaseCommitSinkFunction`, driven by the snapshot lifecycle.
+//!
+//! The application writes its effects (rows, messages to a queue) into the sink's *open
+//! transaction*. At each snapshot's cut it pre-commits that transaction under the
+//! snapshot's id — durable in the external system, not visible — and records the ids
+//! pre-committed and not yet committed (the *pending* ones, [`SinkState`]) in its state.
+//! When the snapshot completes ([`AppEvent::SnapshotCompleted`](crate::AppEvent)), every
+//! pending transaction at or below its id is committed. After a restore, the restored
+//! state's pending transactions are committed (the restored snapshot completed, so they
+//! belong to the history that goes on) and every other one this node pre-committed is
+//! rolled back (it belongs to a history the restore discarded).
+//!
+//! So each effect becomes visible exactly once, in the history that survives: an effect
+//! is written once into one transaction, that transaction is committed only after a
+//! snapshot at or after its cut is durable, and a crash before that rolls it back and
+//! replays the messages that caused it from the restored snapshot.
+//!
+//! [`TwoPhaseCommitSink`] is the state machine (pure bookkeeping around the calls, in
+//! order); [`Transactional`] is the external system's side. Its operations must be
+//! idempotent — `commit` of a transaction already committed, `abort` of one already
+//! rolled back or never pre-committed, succeed — because a crash can come between any two
+//! of them and the sink then repeats the last.
+
+use std::collections::BTreeSet;
+use std::future::Future;
+
+/// The external system's side of a two-phase-commit sink.
+pub trait Transactional: Send {
+    /// What goes wrong.
+    type Error: std::fmt::Display + Send;
+
+    /// Opens a transaction for the effects that follow (until the next cut).
+    fn begin(&mut self) -> impl Future<Output = Result<(), Self::Error>> + Send;
+
+    /// Makes the open transaction durable under `snapshot_id` without making it visible:
+    /// once this returns `Ok`, [`Self::commit`] and [`Self::abort`] of that id work even
+    /// after this process or the external system crashed.
+    fn pre_commit(
+        &mut self,
+        snapshot_id: u64,
+    ) -> impl Future<Output = Result<(), Self::Error>> + Send;
+
+    /// Makes the transaction pre-committed under `snapshot_id` visible. `Ok` if it was
+    /// committed already; an error if it was rolled back (its effects are lost — the sink
+    /// never asks for that).
+    fn commit(&mut self, snapshot_id: u64) -> impl Future<Output = Result<(), Self::Error>> + Send;
+
+    /// Rolls back the transaction pre-committed under `snapshot_id`. `Ok` if there is none.
+    fn abort(&mut self, snapshot_id: u64) -> impl Future<Output = Result<(), Self::Error>> + Send;
+
+    /// The ids of every transaction this sink pre-committed and neither committed nor
+    /// rolled back, as the external system knows them (after a crash, what the crashed
+    /// process left).
+    fn pre_committed(&mut self) -> impl Future<Output = Result<Vec<u64>, Self::Error>> + Send;
+
+    /// After a restore of `restored_snapshot_id`, whose state names `pending`: commits
+    /// each of `pending` (they belong to the restored history, which completed at or after
+    /// them) and rolls back every other transaction pre-committed (of a history the restore
+    /// discarded). Provided: built from the other operations, so every system recovers
+    /// alike.
+    fn recover(
+        &mut self,
+        restored_snapshot_id: u64,
+        pending: &[u64],
+    ) -> impl Future<Output = Result<(), Self::Error>> + Send {
+        let _ = restored_snapshot_id;
+        async move {
+            for id in self.pre_committed().await? {
+                if !pending.contains(&id) {
+                    self.abort(id).await?;
+                }
+            }
+            for &id in pending {
+                self.commit(id).await?;
+            }
+            Ok(())
+        }
+    }
+}
+
+/// What a sink keeps in the application's recorded state: its pending transactions.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SinkState {
+    /// Snapshot ids pre-committed at or before the cut and not committed, ascending.
+    pub pending: Vec<u64>,
+}
+
+/// The most pending transactions a state may name (a sink whose snapshots never complete
+/// stops taking cuts past this: [`SinkError::TooManyPending`]).
+pub const MAX_PENDING: usize = 4096;
+
+impl SinkState {
+    /// The state as bytes: a count, then each id, little-endian `u64`s.
+    pub fn encode(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(8 * (self.pending.len() + 1));
+        out.extend_from_slice(&(self.pending.len() as u64).to_le_bytes());
+        for id in &self.pending {
+            out.extend_from_slice(&id.to_le_bytes());
+        }
+        out
+    }
+
+    /// A state from [`Self::encode`]'s bytes; refused if malformed, longer than
+    /// [`MAX_PENDING`], or not strictly ascending.
+    pub fn decode(bytes: &[u8]) -> Result<Self, SinkError<std::convert::Infallible>> {
+        let malformed = |why: &str| SinkError::Malformed(why.to_owned());
+        let mut words = bytes
+            .chunks_exact(8)
+            .map(|w| u64::from_le_bytes(w.try_into().expect("chunks of eight bytes")));
+        if bytes.len() % 8 != 0 {
+            return Err(malformed("its length is not a multiple of 8"));
+        }
+        let count = words.next().ok_or_else(|| malformed("it is empty"))?;
+        if count > MAX_PENDING as u64 || count != (bytes.len() / 8 - 1) as u64 {
+            return Err(malformed(
+                "its count does not match its ids (or exceeds 4096)",
+            ));
+        }
+        let pending: Vec<u64> = words.collect();
+        if pending.windows(2).any(|w| w[0] >= w[1]) || pending.first() == Some(&0) {
+            return Err(malformed("its ids are not positive and strictly ascending"));
+        }
+        Ok(Self { pending })
+    }
+}
+
+/// What a sink's step can fail with.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum SinkError<E> {
+    /// The external system refused or failed: the step did not happen (or its outcome is
+    /// unknown). Do not answer the record request (the snapshot fails, and a later one
+    /// takes its place); after a failed commit, the next completion commits it again.
+    #[error("the external system: {0}")]
+    System(E),
+    /// A recorded sink state that cannot be read.
+    #[error("malformed sink state: {0}")]
+    Malformed(String),
+    /// A cut at or below one already pre-committed, or beyond [`MAX_PENDING`] pending.
+    #[error("snapshot {snapshot_id}: {why}")]
+    Refused {
+        /// The snapshot.
+        snapshot_id: u64,
+        /// Why.
+        why: String,
+    },
+    /// Too many transactions are pre-committed and none completes.
+    #[error("{0} transactions are pending and no snapshot completes; not taking another")]
+    TooManyPending(usize),
+}
+
+/// A two-phase-commit sink over `T`. See the module's documentation.
+#[derive(Debug)]
+pub struct TwoPhaseCommitSink<T> {
+    system: T,
+    pending: BTreeSet<u64>,
+    /// The highest id pre-committed by this process.
+    last: u64,
+    /// What an earlier process left pre-committed is settled (by a restore, or at the
+    /// first completion after a start without one).
+    settled: bool,
+}
+
+impl<T: Transactional> TwoPhaseCommitSink<T> {
+    /// A sink in a process that starts: opens a transaction. Transactions an earlier
+    /// process pre-committed are left alone for now — a restore may yet name them as
+    /// pending (it commits them then) or not (it rolls them back). If the process goes on
+    /// without a restore, the first snapshot that completes settles them: they belong to a
+    /// history this one does not continue, and are rolled back.
+    pub async fn start(system: T) -> Result<Self, SinkError<T::Error>> {
+        let mut sink = Self {
+            system,
+            pending: BTreeSet::new(),
+            last: 0,
+            settled: false,
+        };
+        sink.system.begin().await.map_err(SinkError::System)?;
+        Ok(sink)
+    }
+
+    /// The external system, to write effects into the open transaction.
+    pub fn system(&mut self) -> &mut T {
+        &mut self.system
+    }
+
+    /// The pending transactions, ascending.
+    pub fn pending(&self) -> Vec<u64> {
+        self.pending.iter().copied().collect()
+    }
+
+    /// At the cut of `snapshot_id` (while answering its record request, before the state
+    /// is handed over, in the critical section that takes the state): pre-commits the open
+    /// transaction under it and opens the next. Returns the state to record with the
+    /// application's own. On an error, do not answer the record request.
+    pub async fn pre_commit(&mut self, snapshot_id: u64) -> Result<SinkState, SinkError<T::Error>> {
+        if snapshot_id <= self.last {
+            return Err(SinkError::Refused {
+                snapshot_id,
+                why: "snapshot ids only grow; this one is not above the last pre-committed".into(),
+            });
+        }
+        if self.pending.len() >= MAX_PENDING {
+            return Err(SinkError::TooManyPending(self.pending.len()));
+        }
+        self.system
+            .pre_commit(snapshot_id)
+            .await
+            .map_err(SinkError::System)?;
+        self.pending.insert(snapshot_id);
+        self.last = snapshot_id;
+        self.system.begin().await.map_err(SinkError::System)?;
+        Ok(SinkState {
+            pending: self.pending(),
+        })
+    }
+
+    /// Snapshot `snapshot_id` completed: commits every pending transaction at or below
+    /// it, oldest first (a repeated or older completion commits nothing new). Those
+    /// pre-committed at snapshots that failed are committed here too: they belong to the
+    /// history up to this completed cut.
+    ///
+    /// The first completion after a start without a restore also rolls back what an
+    /// earlier process left pre-committed (see [`Self::start`]): automatic recovery never
+    /// restores a snapshot older than this one, which does not hold them.
+    pub async fn completed(&mut self, snapshot_id: u64) -> Result<(), SinkError<T::Error>> {
+        while let Some(&id) = self.pending.first() {
+            if id > snapshot_id {
+                break;
+            }
+            self.system.commit(id).await.map_err(SinkError::System)?;
+            self.pending.remove(&id);
+        }
+        if !self.settled
+            && self
+                .pending
+                .first()
+                .is_none_or(|&first| first > snapshot_id)
+        {
+            let left = self
+                .system
+                .pre_committed()
+                .await
+                .map_err(SinkError::System)?;
+            for id in left {
+                if !self.pending.contains(&id) {
+                    self.system.abort(id).await.map_err(SinkError::System)?;
+                }
+            }
+            self.settled = true;
+        }
+        Ok(())
+    }
+
+    /// A restore of `restored_snapshot_id` with the sink state recorded in it: the
+    /// recorded pending transactions are committed, every other one rolled back (with the
+    /// open transaction), and a new one opened. Call it before applying the restored
+    /// state (and so before acknowledging the restore).
+    pub async fn restored(
+        &mut self,
+        restored_snapshot_id: u64,
+        state: &SinkState,
+    ) -> Result<(), SinkError<T::Error>> {
+        if state.pending.iter().any(|&id| id > restored_snapshot_id) {
+            return Err(SinkError::Malformed(format!(
+                "the state of snapshot {restored_snapshot_id} names a transaction above it"
+            )));
+        }
+        self.system
+            .recover(restored_snapshot_id, &state.pending)
+            .await
+            .map_err(SinkError::System)?;
+        self.pending.clear();
+        self.settled = true;
+        self.last = self.last.max(restored_snapshot_id);
+        self.system.begin().await.map_err(SinkError::System)?;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests;

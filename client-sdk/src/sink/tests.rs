@@ -1,0 +1,319 @@
+//! The sink's state machine against an in-memory external system that crashes at every
+//! call in turn — before the call takes effect, or after it did and before its answer —
+//! followed by a restore of the newest completed snapshot and the history replayed from
+//! its cut: the committed effects are then every effect of the history exactly once.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+
+use super::*;
+
+/// What the external system keeps across crashes.
+#[derive(Debug, Default)]
+struct Durable {
+    prepared: BTreeMap<u64, Vec<u32>>,
+    committed: BTreeMap<u64, Vec<u32>>,
+}
+
+/// One process's connection: its open transaction is lost with it.
+struct Fake {
+    durable: Arc<Mutex<Durable>>,
+    open: Vec<u32>,
+    /// Calls so far, and the one that crashes the process (`.1`: after taking effect).
+    calls: Arc<Mutex<u32>>,
+    crash_at: Option<(u32, bool)>,
+}
+
+#[derive(Debug, PartialEq, Eq)]
+enum Failure {
+    Crashed,
+    RolledBack(u64),
+}
+
+impl std::fmt::Display for Failure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{self:?}")
+    }
+}
+
+impl Fake {
+    /// Counts a call; `Err` if the process crashes before it takes effect, `Ok(true)` if
+    /// it crashes after.
+    fn call(&mut self) -> Result<bool, Failure> {
+        let mut calls = self.calls.lock().unwrap();
+        *calls += 1;
+        match self.crash_at {
+            Some((at, false)) if *calls >= at => Err(Failure::Crashed),
+            Some((at, true)) if *calls > at => Err(Failure::Crashed),
+            Some((at, true)) => Ok(*calls == at),
+            _ => Ok(false),
+        }
+    }
+
+    fn done(crash_after: bool) -> Result<(), Failure> {
+        if crash_after {
+            Err(Failure::Crashed)
+        } else {
+            Ok(())
+        }
+    }
+}
+
+impl Transactional for Fake {
+    type Error = Failure;
+
+    async fn begin(&mut self) -> Result<(), Failure> {
+        let after = self.call()?;
+        self.open.clear();
+        Self::done(after)
+    }
+
+    async fn pre_commit(&mut self, id: u64) -> Result<(), Failure> {
+        let after = self.call()?;
+        let rows = std::mem::take(&mut self.open);
+        self.durable.lock().unwrap().prepared.insert(id, rows);
+        Self::done(after)
+    }
+
+    async fn commit(&mut self, id: u64) -> Result<(), Failure> {
+        let after = self.call()?;
+        let mut d = self.durable.lock().unwrap();
+        if let Some(rows) = d.prepared.remove(&id) {
+            d.committed.insert(id, rows);
+        } else if !d.committed.contains_key(&id) {
+            return Err(Failure::RolledBack(id));
+        }
+        Self::done(after)
+    }
+
+    async fn abort(&mut self, id: u64) -> Result<(), Failure> {
+        let after = self.call()?;
+        self.durable.lock().unwrap().prepared.remove(&id);
+        Self::done(after)
+    }
+
+    async fn pre_committed(&mut self) -> Result<Vec<u64>, Failure> {
+        let after = self.call()?;
+        let ids = self
+            .durable
+            .lock()
+            .unwrap()
+            .prepared
+            .keys()
+            .copied()
+            .collect();
+        if after {
+            Err(Failure::Crashed)
+        } else {
+            Ok(ids)
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Step {
+    /// The application applies effect `n` and writes it.
+    Write(u32),
+    /// A snapshot's cut (its id is the next one the coordinator hands out).
+    Cut,
+    /// The last cut's snapshot completes (stored), and the application hears it.
+    Complete,
+    /// The last cut's snapshot fails.
+    Fail,
+}
+
+use Step::{Complete, Cut, Fail, Write};
+
+const SCRIPT: [Step; 17] = [
+    Write(1),
+    Write(2),
+    Cut,
+    Write(3),
+    Complete,
+    Write(4),
+    Cut,
+    Fail,
+    Write(5),
+    Cut,
+    Write(6),
+    Complete,
+    Write(7),
+    Cut,
+    Write(8),
+    Cut,
+    Complete,
+];
+
+/// The coordinator's side: completed snapshots and the states recorded at their cuts
+/// (the effects applied so far, the sink's state, and where in the script the cut was).
+#[derive(Default)]
+struct Cluster {
+    next_id: u64,
+    completed: BTreeMap<u64, (Vec<u32>, SinkState, usize)>,
+}
+
+/// Runs `SCRIPT` from `from` (with the application's `applied` effects), crashing at
+/// `crash_at`; returns the step it crashed at, if it did.
+async fn run(
+    cluster: &mut Cluster,
+    sink: &mut TwoPhaseCommitSink<Fake>,
+    applied: &mut Vec<u32>,
+    from: usize,
+) -> Option<usize> {
+    let mut last_cut = None;
+    for (at, step) in SCRIPT.iter().enumerate().skip(from) {
+        match *step {
+            Write(n) => {
+                applied.push(n);
+                sink.system().open.push(n);
+            }
+            Cut => {
+                cluster.next_id += 1;
+                let id = cluster.next_id;
+                match sink.pre_commit(id).await {
+                    // The state reaches the coordinator only if the pre-commit answered.
+                    Ok(state) => last_cut = Some((id, (applied.clone(), state, at))),
+                    Err(_) => return Some(at),
+                }
+            }
+            Complete => {
+                // None: the cut was the restored snapshot's, completed already.
+                let Some((id, recorded)) = last_cut.take() else {
+                    continue;
+                };
+                cluster.completed.insert(id, recorded);
+                if sink.completed(id).await.is_err() {
+                    return Some(at);
+                }
+            }
+            Fail => {
+                last_cut = None;
+            }
+        }
+    }
+    None
+}
+
+fn fake(durable: &Arc<Mutex<Durable>>, crash_at: Option<(u32, bool)>) -> Fake {
+    Fake {
+        durable: durable.clone(),
+        open: Vec::new(),
+        calls: Arc::default(),
+        crash_at,
+    }
+}
+
+#[tokio::test]
+async fn every_effect_is_committed_exactly_once_whatever_call_the_process_crashes_at() {
+    // How many calls a run without a crash makes.
+    let durable = Arc::new(Mutex::new(Durable::default()));
+    let mut sink = TwoPhaseCommitSink::start(fake(&durable, None))
+        .await
+        .unwrap();
+    let mut cluster = Cluster::default();
+    assert_eq!(run(&mut cluster, &mut sink, &mut Vec::new(), 0).await, None);
+    let calls = *sink.system().calls.lock().unwrap();
+    let all: Vec<u32> = (1..=8).collect();
+    let committed = |d: &Durable| -> Vec<u32> { d.committed.values().flatten().copied().collect() };
+    assert_eq!(committed(&durable.lock().unwrap()), all);
+    assert!(calls > 10);
+
+    for crash_at in 1..=calls {
+        for after_effect in [false, true] {
+            let case = format!("crash at call {crash_at}, after its effect: {after_effect}");
+            let durable = Arc::new(Mutex::new(Durable::default()));
+            let mut cluster = Cluster::default();
+            let mut applied = Vec::new();
+            let crashed =
+                match TwoPhaseCommitSink::start(fake(&durable, Some((crash_at, after_effect))))
+                    .await
+                {
+                    Ok(mut sink) => run(&mut cluster, &mut sink, &mut applied, 0).await,
+                    Err(_) => Some(0),
+                };
+            assert!(crashed.is_some(), "{case}: it crashed");
+            // A new process, restored to the newest completed snapshot (or to nothing).
+            let mut sink = TwoPhaseCommitSink::start(fake(&durable, None))
+                .await
+                .unwrap();
+            let (mut applied, from) = match cluster.completed.last_key_value() {
+                Some((&id, (applied, state, at))) => {
+                    let state = SinkState::decode(&state.encode()).unwrap();
+                    sink.restored(id, &state)
+                        .await
+                        .unwrap_or_else(|e| panic!("{case}: {e}"));
+                    (applied.clone(), at + 1)
+                }
+                None => (Vec::new(), 0),
+            };
+            assert_eq!(
+                run(&mut cluster, &mut sink, &mut applied, from).await,
+                None,
+                "{case}"
+            );
+            assert_eq!(applied, all, "{case}: the history replayed");
+            let d = durable.lock().unwrap();
+            assert_eq!(committed(&d), all, "{case}: exactly once, none lost");
+            assert!(
+                d.prepared.is_empty(),
+                "{case}: nothing left pre-committed: {:?}",
+                d.prepared
+            );
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_completion_commits_what_failed_snapshots_pre_committed_and_a_repeat_does_nothing() {
+    let durable = Arc::new(Mutex::new(Durable::default()));
+    let mut sink = TwoPhaseCommitSink::start(fake(&durable, None))
+        .await
+        .unwrap();
+    sink.system().open.push(1);
+    assert_eq!(sink.pre_commit(4).await.unwrap().pending, vec![4]);
+    sink.system().open.push(2);
+    assert_eq!(sink.pre_commit(5).await.unwrap().pending, vec![4, 5]);
+    // 4 failed (nothing to do); 5 completes: both are committed, in order.
+    sink.completed(5).await.unwrap();
+    sink.completed(5).await.unwrap();
+    assert!(sink.pending().is_empty());
+    assert_eq!(
+        durable
+            .lock()
+            .unwrap()
+            .committed
+            .keys()
+            .copied()
+            .collect::<Vec<_>>(),
+        vec![4, 5]
+    );
+    // Ids only grow.
+    assert!(matches!(
+        sink.pre_commit(5).await,
+        Err(SinkError::Refused { snapshot_id: 5, .. })
+    ));
+}
+
+#[test]
+fn a_sink_state_round_trips_and_bad_bytes_are_refused() {
+    let state = SinkState {
+        pending: vec![3, 9, 12],
+    };
+    assert_eq!(SinkState::decode(&state.encode()), Ok(state));
+    assert_eq!(
+        SinkState::decode(&SinkState::default().encode()),
+        Ok(SinkState::default())
+    );
+    for bad in [
+        vec![],
+        vec![1, 2, 3],
+        SinkState {
+            pending: vec![9, 3],
+        }
+        .encode(),
+        SinkState { pending: vec![0] }.encode(),
+        (u64::MAX).to_le_bytes().to_vec(),
+    ] {
+        assert!(SinkState::decode(&bad).is_err(), "{bad:?}");
+    }
+}
