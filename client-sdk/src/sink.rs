@@ -108,7 +108,7 @@ impl SinkState {
         let mut words = bytes
             .chunks_exact(8)
             .map(|w| u64::from_le_bytes(w.try_into().expect("chunks of eight bytes")));
-        if bytes.len() % 8 != 0 {
+        if !bytes.len().is_multiple_of(8) {
             return Err(malformed("its length is not a multiple of 8"));
         }
         let count = words.next().ok_or_else(|| malformed("it is empty"))?;

@@ -141,7 +141,7 @@ impl Told {
             }
             outcomes.push(outcome);
         }
-        (!outcomes.is_empty()).then(|| Outcomes {
+        (!outcomes.is_empty()).then_some(Outcomes {
             after,
             outcomes,
             through: self.through,

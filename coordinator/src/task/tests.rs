@@ -239,7 +239,8 @@ async fn command(session: &mut Session) -> Command {
             .unwrap()
             .unwrap();
         match next.command {
-            Command::Membership(_) => continue,
+            // Membership updates and the snapshots' ends for the applications.
+            Command::Membership(_) | Command::Outcomes(_) => continue,
             other => return other,
         }
     }
