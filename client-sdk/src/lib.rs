@@ -76,3 +76,6 @@ pub use cairn_rpc::tls;
 pub use coordinator::CoordinatorClient;
 pub use error::Error;
 pub use session::{AppEvent, AppSender, AppSession, AttachOptions, SendPermit};
+/// The PostgreSQL client the `postgres` sink is built on (feature `postgres`).
+#[cfg(feature = "postgres")]
+pub use tokio_postgres;

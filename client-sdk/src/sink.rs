@@ -25,6 +25,9 @@
 use std::collections::BTreeSet;
 use std::future::Future;
 
+#[cfg(feature = "postgres")]
+pub mod postgres;
+
 /// The external system's side of a two-phase-commit sink.
 pub trait Transactional: Send {
     /// What goes wrong.
@@ -36,6 +39,11 @@ pub trait Transactional: Send {
     /// Makes the open transaction durable under `snapshot_id` without making it visible:
     /// once this returns `Ok`, [`Self::commit`] and [`Self::abort`] of that id work even
     /// after this process or the external system crashed.
+    ///
+    /// On `Err` the open transaction's effects must still be there, for the next
+    /// pre-commit to write again. The transaction may nevertheless have been pre-committed
+    /// (its answer lost): the sink never commits it, and rolls it back before the next
+    /// pre-commit.
     fn pre_commit(
         &mut self,
         snapshot_id: u64,
@@ -117,9 +125,23 @@ impl SinkState {
                 "its count does not match its ids (or exceeds 4096)",
             ));
         }
-        let pending: Vec<u64> = words.collect();
+        Self::new(words.collect())
+    }
+
+    /// A state naming `pending` (as an application that keeps it in a format of its own
+    /// reads it back); refused if longer than [`MAX_PENDING`], or not positive and strictly
+    /// ascending.
+    pub fn new(pending: Vec<u64>) -> Result<Self, SinkError<std::convert::Infallible>> {
+        if pending.len() > MAX_PENDING {
+            return Err(SinkError::Malformed(format!(
+                "it names {} pending transactions (at most {MAX_PENDING})",
+                pending.len()
+            )));
+        }
         if pending.windows(2).any(|w| w[0] >= w[1]) || pending.first() == Some(&0) {
-            return Err(malformed("its ids are not positive and strictly ascending"));
+            return Err(SinkError::Malformed(
+                "its ids are not positive and strictly ascending".into(),
+            ));
         }
         Ok(Self { pending })
     }
@@ -154,8 +176,13 @@ pub enum SinkError<E> {
 pub struct TwoPhaseCommitSink<T> {
     system: T,
     pending: BTreeSet<u64>,
-    /// The highest id pre-committed by this process.
+    /// The highest id pre-committed (or tried) by this process.
     last: u64,
+    /// The first id this process pre-committed.
+    first: Option<u64>,
+    /// Pre-commits that failed and may nevertheless have happened (an answer lost): rolled
+    /// back before the next pre-commit, never committed.
+    doubtful: BTreeSet<u64>,
     /// What an earlier process left pre-committed is settled (by a restore, or at the
     /// first completion after a start without one).
     settled: bool,
@@ -165,13 +192,16 @@ impl<T: Transactional> TwoPhaseCommitSink<T> {
     /// A sink in a process that starts: opens a transaction. Transactions an earlier
     /// process pre-committed are left alone for now — a restore may yet name them as
     /// pending (it commits them then) or not (it rolls them back). If the process goes on
-    /// without a restore, the first snapshot that completes settles them: they belong to a
-    /// history this one does not continue, and are rolled back.
+    /// without a restore, the first completion of a snapshot this process pre-committed
+    /// settles them: they belong to a history this one does not continue, and are rolled
+    /// back.
     pub async fn start(system: T) -> Result<Self, SinkError<T::Error>> {
         let mut sink = Self {
             system,
             pending: BTreeSet::new(),
             last: 0,
+            first: None,
+            doubtful: BTreeSet::new(),
             settled: false,
         };
         sink.system.begin().await.map_err(SinkError::System)?;
@@ -202,12 +232,15 @@ impl<T: Transactional> TwoPhaseCommitSink<T> {
         if self.pending.len() >= MAX_PENDING {
             return Err(SinkError::TooManyPending(self.pending.len()));
         }
-        self.system
-            .pre_commit(snapshot_id)
-            .await
-            .map_err(SinkError::System)?;
-        self.pending.insert(snapshot_id);
+        // A doubtful pre-commit holds the effects this one writes again: it goes first.
+        self.abort_doubtful().await?;
         self.last = snapshot_id;
+        if let Err(e) = self.system.pre_commit(snapshot_id).await {
+            self.doubtful.insert(snapshot_id);
+            return Err(SinkError::System(e));
+        }
+        self.pending.insert(snapshot_id);
+        self.first.get_or_insert(snapshot_id);
         self.system.begin().await.map_err(SinkError::System)?;
         Ok(SinkState {
             pending: self.pending(),
@@ -219,9 +252,11 @@ impl<T: Transactional> TwoPhaseCommitSink<T> {
     /// pre-committed at snapshots that failed are committed here too: they belong to the
     /// history up to this completed cut.
     ///
-    /// The first completion after a start without a restore also rolls back what an
-    /// earlier process left pre-committed (see [`Self::start`]): automatic recovery never
-    /// restores a snapshot older than this one, which does not hold them.
+    /// After a start without a restore, the first completion of a snapshot this process
+    /// pre-committed also rolls back what an earlier process left pre-committed (see
+    /// [`Self::start`]): automatic recovery never restores a snapshot older than this one,
+    /// and no state of this node from here on names them. An older completion (an
+    /// application catching up) settles nothing: the restore that follows may name them.
     pub async fn completed(&mut self, snapshot_id: u64) -> Result<(), SinkError<T::Error>> {
         while let Some(&id) = self.pending.first() {
             if id > snapshot_id {
@@ -230,12 +265,8 @@ impl<T: Transactional> TwoPhaseCommitSink<T> {
             self.system.commit(id).await.map_err(SinkError::System)?;
             self.pending.remove(&id);
         }
-        if !self.settled
-            && self
-                .pending
-                .first()
-                .is_none_or(|&first| first > snapshot_id)
-        {
+        self.abort_doubtful().await?;
+        if !self.settled && self.first.is_some_and(|first| first <= snapshot_id) {
             let left = self
                 .system
                 .pre_committed()
@@ -270,9 +301,19 @@ impl<T: Transactional> TwoPhaseCommitSink<T> {
             .await
             .map_err(SinkError::System)?;
         self.pending.clear();
+        self.doubtful.clear();
         self.settled = true;
         self.last = self.last.max(restored_snapshot_id);
         self.system.begin().await.map_err(SinkError::System)?;
+        Ok(())
+    }
+
+    /// Rolls back the pre-commits whose answers were lost.
+    async fn abort_doubtful(&mut self) -> Result<(), SinkError<T::Error>> {
+        while let Some(&id) = self.doubtful.first() {
+            self.system.abort(id).await.map_err(SinkError::System)?;
+            self.doubtful.remove(&id);
+        }
         Ok(())
     }
 }

@@ -109,7 +109,8 @@ pub struct CoordinatedCluster {
     tls_dir: Option<PathBuf>,
     /// With TLS: what this harness's clients use (the CA and the user `tester`).
     tls: Option<cairn_sdk::tls::Tls>,
-    /// Environment variables of every coordinator and daemon started (S3 credentials).
+    /// Environment variables of every coordinator, daemon and bank started (S3
+    /// credentials, a bank's `CAIRN_LEDGER`).
     env: Vec<(String, String)>,
     /// Where the processes run.
     placement: Placement,
@@ -592,6 +593,7 @@ impl CoordinatedCluster {
                 &self.bank_workload.to_string(),
             ]);
             command.args(["--initial-balance", &self.initial_balance.to_string()]);
+            command.envs(self.env.iter().cloned());
             // The bank is part of its node: it holds the node's certificate.
             if let Some(tls_dir) = &self.tls_dir {
                 command.args(tls_args(tls_dir, &self.nodes[i].id));

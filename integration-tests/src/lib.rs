@@ -29,6 +29,7 @@ pub mod etcd;
 pub mod local;
 pub mod nemesis;
 pub mod netns;
+pub mod postgres;
 pub mod processes;
 pub mod proxy;
 pub mod restore;

@@ -20,8 +20,8 @@
 //! `GetBalance`) and not applied — never wrapped, never silently dropped.
 
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use cairn_rpc::bank::v1 as pb;
@@ -29,14 +29,18 @@ use cairn_rpc::{limits, reflection};
 use rand::Rng;
 use rand::seq::IteratorRandom;
 use tokio::net::TcpListener;
+use tokio::sync::Mutex;
 use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status};
 
 use cairn_sdk::Error;
-use cairn_sdk::session::{AppEvent, AppSender, AppSession};
+use cairn_sdk::session::{AppEvent, AppSender, AppSession, AttachOptions};
+use cairn_sdk::sink::{SinkError, SinkState};
 
+mod ledger;
 mod state;
 
+pub use ledger::Ledger;
 pub use state::{BankState, Order, Received, Rejected, TransferPayload};
 
 /// Streams one connection may have open at once on the bank's port (its calls are unary).
@@ -59,6 +63,9 @@ pub struct BankConfig {
     /// bank's own port (clients present a certificate of the CA). Serving TLS needs the
     /// SDK's `cli` feature.
     pub tls: Option<cairn_rpc::tls::Tls>,
+    /// Write every applied transfer to this PostgreSQL database's `ledger` table, exactly
+    /// once (see [`Ledger`]).
+    pub ledger: Option<String>,
 }
 
 struct Bank {
@@ -98,7 +105,7 @@ impl Bank {
             )));
         }
         let permit = self.sender.reserve().await.map_err(unavailable)?;
-        let mut state = self.state.lock().expect("never poisoned: no panics inside");
+        let mut state = self.state.lock().await;
         if state.balance < amount {
             return Err(Status::failed_precondition(format!(
                 "insufficient funds: balance {} < amount {amount}",
@@ -117,8 +124,8 @@ impl Bank {
         Ok(state.balance)
     }
 
-    fn balance(&self) -> u64 {
-        self.state.lock().expect("never poisoned").balance
+    async fn balance(&self) -> u64 {
+        self.state.lock().await.balance
     }
 }
 
@@ -162,14 +169,12 @@ impl pb::bank_server::Bank for BankService {
         &self,
         _request: Request<pb::GetBalanceRequest>,
     ) -> Result<Response<pb::GetBalanceResponse>, Status> {
+        let state = self.0.state.lock().await.clone();
         Ok(Response::new(pb::GetBalanceResponse {
             node_id: self.0.node_id.clone(),
-            balance: self.0.balance(),
-            state_json: String::from_utf8(
-                serde_json::to_vec(&*self.0.state.lock().expect("never poisoned"))
-                    .expect("plain struct"),
-            )
-            .expect("JSON is UTF-8"),
+            balance: state.balance,
+            state_json: String::from_utf8(serde_json::to_vec(&state).expect("plain struct"))
+                .expect("JSON is UTF-8"),
             duplicate_transfers: self.0.duplicates.load(Ordering::Relaxed),
             skipped_transfers: self.0.skipped.load(Ordering::Relaxed),
             peers: self.0.sender.peers().into_iter().collect(),
@@ -196,13 +201,23 @@ impl pb::bank_server::Bank for BankService {
     }
 }
 
-/// Connects to the daemon, retrying until `timeout`.
+/// Connects to the daemon, retrying until `timeout`. With a ledger, it follows the
+/// snapshots' ends from the oldest the coordinator keeps (a completion of a snapshot the
+/// sink holds nothing of commits nothing).
 async fn connect(config: &BankConfig) -> Result<AppSession, Error> {
     let deadline = tokio::time::Instant::now() + config.connect_timeout;
     let mut delay = Duration::from_millis(50);
+    let options = AttachOptions {
+        snapshot_outcomes_after: config.ledger.as_ref().map(|_| 0),
+    };
     loop {
-        match AppSession::connect_with(&config.node_address, "cairn-bank", config.tls.as_ref())
-            .await
+        match AppSession::attach(
+            &config.node_address,
+            "cairn-bank",
+            config.tls.as_ref(),
+            options.clone(),
+        )
+        .await
         {
             Ok(session) => return Ok(session),
             Err(e) if e.is_retryable() && tokio::time::Instant::now() + delay < deadline => {
@@ -222,6 +237,10 @@ pub async fn run(
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
     let mut session = connect(&config).await?;
+    let mut ledger = match &config.ledger {
+        Some(url) => Some(open_ledger(url, &session, config.connect_timeout).await?),
+        None => None,
+    };
     let bank = Arc::new(Bank {
         node_id: session.node_id().to_owned(),
         state: Mutex::new(BankState::fresh(config.initial_balance)),
@@ -268,11 +287,15 @@ pub async fn run(
         };
         match event {
             Ok(Some(AppEvent::Message { from, payload })) => {
-                let received = bank
-                    .state
-                    .lock()
-                    .expect("never poisoned")
-                    .receive(&from, &payload);
+                let received = bank.state.lock().await.receive(&from, &payload);
+                // The ledger names a transfer by its id: one without (made by hand) or
+                // delivered twice (already written) is not written.
+                if let (Ok(Order::Next | Order::NewLine | Order::Skipped(_)), Some(ledger)) =
+                    (&received, ledger.as_mut())
+                    && let Ok(transfer) = TransferPayload::decode(&payload)
+                {
+                    ledger.applied(&from, &transfer);
+                }
                 match received {
                     Ok(Order::Next | Order::Untracked) => {}
                     Ok(Order::NewLine) => {
@@ -293,7 +316,23 @@ pub async fn run(
                 }
             }
             Ok(Some(AppEvent::RecordState { snapshot_id })) => {
-                let state = bank.state.lock().expect("never poisoned");
+                // Held across the ledger's pre-commit: no transfer falls between the cut
+                // and the state.
+                let mut state = bank.state.lock().await;
+                if let Some(ledger) = ledger.as_mut() {
+                    match ledger.cut(snapshot_id).await {
+                        Ok(sink) => state.ledger_pending = sink.pending,
+                        Err(e) => {
+                            // Not answered: the snapshot fails, and a later cut writes
+                            // these transfers.
+                            tracing::warn!(
+                                snapshot_id,
+                                "ledger pre-commit failed, state not recorded: {e}"
+                            );
+                            continue;
+                        }
+                    }
+                }
                 let bytes = serde_json::to_vec(&*state).expect("plain struct");
                 bank.sender.state_recorded(snapshot_id, bytes.into())?;
                 tracing::debug!(snapshot_id, balance = state.balance, "state recorded");
@@ -306,7 +345,17 @@ pub async fn run(
                 Ok(s) => {
                     // The balance and the acknowledgement in one critical section: no
                     // transfer decided on the old balance can follow the acknowledgement.
-                    let mut state = bank.state.lock().expect("never poisoned");
+                    let mut state = bank.state.lock().await;
+                    if let Some(ledger) = ledger.as_mut()
+                        && let Err(e) = restore_ledger(ledger, snapshot_id, &s).await
+                    {
+                        // The session would acknowledge the restore at the next event: the
+                        // bank stops instead, and the restore fails (a new bank process is
+                        // restored again).
+                        break Err(anyhow::anyhow!(
+                            "cannot restore the ledger for snapshot {snapshot_id}: {e:#}"
+                        ));
+                    }
                     let balance = s.balance;
                     *state = s;
                     bank.sender.restore_applied(&restore_id)?;
@@ -317,8 +366,16 @@ pub async fn run(
             },
             // The bank's state is small: it takes restores whole (no `restore_in_pieces`).
             Ok(Some(AppEvent::RestorePiece { .. } | AppEvent::RestoreAborted { .. })) => {}
-            // It does not follow the snapshots' ends (no `snapshot_outcomes_after`).
-            Ok(Some(AppEvent::SnapshotCompleted { .. } | AppEvent::SnapshotAborted { .. })) => {}
+            // With a ledger: commit what the completed snapshot covers (a failure is
+            // tried again at the next completion). An abort leaves its transaction pending.
+            Ok(Some(AppEvent::SnapshotCompleted { snapshot_id })) => {
+                if let Some(ledger) = ledger.as_mut()
+                    && let Err(e) = ledger.completed(snapshot_id).await
+                {
+                    tracing::warn!(snapshot_id, pending = ?ledger.pending(), "ledger commit failed (tried again at the next completion): {e}");
+                }
+            }
+            Ok(Some(AppEvent::SnapshotAborted { .. })) => {}
             Ok(None) => break Err(anyhow::anyhow!("the node daemon closed the session")),
             Err(e) => break Err(anyhow::anyhow!("session with the node daemon failed: {e}")),
         }
@@ -326,6 +383,51 @@ pub async fn run(
     shutdown.cancel();
     let _ = server.await;
     result
+}
+
+/// Opens the ledger, trying until `timeout` while PostgreSQL does not answer (a
+/// connection string or a server setting that is wrong fails at once).
+async fn open_ledger(url: &str, session: &AppSession, timeout: Duration) -> anyhow::Result<Ledger> {
+    let deadline = tokio::time::Instant::now() + timeout;
+    let mut delay = Duration::from_millis(100);
+    loop {
+        let op_timeout = cairn_sdk::sink::postgres::DEFAULT_TIMEOUT;
+        match Ledger::open(url, session.cluster(), session.node_id(), op_timeout).await {
+            Ok(ledger) => return Ok(ledger),
+            Err(SinkError::System(e))
+                if e.is_unavailable() && tokio::time::Instant::now() + delay < deadline =>
+            {
+                tracing::info!("ledger database not ready ({e}); retrying");
+                tokio::time::sleep(delay).await;
+                delay = (delay * 2).min(Duration::from_secs(1));
+            }
+            Err(e) => return Err(anyhow::anyhow!("--ledger: {e}")),
+        }
+    }
+}
+
+/// Settles the ledger for a restore of `snapshot_id` with `restored`, trying for up to a
+/// minute while PostgreSQL is away (the restore waits: the state is not applied before).
+async fn restore_ledger(
+    ledger: &mut Ledger,
+    snapshot_id: u64,
+    restored: &BankState,
+) -> anyhow::Result<()> {
+    let pending = SinkState::new(restored.ledger_pending.clone())
+        .map_err(|e| anyhow::anyhow!("the restored state's ledger_pending: {e}"))?;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    let mut delay = Duration::from_millis(100);
+    loop {
+        match ledger.restored(snapshot_id, &pending).await {
+            Ok(()) => return Ok(()),
+            Err(e) if tokio::time::Instant::now() + delay < deadline => {
+                tracing::warn!(snapshot_id, "ledger recovery failed, trying again: {e}");
+                tokio::time::sleep(delay).await;
+                delay = (delay * 2).min(Duration::from_secs(2));
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
 }
 
 /// Random transfers to random peers at the bank's rate (`SetWorkload` changes it; 0
@@ -365,7 +467,7 @@ async fn workload(bank: Arc<Bank>, config: BankConfig, shutdown: CancellationTok
         if *bank.rate.borrow() <= 0.0 {
             continue;
         }
-        let balance = bank.balance();
+        let balance = bank.balance().await;
         if balance == 0 {
             continue;
         }

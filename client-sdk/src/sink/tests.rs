@@ -22,6 +22,9 @@ struct Fake {
     /// Calls so far, and the one that crashes the process (`.1`: after taking effect).
     calls: Arc<Mutex<u32>>,
     crash_at: Option<(u32, bool)>,
+    /// Pre-commits that take effect and answer `Err` (the answer lost), the process going
+    /// on.
+    lose_pre_commit_answers: u32,
 }
 
 #[derive(Debug, PartialEq, Eq)]
@@ -70,8 +73,17 @@ impl Transactional for Fake {
 
     async fn pre_commit(&mut self, id: u64) -> Result<(), Failure> {
         let after = self.call()?;
-        let rows = std::mem::take(&mut self.open);
-        self.durable.lock().unwrap().prepared.insert(id, rows);
+        self.durable
+            .lock()
+            .unwrap()
+            .prepared
+            .insert(id, self.open.clone());
+        if self.lose_pre_commit_answers > 0 {
+            // As the trait asks: on Err, the open transaction's effects are still there.
+            self.lose_pre_commit_answers -= 1;
+            return Err(Failure::Crashed);
+        }
+        self.open.clear();
         Self::done(after)
     }
 
@@ -200,6 +212,7 @@ fn fake(durable: &Arc<Mutex<Durable>>, crash_at: Option<(u32, bool)>) -> Fake {
         open: Vec::new(),
         calls: Arc::default(),
         crash_at,
+        lose_pre_commit_answers: 0,
     }
 }
 
@@ -294,6 +307,73 @@ async fn a_completion_commits_what_failed_snapshots_pre_committed_and_a_repeat_d
     ));
 }
 
+#[tokio::test]
+async fn a_pre_commit_whose_answer_is_lost_is_rolled_back_and_its_effects_pre_committed_again() {
+    let durable = Arc::new(Mutex::new(Durable::default()));
+    let mut sink = TwoPhaseCommitSink::start(fake(&durable, None))
+        .await
+        .unwrap();
+    sink.system().open.push(1);
+    sink.system().lose_pre_commit_answers = 1;
+    assert!(matches!(
+        sink.pre_commit(3).await,
+        Err(SinkError::System(_))
+    ));
+    assert!(sink.pending().is_empty(), "never counted as pending");
+    assert_eq!(
+        durable.lock().unwrap().prepared[&3],
+        vec![1],
+        "yet it happened"
+    );
+    // The next cut rolls the doubtful one back first, then pre-commits every effect.
+    sink.system().open.push(2);
+    assert_eq!(sink.pre_commit(4).await.unwrap().pending, vec![4]);
+    assert_eq!(
+        durable.lock().unwrap().prepared,
+        BTreeMap::from([(4, vec![1, 2])])
+    );
+    sink.completed(4).await.unwrap();
+    let d = durable.lock().unwrap();
+    assert_eq!(d.committed, BTreeMap::from([(4, vec![1, 2])]));
+    assert!(d.prepared.is_empty());
+}
+
+#[tokio::test]
+async fn an_older_completion_heard_at_start_leaves_what_the_restore_commits() {
+    // A crashed process left snapshot 5's transaction pre-committed; 5 completed.
+    let durable = Arc::new(Mutex::new(Durable::default()));
+    durable.lock().unwrap().prepared.insert(5, vec![1]);
+    let mut sink = TwoPhaseCommitSink::start(fake(&durable, None))
+        .await
+        .unwrap();
+    // The new process catches up on ends it did not take part in, before the restore.
+    sink.completed(4).await.unwrap();
+    sink.completed(5).await.unwrap();
+    assert_eq!(durable.lock().unwrap().prepared.len(), 1, "left alone");
+    sink.restored(5, &SinkState::new(vec![5]).unwrap())
+        .await
+        .unwrap();
+    assert_eq!(
+        durable.lock().unwrap().committed,
+        BTreeMap::from([(5, vec![1])])
+    );
+
+    // Without a restore, the first completion of its own cut settles the leftovers.
+    let durable = Arc::new(Mutex::new(Durable::default()));
+    durable.lock().unwrap().prepared.insert(5, vec![1]);
+    let mut sink = TwoPhaseCommitSink::start(fake(&durable, None))
+        .await
+        .unwrap();
+    sink.system().open.push(2);
+    sink.pre_commit(6).await.unwrap();
+    sink.completed(5).await.unwrap();
+    assert!(durable.lock().unwrap().prepared.contains_key(&5));
+    sink.completed(6).await.unwrap();
+    let d = durable.lock().unwrap();
+    assert_eq!(d.committed, BTreeMap::from([(6, vec![2])]));
+    assert!(d.prepared.is_empty(), "5 rolled back: {:?}", d.prepared);
+}
+
 #[test]
 fn a_sink_state_round_trips_and_bad_bytes_are_refused() {
     let state = SinkState {
@@ -316,4 +396,7 @@ fn a_sink_state_round_trips_and_bad_bytes_are_refused() {
     ] {
         assert!(SinkState::decode(&bad).is_err(), "{bad:?}");
     }
+    assert!(SinkState::new(vec![2, 2]).is_err());
+    assert!(SinkState::new((1..=MAX_PENDING as u64 + 1).collect()).is_err());
+    assert_eq!(SinkState::new(vec![1, 5]).unwrap().pending, vec![1, 5]);
 }

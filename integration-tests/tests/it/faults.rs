@@ -33,6 +33,7 @@ async fn start_banks(
             max_amount: 10,
             connect_timeout: Duration::from_secs(10),
             tls: None,
+            ledger: None,
         };
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         addresses.insert(id.clone(), listener.local_addr().unwrap().to_string());

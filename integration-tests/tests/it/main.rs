@@ -15,6 +15,7 @@ mod grpcurl;
 mod ha;
 mod integrity;
 mod large_state;
+mod ledger;
 mod lifecycle;
 mod limits;
 mod limits_transport;

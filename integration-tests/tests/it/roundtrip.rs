@@ -212,6 +212,7 @@ proptest! {
                 .into_iter()
                 .map(|(k, (line, id))| (k, Received { line, id }))
                 .collect(),
+            ledger_pending: Vec::new(),
         };
         let bytes = serde_json::to_vec(&state).unwrap();
         prop_assert_eq!(serde_json::from_slice::<BankState>(&bytes).unwrap(), state);

@@ -24,6 +24,10 @@ pub struct BankState {
     /// Per peer, the last transfer received from it: the sender's line and id.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub received: BTreeMap<String, Received>,
+    /// With a ledger: the snapshots whose ledger transactions were pre-committed and not
+    /// committed at the cut (the sink's state), ascending.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub ledger_pending: Vec<u64>,
 }
 
 /// The last transfer received from one peer.

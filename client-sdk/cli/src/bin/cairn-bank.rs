@@ -34,6 +34,14 @@ struct Args {
     /// How long to keep trying to reach the daemon at start (e.g. 30s).
     #[arg(long, env = "CAIRN_CONNECT_TIMEOUT", default_value = "30s", value_parser = humantime::parse_duration)]
     connect_timeout: Duration,
+    /// Write every transfer this bank applies (credits) to the `ledger` table of this
+    /// PostgreSQL database, exactly once through crashes and restores: a two-phase commit
+    /// per snapshot (the server needs max_prepared_transactions > 0, and the user must be
+    /// able to create tables). A URL (postgres://user:password@host:port/database) or
+    /// libpq's key=value form; the connection is not encrypted (use a local server or
+    /// sslmode=disable over a trusted network).
+    #[arg(long, env = "CAIRN_LEDGER", value_name = "URL", hide_env_values = true)]
+    ledger: Option<String>,
     /// Log filter (tracing EnvFilter syntax).
     #[arg(long, env = "CAIRN_LOG", default_value = "info")]
     log: String,
@@ -50,6 +58,14 @@ fn main() -> ExitCode {
         return cli::usage_error(
             "--workload must be a non-negative number and --max-amount positive",
         );
+    }
+    if let Some(url) = &args.ledger
+        && let Err(e) = url.parse::<cairn_sdk::tokio_postgres::Config>()
+    {
+        // Not the string itself: it may hold a password.
+        return cli::usage_error(format!(
+            "--ledger is not a PostgreSQL connection string (postgres://user:password@host:port/database): {e}"
+        ));
     }
     cli::init_logging(&args.log, false);
     // The bank is part of its node: it holds the node's certificate, which the daemon's
@@ -85,6 +101,7 @@ fn main() -> ExitCode {
             max_amount: args.max_amount,
             connect_timeout: args.connect_timeout,
             tls,
+            ledger: args.ledger,
         };
         match bank::run(config, listener, shutdown).await {
             Ok(()) => ExitCode::SUCCESS,
