@@ -178,31 +178,26 @@ pub struct TwoPhaseCommitSink<T> {
     pending: BTreeSet<u64>,
     /// The highest id pre-committed (or tried) by this process.
     last: u64,
-    /// The first id this process pre-committed.
-    first: Option<u64>,
     /// Pre-commits that failed and may nevertheless have happened (an answer lost): rolled
     /// back before the next pre-commit, never committed.
     doubtful: BTreeSet<u64>,
-    /// What an earlier process left pre-committed is settled (by a restore, or at the
-    /// first completion after a start without one).
-    settled: bool,
 }
 
 impl<T: Transactional> TwoPhaseCommitSink<T> {
     /// A sink in a process that starts: opens a transaction. Transactions an earlier
-    /// process pre-committed are left alone for now — a restore may yet name them as
-    /// pending (it commits them then) or not (it rolls them back). If the process goes on
-    /// without a restore, the first completion of a snapshot this process pre-committed
-    /// settles them: they belong to a history this one does not continue, and are rolled
-    /// back.
+    /// process of this node pre-committed ([`Transactional::pre_committed`]) are left
+    /// alone: only a restore settles them, committing those its state names and rolling
+    /// back the rest. No completion can: the restore that follows a crash may be of any
+    /// completed snapshot, even one older than a completion this process hears first (an
+    /// operator's, or recovery passing over a snapshot that does not verify), and its state
+    /// may name them. A process that starts afresh and is never restored leaves them
+    /// prepared: restore a snapshot, or roll them back by hand.
     pub async fn start(system: T) -> Result<Self, SinkError<T::Error>> {
         let mut sink = Self {
             system,
             pending: BTreeSet::new(),
             last: 0,
-            first: None,
             doubtful: BTreeSet::new(),
-            settled: false,
         };
         sink.system.begin().await.map_err(SinkError::System)?;
         Ok(sink)
@@ -240,7 +235,6 @@ impl<T: Transactional> TwoPhaseCommitSink<T> {
             return Err(SinkError::System(e));
         }
         self.pending.insert(snapshot_id);
-        self.first.get_or_insert(snapshot_id);
         self.system.begin().await.map_err(SinkError::System)?;
         Ok(SinkState {
             pending: self.pending(),
@@ -250,13 +244,8 @@ impl<T: Transactional> TwoPhaseCommitSink<T> {
     /// Snapshot `snapshot_id` completed: commits every pending transaction at or below
     /// it, oldest first (a repeated or older completion commits nothing new). Those
     /// pre-committed at snapshots that failed are committed here too: they belong to the
-    /// history up to this completed cut.
-    ///
-    /// After a start without a restore, the first completion of a snapshot this process
-    /// pre-committed also rolls back what an earlier process left pre-committed (see
-    /// [`Self::start`]): automatic recovery never restores a snapshot older than this one,
-    /// and no state of this node from here on names them. An older completion (an
-    /// application catching up) settles nothing: the restore that follows may name them.
+    /// history up to this completed cut. What an earlier process left is not touched (see
+    /// [`Self::start`]).
     pub async fn completed(&mut self, snapshot_id: u64) -> Result<(), SinkError<T::Error>> {
         while let Some(&id) = self.pending.first() {
             if id > snapshot_id {
@@ -266,26 +255,19 @@ impl<T: Transactional> TwoPhaseCommitSink<T> {
             self.pending.remove(&id);
         }
         self.abort_doubtful().await?;
-        if !self.settled && self.first.is_some_and(|first| first <= snapshot_id) {
-            let left = self
-                .system
-                .pre_committed()
-                .await
-                .map_err(SinkError::System)?;
-            for id in left {
-                if !self.pending.contains(&id) {
-                    self.system.abort(id).await.map_err(SinkError::System)?;
-                }
-            }
-            self.settled = true;
-        }
         Ok(())
     }
 
     /// A restore of `restored_snapshot_id` with the sink state recorded in it: the
     /// recorded pending transactions are committed, every other one rolled back (with the
-    /// open transaction), and a new one opened. Call it before applying the restored
-    /// state (and so before acknowledging the restore).
+    /// open transaction; those an earlier process left too), and a new one opened. Call it
+    /// before applying the restored state (and so before acknowledging the restore).
+    ///
+    /// Transactions committed above the restored snapshot stay committed (a sink cannot
+    /// undo a commit): after a restore of a snapshot older than the newest completed, the
+    /// restored history replays their effects. Remove them in the external system (they
+    /// are labelled with their snapshot) before the next cut, as `cairn-bank --ledger`
+    /// does.
     pub async fn restored(
         &mut self,
         restored_snapshot_id: u64,
@@ -302,7 +284,6 @@ impl<T: Transactional> TwoPhaseCommitSink<T> {
             .map_err(SinkError::System)?;
         self.pending.clear();
         self.doubtful.clear();
-        self.settled = true;
         self.last = self.last.max(restored_snapshot_id);
         self.system.begin().await.map_err(SinkError::System)?;
         Ok(())

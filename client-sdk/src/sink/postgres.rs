@@ -203,6 +203,20 @@ impl Postgres {
         });
     }
 
+    /// Runs `sql` with `params` at once, outside the open transaction (its own
+    /// transaction: e.g. removing effects committed above a restored snapshot); the rows
+    /// it changed.
+    pub async fn execute_now(
+        &mut self,
+        sql: &str,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> Result<u64, PostgresError> {
+        self.run("a statement", async |client, _| {
+            client.execute(sql, params).await
+        })
+        .await
+    }
+
     /// Statements written since the last pre-commit.
     pub fn written(&self) -> usize {
         self.open.len()

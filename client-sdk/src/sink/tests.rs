@@ -257,7 +257,12 @@ async fn every_effect_is_committed_exactly_once_whatever_call_the_process_crashe
                         .unwrap_or_else(|e| panic!("{case}: {e}"));
                     (applied.clone(), at + 1)
                 }
-                None => (Vec::new(), 0),
+                // Nothing to restore: the run starts over, and what the crashed process
+                // pre-committed is rolled back by hand (a restore to no snapshot).
+                None => {
+                    sink.restored(0, &SinkState::default()).await.unwrap();
+                    (Vec::new(), 0)
+                }
             };
             assert_eq!(
                 run(&mut cluster, &mut sink, &mut applied, from).await,
@@ -339,7 +344,7 @@ async fn a_pre_commit_whose_answer_is_lost_is_rolled_back_and_its_effects_pre_co
 }
 
 #[tokio::test]
-async fn an_older_completion_heard_at_start_leaves_what_the_restore_commits() {
+async fn completions_leave_what_an_earlier_process_pre_committed_for_the_restore() {
     // A crashed process left snapshot 5's transaction pre-committed; 5 completed.
     let durable = Arc::new(Mutex::new(Durable::default()));
     durable.lock().unwrap().prepared.insert(5, vec![1]);
@@ -358,20 +363,31 @@ async fn an_older_completion_heard_at_start_leaves_what_the_restore_commits() {
         BTreeMap::from([(5, vec![1])])
     );
 
-    // Without a restore, the first completion of its own cut settles the leftovers.
+    // Even the completion of its own cut leaves them: a restore of an older snapshot (5,
+    // by hand) may follow, and commits them.
     let durable = Arc::new(Mutex::new(Durable::default()));
     durable.lock().unwrap().prepared.insert(5, vec![1]);
+    durable.lock().unwrap().prepared.insert(6, vec![9]);
     let mut sink = TwoPhaseCommitSink::start(fake(&durable, None))
         .await
         .unwrap();
     sink.system().open.push(2);
-    sink.pre_commit(6).await.unwrap();
-    sink.completed(5).await.unwrap();
-    assert!(durable.lock().unwrap().prepared.contains_key(&5));
-    sink.completed(6).await.unwrap();
+    sink.pre_commit(7).await.unwrap();
+    sink.completed(7).await.unwrap();
+    assert_eq!(
+        durable.lock().unwrap().prepared.keys().collect::<Vec<_>>(),
+        vec![&5, &6]
+    );
+    sink.restored(5, &SinkState::new(vec![5]).unwrap())
+        .await
+        .unwrap();
     let d = durable.lock().unwrap();
-    assert_eq!(d.committed, BTreeMap::from([(6, vec![2])]));
-    assert!(d.prepared.is_empty(), "5 rolled back: {:?}", d.prepared);
+    assert_eq!(
+        d.committed,
+        BTreeMap::from([(5, vec![1]), (7, vec![2])]),
+        "7 stays committed: the application removes it"
+    );
+    assert!(d.prepared.is_empty(), "6 rolled back: {:?}", d.prepared);
 }
 
 #[test]

@@ -1,7 +1,8 @@
 //! Exactly-once output on a real PostgreSQL (started by the tests, `postgresql` package):
 //! the SDK's PostgreSQL sink across a server crash between pre-commit and commit, and the
 //! bank's ledger (`cairn-bank --ledger`) under load while a bank, a daemon, the coordinator
-//! and PostgreSQL are killed (-9), with automatic recovery: afterwards the ledger holds
+//! and PostgreSQL are killed (-9), with automatic recovery, and an older snapshot is restored
+//! by hand: afterwards the ledger holds
 //! every transfer of the surviving history exactly once, checked by transfer id against
 //! the banks' own records, and agrees with the balances.
 
@@ -12,7 +13,7 @@ use cairn_cli::bank::BankState;
 use cairn_integration_tests::coordinated::{CoordinatedCluster, Store};
 use cairn_integration_tests::postgres::PgServer;
 use cairn_integration_tests::processes::{eventually, signal_pid};
-use cairn_integration_tests::restore::wait_newest_restore;
+use cairn_integration_tests::restore::{restore, wait_newest_restore, wait_restore};
 use cairn_proto::bank::v1 as bank;
 use cairn_proto::v1 as pb;
 use cairn_sdk::sink::postgres::{Postgres, PostgresError};
@@ -350,7 +351,7 @@ async fn the_ledger_holds_each_transfer_of_the_restored_history_once_through_kil
     cluster.start_node(1).unwrap();
     recovered(&cluster, before).await;
     cluster.set_workload(workload).await.unwrap();
-    a_completion(&cluster).await;
+    let older = a_completion(&cluster).await;
 
     // 3. PostgreSQL killed under load: cuts and commits fail while it is down, then the
     // pending transactions commit at the next completion.
@@ -364,6 +365,13 @@ async fn the_ledger_holds_each_transfer_of_the_restored_history_once_through_kil
     cluster.kill_coordinator();
     cluster.start_coordinator().unwrap();
     cluster.wait_registered(3).await.unwrap();
+    a_completion(&cluster).await;
+
+    // 5. An operator restores an older snapshot: the ledger forgets the transfers after it
+    // (committed since), which the restored history applies again.
+    let op = restore(&cluster, older).await.unwrap();
+    let op = wait_restore(&cluster, &op.restore_id).await;
+    assert!(op.done, "{:?}", op.failure);
     a_completion(&cluster).await;
 
     // Quiesce: no transfer in flight, then a completion commits every pending transaction.

@@ -9,7 +9,7 @@
 use std::time::Duration;
 
 use cairn_sdk::sink::postgres::{Param, Postgres, PostgresError};
-use cairn_sdk::sink::{SinkError, SinkState, TwoPhaseCommitSink};
+use cairn_sdk::sink::{SinkError, SinkState, Transactional as _, TwoPhaseCommitSink};
 
 use super::TransferPayload;
 
@@ -31,6 +31,10 @@ const INSERT: &str = "INSERT INTO ledger (from_node, to_node, line, id, amount, 
     SELECT f, $1, l::numeric, i::numeric, a::numeric,
            current_setting('cairn.snapshot_id')::numeric
     FROM unnest($2::text[], $3::text[], $4::text[], $5::text[]) AS r(f, l, i, a)";
+
+/// A node's rows committed with a snapshot after the one restored.
+const DELETE_AFTER: &str =
+    "DELETE FROM ledger WHERE to_node = $1 AND snapshot_id > $2::text::numeric";
 
 /// A transfer applied and not yet handed to the sink.
 #[derive(Debug, Clone)]
@@ -68,6 +72,14 @@ impl Ledger {
             .create_table("ledger", SCHEMA)
             .await
             .map_err(SinkError::System)?;
+        let left = system.pre_committed().await.map_err(SinkError::System)?;
+        if !left.is_empty() {
+            tracing::info!(
+                snapshots = ?left,
+                "ledger transactions an earlier process of this node pre-committed: the next \
+                 restore commits those its state names and rolls back the rest"
+            );
+        }
         Ok(Self {
             node: node.to_owned(),
             sink: TwoPhaseCommitSink::start(system).await?,
@@ -111,14 +123,30 @@ impl Ledger {
     }
 
     /// A restore of `snapshot_id`, whose state names `pending`: commits those, rolls back
-    /// every other transaction of this node, and drops the rows applied since the last cut
-    /// (the restored history replays them).
+    /// every other transaction of this node, deletes this node's rows committed with a
+    /// later snapshot (a restore of a snapshot older than the newest completed: the
+    /// restored history applies those transfers again), and drops the rows applied since
+    /// the last cut (the restored history replays them). Each step is idempotent: a restore
+    /// cut short is simply done again.
     pub async fn restored(
         &mut self,
         snapshot_id: u64,
         pending: &SinkState,
     ) -> Result<(), LedgerError> {
         self.sink.restored(snapshot_id, pending).await?;
+        let removed = self
+            .sink
+            .system()
+            .execute_now(DELETE_AFTER, &[&self.node, &snapshot_id.to_string()])
+            .await
+            .map_err(SinkError::System)?;
+        if removed > 0 {
+            tracing::info!(
+                snapshot_id,
+                removed,
+                "ledger rows of transfers after the restored snapshot deleted"
+            );
+        }
         self.rows.clear();
         Ok(())
     }
