@@ -32,7 +32,8 @@ pub struct Placement {
 }
 
 impl Placement {
-    fn coordinator_ip(&self) -> &str {
+    /// Where the coordinators (and the servers beside them) listen: 127.0.0.1 unless placed.
+    pub fn coordinator_ip(&self) -> &str {
         if self.coordinator_ip.is_empty() {
             "127.0.0.1"
         } else {

@@ -5,8 +5,8 @@
 //!
 //! PostgreSQL refuses to run as root: when the tests run as root (CI does), the data
 //! directory is handed to the `postgres` user the package creates (or `nobody`) and the
-//! server runs as that user. It listens on TCP only (no Unix socket), trusts every local
-//! connection (user `cairn`, a superuser), and does not fsync: a kill of the server (what
+//! server runs as that user. It listens on TCP only (no Unix socket, on 127.0.0.1 or the
+//! address given), trusts every connection (user `cairn`, a superuser), and does not fsync: a kill of the server (what
 //! the tests do) loses nothing the kernel was handed, which is all a committed or prepared
 //! transaction needs.
 
@@ -27,7 +27,9 @@ const READY_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// A running PostgreSQL server with prepared transactions on.
 pub struct PgServer {
-    /// The port it listens on, at 127.0.0.1.
+    /// The address it listens on (127.0.0.1 unless [`PgServer::start_on`] said).
+    pub host: String,
+    /// The port it listens on.
     pub port: u16,
     dir: PathBuf,
     bin: PathBuf,
@@ -94,6 +96,12 @@ impl PgServer {
 
     /// As [`Self::start`], with `settings` (`name=value`) over the defaults.
     pub async fn start_with(settings: &[&str]) -> anyhow::Result<Self> {
+        Self::start_on("127.0.0.1", settings).await
+    }
+
+    /// As [`Self::start_with`], listening on `host` (an address of this machine, e.g. the
+    /// bridge's side of network namespaces) instead of 127.0.0.1.
+    pub async fn start_on(host: &str, settings: &[&str]) -> anyhow::Result<Self> {
         let bin = pg_bin()?;
         let port = free_port();
         let dir = std::env::temp_dir().join(format!("cairn-pg-{}-{port}", std::process::id()));
@@ -109,6 +117,7 @@ impl PgServer {
             None
         };
         let mut server = Self {
+            host: host.to_owned(),
             port,
             dir,
             bin,
@@ -140,6 +149,11 @@ impl PgServer {
             String::from_utf8_lossy(&out.stdout),
             String::from_utf8_lossy(&out.stderr)
         );
+        // initdb trusts loopback only; clients in network namespaces come from the bridge.
+        let hba = server.data().join("pg_hba.conf");
+        let mut rules = std::fs::read_to_string(&hba)?;
+        rules.push_str("host all all 0.0.0.0/0 trust\n");
+        std::fs::write(&hba, rules)?;
         server.launch().await?;
         Ok(server)
     }
@@ -158,9 +172,9 @@ impl PgServer {
         command
     }
 
-    /// `postgres://cairn@127.0.0.1:PORT/postgres`.
+    /// `postgres://cairn@HOST:PORT/postgres`.
     pub fn url(&self) -> String {
-        format!("postgres://cairn@127.0.0.1:{}/postgres", self.port)
+        format!("postgres://cairn@{}:{}/postgres", self.host, self.port)
     }
 
     /// The server's process id, `None` while stopped.
@@ -204,7 +218,8 @@ impl PgServer {
             .arg(self.data())
             .arg("-p")
             .arg(self.port.to_string())
-            .args(["-c", "listen_addresses=127.0.0.1"])
+            .arg("-c")
+            .arg(format!("listen_addresses={}", self.host))
             .args(["-c", "unix_socket_directories="])
             .args(["-c", "max_prepared_transactions=64"])
             .args(["-c", "max_connections=60"])

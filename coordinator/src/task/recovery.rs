@@ -3,6 +3,7 @@
 //! the cluster stays fenced and automatic recovery is due). Automatic recovery itself is
 //! the engine's (`cairn_core::coordinator`, `restoring.rs`).
 
+use cairn_core::SnapshotId;
 use cairn_core::coordinator::Input;
 
 use super::State;
@@ -44,6 +45,7 @@ impl State {
         // The cluster is in the epoch of its newest restore (the counter may be ahead of it
         // if a coordinator died between allocating an epoch and storing its restore).
         let epoch = newest.as_ref().map_or(0, |r| r.epoch);
+        let restored = newest.as_ref().map(|r| SnapshotId(r.snapshot_id));
         let (mut active, mut unfinished) = (None, None);
         match newest {
             Some(record) if record.status == RestoreStatus::InProgress => {
@@ -70,6 +72,7 @@ impl State {
             epoch,
             active,
             unfinished,
+            restored,
         };
         self.drive(loaded).await;
         tracing::info!(epoch, "epoch loaded");

@@ -73,6 +73,9 @@ pub enum Input<E> {
         active: Option<RestoreRecord>,
         /// The newest restore, if it failed: snapshots stay fenced.
         unfinished: Option<RestoreRecord>,
+        /// The snapshot the newest restore restored: the history the cluster is on goes
+        /// back to it (automatic recovery never leaves that history).
+        restored: Option<SnapshotId>,
     },
     /// A daemon registers on a new session.
     Register {

@@ -120,7 +120,10 @@ impl<E: std::fmt::Display> CoordinatorEngine<E> {
                 epoch,
                 active,
                 unfinished,
-            } => roles.restores.loaded(out, epoch, active, unfinished),
+                restored,
+            } => roles
+                .restores
+                .loaded(out, epoch, active, unfinished, restored),
             Input::Register {
                 token,
                 registration,

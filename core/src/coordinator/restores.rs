@@ -74,6 +74,9 @@ pub(super) struct Restores {
     timeout: Duration,
     /// The cluster's epoch (raised by every restore).
     epoch: u64,
+    /// The snapshot the restore that made this epoch restored: the history the cluster is
+    /// on is this epoch's snapshots, then that one (and its own history).
+    restored: Option<SnapshotId>,
     active: Option<Active>,
     starting: Option<Starting>,
     /// The newest restore that did not finish (FAILED): until a later one is applied by
@@ -108,6 +111,7 @@ impl Restores {
         Self {
             timeout,
             epoch: 0,
+            restored: None,
             active: None,
             starting: None,
             unfinished: None,
@@ -159,6 +163,11 @@ impl Restores {
         self.epoch
     }
 
+    /// The snapshot the current epoch was restored from, if known.
+    pub(super) fn restored(&self) -> Option<SnapshotId> {
+        self.restored
+    }
+
     pub(super) fn active(&self) -> Option<&RestoreRecord> {
         self.active.as_ref().map(|a| &a.record)
     }
@@ -186,8 +195,10 @@ impl Restores {
         epoch: u64,
         active: Option<RestoreRecord>,
         unfinished: Option<RestoreRecord>,
+        restored: Option<SnapshotId>,
     ) {
         self.epoch = epoch;
+        self.restored = restored;
         if let Some(record) = &unfinished {
             // The recovery a previous coordinator had pending goes on here.
             self.recovery_due(format!("{} failed", record.id), None);
@@ -283,6 +294,7 @@ impl Restores {
             return Some((by, refusal));
         }
         self.epoch = record.epoch;
+        self.restored = Some(SnapshotId(record.snapshot_id));
         let command = NodeRestore {
             restore_id: record.id.clone(),
             snapshot: SnapshotId(record.snapshot_id),

@@ -256,10 +256,19 @@ impl Roles {
                 );
             }
         };
-        completed.retain(|r| r.status == SnapshotStatus::Completed);
+        // Only the history the cluster is on: the snapshots taken in this epoch, then the
+        // one it was restored from. A snapshot of an earlier epoch but that one belongs to
+        // a history an operator's restore discarded: restoring it would undo that restore
+        // (and bring back effects an application removed when it restored).
+        let (epoch, restored) = (self.restores.epoch(), self.restores.restored());
+        completed.retain(|r| {
+            r.status == SnapshotStatus::Completed
+                && (r.epoch >= epoch || Some(SnapshotId(r.id)) == restored)
+        });
         if completed.is_empty() {
             return out.push(Action::Note(Note::Recovery(format!(
-                "automatic recovery ({reason}): no completed snapshot; the cluster runs on as it is"
+                "automatic recovery ({reason}): no completed snapshot of the history the \
+                 cluster is on (epoch {epoch}); the cluster runs on as it is"
             ))));
         }
         completed.sort_by_key(|r| std::cmp::Reverse(r.id));

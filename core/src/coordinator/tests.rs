@@ -938,6 +938,7 @@ fn a_resumed_restore_gets_a_new_deadline_and_fails_when_it_passes() {
             epoch: 5,
             active: Some(record),
             unfinished: None,
+            restored: Some(SnapshotId(3)),
         },
     );
     assert_eq!(
@@ -1374,6 +1375,55 @@ fn a_restarted_member_makes_recovery_restore_the_newest_snapshot_that_verifies()
         "nobody to answer: {actions:?}"
     );
     assert_eq!(engine.active_restore().map(|r| r.epoch), Some(3));
+}
+
+#[test]
+fn recovery_stays_on_the_history_the_cluster_is_on_after_a_restore() {
+    // Snapshot 5 was restored (epoch 2); 6 to 8 were taken before that restore, in epoch 1:
+    // a history it discarded. Then 9 and 10 were taken in epoch 2.
+    let candidates_after = |records: Vec<SnapshotRecord>| {
+        let mut engine = CoordinatorEngine::<E>::new(Config {
+            auto_restore: true,
+            ..config(4)
+        });
+        engine.handle(
+            at(T0),
+            Input::RestoresLoaded {
+                epoch: 2,
+                active: None,
+                unfinished: None,
+                restored: Some(SnapshotId(5)),
+            },
+        );
+        register(&mut engine, 100, registration("a", 1));
+        let gone = Input::SessionEnded {
+            node: NodeId::new("a"),
+            session: 100,
+        };
+        engine.handle(at(T0), gone);
+        engine.drain_actions();
+        register(&mut engine, 101, registration("a", 2));
+        engine.handle(
+            at(T0),
+            Input::Listed {
+                purpose: Listing::Recovery,
+                result: Ok(records),
+            },
+        );
+        match engine.drain_actions().as_slice() {
+            [Action::Verify { candidates }] => candidates.iter().map(|r| r.id).collect::<Vec<_>>(),
+            [Action::Note(note)] => panic!("{note:?}"),
+            other => panic!("{other:?}"),
+        }
+    };
+    let mut records = completed_records(10);
+    for r in &mut records {
+        r.epoch = if r.id > 8 { 2 } else { 1 };
+    }
+    assert_eq!(candidates_after(records.clone()), vec![10, 9, 5]);
+    // None taken since the restore: the restored snapshot, not 8.
+    records.truncate(8);
+    assert_eq!(candidates_after(records), vec![5]);
 }
 
 #[test]

@@ -45,20 +45,20 @@ use super::history::{BankView, Entry, SnapshotView};
 
 /// A bank's state, as the checker reads it (its own definition of the bank's JSON).
 #[derive(Debug, Clone, Deserialize)]
-struct State {
+pub(super) struct State {
     balance: u64,
     #[serde(default)]
-    line: u64,
+    pub(super) line: u64,
     #[serde(default)]
     sent: BTreeMap<String, u64>,
     #[serde(default)]
-    received: BTreeMap<String, Seen>,
+    pub(super) received: BTreeMap<String, Seen>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
-struct Seen {
-    line: u64,
-    id: u64,
+pub(super) struct Seen {
+    pub(super) line: u64,
+    pub(super) id: u64,
 }
 
 /// A transfer's payload, as the checker reads it.
@@ -105,10 +105,14 @@ pub struct Verdict {
     pub terms: BTreeMap<u64, usize>,
     /// Ends a watcher was told, compared with the store's.
     pub told_checked: u64,
+    /// Transfers of the ledger checked id by id against the closing restore's snapshot.
+    pub ledger_transfers_checked: u64,
+    /// Why the ledger was not checked (the restored snapshot holds a bank's fresh line).
+    pub ledger_unchecked: Option<String>,
 }
 
 impl Verdict {
-    fn violation(&mut self, v: String) {
+    pub(super) fn violation(&mut self, v: String) {
         // A broken run repeats itself: the first hundred tell the story.
         if self.violations.len() < 100 {
             self.violations.push(v);
@@ -119,9 +123,9 @@ impl Verdict {
 }
 
 /// The line each bank started the run with.
-type Original = BTreeMap<String, u64>;
+pub(super) type Original = BTreeMap<String, u64>;
 
-fn parse_state(text: &str) -> Result<State, String> {
+pub(super) fn parse_state(text: &str) -> Result<State, String> {
     serde_json::from_str(text).map_err(|e| format!("not a bank state ({e}): {text:.200}"))
 }
 
@@ -209,6 +213,7 @@ pub fn check(entries: &[Entry], recovery_bound_s: f64) -> Verdict {
     check_told(entries, &snapshots, &mut v);
     check_refused_restores(entries, &mut v);
     check_recovery(entries, &snapshots, recovery_bound_s, &mut v);
+    super::ledger::check_ledger(entries, &snapshots, &original, &mut v);
     // A run that checked little proves little.
     let modes: BTreeSet<&str> = snapshots
         .values()
@@ -966,5 +971,5 @@ fn check_recovery(
 pub fn heals(kind: &str) -> bool {
     kind.starts_with("pause-")
         || kind.starts_with("net-")
-        || matches!(kind, "hold" | "delay" | "kill-etcd")
+        || matches!(kind, "hold" | "delay" | "kill-etcd" | "kill-postgres")
 }

@@ -137,6 +137,19 @@ pub enum Entry {
         /// The banks after it.
         banks: Vec<BankView>,
     },
+    /// The bank's ledger in PostgreSQL, read right after the closing restore (before any
+    /// cut after it): its transfers as islands of consecutive ids, and the transactions
+    /// left prepared.
+    Ledger {
+        /// When.
+        at: f64,
+        /// The snapshot the closing restore restored.
+        snapshot: u64,
+        /// Every run of consecutive transfer ids of one sender's line to one receiver.
+        islands: Vec<LedgerIsland>,
+        /// The transactions still prepared (`pg_prepared_xacts`).
+        prepared: Vec<String>,
+    },
     /// The run ended; what the nemesis did, by kind.
     End {
         /// When.
@@ -147,6 +160,21 @@ pub enum Entry {
         /// `timed out`, `no connection`).
         refused: BTreeMap<String, u64>,
     },
+}
+
+/// Consecutive transfer ids of one sender's line to one receiver in the ledger.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct LedgerIsland {
+    /// The sender.
+    pub from: String,
+    /// The receiver.
+    pub to: String,
+    /// The sender's line.
+    pub line: u64,
+    /// The first id.
+    pub first: u64,
+    /// The last id.
+    pub last: u64,
 }
 
 /// One bank, as `GetBalance` answered.

@@ -1,8 +1,10 @@
 //! The pieces of `cairn-nemesis`: the run's history ([`history`]) and the checker that
-//! judges it ([`check`]), written apart from the engine.
+//! judges it ([`check`], with the ledger's invariant in `ledger`), written apart from the
+//! engine.
 
 pub mod check;
 pub mod history;
+mod ledger;
 
 #[cfg(test)]
 mod tests;

@@ -4,7 +4,17 @@
 use std::collections::BTreeMap;
 
 use super::check::check;
-use super::history::{BankView, ChannelView, Entry, NodeView, SnapshotView};
+use super::history::{BankView, ChannelView, Entry, LedgerIsland, NodeView, SnapshotView};
+
+fn island(from: &str, to: &str, line: u64, first: u64, last: u64) -> LedgerIsland {
+    LedgerIsland {
+        from: from.into(),
+        to: to.into(),
+        line,
+        first,
+        last,
+    }
+}
 
 fn bank(node: &str, state: &str) -> BankView {
     BankView {
@@ -149,6 +159,14 @@ fn good() -> Vec<Entry> {
             ),
         ],
     });
+    // Snapshot 12 says b received a's transfers 1 to 11 (12 was in flight, delivered after
+    // the restore and not cut since).
+    h.push(Entry::Ledger {
+        at: 15.5,
+        snapshot: 12,
+        islands: vec![island("a", "b", 11, 1, 11)],
+        prepared: Vec::new(),
+    });
     h.push(Entry::End {
         at: 16.0,
         faults: BTreeMap::new(),
@@ -187,6 +205,7 @@ fn a_good_history_passes() {
     assert_eq!(v.snapshots_started, 12);
     assert_eq!(v.faults.get("cut"), Some(&1));
     assert_eq!(v.restores.get("user done"), Some(&1));
+    assert_eq!(v.ledger_transfers_checked, 11);
     // The pause ended at 5.0 s; snapshot 5 started then.
     assert!(v.longest_recovery_s <= 1.0, "{}", v.longest_recovery_s);
 }
@@ -469,4 +488,54 @@ fn a_receiver_following_a_line_the_sender_left_for_its_original_is_caught() {
         &h,
         "b follows line 33 of a, but a is of the line it started with",
     );
+}
+
+/// Replaces the ledger reading's islands and prepared transactions.
+fn ledger(h: &mut [Entry], with: Vec<LedgerIsland>, left: Vec<&str>) {
+    for e in h.iter_mut() {
+        if let Entry::Ledger {
+            islands, prepared, ..
+        } = e
+        {
+            *islands = with.clone();
+            *prepared = left.iter().map(|s| (*s).to_owned()).collect();
+        }
+    }
+}
+
+#[test]
+fn a_ledger_that_lost_wrote_twice_or_kept_a_discarded_transfer_is_caught() {
+    // One lost between a pre-commit and its commit: a gap.
+    let mut h = good();
+    ledger(
+        &mut h,
+        vec![island("a", "b", 11, 1, 5), island("a", "b", 11, 7, 11)],
+        vec![],
+    );
+    caught(&h, "the ledger lacks transfers of a's line 11 to b");
+    caught(&h, "the ledger holds transfers 7..=11 of a's line 11 to b");
+    // One of a history a restore discarded (or written again after it): past the last.
+    let mut h = good();
+    ledger(&mut h, vec![island("a", "b", 11, 1, 12)], vec![]);
+    caught(&h, "the ledger holds transfers 1..=12 of a's line 11 to b");
+    // Another line's, and one left prepared.
+    let mut h = good();
+    ledger(
+        &mut h,
+        vec![island("a", "b", 11, 1, 11), island("a", "b", 99, 1, 3)],
+        vec!["cairn-c-b-9"],
+    );
+    caught(&h, "of a's line 99 to b");
+    caught(
+        &h,
+        "ledger transactions are still prepared: [\"cairn-c-b-9\"]",
+    );
+    // A run without a ledger: not checked, and said so.
+    let h: Vec<Entry> = good()
+        .into_iter()
+        .filter(|e| !matches!(e, Entry::Ledger { .. }))
+        .collect();
+    let v = check(&h, 30.0);
+    assert!(v.violations.is_empty(), "{:#?}", v.violations);
+    assert!(v.ledger_unchecked.is_some());
 }

@@ -14,6 +14,7 @@ pub(super) enum Fault {
     KillLeader,
     KillLeaderDuringRestore,
     KillEtcd,
+    KillPostgres,
     PauseDaemon,
     PauseBank,
     PauseLeader,
@@ -54,6 +55,9 @@ pub(super) const NET_FAULTS: [(Fault, u32); 5] = [
     (Fault::NetThrottle, 1),
 ];
 
+/// PostgreSQL's, drawn with --ledger (the seeded schedule without it is as before).
+pub(super) const LEDGER_FAULTS: [(Fault, u32); 1] = [(Fault::KillPostgres, 1)];
+
 /// The faults between the coordinators and etcd (a proxy in front of etcd), drawn unless
 /// --no-etcd-faults.
 pub(super) const ETCD_FAULTS: [(Fault, u32); 3] = [
@@ -82,6 +86,8 @@ pub(super) enum Undo {
     Undelay(String, String),
     /// etcd starts again.
     EtcdUp,
+    /// PostgreSQL starts again (its crash recovery keeps what was prepared).
+    PostgresUp,
     /// The network's rules are taken away.
     Net(Vec<NetFault>),
 }
@@ -257,7 +263,12 @@ impl Nemesis {
         } else {
             &[]
         };
-        let all = || FAULTS.iter().chain(net).chain(etcd).copied();
+        let ledger: &[(Fault, u32)] = if self.pg.is_some() {
+            &LEDGER_FAULTS
+        } else {
+            &[]
+        };
+        let all = || FAULTS.iter().chain(net).chain(etcd).chain(ledger).copied();
         let total: u32 = all().map(|(_, w)| w).sum();
         let mut at = self.rng.random_range(0..total);
         for (fault, weight) in all() {
@@ -347,6 +358,15 @@ impl Nemesis {
             Undo::EtcdUp => {
                 if let Err(e) = self.etcd.resume().await {
                     eprintln!("etcd does not start again: {e:#}");
+                }
+            }
+            Undo::PostgresUp => {
+                if let Some(pg) = self.pg.as_mut()
+                    && let Err(e) = pg.start_again().await
+                {
+                    let what = format!("PostgreSQL does not start again: {e:#}");
+                    eprintln!("{what}");
+                    self.harness_errors.push(what);
                 }
             }
             Undo::Net(faults) => {
@@ -575,6 +595,15 @@ impl Nemesis {
                 self.client = None;
                 self.fault_line("kill-etcd", "etcd", format!("down {ms} ms"));
                 self.open("kill-etcd", "etcd".into(), ms, Undo::EtcdUp);
+            }
+            Fault::KillPostgres if !open && !self.busy("postgres") => {
+                let Some(pg) = self.pg.as_mut() else {
+                    return;
+                };
+                let ms = self.rng.random_range(1_000..6_000);
+                pg.kill();
+                self.fault_line("kill-postgres", "postgres", format!("down {ms} ms"));
+                self.open("kill-postgres", "postgres".into(), ms, Undo::PostgresUp);
             }
             Fault::PauseDaemon | Fault::PauseBank if !open => {
                 let (kind, target, pid) = if fault == Fault::PauseDaemon {

@@ -5,7 +5,7 @@ use super::*;
 
 pub(super) async fn run(args: &Args, seconds: u64) -> anyhow::Result<Verdict> {
     let etcd = Etcd::start().await?;
-    let env: Vec<(String, String)> = args
+    let mut env: Vec<(String, String)> = args
         .mutant
         .iter()
         .map(|m| ("CAIRN_MUTANT".to_owned(), m.clone()))
@@ -16,6 +16,14 @@ pub(super) async fn run(args: &Args, seconds: u64) -> anyhow::Result<Verdict> {
         None
     };
     let placement = net.as_ref().map(Net::placement).unwrap_or_default();
+    // With --ledger, the banks' ledger, on the coordinators' side of the network (as etcd).
+    let pg = if args.ledger {
+        let pg = PgServer::start_on(placement.coordinator_ip(), &[]).await?;
+        env.push(("CAIRN_LEDGER".to_owned(), pg.url()));
+        Some(pg)
+    } else {
+        None
+    };
     // The coordinators reach etcd through a proxy that can lose or delay what passes
     // (the nemesis, its checks and the closing reads use etcd directly).
     let etcd_proxy = if args.no_etcd_faults {
@@ -75,6 +83,7 @@ pub(super) async fn run(args: &Args, seconds: u64) -> anyhow::Result<Verdict> {
         harness_errors: Vec::new(),
         newest_completed: (0, 0),
         etcd_proxy,
+        pg,
     };
     nemesis.push(Entry::Setup {
         seed: args.seed,
@@ -344,6 +353,17 @@ pub(super) async fn settle(
             snapshot,
             banks,
         });
+        // No cut since: the ledger holds what the restored states say was received.
+        if let Some(pg) = &nemesis.pg {
+            let (islands, prepared) = read_ledger(pg).await?;
+            let at = nemesis.at();
+            nemesis.push(Entry::Ledger {
+                at,
+                snapshot,
+                islands,
+                prepared,
+            });
+        }
     }
     nemesis.collect(1000).await?;
     let mut client = nemesis.client().await?;
@@ -375,6 +395,40 @@ pub(super) async fn settle(
     Ok(())
 }
 
+/// The ledger's transfers as islands of consecutive ids per sender's line and receiver,
+/// and the transactions left prepared.
+async fn read_ledger(pg: &PgServer) -> anyhow::Result<(Vec<LedgerIsland>, Vec<String>)> {
+    let client = pg.client().await?;
+    let rows = client
+        .query(
+            "SELECT from_node, to_node, line::text, min(id)::text, max(id)::text FROM (
+                SELECT from_node, to_node, line, id,
+                       id - row_number() OVER (PARTITION BY from_node, to_node, line ORDER BY id)
+                         AS island
+                FROM ledger) t
+             GROUP BY from_node, to_node, line, island ORDER BY 1, 2, 3, 4",
+            &[],
+        )
+        .await?;
+    let mut islands = Vec::with_capacity(rows.len());
+    for r in rows {
+        islands.push(LedgerIsland {
+            from: r.try_get(0)?,
+            to: r.try_get(1)?,
+            line: r.try_get::<_, String>(2)?.parse()?,
+            first: r.try_get::<_, String>(3)?.parse()?,
+            last: r.try_get::<_, String>(4)?.parse()?,
+        });
+    }
+    let prepared = client
+        .query("SELECT gid FROM pg_prepared_xacts ORDER BY gid", &[])
+        .await?
+        .iter()
+        .map(|r| r.try_get(0))
+        .collect::<Result<_, _>>()?;
+    Ok((islands, prepared))
+}
+
 pub(super) fn report(verdict: &Verdict) {
     println!("\n== cairn-nemesis: the checker's report");
     println!("faults injected: {:?}", verdict.faults);
@@ -395,6 +449,13 @@ pub(super) fn report(verdict: &Verdict) {
         "restores: {:?}; terms: {:?}; transfers in the final lines: {}; longest recovery {:.1} s",
         verdict.restores, verdict.terms, verdict.transfers_final, verdict.longest_recovery_s
     );
+    match &verdict.ledger_unchecked {
+        None => println!(
+            "ledger: {} transfers checked id by id against the closing restore",
+            verdict.ledger_transfers_checked
+        ),
+        Some(why) => println!("ledger: not checked ({why})"),
+    }
     for v in &verdict.violations {
         eprintln!("VIOLATION: {v}");
     }
