@@ -8,8 +8,8 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use super::check::{Original, Verdict, parse_state};
 use super::history::{Entry, LedgerIsland, SnapshotView};
+use super::verdict::{Original, Verdict, parse_state};
 
 /// Checks the `Ledger` line against the closing restore's snapshot.
 pub(super) fn check_ledger(

@@ -5,6 +5,7 @@
 pub mod check;
 pub mod history;
 mod ledger;
+mod verdict;
 
 #[cfg(test)]
 mod tests;
