@@ -682,6 +682,17 @@ impl CoordinatedCluster {
     /// Waits until node `i`'s daemon has every channel the coordinator's topology gives it
     /// (and, with `app`, an application attached; with a bank, the bank knows its peers).
     pub async fn wait_wired(&self, i: usize, app: bool) -> anyhow::Result<()> {
+        self.wait_wired_within(i, app, Duration::from_secs(30))
+            .await
+    }
+
+    /// As [`Self::wait_wired`], for up to `within` (a large cluster on two cores).
+    pub async fn wait_wired_within(
+        &self,
+        i: usize,
+        app: bool,
+        within: Duration,
+    ) -> anyhow::Result<()> {
         let node = &self.nodes[i];
         let topology = self
             .client()
@@ -706,7 +717,7 @@ impl CoordinatedCluster {
             &node.peer,
             node.bank.as_deref(),
             ready,
-            Duration::from_secs(30),
+            within,
             self.tls.as_ref(),
         )
         .await
