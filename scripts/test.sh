@@ -142,11 +142,11 @@ setsid nice -n 19 bash -c 'CAIRN_FUZZ_BUILD_ONLY=1 scripts/fuzz.sh &&
   CAIRN_CHECK_SDK_CLIPPY=no CARGO_TARGET_DIR=target/lint scripts/check.sh --static' >"$background_log" 2>&1 &
 background_pid=$!
 
-say "nemesis run (cairn-nemesis --quick --netns: etcd, 2 coordinators, 4 nodes on hosts of their own; kills, pauses, cuts, holds, delays, partitions, packet loss, slow links, restores; independent checker)"
+say "nemesis run (cairn-nemesis --quick --netns --ledger: etcd, 2 coordinators, 4 nodes on hosts of their own, the banks' ledger on PostgreSQL; kills, pauses, cuts, holds, delays, partitions, packet loss, slow links, restores; independent checker)"
 # Seeded and bounded: ${CAIRN_NEMESIS_SECONDS:-90} s of faults, then about 10 s of checks.
 # CAIRN_NEMESIS_SEED picks another schedule; the history stays in target/nemesis-history.jsonl
 # (cairn-nemesis --check replays the checker over it), and a failing run keeps the logs.
-target/debug/cairn-nemesis --quick --netns --seed "${CAIRN_NEMESIS_SEED:-1}" --seconds "${CAIRN_NEMESIS_SECONDS:-90}" \
+target/debug/cairn-nemesis --quick --netns --ledger --seed "${CAIRN_NEMESIS_SEED:-1}" --seconds "${CAIRN_NEMESIS_SECONDS:-90}" \
   --history target/nemesis-history.jsonl --out target/nemesis-verdict.json
 
 say "the checker's mutation check (scripts/nemesis-mutants.sh: each planted bug must be caught)"

@@ -52,6 +52,18 @@ pub enum Error {
         /// Its snapshot.
         snapshot: SnapshotId,
     },
+    /// A conditional restore (`if_epoch`) found the cluster in another epoch.
+    #[error(
+        "the cluster is in epoch {current}, not {expected} as the request's if_epoch asked: \
+         another restore ran since (see ListRestores), so the snapshot may belong to a \
+         history it discarded; choose again"
+    )]
+    EpochMoved {
+        /// The epoch the request named.
+        expected: u64,
+        /// The cluster's.
+        current: u64,
+    },
     /// A restore refers to the snapshot: it cannot be deleted.
     #[error(
         "snapshot {id} is being restored by {restore} ({status}); it can be deleted once a \
@@ -210,6 +222,7 @@ impl From<Error> for Status {
             | Error::NotCompleted { .. }
             | Error::Fenced(_)
             | Error::RestoreInProgress { .. }
+            | Error::EpochMoved { .. }
             | Error::HeldByRestore { .. }
             | Error::NodesNotConnected(_)
             | Error::JoinedSince { .. }

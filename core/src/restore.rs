@@ -117,18 +117,27 @@ impl RestoreProgress {
         true
     }
 
-    /// `node` restarted after it had applied its state: its previous process went on from
-    /// the restored state together with the nodes that applied too (they took its
-    /// messages), so restoring it alone again would put it behind them. True if that
-    /// failed the restore (a node that had not applied yet is simply sent it again).
+    /// `node` restarted while the restore was under way. If its previous process applied
+    /// its state, it went on from there together with the nodes that applied too (they
+    /// took its messages of this epoch), so restoring it alone again would have the new
+    /// process send those messages a second time. Whether it applied is known only if its
+    /// acknowledgement arrived: one lost with a coordinator or a session is unknown, and
+    /// taken as applied. So any restart fails the restore, which starts over for every
+    /// node. True if that failed it.
     pub fn node_restarted(&mut self, node: &NodeId) -> bool {
-        if self.state != RestoreState::InProgress || !self.applied.contains(node) {
+        if self.state != RestoreState::InProgress || !self.nodes.contains(node) {
             return false;
         }
+        let what = if self.applied.contains(node) {
+            "after applying the restored state"
+        } else {
+            "during the restore, and whether its previous process applied the restored state \
+             is unknown (its acknowledgement may have been lost with a coordinator or a \
+             session)"
+        };
         self.state = RestoreState::Failed(format!(
-            "node {node} restarted after applying the restored state; the nodes that applied \
-             it went on from it with its previous process, so the restore starts over for \
-             every node"
+            "node {node} restarted {what}; the nodes that applied it may have gone on from it \
+             with its previous process, so the restore starts over for every node"
         ));
         true
     }
@@ -204,19 +213,28 @@ mod tests {
     }
 
     #[test]
-    fn a_node_restarted_after_applying_fails_the_restore_but_one_before_does_not() {
+    fn a_node_restarted_during_a_restore_fails_it_whether_or_not_it_was_heard_applying() {
         let mut r = RestoreProgress::new([NodeId::from("a"), NodeId::from("b")]);
         assert!(
-            !r.node_restarted(&NodeId::from("a")),
-            "not applied yet: sent again"
+            !r.node_restarted(&NodeId::from("c")),
+            "not one of its nodes"
         );
         r.node_applied(&NodeId::from("a"));
         assert!(r.node_restarted(&NodeId::from("a")));
         assert!(
-            matches!(r.state(), RestoreState::Failed(why) if why.contains("node a restarted")),
+            matches!(r.state(), RestoreState::Failed(why) if why.contains("node a restarted after applying")),
             "{:?}",
             r.state()
         );
         assert!(!r.node_applied(&NodeId::from("b")));
+        // Not heard applying: its acknowledgement may have been lost, so it may have.
+        let mut r = RestoreProgress::new([NodeId::from("a"), NodeId::from("b")]);
+        assert!(r.node_restarted(&NodeId::from("a")));
+        assert!(
+            matches!(r.state(), RestoreState::Failed(why) if why.contains("is unknown")),
+            "{:?}",
+            r.state()
+        );
+        assert!(!r.node_restarted(&NodeId::from("b")), "failed once");
     }
 }

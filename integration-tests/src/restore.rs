@@ -58,7 +58,10 @@ pub async fn restore(
         .await
         .map_err(|e| tonic::Status::unavailable(e.to_string()))?;
     Ok(client
-        .restore_snapshot(pb::RestoreSnapshotRequest { snapshot_id })
+        .restore_snapshot(pb::RestoreSnapshotRequest {
+            snapshot_id,
+            if_epoch: None,
+        })
         .await?
         .into_inner())
 }

@@ -43,7 +43,7 @@ pub enum PostgresError {
     Config(String),
     /// The server refused or failed, or the connection was lost (the operation's outcome
     /// may be unknown: the sink settles it).
-    #[error("PostgreSQL: {0}")]
+    #[error("PostgreSQL: {}", db_words(.0))]
     Db(#[from] tokio_postgres::Error),
     /// The operation took longer than the timeout (its outcome is unknown).
     #[error("PostgreSQL did not answer {0} within {1:?}")]
@@ -237,6 +237,21 @@ impl Postgres {
                     tracing::debug!("PostgreSQL connection ended: {e}");
                 }
             });
+            // The server gives up when this side does: a statement cut short by the
+            // timeout (its connection dropped) must not run on, holding its locks, in a
+            // backend that never notices the client left — the next attempt would wait on
+            // them, and every retry would leave one more such backend until no connection
+            // is left. A session idle in a transaction is ended alike.
+            let ms = self.timeout.as_millis().max(1);
+            let limits = format!(
+                "SET statement_timeout = {ms}; SET idle_in_transaction_session_timeout = {ms}"
+            );
+            within(
+                self.timeout,
+                "the session's limits",
+                client.batch_execute(&limits),
+            )
+            .await?;
             self.client = Some(client);
         }
         Ok(self.client.as_ref().expect("set above"))
@@ -271,6 +286,24 @@ impl Postgres {
             Err(PostgresError::Db(e)) if e.code() == Some(&SqlState::UNDEFINED_OBJECT) => Ok(false),
             Err(e) => Err(e),
         }
+    }
+}
+
+/// What the server said (its message and SQLSTATE: tokio-postgres's own words are only
+/// "db error"), or the client's error with its cause.
+fn db_words(e: &tokio_postgres::Error) -> String {
+    match e.as_db_error() {
+        Some(db) => format!(
+            "{}: {} (SQLSTATE {}){}",
+            db.severity(),
+            db.message(),
+            db.code().code(),
+            db.detail().map(|d| format!(": {d}")).unwrap_or_default()
+        ),
+        None => match std::error::Error::source(e) {
+            Some(cause) => format!("{e}: {cause}"),
+            None => e.to_string(),
+        },
     }
 }
 

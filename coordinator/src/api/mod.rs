@@ -239,10 +239,12 @@ impl pb::coordinator_server::Coordinator for CoordinatorService {
         &self,
         request: Request<pb::RestoreSnapshotRequest>,
     ) -> Result<Response<pb::RestoreOperation>, Status> {
-        let snapshot_id = SnapshotId(request.into_inner().snapshot_id);
+        let request = request.into_inner();
+        let (snapshot_id, if_epoch) = (SnapshotId(request.snapshot_id), request.if_epoch);
         let record = self
             .ask_write("RestoreSnapshot", |reply| Msg::Restore {
                 snapshot_id,
+                if_epoch,
                 reply,
             })
             .await??;

@@ -236,6 +236,7 @@ impl State {
             Refusal::RestoreInProgress { restore, snapshot } => {
                 Error::RestoreInProgress { restore, snapshot }
             }
+            Refusal::EpochMoved { expected, current } => Error::EpochMoved { expected, current },
             Refusal::NotFound(id) => Error::SnapshotNotFound(id),
             Refusal::StillInProgress(id) => Error::StillInProgress(id),
             Refusal::HeldByRestore {

@@ -391,7 +391,11 @@ impl State {
             Msg::GetPolicy { reply } => {
                 let _ = reply.send(self.policy_view());
             }
-            Msg::Restore { snapshot_id, reply } => self.restore(snapshot_id, reply).await,
+            Msg::Restore {
+                snapshot_id,
+                if_epoch,
+                reply,
+            } => self.restore(snapshot_id, if_epoch, reply).await,
             Msg::Verified { chosen, skipped } => self.verified(chosen, skipped).await,
             Msg::RestoreApplied { node, restore_id } => {
                 tracing::info!(restore = %restore_id, %node, "node applied the restored state");

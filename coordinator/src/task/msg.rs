@@ -126,6 +126,8 @@ pub(crate) enum Msg {
     },
     Restore {
         snapshot_id: SnapshotId,
+        /// `RestoreSnapshotRequest.if_epoch`.
+        if_epoch: Option<u64>,
         reply: oneshot::Sender<Result<RestoreRecord, Error>>,
     },
     RestoreApplied {

@@ -19,8 +19,14 @@ pub(super) type RestoreReply = oneshot::Sender<Result<RestoreRecord, Error>>;
 impl State {
     /// A user asks to restore `snapshot_id` (see `Coordinator/RestoreSnapshot`): the
     /// engine checks what can be checked at once and has its chunks verified off this task;
-    /// `reply` is answered when the restore is fenced and stored, or refused.
-    pub(super) async fn restore(&mut self, snapshot_id: SnapshotId, reply: RestoreReply) {
+    /// `reply` is answered when the restore is fenced and stored, or refused (also when
+    /// `if_epoch` is not the cluster's epoch).
+    pub(super) async fn restore(
+        &mut self,
+        snapshot_id: SnapshotId,
+        if_epoch: Option<u64>,
+        reply: RestoreReply,
+    ) {
         let record = match self.get_record(snapshot_id).await {
             Ok(record) => record,
             Err(e) => {
@@ -34,6 +40,7 @@ impl State {
             token,
             snapshot: snapshot_id,
             record,
+            if_epoch,
         };
         self.drive(input).await;
     }

@@ -407,6 +407,7 @@ async fn a_restore_fences_snapshots_until_every_node_applied_it() {
     let op = h
         .ask(|reply| Msg::Restore {
             snapshot_id: SnapshotId(id),
+            if_epoch: None,
             reply,
         })
         .await
@@ -599,6 +600,7 @@ async fn a_node_restarted_after_applying_a_restore_fails_it_instead_of_being_res
     h.store_empty_parts(id, &["a", "b"]).await;
     h.ask(|reply| Msg::Restore {
         snapshot_id: SnapshotId(id),
+        if_epoch: None,
         reply,
     })
     .await

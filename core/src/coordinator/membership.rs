@@ -247,11 +247,13 @@ impl Roles {
             out.push(Action::Note(Note::Restarted { node: node.clone() }));
             self.restores
                 .recovery_due(format!("{node} restarted"), None);
-            // A new process of a node that had applied the restore under way: its previous
-            // process went on from the restored state with the nodes that applied too, so
-            // the restore cannot be finished by restoring it alone (it would fall behind
-            // them). The restore fails, and starts over for every node (automatic recovery)
-            // or waits for one (the cluster stays fenced).
+            // A new process of a node of the restore under way: if its previous process
+            // applied (heard or not: an acknowledgement lost with a leader or a session is
+            // unknown), it went on from the restored state with the nodes that applied too,
+            // so the restore cannot be finished by restoring it alone (its new process
+            // would send that epoch's messages again). The restore fails, and starts over
+            // for every node (automatic recovery) or waits for one (the cluster stays
+            // fenced).
             if self
                 .restores
                 .active()

@@ -190,6 +190,8 @@ pub enum Input<E> {
         snapshot: SnapshotId,
         /// Its record, as the runtime read it (`None`: there is none).
         record: Option<SnapshotRecord>,
+        /// Refused unless the cluster is in this epoch (`RestoreSnapshotRequest.if_epoch`).
+        if_epoch: Option<u64>,
     },
     /// The verification of [`Action::Verify`] came back.
     Verified {
@@ -761,6 +763,13 @@ pub enum Refusal<E> {
         restore: String,
         /// Its snapshot.
         snapshot: SnapshotId,
+    },
+    /// A conditional restore's epoch is not the cluster's: another restore came in between.
+    EpochMoved {
+        /// The epoch the request named.
+        expected: u64,
+        /// The cluster's.
+        current: u64,
     },
 }
 

@@ -224,7 +224,8 @@ impl<E: std::fmt::Display> CoordinatorEngine<E> {
                 token,
                 snapshot,
                 record,
-            } => roles.restore(out, token, snapshot, record),
+                if_epoch,
+            } => roles.restore(out, token, snapshot, record, if_epoch),
             Input::Verified {
                 chosen,
                 record,

@@ -25,9 +25,13 @@ impl Roles {
         token: super::Token,
         id: SnapshotId,
         record: Option<SnapshotRecord>,
+        if_epoch: Option<u64>,
     ) {
+        // The epoch is compared while no other restore is under way or being chosen, and
+        // none can start until this one is fenced or refused: nothing comes in between.
         let checked = self
             .no_restore_under_way(id)
+            .and_then(|()| self.epoch_is(if_epoch))
             .and_then(|()| self.check_restore(id, record.as_ref()));
         match (checked, record) {
             (Ok(_), Some(record)) => {
@@ -56,6 +60,17 @@ impl Roles {
             });
         }
         Ok(())
+    }
+
+    /// A conditional restore's epoch is the cluster's.
+    fn epoch_is<E>(&self, if_epoch: Option<u64>) -> Result<(), Refusal<E>> {
+        match if_epoch {
+            Some(expected) if expected != self.restores.epoch() => Err(Refusal::EpochMoved {
+                expected,
+                current: self.restores.epoch(),
+            }),
+            _ => Ok(()),
+        }
     }
 
     /// What a restore of snapshot `id` needs now: the snapshot completed, every node of it

@@ -753,6 +753,7 @@ fn restore_to_epoch_5(engine: &mut CoordinatorEngine<E>) -> Vec<Action<E>> {
         token: 8,
         snapshot: SnapshotId(1),
         record: Some(snapshot.clone()),
+        if_epoch: None,
     };
     engine.handle(at(T0), input);
     assert_eq!(
@@ -816,6 +817,78 @@ fn restore_started(engine: &mut CoordinatorEngine<E>) {
         ]
     );
     assert_eq!(engine.epoch(), 5);
+}
+
+#[test]
+fn a_conditional_restore_goes_through_only_in_the_epoch_it_names() {
+    let mut engine = engine();
+    let snapshot = completed_snapshot();
+    let ask = |token, if_epoch| Input::Restore {
+        token,
+        snapshot: SnapshotId(1),
+        record: Some(snapshot.clone()),
+        if_epoch,
+    };
+    engine.handle(at(T0), ask(3, Some(4)));
+    assert_eq!(
+        engine.drain_actions(),
+        [Action::Reply {
+            token: 3,
+            answer: Answer::RestoreStarted(Err(Refusal::EpochMoved {
+                expected: 4,
+                current: 0
+            })),
+        }],
+        "another epoch than the cluster's: refused before anything is verified"
+    );
+    engine.handle(at(T0), ask(8, Some(0)));
+    assert_eq!(
+        engine.drain_actions(),
+        [Action::Verify {
+            candidates: vec![snapshot.clone()]
+        }]
+    );
+    // Chosen and fenced as any restore: the cluster enters epoch 5.
+    let verified = Input::Verified {
+        chosen: Some(SnapshotId(1)),
+        record: Some(snapshot.clone()),
+        skipped: Vec::new(),
+    };
+    engine.handle(at(T0), verified);
+    engine.drain_actions();
+    engine.handle(at(T0), Input::EpochAllocated { result: Ok(5) });
+    engine.drain_actions();
+    restore_stored(&mut engine, 5, Ok(()));
+    engine.drain_actions();
+    assert_eq!(engine.epoch(), 5);
+    for node in ["a", "b"] {
+        let applied = Input::RestoreApplied {
+            node: NodeId::new(node),
+            restore_id: "restore-5".into(),
+        };
+        engine.handle(at(T0 + 1), applied);
+        engine.drain_actions();
+    }
+    restore_stored(&mut engine, 5, Ok(()));
+    engine.drain_actions();
+    assert!(engine.active_restore().is_none(), "the restore ended");
+    // A reader that chose before that restore is refused; one that saw it goes through.
+    engine.handle(at(T0 + 2), ask(9, Some(0)));
+    assert_eq!(
+        engine.drain_actions(),
+        [Action::Reply {
+            token: 9,
+            answer: Answer::RestoreStarted(Err(Refusal::EpochMoved {
+                expected: 0,
+                current: 5
+            })),
+        }]
+    );
+    engine.handle(at(T0 + 2), ask(10, Some(5)));
+    assert!(matches!(
+        engine.drain_actions()[..],
+        [Action::Verify { .. }]
+    ));
 }
 
 #[test]
@@ -1491,6 +1564,7 @@ fn a_user_restore_of_a_snapshot_that_is_not_there_or_not_whole_is_refused_at_onc
         token: 4,
         snapshot: SnapshotId(1),
         record,
+        if_epoch: None,
     };
     engine.handle(at(T0), ask(None));
     assert_eq!(

@@ -138,6 +138,7 @@ pub fn check(entries: &[Entry], recovery_bound_s: f64) -> Verdict {
     check_restores(entries, &snapshots, &mut v);
     check_told(entries, &snapshots, &mut v);
     check_refused_restores(entries, &mut v);
+    super::lineage::check_restores_stay_in_history(entries, &snapshots, &mut v);
     check_recovery(entries, &snapshots, recovery_bound_s, &mut v);
     super::ledger::check_ledger(entries, &snapshots, &original, &mut v);
     // A run that checked little proves little.

@@ -215,6 +215,9 @@ pub struct SnapshotView {
     pub channels: Vec<String>,
     /// Each node's part (COMPLETED snapshots only).
     pub nodes: Vec<NodeView>,
+    /// The epoch it was taken in (absent in older histories).
+    #[serde(default)]
+    pub epoch: Option<u64>,
 }
 
 /// One node's part of a snapshot.

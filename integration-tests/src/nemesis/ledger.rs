@@ -4,7 +4,8 @@
 //! of the sender's line, each once — and no transaction is left prepared. A transfer of a
 //! history a restore discarded, one lost between a pre-commit and its commit, or one written
 //! twice shows as an island of ids that is not `[1, last]`. A history without a reading of
-//! the ledger (a run without `--ledger`) is not checked, and the verdict says so.
+//! the ledger (a run without `--ledger`) is not checked, and the verdict says so; a reading
+//! that cannot be checked (the closing restore brought back a bank's fresh line) fails.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -45,11 +46,12 @@ pub(super) fn check_ledger(
             return;
         };
         // A bank of a fresh line holds what its predecessor received too: not checkable.
+        // The nemesis closes on a snapshot of the original lines whenever the history
+        // has one, so a ledger read and left unchecked fails the run.
         if original.get(&n.node) != Some(&state.line) {
-            v.ledger_unchecked = Some(format!(
-                "snapshot {snapshot} holds bank {}'s fresh line",
-                n.node
-            ));
+            let why = format!("snapshot {snapshot} holds bank {}'s fresh line", n.node);
+            v.violation(format!("the ledger was read but cannot be checked: {why}"));
+            v.ledger_unchecked = Some(why);
             return;
         }
         for (from, seen) in &state.received {

@@ -5,6 +5,7 @@
 pub mod check;
 pub mod history;
 mod ledger;
+pub mod lineage;
 mod verdict;
 
 #[cfg(test)]

@@ -50,6 +50,7 @@ fn snapshot(k: u64) -> SnapshotView {
         started_at_ms: 0,
         finished_at_ms: 0,
         channels: vec!["a->b".into(), "b->a".into()],
+        epoch: Some(0),
         nodes: vec![
             NodeView {
                 node: "a".into(),

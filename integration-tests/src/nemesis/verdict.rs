@@ -59,6 +59,9 @@ pub struct Verdict {
     pub told_checked: u64,
     /// Transfers of the ledger checked id by id against the closing restore's snapshot.
     pub ledger_transfers_checked: u64,
+    /// Restores held to the history the cluster was on (those whose snapshot's epoch the
+    /// history holds).
+    pub restores_in_history_checked: u64,
     /// Why the ledger was not checked (the restored snapshot holds a bank's fresh line).
     pub ledger_unchecked: Option<String>,
 }

@@ -157,7 +157,10 @@ async fn call(
                 .map(drop),
             "Coordinator/RestoreSnapshot" => c
                 .restore_snapshot(with_token(
-                    pb::RestoreSnapshotRequest { snapshot_id: 999 },
+                    pb::RestoreSnapshotRequest {
+                        snapshot_id: 999,
+                        if_epoch: None,
+                    },
                     t,
                 ))
                 .await

@@ -536,7 +536,10 @@ async fn a_follower_answers_every_call_and_a_revoked_lease_deposes_the_leader() 
             .await
             .map(drop),
         client
-            .restore_snapshot(pb::RestoreSnapshotRequest { snapshot_id: 999 })
+            .restore_snapshot(pb::RestoreSnapshotRequest {
+                snapshot_id: 999,
+                if_epoch: None,
+            })
             .await
             .map(drop),
     ];

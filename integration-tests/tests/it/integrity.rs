@@ -225,7 +225,10 @@ async fn a_corrupted_chunk_is_data_loss_on_every_read_and_blocks_its_restore() {
     assert!(said.contains("corrupt"), "cairnctl said: {said}");
 
     let err = client
-        .restore_snapshot(pb::RestoreSnapshotRequest { snapshot_id: first })
+        .restore_snapshot(pb::RestoreSnapshotRequest {
+            snapshot_id: first,
+            if_epoch: None,
+        })
         .await
         .unwrap_err();
     assert_eq!(err.code(), Code::DataLoss, "{err:?}");

@@ -349,7 +349,10 @@ async fn members_are_removed_and_added_under_load_and_snapshots_go_on() {
     // Restoring a snapshot that names n5 is refused by name.
     let id = before.plan.as_ref().unwrap().snapshot_id;
     let err = client
-        .restore_snapshot(pb::RestoreSnapshotRequest { snapshot_id: id })
+        .restore_snapshot(pb::RestoreSnapshotRequest {
+            snapshot_id: id,
+            if_epoch: None,
+        })
         .await
         .unwrap_err();
     assert_eq!(err.code(), Code::FailedPrecondition, "{err:?}");

@@ -26,6 +26,7 @@ async fn restoring_a_snapshot_of_each_mode_brings_back_balances_and_money_in_fli
     let cluster = CoordinatedCluster::start(3, Store::Embedded, &[], &[])
         .await
         .unwrap();
+    let mut last = None;
     for mode in MODES {
         cluster.set_workload(200.0).await.unwrap();
         let taken = snapshot(&cluster, mode).await;
@@ -42,7 +43,7 @@ async fn restoring_a_snapshot_of_each_mode_brings_back_balances_and_money_in_fli
         cluster.set_workload(200.0).await.unwrap();
         moved_on(&cluster, &taken).await;
         for after in MODES {
-            snapshot(&cluster, after).await;
+            last = Some(snapshot(&cluster, after).await);
         }
     }
     let mut client = cluster.client().await.unwrap();
@@ -57,6 +58,29 @@ async fn restoring_a_snapshot_of_each_mode_brings_back_balances_and_money_in_fli
         restores.windows(2).all(|w| w[0].epoch > w[1].epoch),
         "newest first"
     );
+    // The wire names the epoch a snapshot was taken in; a restore conditional on an epoch
+    // the cluster left is refused, on the one it is in goes through.
+    let (now, before) = (restores[0].epoch, restores[1].epoch);
+    let last = last.unwrap().plan.unwrap();
+    assert_eq!(last.epoch, now, "taken after the newest restore");
+    let ask = |if_epoch| pb::RestoreSnapshotRequest {
+        snapshot_id: last.snapshot_id,
+        if_epoch: Some(if_epoch),
+    };
+    let stale = client.restore_snapshot(ask(before)).await.unwrap_err();
+    assert_eq!(stale.code(), Code::FailedPrecondition, "{stale:?}");
+    assert!(
+        stale
+            .message()
+            .starts_with(&format!("the cluster is in epoch {now}, not {before}")),
+        "{stale:?}"
+    );
+    let op = client
+        .restore_snapshot(ask(now))
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(wait_restore(&cluster, &op.restore_id).await.done);
 }
 
 /// A restore as the test application hands it to the test: its id and state, a sender to
@@ -375,6 +399,7 @@ async fn racing_restore_start_and_delete_calls_leave_one_state() {
                 0 => client
                     .restore_snapshot(pb::RestoreSnapshotRequest {
                         snapshot_id: if i % 8 == 0 { a } else { b },
+                        if_epoch: None,
                     })
                     .await
                     .map(|_| ()),

@@ -165,7 +165,10 @@ async fn a_stalled_blob_store_stalls_no_heartbeat_registration_list_or_start() {
     let id = first.plan.as_ref().unwrap().snapshot_id;
     let restore = tokio::spawn(async move {
         client
-            .restore_snapshot(pb::RestoreSnapshotRequest { snapshot_id: id })
+            .restore_snapshot(pb::RestoreSnapshotRequest {
+                snapshot_id: id,
+                if_epoch: None,
+            })
             .await
     });
     let worst = probe(&cluster).await;

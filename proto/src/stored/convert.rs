@@ -86,7 +86,7 @@ pub fn snapshot_pb(record: &SnapshotRecord) -> pb::Snapshot {
             mode: mode_pb(&record.mode) as i32,
             initiators: record.initiators.clone(),
             alignment_timeout_ms: record.alignment_timeout_ms,
-            epoch: 0,
+            epoch: record.epoch,
             alignment_timed_out: false,
             started_at_ms: 0,
         }),
@@ -596,5 +596,12 @@ mod status_tests {
         let bytes = o.bytes.unwrap();
         assert_eq!((bytes.min, bytes.max), (10, u64::MAX));
         assert_eq!(o.newest_completed_id, 4);
+        // The wire names the epoch each was taken in (readers tell histories apart by it).
+        let taken_after_a_restore = SnapshotRecord {
+            epoch: 3,
+            ..record(7, SnapshotStatus::Completed, 700, 701, 0)
+        };
+        let plan = snapshot_pb(&taken_after_a_restore).plan.unwrap();
+        assert_eq!((plan.snapshot_id, plan.epoch), (7, 3));
     }
 }

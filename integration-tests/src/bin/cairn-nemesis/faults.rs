@@ -227,17 +227,12 @@ impl Nemesis {
                         .nodes
                         .iter()
                         .any(|n| n.channels.iter().any(|c| !c.messages.is_empty()));
-                    self.newest_completed.0 = self.newest_completed.0.max(id);
                     let clean = view.nodes.len() == self.original.len()
                         && view.nodes.iter().all(|n| {
                             line_of(Some(&n.state)) == self.original.get(&n.node).copied()
                         });
-                    if clean {
-                        self.newest_clean = self.newest_clean.max(id);
-                    }
-                    if held {
-                        self.newest_completed.1 = self.newest_completed.1.max(id);
-                    }
+                    let epoch = view.epoch.unwrap_or_default();
+                    self.completed.insert(id, Completed { epoch, clean, held });
                     if lock(&self.shared)
                         .after_quiet
                         .as_ref()
@@ -396,18 +391,63 @@ impl Nemesis {
         });
     }
 
-    /// Restores the newest completed snapshot whose every state is of its bank's original
-    /// line (never one holding a bank started afresh: the money would change for good); the
-    /// snapshot and the restore's id.
+    /// The snapshot to restore and the epoch it was chosen in: of the history the cluster
+    /// is on (read from the restores now, and the snapshots' epochs), the newest completed
+    /// one the first of `wants` that any fits accepts. Restored on the condition that the
+    /// cluster is still in that epoch, it never brings back a history a restore discarded
+    /// (whose ledger rows that restore deleted), even when automatic recovery comes in
+    /// between.
+    pub(super) async fn choose(
+        &mut self,
+        wants: &[fn(&Completed) -> bool],
+    ) -> anyhow::Result<Option<(u64, u64)>> {
+        let mut client = self.client().await?;
+        let restores = client
+            .list_restores(pb::ListRestoresRequest { limit: 10_000 })
+            .await?
+            .into_inner()
+            .restores;
+        let restored: BTreeMap<u64, u64> =
+            restores.iter().map(|r| (r.epoch, r.snapshot_id)).collect();
+        let epochs: BTreeMap<u64, u64> = self
+            .completed
+            .iter()
+            .map(|(&id, c)| (id, c.epoch))
+            .collect();
+        let epoch = restored
+            .keys()
+            .chain(epochs.values())
+            .copied()
+            .max()
+            .unwrap_or(0);
+        let lineage = Lineage::of(epoch, &restored, &epochs);
+        Ok(wants.iter().find_map(|fits| {
+            self.completed
+                .iter()
+                .rev()
+                .find(|(id, c)| lineage.contains(**id, c.epoch) && fits(c))
+                .map(|(&id, _)| (id, epoch))
+        }))
+    }
+
+    /// Restores the newest completed snapshot of the history the cluster is on whose every
+    /// state is of its bank's original line (never one holding a bank started afresh: the
+    /// money would change for good); the snapshot and the restore's id.
     pub(super) async fn restore(&mut self) -> Option<(u64, String)> {
-        let id = self.newest_clean;
-        if id == 0 {
-            return None;
-        }
+        let (id, epoch) = match self.choose(&[|c| c.clean]).await {
+            Ok(chosen) => chosen?,
+            Err(_) => {
+                self.client = None;
+                return None;
+            }
+        };
         let mut client = self.client().await.ok()?;
         let sent_ms = now_ms();
         match client
-            .restore_snapshot(pb::RestoreSnapshotRequest { snapshot_id: id })
+            .restore_snapshot(pb::RestoreSnapshotRequest {
+                snapshot_id: id,
+                if_epoch: Some(epoch),
+            })
             .await
         {
             Ok(op) => {

@@ -13,6 +13,7 @@ use cairn_integration_tests::nemesis::check::{Verdict, check};
 use cairn_integration_tests::nemesis::history::{
     self, BankView, ChannelView, Entry, LedgerIsland, NodeView, SnapshotView, Writer,
 };
+use cairn_integration_tests::nemesis::lineage::Lineage;
 use cairn_integration_tests::netns::{self, Net, NetFault};
 use cairn_integration_tests::postgres::PgServer;
 use cairn_integration_tests::processes::{eventually, signal_pid};
@@ -101,12 +102,21 @@ struct Args {
     /// The banks write their ledger to a PostgreSQL the run starts (`cairn-bank --ledger`;
     /// needs `apt-get install postgresql`), PostgreSQL is killed now and then too, and the
     /// checker holds the ledger to the closing restore: each transfer the restored states
-    /// received, once, none else, nothing left prepared. Not in the CI run yet: it finds
-    /// automatic recovery restoring a snapshot of a history an operator's restore
-    /// discarded, and user restores of such snapshots, which the ledger cannot follow
-    /// (docs/robustness.md, "The ledger").
+    /// received, once, none else, nothing left prepared (docs/robustness.md, "The ledger").
     #[arg(long)]
     ledger: bool,
+}
+
+/// A COMPLETED snapshot, as the nemesis picks one to restore.
+#[derive(Debug, Clone, Copy)]
+struct Completed {
+    /// The epoch it was taken in.
+    epoch: u64,
+    /// Every state is of its bank's original line (restoring it never brings back a
+    /// bank started afresh, whose money would change for good).
+    clean: bool,
+    /// A transfer was in flight in it (delivered after a restore of it).
+    held: bool,
 }
 
 const NODES: usize = 4;
@@ -163,8 +173,8 @@ struct Nemesis {
     leaders_seen: BTreeSet<(usize, u64)>,
     /// Each bank's line when the run began.
     original: BTreeMap<String, u64>,
-    /// The newest COMPLETED snapshot whose every state is of its bank's original line.
-    newest_clean: u64,
+    /// The COMPLETED snapshots seen, by id.
+    completed: BTreeMap<u64, Completed>,
     /// A mutant is planted: the settling waits are short (a broken build may never
     /// recover, and the checker needs no more than the record of it).
     mutant: bool,
@@ -173,8 +183,6 @@ struct Nemesis {
     /// What the harness itself failed to do (a network fault it could not heal): the run
     /// fails without a verdict.
     harness_errors: Vec<String>,
-    /// The newest COMPLETED snapshot, and the newest holding a transfer in flight.
-    newest_completed: (u64, u64),
     /// The proxy between the coordinators and etcd (none with --no-etcd-faults).
     etcd_proxy: Option<LossyProxy>,
     /// The banks' ledger (`cairn-bank --ledger`), with --ledger.

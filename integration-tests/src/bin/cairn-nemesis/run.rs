@@ -77,11 +77,10 @@ pub(super) async fn run(args: &Args, seconds: u64) -> anyhow::Result<Verdict> {
         bank_recovery: None,
         leaders_seen: BTreeSet::new(),
         original: BTreeMap::new(),
-        newest_clean: 0,
+        completed: BTreeMap::new(),
         mutant: args.mutant.is_some(),
         recovered: false,
         harness_errors: Vec::new(),
-        newest_completed: (0, 0),
         etcd_proxy,
         pg,
     };
@@ -302,19 +301,19 @@ pub(super) async fn settle(
     if let Err(e) = ended {
         println!("{e:#}");
     }
-    // The closing restore: the newest completed snapshot holding transfers in flight
-    // (those are delivered after it), else the newest.
+    // The closing restore, of the history the cluster is on: the newest completed snapshot
+    // of the original lines (the ledger is checked against it) holding transfers in flight
+    // (those are delivered after it), else the best there is.
     nemesis.collect(1000).await?;
-    let chosen = match nemesis.newest_completed {
-        (0, _) => None,
-        (newest, 0) => Some(newest),
-        (_, with_transfers) => Some(with_transfers),
-    };
-    if let Some(snapshot) = chosen {
+    let chosen = nemesis
+        .choose(&[|c| c.clean && c.held, |c| c.clean, |c| c.held, |_| true])
+        .await?;
+    if let Some((snapshot, epoch)) = chosen {
         let mut client = nemesis.client().await?;
         let op = client
             .restore_snapshot(pb::RestoreSnapshotRequest {
                 snapshot_id: snapshot,
+                if_epoch: Some(epoch),
             })
             .await?
             .into_inner();
@@ -446,8 +445,13 @@ pub(super) fn report(verdict: &Verdict) {
         verdict.channels_across_restart
     );
     println!(
-        "restores: {:?}; terms: {:?}; transfers in the final lines: {}; longest recovery {:.1} s",
-        verdict.restores, verdict.terms, verdict.transfers_final, verdict.longest_recovery_s
+        "restores: {:?} ({} held to the history the cluster was on); terms: {:?}; transfers in \
+         the final lines: {}; longest recovery {:.1} s",
+        verdict.restores,
+        verdict.restores_in_history_checked,
+        verdict.terms,
+        verdict.transfers_final,
+        verdict.longest_recovery_s
     );
     match &verdict.ledger_unchecked {
         None => println!(

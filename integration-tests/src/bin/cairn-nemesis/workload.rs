@@ -81,6 +81,7 @@ pub(super) fn view(s: &pb::Snapshot) -> SnapshotView {
     SnapshotView {
         id: plan.snapshot_id,
         term: s.term,
+        epoch: Some(plan.epoch),
         mode: mode_name(plan.mode),
         status: status_name(s.status),
         failure_kind,

@@ -35,6 +35,7 @@ pub(crate) fn snapshot_json(s: &pb::Snapshot) -> serde_json::Value {
         "id": s.plan.as_ref().map_or(0, |p| p.snapshot_id),
         "mode": mode_word(s),
         "initiators": s.plan.as_ref().map(|p| p.initiators.clone()).unwrap_or_default(),
+        "epoch": s.plan.as_ref().map_or(0, |p| p.epoch),
         "status": status_word(s.status),
         "failure": s.failure.as_ref().map(|f| f.message.clone()),
         "verdict": s.verdict.as_ref().map(|v| serde_json::json!({"consistent": v.consistent, "violation": v.violation, "recorded_messages": v.recorded_messages})),

@@ -82,15 +82,12 @@ fn print(r: &pb::RestoreOperation, output: Output) -> anyhow::Result<()> {
 pub(crate) async fn restore_snapshot(
     client: &mut CoordinatorClient,
     output: Output,
-    id: u64,
+    request: pb::RestoreSnapshotRequest,
     wait: bool,
     timeout: Duration,
 ) -> anyhow::Result<ExitCode> {
-    let mut op = client
-        .raw()
-        .restore_snapshot(pb::RestoreSnapshotRequest { snapshot_id: id })
-        .await?
-        .into_inner();
+    let id = request.snapshot_id;
+    let mut op = client.raw().restore_snapshot(request).await?.into_inner();
     if !wait {
         print(&op, output)?;
         return Ok(ExitCode::SUCCESS);

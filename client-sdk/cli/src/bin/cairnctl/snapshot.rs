@@ -143,6 +143,11 @@ pub(crate) enum SnapshotCommand {
         /// How long to wait.
         #[arg(long, default_value = "120s", value_parser = humantime::parse_duration)]
         timeout: Duration,
+        /// Refuse unless the cluster is still in this epoch (the EPOCH of the newest
+        /// `cairnctl restore list` row; 0 before any restore): a restore chosen from what
+        /// you read does not go through if another restore ran meanwhile.
+        #[arg(long, value_name = "EPOCH")]
+        if_epoch: Option<u64>,
     },
 }
 
@@ -356,7 +361,14 @@ pub(crate) async fn snapshot(
             id,
             no_wait,
             timeout,
-        } => restore::restore_snapshot(&mut client, output, id, !no_wait, timeout).await,
+            if_epoch,
+        } => {
+            let request = pb::RestoreSnapshotRequest {
+                snapshot_id: id,
+                if_epoch,
+            };
+            restore::restore_snapshot(&mut client, output, request, !no_wait, timeout).await
+        }
         SnapshotCommand::Diff { from, to } => {
             let diff = client
                 .raw()
