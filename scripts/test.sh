@@ -218,6 +218,12 @@ fi
 background_pid=""
 tail -1 "$sdk_log"
 
+say "the Python SDK (client-sdk/python/scripts/test.sh: pip install into target/pyvenv, mypy --strict, unit tests, a mixed Rust and Python cluster and the SDK against real daemons)"
+# About a minute, on its own: its integration tests start daemons, a coordinator and banks.
+python3 -c 'import venv, ensurepip' 2>/dev/null ||
+  { echo "error: the Python SDK's tests need Python 3.10+ with venv (apt-get install python3-venv)" >&2; exit 1; }
+client-sdk/python/scripts/test.sh
+
 say "cairn-bench --quick (every benchmark scenario, small; prints numbers, asserts no time)"
 target/debug/cairn-bench --quick --out target/bench-quick.json
 

@@ -158,8 +158,7 @@ pub enum SinkError<E> {
     /// A recorded sink state that cannot be read.
     #[error("malformed sink state: {0}")]
     Malformed(String),
-    /// A cut of a snapshot that ended (at or below a completion or a restore heard), or one
-    /// pre-committed already.
+    /// A cut at or below one already pre-committed, or beyond [`MAX_PENDING`] pending.
     #[error("snapshot {snapshot_id}: {why}")]
     Refused {
         /// The snapshot.
@@ -177,10 +176,8 @@ pub enum SinkError<E> {
 pub struct TwoPhaseCommitSink<T> {
     system: T,
     pending: BTreeSet<u64>,
-    /// Snapshots at or below it have ended (a completion heard — told in id order, so every
-    /// lower one ended too — or a restore): a cut of one is stale. Above it cuts may come
-    /// in any order: concurrent snapshots cut a node in the order their markers reach it.
-    decided: u64,
+    /// The highest id pre-committed (or tried) by this process.
+    last: u64,
     /// Pre-commits that failed and may nevertheless have happened (an answer lost): rolled
     /// back before the next pre-commit, never committed.
     doubtful: BTreeSet<u64>,
@@ -199,7 +196,7 @@ impl<T: Transactional> TwoPhaseCommitSink<T> {
         let mut sink = Self {
             system,
             pending: BTreeSet::new(),
-            decided: 0,
+            last: 0,
             doubtful: BTreeSet::new(),
         };
         sink.system.begin().await.map_err(SinkError::System)?;
@@ -221,19 +218,10 @@ impl<T: Transactional> TwoPhaseCommitSink<T> {
     /// transaction under it and opens the next. Returns the state to record with the
     /// application's own. On an error, do not answer the record request.
     pub async fn pre_commit(&mut self, snapshot_id: u64) -> Result<SinkState, SinkError<T::Error>> {
-        if snapshot_id <= self.decided {
+        if snapshot_id <= self.last {
             return Err(SinkError::Refused {
                 snapshot_id,
-                why: format!(
-                    "snapshots up to {} have ended (a completion or a restore was heard)",
-                    self.decided
-                ),
-            });
-        }
-        if self.pending.contains(&snapshot_id) || self.doubtful.contains(&snapshot_id) {
-            return Err(SinkError::Refused {
-                snapshot_id,
-                why: "this snapshot's cut was pre-committed already".into(),
+                why: "snapshot ids only grow; this one is not above the last pre-committed".into(),
             });
         }
         if self.pending.len() >= MAX_PENDING {
@@ -241,6 +229,7 @@ impl<T: Transactional> TwoPhaseCommitSink<T> {
         }
         // A doubtful pre-commit holds the effects this one writes again: it goes first.
         self.abort_doubtful().await?;
+        self.last = snapshot_id;
         if let Err(e) = self.system.pre_commit(snapshot_id).await {
             self.doubtful.insert(snapshot_id);
             return Err(SinkError::System(e));
@@ -258,7 +247,6 @@ impl<T: Transactional> TwoPhaseCommitSink<T> {
     /// history up to this completed cut. What an earlier process left is not touched (see
     /// [`Self::start`]).
     pub async fn completed(&mut self, snapshot_id: u64) -> Result<(), SinkError<T::Error>> {
-        self.decided = self.decided.max(snapshot_id);
         while let Some(&id) = self.pending.first() {
             if id > snapshot_id {
                 break;
@@ -296,7 +284,7 @@ impl<T: Transactional> TwoPhaseCommitSink<T> {
             .map_err(SinkError::System)?;
         self.pending.clear();
         self.doubtful.clear();
-        self.decided = self.decided.max(restored_snapshot_id);
+        self.last = self.last.max(restored_snapshot_id);
         self.system.begin().await.map_err(SinkError::System)?;
         Ok(())
     }

@@ -1,0 +1,3 @@
+"""The version of cairn-sdk."""
+
+__version__ = "0.1.0"
