@@ -125,6 +125,7 @@ say "in the background, at low priority: the fuzzers' build, then the lints (che
 # kills if a stage fails first. Their output is shown when they are waited for.
 background_pid=""
 fuzz_pid=""
+python_pid=""
 log=$(mktemp)
 k8s=""
 cleanup() {
@@ -133,6 +134,7 @@ cleanup() {
   # stage failed first): each is a process group of its own.
   if [ -n "$background_pid" ]; then kill -- "-$background_pid" 2>/dev/null || true; fi
   if [ -n "$fuzz_pid" ]; then kill -- "-$fuzz_pid" 2>/dev/null || true; fi
+  if [ -n "$python_pid" ]; then kill -- "-$python_pid" 2>/dev/null || true; fi
 }
 trap cleanup EXIT
 background_log=target/background.log
@@ -197,8 +199,27 @@ done
 rm -f "$log.k8s.yaml"
 python3 deploy/test/check-config.py target/debug "$k8s/k8s/dev-certs"
 
+say "in the background: the Python SDK (client-sdk/python/scripts/test.sh: pip install into target/pyvenv, mypy --strict, unit tests, a mixed Rust and Python cluster and the SDK against real daemons), beside the compose test"
+# About a minute; the compose test mostly waits on containers. Its own process group, which
+# cleanup kills if a stage fails first.
+python3 -c 'import venv, ensurepip' 2>/dev/null ||
+  { echo "error: the Python SDK's tests need Python 3.10+ with venv (apt-get install python3-venv)" >&2; exit 1; }
+python_log=target/python-sdk.log
+setsid client-sdk/python/scripts/test.sh >"$python_log" 2>&1 &
+python_pid=$!
+
 say "docker-compose cluster (deploy/test/compose-test.sh)"
 deploy/test/compose-test.sh target/debug
+
+say "waiting for the Python SDK's checks (started beside the compose test)"
+if ! wait "$python_pid"; then
+  python_pid=""
+  cat "$python_log" >&2
+  echo "error: the Python SDK's checks failed (above; the processes' logs are in target/python-it-logs)" >&2
+  exit 1
+fi
+python_pid=""
+grep -E '^(==>| +[0-9]+s  )' "$python_log"
 
 say "waiting for the fuzzers and the SDK's clippy (started before the deployment checks)"
 if ! wait "$fuzz_pid"; then
@@ -217,12 +238,6 @@ if ! wait "$background_pid"; then
 fi
 background_pid=""
 tail -1 "$sdk_log"
-
-say "the Python SDK (client-sdk/python/scripts/test.sh: pip install into target/pyvenv, mypy --strict, unit tests, a mixed Rust and Python cluster and the SDK against real daemons)"
-# About a minute, on its own: its integration tests start daemons, a coordinator and banks.
-python3 -c 'import venv, ensurepip' 2>/dev/null ||
-  { echo "error: the Python SDK's tests need Python 3.10+ with venv (apt-get install python3-venv)" >&2; exit 1; }
-client-sdk/python/scripts/test.sh
 
 say "cairn-bench --quick (every benchmark scenario, small; prints numbers, asserts no time)"
 target/debug/cairn-bench --quick --out target/bench-quick.json

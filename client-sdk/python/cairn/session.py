@@ -674,7 +674,12 @@ class AppSession:
             # Not answered: the snapshot fails (a later one takes its place).
             self._cuts.pop(snapshot_id, None)
             return
-        self.state_recorded(snapshot_id, answer)
+        try:
+            self.state_recorded(snapshot_id, answer)
+        except SessionClosedError:
+            # A request read ahead of the session's end: the end is reported as it is
+            # (None, or the stream's error), not as this answer that came too late.
+            return
 
     def _acknowledge(self) -> None:
         """Tells the daemon what the application has consumed (it keeps at most a window
@@ -780,6 +785,10 @@ class AppSession:
         """
         if snapshot_id not in self._cuts:
             raise ValueError(f"snapshot {snapshot_id} was not asked for, or was answered already")
+        if isinstance(state, (bytearray, memoryview)):
+            # Copied now: the writer reads it later, and the caller may reuse its buffer,
+            # which would put a state from after the cut into the snapshot.
+            state = bytes(state)
         consumed = self._cuts.pop(snapshot_id)
         self._push(_State(snapshot_id, consumed, state))
 

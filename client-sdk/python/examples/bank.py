@@ -106,7 +106,13 @@ def _parse(data: bytes) -> Any:
     :class:`_Pairs`."""
     try:
         text = data.decode("utf-8")
-        value = json.loads(text, object_pairs_hook=_Pairs, parse_constant=_reject_constant)
+        # serde_json reads "-0" as a float (refused where an unsigned integer goes).
+        value = json.loads(
+            text,
+            object_pairs_hook=_Pairs,
+            parse_constant=_reject_constant,
+            parse_int=lambda s: -0.0 if s == "-0" else int(s),
+        )
     except Malformed:
         raise
     except (UnicodeDecodeError, ValueError, RecursionError) as e:
