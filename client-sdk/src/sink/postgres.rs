@@ -242,7 +242,8 @@ impl Postgres {
             // backend that never notices the client left — the next attempt would wait on
             // them, and every retry would leave one more such backend until no connection
             // is left. A session idle in a transaction is ended alike.
-            let ms = self.timeout.as_millis().max(1);
+            // PostgreSQL takes at most i32::MAX ms (about 24 days).
+            let ms = self.timeout.as_millis().clamp(1, 2_147_483_647);
             let limits = format!(
                 "SET statement_timeout = {ms}; SET idle_in_transaction_session_timeout = {ms}"
             );
