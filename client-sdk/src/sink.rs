@@ -16,6 +16,19 @@
 //! snapshot at or after its cut is durable, and a crash before that rolls it back and
 //! replays the messages that caused it from the restored snapshot.
 //!
+//! A cut need not pre-commit. While snapshots fail, pending transactions pile up, and an
+//! external system holds only so many (PostgreSQL's `max_prepared_transactions`): were
+//! every cut to need one more, none could be taken once the system is full, no snapshot
+//! could complete to commit and free one, and the application would stall. So past
+//! [`TwoPhaseCommitSink::with_max_pending`] pending transactions, or when the system
+//! refuses a pre-commit for want of room ([`Transactional::is_full`]), the cut *carries*
+//! the open transaction ([`Cut::Carried`]): it goes on past the cut, and the application
+//! records its effects in the state instead, to write them again after a restore of that
+//! snapshot. Cuts go on being taken, a snapshot completes, its pending transactions are
+//! committed, and the next cut pre-commits everything carried. A cut whose open
+//! transaction is empty carries it too ([`Transactional::open_is_empty`]): an idle node
+//! holds nothing pre-committed.
+//!
 //! [`TwoPhaseCommitSink`] is the state machine (pure bookkeeping around the calls, in
 //! order); [`Transactional`] is the external system's side. Its operations must be
 //! idempotent — `commit` of a transaction already committed, `abort` of one already
@@ -53,6 +66,22 @@ pub trait Transactional: Send {
     /// committed already; an error if it was rolled back (its effects are lost — the sink
     /// never asks for that).
     fn commit(&mut self, snapshot_id: u64) -> impl Future<Output = Result<(), Self::Error>> + Send;
+
+    /// Whether the open transaction holds no effect: a cut then pre-commits nothing (it
+    /// carries the empty transaction), so an idle node holds no pre-committed transaction.
+    /// Provided: never (every cut pre-commits).
+    fn open_is_empty(&self) -> bool {
+        false
+    }
+
+    /// Whether `error`, from [`Self::pre_commit`], is the system refusing it for want of
+    /// room (too many transactions pre-committed), certainly without pre-committing it:
+    /// the sink then carries the open transaction past the cut ([`Cut::Carried`]) instead of
+    /// failing it. Provided: no error is (every failed pre-commit fails its cut).
+    fn is_full(error: &Self::Error) -> bool {
+        let _ = error;
+        false
+    }
 
     /// Rolls back the transaction pre-committed under `snapshot_id`. `Ok` if there is none.
     fn abort(&mut self, snapshot_id: u64) -> impl Future<Output = Result<(), Self::Error>> + Send;
@@ -94,9 +123,40 @@ pub struct SinkState {
     pub pending: Vec<u64>,
 }
 
-/// The most pending transactions a state may name (a sink whose snapshots never complete
-/// stops taking cuts past this: [`SinkError::TooManyPending`]).
+/// The most pending transactions a state may name.
 pub const MAX_PENDING: usize = 4096;
+
+/// How many transactions a sink keeps pending before its cuts carry the open transaction
+/// instead of pre-committing it, by default ([`TwoPhaseCommitSink::with_max_pending`]).
+pub const DEFAULT_MAX_PENDING: usize = 8;
+
+/// What a cut did with the open transaction, and the sink's state to record.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[must_use = "a carried cut's effects must be recorded in the state"]
+pub enum Cut {
+    /// Pre-committed under the snapshot: record the state with the application's own.
+    PreCommitted(SinkState),
+    /// Carried: the open transaction goes on past the cut, not pre-committed (it is empty,
+    /// the sink holds its most pending transactions, or the system is full). Record the
+    /// state, and
+    /// with it every effect written since the last cut that pre-committed (this cut's
+    /// transaction holds them all): after a restore of this snapshot, write them again.
+    Carried(SinkState),
+}
+
+impl Cut {
+    /// The sink's state to record.
+    pub fn state(&self) -> &SinkState {
+        match self {
+            Self::PreCommitted(s) | Self::Carried(s) => s,
+        }
+    }
+
+    /// Whether the open transaction was carried past the cut.
+    pub fn carried(&self) -> bool {
+        matches!(self, Self::Carried(_))
+    }
+}
 
 impl SinkState {
     /// The state as bytes: a count, then each id, little-endian `u64`s.
@@ -158,7 +218,7 @@ pub enum SinkError<E> {
     /// A recorded sink state that cannot be read.
     #[error("malformed sink state: {0}")]
     Malformed(String),
-    /// A cut at or below one already pre-committed, or beyond [`MAX_PENDING`] pending.
+    /// A cut at or below one already taken.
     #[error("snapshot {snapshot_id}: {why}")]
     Refused {
         /// The snapshot.
@@ -166,9 +226,6 @@ pub enum SinkError<E> {
         /// Why.
         why: String,
     },
-    /// Too many transactions are pre-committed and none completes.
-    #[error("{0} transactions are pending and no snapshot completes; not taking another")]
-    TooManyPending(usize),
 }
 
 /// A two-phase-commit sink over `T`. See the module's documentation.
@@ -176,8 +233,10 @@ pub enum SinkError<E> {
 pub struct TwoPhaseCommitSink<T> {
     system: T,
     pending: BTreeSet<u64>,
-    /// The highest id pre-committed (or tried) by this process.
+    /// The highest id cut (pre-committed, tried, or carried) by this process.
     last: u64,
+    /// Past this many pending, cuts carry.
+    max_pending: usize,
     /// Pre-commits that failed and may nevertheless have happened (an answer lost): rolled
     /// back before the next pre-commit, never committed.
     doubtful: BTreeSet<u64>,
@@ -197,10 +256,22 @@ impl<T: Transactional> TwoPhaseCommitSink<T> {
             system,
             pending: BTreeSet::new(),
             last: 0,
+            max_pending: DEFAULT_MAX_PENDING,
             doubtful: BTreeSet::new(),
         };
         sink.system.begin().await.map_err(SinkError::System)?;
         Ok(sink)
+    }
+
+    /// Keeps at most `max_pending` transactions pending (1 to [`MAX_PENDING`]; default
+    /// [`DEFAULT_MAX_PENDING`]): a cut with that many carries the open transaction instead
+    /// of pre-committing it. Size the external system for every sink writing to it (for
+    /// PostgreSQL, `max_prepared_transactions` of at least the sinks times one more than
+    /// this); a system that fills up anyway makes cuts carry too, if it says so
+    /// ([`Transactional::is_full`]).
+    pub fn with_max_pending(mut self, max_pending: usize) -> Self {
+        self.max_pending = max_pending.clamp(1, MAX_PENDING);
+        self
     }
 
     /// The external system, to write effects into the open transaction.
@@ -215,30 +286,47 @@ impl<T: Transactional> TwoPhaseCommitSink<T> {
 
     /// At the cut of `snapshot_id` (while answering its record request, before the state
     /// is handed over, in the critical section that takes the state): pre-commits the open
-    /// transaction under it and opens the next. Returns the state to record with the
-    /// application's own. On an error, do not answer the record request.
-    pub async fn pre_commit(&mut self, snapshot_id: u64) -> Result<SinkState, SinkError<T::Error>> {
+    /// transaction under it and opens the next — or carries it past the cut
+    /// ([`Cut::Carried`]: then record its effects in the state too). On an error, do not
+    /// answer the record request.
+    ///
+    /// Cuts are taken in id order: one at or below an id cut before is refused (its
+    /// transaction would hold effects after a later cut's, which a restore of the later
+    /// snapshot could not tell apart). With concurrent snapshots that fails the lower one.
+    pub async fn cut(&mut self, snapshot_id: u64) -> Result<Cut, SinkError<T::Error>> {
         if snapshot_id <= self.last {
             return Err(SinkError::Refused {
                 snapshot_id,
-                why: "snapshot ids only grow; this one is not above the last pre-committed".into(),
+                why: format!(
+                    "snapshot ids only grow; this one is not above the last cut ({})",
+                    self.last
+                ),
             });
         }
-        if self.pending.len() >= MAX_PENDING {
-            return Err(SinkError::TooManyPending(self.pending.len()));
+        if self.pending.len() >= self.max_pending || self.system.open_is_empty() {
+            self.last = snapshot_id;
+            return Ok(Cut::Carried(self.state()));
         }
         // A doubtful pre-commit holds the effects this one writes again: it goes first.
         self.abort_doubtful().await?;
         self.last = snapshot_id;
         if let Err(e) = self.system.pre_commit(snapshot_id).await {
+            if T::is_full(&e) {
+                // Refused, not taken: the open transaction is still there, and goes on.
+                return Ok(Cut::Carried(self.state()));
+            }
             self.doubtful.insert(snapshot_id);
             return Err(SinkError::System(e));
         }
         self.pending.insert(snapshot_id);
         self.system.begin().await.map_err(SinkError::System)?;
-        Ok(SinkState {
+        Ok(Cut::PreCommitted(self.state()))
+    }
+
+    fn state(&self) -> SinkState {
+        SinkState {
             pending: self.pending(),
-        })
+        }
     }
 
     /// Snapshot `snapshot_id` completed: commits every pending transaction at or below
@@ -261,7 +349,9 @@ impl<T: Transactional> TwoPhaseCommitSink<T> {
     /// A restore of `restored_snapshot_id` with the sink state recorded in it: the
     /// recorded pending transactions are committed, every other one rolled back (with the
     /// open transaction; those an earlier process left too), and a new one opened. Call it
-    /// before applying the restored state (and so before acknowledging the restore).
+    /// before applying the restored state (and so before acknowledging the restore); if the
+    /// restored cut carried its transaction, write the effects recorded with it again after
+    /// this returns.
     ///
     /// Transactions committed above the restored snapshot stay committed (a sink cannot
     /// undo a commit): after a restore of a snapshot older than the newest completed, the

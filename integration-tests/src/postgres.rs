@@ -202,6 +202,16 @@ impl PgServer {
         }
     }
 
+    /// What the server logged, over all its starts.
+    pub fn logged(&self) -> String {
+        (1..=self.starts)
+            .map(|n| {
+                std::fs::read_to_string(self.dir.join(format!("postgres-{n}.log")))
+                    .unwrap_or_default()
+            })
+            .collect()
+    }
+
     /// Starts the server again (killing it first if it runs) on the same port and data;
     /// returns once it accepts connections (after its crash recovery).
     pub async fn start_again(&mut self) -> anyhow::Result<()> {
@@ -221,12 +231,9 @@ impl PgServer {
             .arg("-c")
             .arg(format!("listen_addresses={}", self.host))
             .args(["-c", "unix_socket_directories="])
-            // Each node keeps one prepared transaction per snapshot cut since the last
-            // completion it heard: a run of failed snapshots (a node partitioned for tens
-            // of seconds, under the nemesis) keeps dozens per node, and at the server's
-            // limit no cut can pre-commit, so no snapshot completes to free one (the long
-            // nemesis run stalled so at 64).
-            .args(["-c", "max_prepared_transactions=256"])
+            // Each node keeps at most 8 pending (cairn-bank's --ledger-max-pending) and
+            // one in doubt; past the server's limit cuts carry instead of pre-committing.
+            .args(["-c", "max_prepared_transactions=64"])
             .args(["-c", "max_connections=60"])
             .args(["-c", "shared_buffers=16MB"])
             .args(["-c", "fsync=off"])

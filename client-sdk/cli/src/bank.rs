@@ -35,12 +35,12 @@ use tonic::{Request, Response, Status};
 
 use cairn_sdk::Error;
 use cairn_sdk::session::{AppEvent, AppSender, AppSession, AttachOptions};
-use cairn_sdk::sink::{SinkError, SinkState};
 
 mod ledger;
 mod state;
 
-pub use ledger::Ledger;
+pub use ledger::{Ledger, LedgerCut, Row as LedgerRow};
+use ledger::{open_ledger, restore_ledger};
 pub use state::{BankState, Order, Received, Rejected, TransferPayload};
 
 /// Streams one connection may have open at once on the bank's port (its calls are unary).
@@ -66,6 +66,9 @@ pub struct BankConfig {
     /// Write every applied transfer to this PostgreSQL database's `ledger` table, exactly
     /// once (see [`Ledger`]).
     pub ledger: Option<String>,
+    /// With a ledger, the most transactions pending before cuts carry (see
+    /// [`TwoPhaseCommitSink::with_max_pending`](cairn_sdk::sink::TwoPhaseCommitSink::with_max_pending)).
+    pub ledger_max_pending: usize,
 }
 
 struct Bank {
@@ -238,7 +241,15 @@ pub async fn run(
 ) -> anyhow::Result<()> {
     let mut session = connect(&config).await?;
     let mut ledger = match &config.ledger {
-        Some(url) => Some(open_ledger(url, &session, config.connect_timeout).await?),
+        Some(url) => Some(
+            open_ledger(
+                url,
+                &session,
+                config.connect_timeout,
+                config.ledger_max_pending,
+            )
+            .await?,
+        ),
         None => None,
     };
     let bank = Arc::new(Bank {
@@ -321,7 +332,10 @@ pub async fn run(
                 let mut state = bank.state.lock().await;
                 if let Some(ledger) = ledger.as_mut() {
                     match ledger.cut(snapshot_id).await {
-                        Ok(sink) => state.ledger_pending = sink.pending,
+                        Ok(cut) => {
+                            state.ledger_pending = cut.pending;
+                            state.ledger_open = cut.open;
+                        }
                         Err(e) => {
                             // Not answered: the snapshot fails, and a later cut writes
                             // these transfers.
@@ -383,51 +397,6 @@ pub async fn run(
     shutdown.cancel();
     let _ = server.await;
     result
-}
-
-/// Opens the ledger, trying until `timeout` while PostgreSQL does not answer (a
-/// connection string or a server setting that is wrong fails at once).
-async fn open_ledger(url: &str, session: &AppSession, timeout: Duration) -> anyhow::Result<Ledger> {
-    let deadline = tokio::time::Instant::now() + timeout;
-    let mut delay = Duration::from_millis(100);
-    loop {
-        let op_timeout = cairn_sdk::sink::postgres::DEFAULT_TIMEOUT;
-        match Ledger::open(url, session.cluster(), session.node_id(), op_timeout).await {
-            Ok(ledger) => return Ok(ledger),
-            Err(SinkError::System(e))
-                if e.is_unavailable() && tokio::time::Instant::now() + delay < deadline =>
-            {
-                tracing::info!("ledger database not ready ({e}); retrying");
-                tokio::time::sleep(delay).await;
-                delay = (delay * 2).min(Duration::from_secs(1));
-            }
-            Err(e) => return Err(anyhow::anyhow!("--ledger: {e}")),
-        }
-    }
-}
-
-/// Settles the ledger for a restore of `snapshot_id` with `restored`, trying for up to a
-/// minute while PostgreSQL is away (the restore waits: the state is not applied before).
-async fn restore_ledger(
-    ledger: &mut Ledger,
-    snapshot_id: u64,
-    restored: &BankState,
-) -> anyhow::Result<()> {
-    let pending = SinkState::new(restored.ledger_pending.clone())
-        .map_err(|e| anyhow::anyhow!("the restored state's ledger_pending: {e}"))?;
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
-    let mut delay = Duration::from_millis(100);
-    loop {
-        match ledger.restored(snapshot_id, &pending).await {
-            Ok(()) => return Ok(()),
-            Err(e) if tokio::time::Instant::now() + delay < deadline => {
-                tracing::warn!(snapshot_id, "ledger recovery failed, trying again: {e}");
-                tokio::time::sleep(delay).await;
-                delay = (delay * 2).min(Duration::from_secs(2));
-            }
-            Err(e) => return Err(e.into()),
-        }
-    }
 }
 
 /// Random transfers to random peers at the bank's rate (`SetWorkload` changes it; 0

@@ -232,6 +232,16 @@ class Rejected(Exception):
     """A delivered transfer that is not applied."""
 
 
+@dataclass(frozen=True)
+class LedgerRow:
+    """A transfer a Rust bank with a ledger carried past a cut (its ``ledger::Row``)."""
+
+    sender: str
+    line: int
+    id: int
+    amount: int
+
+
 @dataclass
 class BankState:
     """The recorded state of a bank (the Rust bank's ``BankState``)."""
@@ -242,6 +252,8 @@ class BankState:
     received: dict[str, Received] = field(default_factory=dict)
     #: Recorded by a Rust bank with a ledger; kept as it is.
     ledger_pending: list[int] = field(default_factory=list)
+    #: Recorded by a Rust bank with a ledger whose cut carried its transfers; kept as it is.
+    ledger_open: list[LedgerRow] = field(default_factory=list)
 
     @classmethod
     def fresh(cls, balance: int) -> BankState:
@@ -259,13 +271,18 @@ class BankState:
             }
         if self.ledger_pending:
             value["ledger_pending"] = list(self.ledger_pending)
+        if self.ledger_open:
+            value["ledger_open"] = [
+                {"from": r.sender, "line": r.line, "id": r.id, "amount": r.amount}
+                for r in self.ledger_open
+            ]
         return _dumps(value)
 
     @classmethod
     def from_json(cls, data: bytes) -> BankState:
         """Parses a recorded state (a Rust or Python bank's; ``{"balance": N}`` of older
         banks too); :class:`Malformed` if the Rust bank would not accept it."""
-        names = ("balance", "line", "sent", "received", "ledger_pending")
+        names = ("balance", "line", "sent", "received", "ledger_pending", "ledger_open")
         fields = _struct(_parse(data), names, 1, "state")
         sent = {
             peer: _u64(n, f"sent.{peer}") for peer, n in _map(fields.get("sent", _Pairs()), "sent")
@@ -279,12 +296,29 @@ class BankState:
         pending = fields.get("ledger_pending", [])
         if not isinstance(pending, list) or isinstance(pending, _Pairs):
             raise Malformed(f"ledger_pending: expected an array, got {_kind(pending)}")
+        rows = fields.get("ledger_open", [])
+        if not isinstance(rows, list) or isinstance(rows, _Pairs):
+            raise Malformed(f"ledger_open: expected an array, got {_kind(rows)}")
+        open_rows = []
+        for i, row in enumerate(rows):
+            r = _struct(row, ("from", "line", "id", "amount"), 4, f"ledger_open[{i}]")
+            if not isinstance(r["from"], str):
+                raise Malformed(f"ledger_open[{i}].from: expected a string, got {_kind(r['from'])}")
+            open_rows.append(
+                LedgerRow(
+                    r["from"],
+                    _u64(r["line"], f"ledger_open[{i}].line"),
+                    _u64(r["id"], f"ledger_open[{i}].id"),
+                    _u64(r["amount"], f"ledger_open[{i}].amount"),
+                )
+            )
         return cls(
             _u64(fields["balance"], "balance"),
             _u64(fields.get("line", 0), "line"),
             sent,
             received,
             [_u64(n, "ledger_pending") for n in pending],
+            open_rows,
         )
 
     def receive(self, sender: str, payload: bytes) -> tuple[Order, int]:

@@ -358,6 +358,18 @@ impl Transactional for Postgres {
         Ok(())
     }
 
+    fn open_is_empty(&self) -> bool {
+        self.open.is_empty()
+    }
+
+    /// `PREPARE TRANSACTION` refused with "maximum number of prepared transactions
+    /// reached" (SQLSTATE 53200, `out_of_memory`; a server short of memory says the same):
+    /// the server answered, so the transaction was rolled back, not prepared. The
+    /// statements are still kept here for the next cut.
+    fn is_full(error: &PostgresError) -> bool {
+        matches!(error, PostgresError::Db(e) if e.code() == Some(&SqlState::OUT_OF_MEMORY))
+    }
+
     async fn commit(&mut self, snapshot_id: u64) -> Result<(), PostgresError> {
         if self.settle("COMMIT PREPARED", snapshot_id).await? {
             return Ok(());

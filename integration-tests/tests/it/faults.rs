@@ -34,6 +34,7 @@ async fn start_banks(
             connect_timeout: Duration::from_secs(10),
             tls: None,
             ledger: None,
+            ledger_max_pending: cairn_sdk::sink::DEFAULT_MAX_PENDING,
         };
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         addresses.insert(id.clone(), listener.local_addr().unwrap().to_string());

@@ -17,7 +17,7 @@ use cairn_integration_tests::restore::{restore, wait_newest_restore, wait_restor
 use cairn_proto::bank::v1 as bank;
 use cairn_proto::v1 as pb;
 use cairn_sdk::sink::postgres::{Postgres, PostgresError};
-use cairn_sdk::sink::{SinkError, SinkState, Transactional as _, TwoPhaseCommitSink};
+use cairn_sdk::sink::{Cut, SinkError, SinkState, Transactional as _, TwoPhaseCommitSink};
 use cairn_sdk::tokio_postgres::Client;
 
 const TIMEOUT: Duration = Duration::from_secs(5);
@@ -69,12 +69,12 @@ async fn the_postgres_sink_settles_prepared_transactions_across_a_server_crash()
     let (sql, params) = insert(1);
     sink.system().write(sql, params);
     assert_eq!(
-        sink.pre_commit(1).await.unwrap(),
-        SinkState::new(vec![1]).unwrap()
+        sink.cut(1).await.unwrap(),
+        Cut::PreCommitted(SinkState::new(vec![1]).unwrap())
     );
     let (sql, params) = insert(100);
     other.system().write(sql, params);
-    other.pre_commit(1).await.unwrap();
+    assert!(!other.cut(1).await.unwrap().carried());
     let client = pg.client().await.unwrap();
     assert_eq!(
         prepared(&client).await,
@@ -90,10 +90,7 @@ async fn the_postgres_sink_settles_prepared_transactions_across_a_server_crash()
     pg.kill();
     let (sql, params) = insert(2);
     sink.system().write(sql, params);
-    assert!(matches!(
-        sink.pre_commit(2).await,
-        Err(SinkError::System(_))
-    ));
+    assert!(matches!(sink.cut(2).await, Err(SinkError::System(_))));
     pg.start_again().await.unwrap();
     let client = pg.client().await.unwrap();
     assert_eq!(
@@ -101,6 +98,9 @@ async fn the_postgres_sink_settles_prepared_transactions_across_a_server_crash()
         2,
         "prepared transactions survive a crash"
     );
+    // An idle sink pre-commits nothing: the cut carries its empty transaction.
+    assert!(other.cut(2).await.unwrap().carried());
+    assert_eq!(prepared(&client).await.len(), 2);
     sink.completed(1).await.unwrap();
     assert_eq!(effects(&client).await, vec![1]);
     assert_eq!(
@@ -111,7 +111,7 @@ async fn the_postgres_sink_settles_prepared_transactions_across_a_server_crash()
     sink.system().commit(1).await.unwrap();
 
     // The effect of the failed cut goes with the next one.
-    assert_eq!(sink.pre_commit(3).await.unwrap().pending, vec![3]);
+    assert_eq!(sink.cut(3).await.unwrap().state().pending, vec![3]);
     assert_eq!(sink.system().pre_committed().await.unwrap(), vec![3]);
     // A restore of snapshot 1 (its state named 1 pending): 1 is committed already, 3 is
     // rolled back, the other node's transaction is left alone.
@@ -130,7 +130,7 @@ async fn the_postgres_sink_settles_prepared_transactions_across_a_server_crash()
         "INSERT INTO effects VALUES (current_setting('cairn.snapshot_id')::int)",
         Vec::new(),
     );
-    sink.pre_commit(7).await.unwrap();
+    assert!(!sink.cut(7).await.unwrap().carried());
     sink.completed(7).await.unwrap();
     other.completed(1).await.unwrap();
     assert_eq!(effects(&client).await, vec![1, 7, 100]);
@@ -274,7 +274,11 @@ async fn next_end(cluster: &CoordinatedCluster, status: pb::SnapshotStatus) -> u
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_ledger_holds_each_transfer_of_the_restored_history_once_through_kills() {
-    let mut pg = PgServer::start().await.unwrap();
+    // Room for two prepared transactions, for three banks: at most cuts, one bank finds the
+    // server full and carries its transfers in its state, through the kills and restores.
+    let mut pg = PgServer::start_with(&["max_prepared_transactions=2"])
+        .await
+        .unwrap();
     let env = vec![("CAIRN_LEDGER".to_owned(), pg.url())];
     let mut cluster = CoordinatedCluster::start_env(
         3,
@@ -395,9 +399,26 @@ async fn the_ledger_holds_each_transfer_of_the_restored_history_once_through_kil
     )
     .await
     .unwrap();
+    // Exactly the transfers each bank received, each once (the key refuses a second).
+    let mut expected = Ledger::new();
+    for (to, s) in &states {
+        for (from, r) in &s.received {
+            for id in 1..=r.id {
+                expected.insert((from.clone(), to.clone(), r.line, id), 0);
+            }
+        }
+    }
+    let keys = |l: &Ledger| l.keys().cloned().collect::<Vec<_>>();
     let last = a_completion(&cluster).await;
     let ledger = eventually("the ledger committed", Duration::from_secs(60), || async {
         let ledger = ledger(&client).await?;
+        // Carried transfers are pre-committed at a later cut that finds room.
+        anyhow::ensure!(
+            ledger.len() >= expected.len(),
+            "{} of {} transfers committed",
+            ledger.len(),
+            expected.len()
+        );
         // The schedule goes on: only later snapshots' transactions may be prepared.
         let prepared: Vec<String> = client
             .query("SELECT gid FROM pg_prepared_xacts", &[])
@@ -417,16 +438,6 @@ async fn the_ledger_holds_each_transfer_of_the_restored_history_once_through_kil
     .await
     .unwrap();
 
-    // Exactly the transfers each bank received, each once (the key refuses a second).
-    let mut expected = Ledger::new();
-    for (to, s) in &states {
-        for (from, r) in &s.received {
-            for id in 1..=r.id {
-                expected.insert((from.clone(), to.clone(), r.line, id), 0);
-            }
-        }
-    }
-    let keys = |l: &Ledger| l.keys().cloned().collect::<Vec<_>>();
     assert_eq!(
         keys(&ledger),
         keys(&expected),
@@ -455,6 +466,15 @@ async fn the_ledger_holds_each_transfer_of_the_restored_history_once_through_kil
         money += s.balance;
     }
     assert_eq!(money, cluster.total());
+    let full = pg
+        .logged()
+        .matches("maximum number of prepared transactions reached")
+        .count();
+    assert!(
+        full > 0,
+        "no cut found the server full: the carrying path went untested"
+    );
+    eprintln!("ledger: {full} pre-commits refused for room, carried in the banks' states");
     eprintln!(
         "ledger: {} transfers exactly once; caught prepared at the kill: {caught:?}; last completed {last}",
         ledger.len()

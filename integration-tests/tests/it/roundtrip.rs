@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use cairn_blob::{ChunkList, Manifest};
-use cairn_cli::bank::{BankState, Order, Received, TransferPayload};
+use cairn_cli::bank::{BankState, LedgerRow, Order, Received, TransferPayload};
 use cairn_coordinator::store::{FileKv, Kv};
 use cairn_core::{ChannelId, IncomingCut, NodeId, OutgoingCut, Plan, SnapshotId, SnapshotMode};
 use cairn_proto::convert::plan_to_pb;
@@ -203,6 +203,8 @@ proptest! {
         line in any::<u64>(),
         sent in btree_map(node_id(), any::<u64>(), 0..5),
         received in btree_map(node_id(), (any::<u64>(), any::<u64>()), 0..5),
+        pending in vec(1..u64::MAX, 0..4),
+        open in vec((node_id(), any::<u64>(), any::<u64>(), any::<u64>()), 0..4),
     ) {
         let state = BankState {
             balance,
@@ -212,7 +214,11 @@ proptest! {
                 .into_iter()
                 .map(|(k, (line, id))| (k, Received { line, id }))
                 .collect(),
-            ledger_pending: Vec::new(),
+            ledger_pending: pending,
+            ledger_open: open
+                .into_iter()
+                .map(|(from, line, id, amount)| LedgerRow { from, line, id, amount })
+                .collect(),
         };
         let bytes = serde_json::to_vec(&state).unwrap();
         prop_assert_eq!(serde_json::from_slice::<BankState>(&bytes).unwrap(), state);

@@ -28,6 +28,10 @@ pub struct BankState {
     /// committed at the cut (the sink's state), ascending.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub ledger_pending: Vec<u64>,
+    /// With a ledger, when the cut carried its transaction: the transfers applied since
+    /// the last cut that pre-committed, written again after a restore of this state.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub ledger_open: Vec<super::LedgerRow>,
 }
 
 /// The last transfer received from one peer.

@@ -42,6 +42,19 @@ struct Args {
     /// sslmode=disable over a trusted network).
     #[arg(long, env = "CAIRN_LEDGER", value_name = "URL", hide_env_values = true)]
     ledger: Option<String>,
+    /// With --ledger: how many snapshots' transactions may be pre-committed and not yet
+    /// committed (prepared transactions held on the server) before a cut carries its
+    /// transfers in the bank's state instead, until a snapshot completes. The server's
+    /// max_prepared_transactions should be at least the banks writing to it times one more
+    /// than this; a full server makes cuts carry too, so it never stalls snapshots.
+    #[arg(
+        long,
+        env = "CAIRN_LEDGER_MAX_PENDING",
+        value_name = "N",
+        default_value_t = cairn_sdk::sink::DEFAULT_MAX_PENDING as u64,
+        value_parser = clap::value_parser!(u64).range(1..=cairn_sdk::sink::MAX_PENDING as u64)
+    )]
+    ledger_max_pending: u64,
     /// Log filter (tracing EnvFilter syntax).
     #[arg(long, env = "CAIRN_LOG", default_value = "info")]
     log: String,
@@ -102,6 +115,8 @@ fn main() -> ExitCode {
             connect_timeout: args.connect_timeout,
             tls,
             ledger: args.ledger,
+            ledger_max_pending: usize::try_from(args.ledger_max_pending)
+                .expect("at most MAX_PENDING"),
         };
         match bank::run(config, listener, shutdown).await {
             Ok(()) => ExitCode::SUCCESS,

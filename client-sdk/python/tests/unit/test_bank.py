@@ -43,6 +43,11 @@ def test_payloads_and_states_are_written_as_the_rust_bank_writes_them() -> None:
     state.ledger_pending = [3, 5]
     assert state.to_json().endswith(b',"ledger_pending":[3,5]}')
     assert bank.BankState.from_json(state.to_json()) == state
+    state.ledger_open = [bank.LedgerRow("n2", 8, 5, 10)]
+    assert state.to_json().endswith(
+        b',"ledger_pending":[3,5],"ledger_open":[{"from":"n2","line":8,"id":5,"amount":10}]}'
+    )
+    assert bank.BankState.from_json(state.to_json()) == state
     fresh = bank.BankState.fresh(1000)
     assert 1 <= fresh.line <= U64_MAX >> 11 and fresh.balance == 1000
 
@@ -145,6 +150,9 @@ def test_transfer_ids_tell_duplicates_gaps_and_new_lines() -> None:
         b'{"balance":1,"received":{"a":{"line":1}}}',
         b'{"balance":1,"received":{"a":{"line":1,"id":2,"id":3}}}',
         b'{"balance":1,"ledger_pending":{}}',
+        b'{"balance":1,"ledger_open":{}}',
+        b'{"balance":1,"ledger_open":[{"from":1,"line":1,"id":1,"amount":1}]}',
+        b'{"balance":1,"ledger_open":[{"from":"a","line":1,"id":1}]}',
         b'{"balance":1,"balance":2}',
     ],
 )
