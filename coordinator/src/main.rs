@@ -18,7 +18,7 @@ use clap::Parser;
 ///
 /// Every flag can also be set by the environment variable shown.
 #[derive(Debug, Parser)]
-#[command(version)]
+#[command(name = "cairn-coordinator", version = cairn_rpc::version::VERSION)]
 struct Args {
     /// Address to serve on.
     #[arg(long, env = "CAIRN_LISTEN", default_value = "0.0.0.0:7000")]

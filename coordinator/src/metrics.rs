@@ -1,5 +1,7 @@
 //! The coordinator's Prometheus metrics (served by `cairn_rpc::server::metrics::serve`).
 
+use crate::store::{SnapshotRecord, SnapshotStatus};
+use cairn_core::FailureKind;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -13,6 +15,20 @@ use std::sync::atomic::AtomicU64;
 pub(crate) struct StatusLabel {
     /// completed, failed or aborted.
     pub status: String,
+}
+
+/// Why a snapshot failed: its kind's word, in lower case.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(crate) struct KindLabel {
+    /// timeout, node_lost, channel_reset, …
+    pub kind: String,
+}
+
+/// How a restore ended.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(crate) struct OutcomeLabel {
+    /// done or failed.
+    pub outcome: String,
 }
 
 /// The coordinator's metrics.
@@ -36,6 +52,10 @@ pub(crate) struct CoordinatorMetrics {
     pub term: Gauge,
     /// Changes of leader (address or term) this replica has seen.
     pub leader_changes: Counter,
+    /// Restores that ended while this replica led, by outcome.
+    pub restores: Family<OutcomeLabel, Counter>,
+    /// Snapshots that failed or were aborted, by the kind of their reason.
+    pub failures: Family<KindLabel, Counter>,
 }
 
 impl Default for CoordinatorMetrics {
@@ -57,13 +77,55 @@ impl Default for CoordinatorMetrics {
             is_leader: Gauge::default(),
             term: Gauge::default(),
             leader_changes: Counter::default(),
+            restores: Family::default(),
+            failures: Family::default(),
         }
     }
 }
 
 impl CoordinatorMetrics {
-    /// Registers every metric in `registry`.
+    /// Counts a snapshot's stored end: its status, a failure's kind, and for a completed one
+    /// its duration, bytes and recorded messages.
+    pub(crate) fn snapshot_ended(&self, record: &SnapshotRecord) {
+        let status = record.status.name().to_lowercase();
+        self.snapshots.get_or_create(&StatusLabel { status }).inc();
+        if let Some(failure) = &record.failure {
+            // A kind this build does not know (a newer replica's record) counts as other.
+            let kind = FailureKind::of_word(&failure.kind)
+                .map_or("other", FailureKind::word)
+                .to_lowercase();
+            self.failures.get_or_create(&KindLabel { kind }).inc();
+        }
+        if record.status == SnapshotStatus::Completed {
+            let seconds =
+                record.finished_at_ms.saturating_sub(record.started_at_ms) as f64 / 1000.0;
+            self.duration.observe(seconds);
+            self.bytes_new.inc_by(record.bytes_new);
+            self.bytes_reused.inc_by(record.bytes_reused);
+            let recorded = record.verdict.as_ref().map_or(0, |v| v.recorded_messages);
+            self.recorded_messages.inc_by(recorded);
+        }
+    }
+
+    /// Registers every metric in `registry`, each labelled series at 0 from the first scrape
+    /// (so that `increase()` and alerts see the first end, and dashboards name every kind).
     pub(crate) fn register(&self, registry: &mut Registry) {
+        for status in [
+            SnapshotStatus::Completed,
+            SnapshotStatus::Failed,
+            SnapshotStatus::Aborted,
+        ] {
+            let status = status.name().to_lowercase();
+            let _ = self.snapshots.get_or_create(&StatusLabel { status });
+        }
+        for outcome in ["done", "failed"] {
+            let outcome = outcome.to_owned();
+            let _ = self.restores.get_or_create(&OutcomeLabel { outcome });
+        }
+        let kinds = FailureKind::ALL.map(|k| k.word().to_lowercase());
+        for kind in kinds.into_iter().chain(["other".to_owned()]) {
+            let _ = self.failures.get_or_create(&KindLabel { kind });
+        }
         registry.register(
             "cairn_snapshots",
             "Snapshots that ended, by status",
@@ -75,12 +137,12 @@ impl CoordinatorMetrics {
             self.duration.clone(),
         );
         registry.register(
-            "cairn_snapshot_bytes_new",
+            "cairn_snapshot_new_bytes",
             "Bytes stored that no earlier snapshot had stored",
             self.bytes_new.clone(),
         );
         registry.register(
-            "cairn_snapshot_bytes_reused",
+            "cairn_snapshot_reused_bytes",
             "Bytes shared with earlier snapshots",
             self.bytes_reused.clone(),
         );
@@ -133,6 +195,18 @@ impl CoordinatorMetrics {
             "cairn_leader_changes",
             "Changes of the leading coordinator (address or term) this replica has seen",
             self.leader_changes.clone(),
+        );
+        registry.register(
+            "cairn_snapshot_failures",
+            "Snapshots that failed or were aborted, by the kind of their reason (timeout, \
+             node_lost, channel_reset, storage, …)",
+            self.failures.clone(),
+        );
+        registry.register(
+            "cairn_restores",
+            "Restores that ended while this replica led, by outcome (done, failed: nodes may \
+             hold different states and snapshots are fenced until a restore is done)",
+            self.restores.clone(),
         );
         registry.register(
             "cairn_newest_completed_snapshot_age_seconds",

@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Checks that the deployments speak the binaries' real language.
 
-For the Kubernetes manifests (as `kubectl kustomize` builds them: base, external-etcd and
-external-s3) and the docker-compose files (as `docker-compose config` resolves them: the
+For the Kubernetes manifests (as `kubectl kustomize` builds them: base, external-etcd,
+external-s3, cert-manager-csi, and cert-manager-csi with the monitoring component) and the docker-compose files (as `docker-compose config` resolves them: the
 default cluster, and the S3 variant with docker-compose.s3.yml), every container that runs
 a cairn binary is checked against that binary's `--help`:
   - every CAIRN_* and AWS_* environment variable and every --flag it is given is a real
@@ -31,6 +31,26 @@ a cairn binary is checked against that binary's `--help`:
     --s3-allow-http exactly when the endpoint is http://, and every node daemon given a
     store names its coordinator's; a coordinator on S3 mounts no PersistentVolumeClaim
     (it keeps nothing on disk), and no claim is left that no pod mounts.
+In every Kubernetes build, each node pod holds its own node's key only:
+  - a pod template that may run as several node ids (CAIRN_NODE_ID follows the pod's name,
+    or several replicas) mounts no node's Secret (by volume, projected volume, env or
+    envFrom); a workload of one pod with an explicit node id mounts that node's Secret and no
+    other's; a pod that is no node's (coordinator, etcd) mounts none. A Secret is a node's by
+    its certificate's URI SAN cairn://CLUSTER/node/ID where the build has its data
+    (dev-certs), else by its name (ID-tls);
+  - a csi.cert-manager.io volume of a node pod requests exactly URI cairn://CLUSTER/node/
+    ${POD_NAME}, DNS ${POD_NAME} and IP 127.0.0.1, read-only with an fs-group, in a pod
+    whose node id is $(POD_NAME); the daemon's and the application's CAIRN_TLS_KEY are on
+    that volume or on the pod's own node's Secret;
+  - every cairn container of a build runs one image.
+And the custom resources, which kubernetes-validate has no schema for (it warns and passes
+them; scripts/test.sh fails on any other kind it cannot validate): cert-manager Issuers and
+Certificates (known fields, an Issuer of the build, cert-manager's usages and key settings;
+each certificate the identity its Secret's pods need, and etcd's from an issuer that issues
+no cairn identity), the Prometheus operator's ServiceMonitors (a Service of the build and its
+metrics port, https, a client certificate with a role, and a serverName every scraped
+certificate carries: the csi volume's dns-names, a Certificate's dnsNames or, in dev-certs,
+the Secrets' SANs) and PrometheusRule (its groups equal deploy/monitoring/cairn-rules.yaml's).
 And the deployments' exposure:
   - every Kubernetes container runs non-root (as the Dockerfile's user, for the cairn image)
     with a read-only root filesystem, no privilege escalation, every capability dropped and
@@ -46,7 +66,7 @@ And the deployments' exposure:
     the coordinators and node daemons only (and what shares their network namespaces).
 
 And, given DEV_CERTS (a copy of deploy/k8s/dev-certs whose certs/ deploy/make-certs.sh
-wrote), that overlay: checked as above, and every Secret a pod mounts is one it makes, with
+wrote), that overlay and dev-certs-monitoring beside it: checked as above, and every Secret a pod mounts is one it makes, with
 the keys mounted, and each certificate names the identity its pod needs (the coordinator
 URI:cairn://cairn/coordinator and DNS:cairn-coordinator, the Service the daemons dial; node
 Secret cairn-node-<i>-tls URI:cairn://cairn/node/cairn-node-<i> and DNS:cairn-node-<i>;
@@ -416,7 +436,10 @@ def check_kubernetes(name, text):
                 v = volumes.get(m["name"], {})
                 sources = [s for s in (v.get("projected") or {}).get("sources", [])] if "projected" in v else []
                 secret = "secret" in v or (sources and all("secret" in s for s in sources))
-                mounts.append((m["mountPath"], m.get("readOnly") is True, "Secret" if secret else None))
+                # cert-manager's csi-driver: a certificate issued for the pod, read-only.
+                csi = (v.get("csi") or {}).get("driver") == CSI_DRIVER and (v["csi"].get("readOnly") is True)
+                mounts.append((m["mountPath"], m.get("readOnly") is True,
+                               "Secret" if secret else "cert-manager csi" if csi else None))
             check_secure(where, command, env, mounts)
             check_etcd(where, command, mounts, etcd_probes)
             store = check_s3(where, command, env, given)
@@ -451,6 +474,9 @@ def check_kubernetes(name, text):
             if target not in container_ports.get(label, set()):
                 errors.append(f"k8s {name} Service/{doc['metadata']['name']}: port {target} is not a container port of {label}")
     check_one_door(name, docs)
+    check_node_keys(name, docs)
+    check_one_image(name, docs)
+    check_custom_resources(name, docs)
 
 
 def check_one_door(name, docs):
@@ -567,6 +593,360 @@ def check_etcd_trust(name, secrets):
             errors.append(f"{where} Secret/{secret}: its ca.crt is etcd's CA (etcd must trust a CA of its own, not cairn's)")
         if data.get("tls.crt") and chains(etcd_ca, pem(secret, "tls.crt")):
             errors.append(f"{where} Secret/{secret}: its certificate is signed by the CA etcd trusts, so it can read and rewrite cairn's metadata")
+
+
+# --- Each node pod holds its own node's key only -------------------------------------------
+
+CSI_DRIVER = "csi.cert-manager.io"
+NODE_SECRET = re.compile(r"(cairn-node-\d+)-tls")  # the convention: Secret <node id>-tls
+NODE_URI = re.compile(r"URI:cairn://[^/]+/node/(.+)")
+ROLE_URI = re.compile(r"cairn://[^/]+/(viewer|operator|admin)/[^/]+")
+san_cache = {}
+
+
+def secret_sans(secrets, secret):
+    """The SANs of a Secret's tls.crt in the build (None: not in the build, or no tls.crt)."""
+    data = secrets.get(secret) or {}
+    if "tls.crt" not in data:
+        return None
+    if data["tls.crt"] not in san_cache:
+        san_cache[data["tls.crt"]] = sans(base64.b64decode(data["tls.crt"]).decode())
+    return san_cache[data["tls.crt"]]
+
+
+def node_of_secret(secrets, known_ids, secret):
+    """Whose node key a Secret holds: by its certificate's URI SAN when the build has its
+    data (dev-certs), else by its name (<node id>-tls); None: no node's."""
+    names = secret_sans(secrets, secret)
+    if names is not None:
+        owners = [m[1] for n in names if (m := NODE_URI.fullmatch(n))]
+        return owners[0] if owners else None
+    m = re.fullmatch(r"(.+)-tls", secret)
+    if m and (m[1] in known_ids or NODE_SECRET.fullmatch(secret)):
+        return m[1]
+    return None
+
+
+def pod_secrets(pod):
+    """The Secrets a pod references: (Secret, where): volumes (secret, projected), env
+    (secretKeyRef) and envFrom (secretRef) of every container and init container."""
+    refs = []
+    for v in pod.get("volumes", []):
+        if "secret" in v:
+            refs.append((v["secret"]["secretName"], f"volume {v['name']}"))
+        for source in (v.get("projected") or {}).get("sources", []):
+            if "secret" in source:
+                refs.append((source["secret"]["name"], f"volume {v['name']}"))
+    for c in pod.get("containers", []) + pod.get("initContainers", []):
+        for e in c.get("env", []):
+            ref = (e.get("valueFrom") or {}).get("secretKeyRef")
+            if ref:
+                refs.append((ref["name"], f"container {c['name']} variable {e['name']}"))
+        for e in c.get("envFrom", []):
+            if "secretRef" in e:
+                refs.append((e["secretRef"]["name"], f"container {c['name']} envFrom"))
+    return refs
+
+
+def node_identity(doc):
+    """A workload's node daemon and the id it runs as: (container, id), id None for a
+    template that runs as several ids (the id follows the pod's name, $(POD_NAME), or is
+    unset); (None, None) for a workload with no node daemon."""
+    for c in doc["spec"]["template"]["spec"]["containers"]:
+        command = c.get("command", []) + c.get("args", [])
+        if command[:1] != ["cairn-node"]:
+            continue
+        value = next((e.get("value") for e in c.get("env", []) if e["name"] == "CAIRN_NODE_ID"), None)
+        value = flag_values(command).get("--node-id", value)
+        return c, (value if isinstance(value, str) and value and "$(" not in value else None)
+    return None, None
+
+
+def check_csi_volume(where, v, runs_as):
+    """A csi.cert-manager.io volume of a node pod requests the pod's own identity."""
+    attrs = v["csi"].get("volumeAttributes") or {}
+    uris = [u for u in attrs.get(f"{CSI_DRIVER}/uri-sans", "").split(",") if u]
+    dns = [d for d in attrs.get(f"{CSI_DRIVER}/dns-names", "").split(",") if d]
+    ips = [i for i in attrs.get(f"{CSI_DRIVER}/ip-sans", "").split(",") if i]
+    if len(uris) != 1 or not re.fullmatch(r"cairn://[^/]+/node/\$\{POD_NAME\}", uris[0]):
+        errors.append(f"{where}: its {CSI_DRIVER} volume {v['name']} requests URI SANs {uris}, not exactly "
+                      "cairn://CLUSTER/node/${POD_NAME} (each pod's own identity, filled in by the driver)")
+    if "${POD_NAME}" not in dns:
+        errors.append(f"{where}: its {CSI_DRIVER} volume {v['name']} requests DNS names {dns}, without ${{POD_NAME}} "
+                      "(the name peers check)")
+    if "127.0.0.1" not in ips:
+        errors.append(f"{where}: its {CSI_DRIVER} volume {v['name']} requests IP SANs {ips}, without 127.0.0.1 (the probes)")
+    if runs_as is not None:
+        errors.append(f"{where}: runs as node {runs_as}, but its {CSI_DRIVER} volume names the pod (${{POD_NAME}}): "
+                      "give it CAIRN_NODE_ID=$(POD_NAME)")
+    if v["csi"].get("readOnly") is not True:
+        errors.append(f"{where}: its {CSI_DRIVER} volume {v['name']} is not readOnly")
+    if attrs.get(f"{CSI_DRIVER}/fs-group") is None:
+        errors.append(f"{where}: its {CSI_DRIVER} volume {v['name']} sets no fs-group (the non-root user could not read its key)")
+
+
+def check_node_keys(name, docs):
+    """No node pod mounts another node's key: a pod template that may run as several node
+    ids mounts no node's Secret (its key comes from a csi.cert-manager.io volume naming
+    ${POD_NAME}); a workload of one pod with an explicit node id mounts that node's Secret
+    and no other; no other pod (coordinator, etcd) mounts a node's Secret; and the daemon's
+    and the application's key files are on the pod's own identity."""
+    secrets = {d["metadata"]["name"]: d.get("data", {}) for d in docs if d["kind"] == "Secret"}
+    known = {node_identity(d)[1] for d in docs if d["kind"] in ("Deployment", "StatefulSet")} - {None}
+    for doc in docs:
+        if doc["kind"] not in ("Deployment", "StatefulSet"):
+            continue
+        where = f"k8s {name} {doc['kind']}/{doc['metadata']['name']}"
+        pod = doc["spec"]["template"]["spec"]
+        node, runs_as = node_identity(doc)
+        replicas = doc["spec"].get("replicas", 1)
+        if node is not None and runs_as is not None and replicas != 1:
+            errors.append(f"{where}: {replicas} pods run as the one node id {runs_as}")
+        owners = {}  # Secret -> the node whose key it holds
+        for secret, what in pod_secrets(pod):
+            owner = node_of_secret(secrets, known, secret)
+            if owner is None:
+                continue
+            owners[secret] = owner
+            if node is None:
+                errors.append(f"{where}: {what} mounts Secret {secret}, node {owner}'s key, in a pod that is no node's")
+            elif runs_as is None:
+                errors.append(f"{where}: its pod template runs as several node ids (CAIRN_NODE_ID follows the pod's name), "
+                              f"yet {what} mounts Secret {secret}, node {owner}'s key: every pod of it would hold that key")
+            elif owner != runs_as:
+                errors.append(f"{where}: runs as node {runs_as}, yet {what} mounts Secret {secret}, node {owner}'s key")
+        volumes = {v["name"]: v for v in pod.get("volumes", [])}
+        for v in volumes.values():
+            if (v.get("csi") or {}).get("driver") != CSI_DRIVER:
+                continue
+            if node is None:
+                uris = (v["csi"].get("volumeAttributes") or {}).get(f"{CSI_DRIVER}/uri-sans", "")
+                if "/node/" in uris:
+                    errors.append(f"{where}: its {CSI_DRIVER} volume {v['name']} requests a node identity ({uris}) in a pod that is no node's")
+                continue
+            check_csi_volume(where, v, runs_as)
+        if node is None:
+            continue
+        # The daemon's and the application's keys: on the pod's own identity.
+        for c in pod["containers"]:
+            key = next((e.get("value") for e in c.get("env", []) if e["name"] == "CAIRN_TLS_KEY"), None)
+            if not key:
+                continue
+            mounts = [m for m in c.get("volumeMounts", []) if key.startswith(m["mountPath"].rstrip("/") + "/")]
+            mount = max(mounts, key=lambda m: len(m["mountPath"]), default=None)
+            v = volumes.get(mount["name"], {}) if mount else {}
+            if (v.get("csi") or {}).get("driver") == CSI_DRIVER:
+                continue  # checked above: the pod's own identity
+            held = {owners.get(s) for s, w in pod_secrets({"volumes": [v]})} if v else set()
+            if runs_as is None or held != {runs_as}:
+                errors.append(f"{where} container {c['name']}: CAIRN_TLS_KEY {key} is not on a volume of its own node's "
+                              f"certificate (it runs as {runs_as or 'the pod name'}; the volume holds {sorted(map(str, held)) or 'no node key'})")
+
+
+def check_one_image(name, docs):
+    """Every cairn container of a build runs one image (an overlay that includes the node
+    template itself must set the image the base sets)."""
+    images = {}
+    for doc in docs:
+        if doc["kind"] not in ("Deployment", "StatefulSet"):
+            continue
+        for c in doc["spec"]["template"]["spec"]["containers"]:
+            if (c.get("command") or [""])[0] in BINARIES:
+                images.setdefault(c.get("image"), []).append(f"{doc['metadata']['name']}/{c['name']}")
+    if len(images) > 1:
+        errors.append(f"k8s {name}: the cairn containers run different images: {images}")
+
+
+# --- Custom resources (cert-manager, the Prometheus operator) --------------------------------
+# kubernetes-validate has no schema for these kinds (it warns and passes them), so their
+# fields are checked here: the keys each may have (of those cairn uses and their neighbours),
+# the values that matter, and what they must say for cairn.
+CUSTOM = {
+    ("cert-manager.io/v1", "Issuer"): {"ca", "selfSigned", "acme", "vault", "venafi"},
+    ("cert-manager.io/v1", "Certificate"): {
+        "secretName", "issuerRef", "duration", "renewBefore", "privateKey", "usages", "uris", "dnsNames",
+        "ipAddresses", "commonName", "emailAddresses", "subject", "isCA", "secretTemplate",
+        "revisionHistoryLimit", "keystores", "literalSubject", "additionalOutputFormats"},
+    ("monitoring.coreos.com/v1", "ServiceMonitor"): {
+        "selector", "endpoints", "namespaceSelector", "jobLabel", "targetLabels", "podTargetLabels", "sampleLimit"},
+    ("monitoring.coreos.com/v1", "PrometheusRule"): {"groups"},
+}
+USAGES = {"signing", "digital signature", "content commitment", "key encipherment", "key agreement",
+          "data encipherment", "cert sign", "crl sign", "encipher only", "decipher only", "any", "server auth",
+          "client auth", "code signing", "email protection", "s/mime", "ipsec end system", "ipsec tunnel",
+          "ipsec user", "timestamping", "ocsp signing", "microsoft sgc", "netscape sgc"}
+ENDPOINT_KEYS = {"port", "path", "scheme", "interval", "scrapeTimeout", "tlsConfig", "authorization",
+                 "bearerTokenSecret", "honorLabels", "relabelings", "metricRelabelings", "params"}
+TLS_KEYS = {"ca", "cert", "keySecret", "serverName", "insecureSkipVerify", "minVersion", "maxVersion"}
+GO_DURATION = re.compile(r"(\d+(h|m|s|ms))+")
+
+
+def selected(selector, labels):
+    return bool(selector) and all(labels.get(k) == v for k, v in selector.items())
+
+
+def check_custom_resources(name, docs):
+    where0 = f"k8s {name}"
+    custom = [d for d in docs if (d.get("apiVersion"), d["kind"]) in CUSTOM]
+    for d in docs:
+        group = d.get("apiVersion", "").split("/")[0]
+        if (d.get("apiVersion"), d["kind"]) not in CUSTOM and group in ("cert-manager.io", "monitoring.coreos.com"):
+            errors.append(f"{where0}: {d['apiVersion']} {d['kind']}/{d['metadata']['name']} is a kind this check does not know")
+    for d in custom:
+        where = f"{where0} {d['kind']}/{d['metadata']['name']}"
+        spec = d.get("spec") or {}
+        extra = set(spec) - CUSTOM[(d["apiVersion"], d["kind"])]
+        if extra:
+            errors.append(f"{where}: unknown spec fields {sorted(extra)}")
+    issuers = {d["metadata"]["name"]: d.get("spec") or {} for d in custom if d["kind"] == "Issuer"}
+    for issuer, spec in issuers.items():
+        if len(spec) != 1 or ("ca" in spec and not (spec["ca"] or {}).get("secretName")):
+            errors.append(f"{where0} Issuer/{issuer}: needs exactly one kind of issuer (a `ca` with its secretName)")
+    certificates = {}  # secretName -> spec
+    for d in custom:
+        if d["kind"] != "Certificate":
+            continue
+        where, spec = f"{where0} Certificate/{d['metadata']['name']}", d.get("spec") or {}
+        ref = spec.get("issuerRef") or {}
+        if not spec.get("secretName"):
+            errors.append(f"{where}: no secretName")
+        if ref.get("kind", "Issuer") not in ("Issuer", "ClusterIssuer") or not ref.get("name"):
+            errors.append(f"{where}: issuerRef {ref} is not an Issuer or ClusterIssuer by name")
+        elif ref.get("kind", "Issuer") == "Issuer" and ref["name"] not in issuers:
+            errors.append(f"{where}: its Issuer {ref['name']} is not in the build")
+        if set(spec.get("usages", [])) - USAGES:
+            errors.append(f"{where}: unknown usages {sorted(set(spec.get('usages', [])) - USAGES)}")
+        for key in ("duration", "renewBefore"):
+            if key in spec and not GO_DURATION.fullmatch(str(spec[key])):
+                errors.append(f"{where}: {key} {spec[key]!r} is not a duration (e.g. 2160h)")
+        pk = spec.get("privateKey") or {}
+        if set(pk) - {"algorithm", "size", "rotationPolicy", "encoding"} or pk.get("algorithm", "RSA") not in ("RSA", "ECDSA", "Ed25519") \
+                or pk.get("rotationPolicy", "Never") not in ("Never", "Always") or pk.get("encoding", "PKCS1") not in ("PKCS1", "PKCS8"):
+            errors.append(f"{where}: privateKey {pk} is not cert-manager's")
+        certificates[spec.get("secretName")] = spec
+    check_certificate_identities(where0, certificates, docs)
+    for d in custom:
+        if d["kind"] == "ServiceMonitor":
+            check_service_monitor(where0, d, docs, certificates)
+        if d["kind"] == "PrometheusRule":
+            source = yaml.safe_load(open("deploy/monitoring/cairn-rules.yaml"))["groups"]
+            if (d.get("spec") or {}).get("groups") != source:
+                errors.append(f"{where0} PrometheusRule/{d['metadata']['name']}: its spec.groups differ from the groups of "
+                              "deploy/monitoring/cairn-rules.yaml (the source of truth: copy them)")
+
+
+def check_certificate_identities(where0, certificates, docs):
+    """Certificates name what their Secrets' pods need, as check_secrets does for files, and
+    etcd's come from an issuer of their own."""
+    cairn_issuers = set()
+    for secret, spec in certificates.items():
+        where = f"{where0} Certificate of Secret {secret}"
+        uris, dns, ips, usages = spec.get("uris", []), spec.get("dnsNames", []), spec.get("ipAddresses", []), spec.get("usages", [])
+        wanted = None
+        node = NODE_SECRET.fullmatch(secret or "")
+        if secret == "cairn-coordinator-tls":
+            wanted = (["cairn://cairn/coordinator"], {"coordinator", "cairn-coordinator"}, {"127.0.0.1"}, {"server auth", "client auth"})
+        elif node:
+            wanted = ([f"cairn://cairn/node/{node[1]}"], {node[1]}, {"127.0.0.1"}, {"server auth", "client auth"})
+        elif secret == "cairn-etcd-tls":
+            wanted = ([], {"cairn-etcd"}, {"127.0.0.1"}, {"server auth", "client auth"})
+        elif secret == "cairn-coordinator-etcd-tls":
+            wanted = ([], set(), set(), {"client auth"})
+        if wanted:
+            if uris != wanted[0]:
+                errors.append(f"{where}: uris {uris}, not {wanted[0]}")
+            if wanted[1] - set(dns) or wanted[2] - set(ips) or wanted[3] - set(usages):
+                errors.append(f"{where}: lacks {sorted(wanted[1] - set(dns))} {sorted(wanted[2] - set(ips))} {sorted(wanted[3] - set(usages))}")
+        if any(u.startswith("cairn://") for u in uris):
+            cairn_issuers.add((spec.get("issuerRef") or {}).get("name"))
+    for d in docs:
+        if d["kind"] in ("Deployment", "StatefulSet"):
+            for v in d["spec"]["template"]["spec"].get("volumes", []):
+                if (v.get("csi") or {}).get("driver") == CSI_DRIVER:
+                    cairn_issuers.add((v["csi"].get("volumeAttributes") or {}).get(f"{CSI_DRIVER}/issuer-name"))
+    etcd = [certificates[s] for s in ("cairn-etcd-tls", "cairn-coordinator-etcd-tls") if s in certificates]
+    etcd_issuers = {(spec.get("issuerRef") or {}).get("name") for spec in etcd}
+    if len(etcd_issuers) > 1:
+        errors.append(f"{where0}: etcd's certificate and the coordinator's client certificate for it come from different issuers {sorted(etcd_issuers)}")
+    if etcd_issuers & cairn_issuers:
+        errors.append(f"{where0}: etcd's issuer {sorted(etcd_issuers & cairn_issuers)} also issues cairn identities: they could reach etcd")
+
+
+def scraped_names(docs, certificates, workload):
+    """The DNS names every certificate of a workload's daemon carries, or None where the
+    build does not say (its Secret made outside it)."""
+    secrets = {d["metadata"]["name"]: d.get("data", {}) for d in docs if d["kind"] == "Secret"}
+    pod = workload["spec"]["template"]["spec"]
+    volumes = {v["name"]: v for v in pod.get("volumes", [])}
+    for c in pod["containers"]:
+        if (c.get("command") or [""])[0] not in ("cairn-coordinator", "cairn-node"):
+            continue
+        cert = next((e.get("value") for e in c.get("env", []) if e["name"] == "CAIRN_TLS_CERT"), "")
+        mounts = [m for m in c.get("volumeMounts", []) if cert.startswith(m["mountPath"].rstrip("/") + "/")]
+        mount = max(mounts, key=lambda m: len(m["mountPath"]), default=None)
+        v = volumes.get(mount["name"], {}) if mount else {}
+        if (v.get("csi") or {}).get("driver") == CSI_DRIVER:
+            return {d for d in (v["csi"].get("volumeAttributes") or {}).get(f"{CSI_DRIVER}/dns-names", "").split(",") if d}
+        secret = (v.get("secret") or {}).get("secretName")
+        if secret in certificates:
+            return set(certificates[secret].get("dnsNames", []))
+        names = secret_sans(secrets, secret) if secret else None
+        if names is not None:
+            return {n[4:] for n in names if n.startswith("DNS:")}
+        # Without the certificate: what every coordinator certificate carries (the daemons check it).
+        return {"coordinator"} if c["command"][0] == "cairn-coordinator" else None
+    return None
+
+
+def check_service_monitor(where0, d, docs, certificates):
+    """A ServiceMonitor scrapes cairn's metrics port over mutual TLS, checking a server name
+    that every scraped certificate carries, with a client certificate of the cluster's CA
+    that has a role (/metrics needs viewer)."""
+    where, spec = f"{where0} ServiceMonitor/{d['metadata']['name']}", d.get("spec") or {}
+    selector = (spec.get("selector") or {}).get("matchLabels") or {}
+    services = [s for s in docs if s["kind"] == "Service" and selected(selector, s["metadata"].get("labels") or {})]
+    if not services:
+        errors.append(f"{where}: its selector {selector} selects no Service of the build (a Service's own labels)")
+    secrets = {s["metadata"]["name"]: s.get("data", {}) for s in docs if s["kind"] == "Secret"}
+    for e in spec.get("endpoints", []):
+        if set(e) - ENDPOINT_KEYS:
+            errors.append(f"{where}: unknown endpoint fields {sorted(set(e) - ENDPOINT_KEYS)}")
+        if e.get("scheme") != "https":
+            errors.append(f"{where}: scheme {e.get('scheme')!r}, not https (cairn's metrics port serves mutual TLS)")
+        tls = e.get("tlsConfig") or {}
+        if set(tls) - TLS_KEYS:
+            errors.append(f"{where}: unknown tlsConfig fields {sorted(set(tls) - TLS_KEYS)}")
+        if tls.get("insecureSkipVerify"):
+            errors.append(f"{where}: insecureSkipVerify")
+        refs = [(tls.get("ca") or {}).get("secret"), (tls.get("cert") or {}).get("secret"), tls.get("keySecret")]
+        if not all(r and r.get("name") and r.get("key") for r in refs):
+            errors.append(f"{where}: tlsConfig needs ca, cert and keySecret from a Secret (a client certificate: every port is mutual TLS)")
+            continue
+        client = refs[1]["name"]
+        roles = None
+        if client in certificates:
+            roles = [u for u in certificates[client].get("uris", []) if ROLE_URI.fullmatch(u)]
+        elif secret_sans(secrets, client) is not None:
+            roles = [n[4:] for n in secret_sans(secrets, client) if ROLE_URI.fullmatch(n[4:])]
+        if roles == []:
+            errors.append(f"{where}: its client certificate (Secret {client}) has no role URI (cairn://CLUSTER/viewer/NAME): /metrics answers 401")
+        for s in services:
+            port = next((p for p in s["spec"]["ports"] if p.get("name") == e.get("port")), None)
+            if port is None:
+                errors.append(f"{where}: Service {s['metadata']['name']} has no port named {e.get('port')!r}")
+                continue
+            for w in docs:
+                if w["kind"] not in ("Deployment", "StatefulSet") or not selected(s["spec"].get("selector"), w["spec"]["template"]["metadata"].get("labels") or {}):
+                    continue
+                for c in w["spec"]["template"]["spec"]["containers"]:
+                    env = {x["name"]: x.get("value", "") for x in c.get("env", [])}
+                    if (c.get("command") or [""])[0] in ("cairn-coordinator", "cairn-node") and \
+                            not str(env.get("CAIRN_METRICS_LISTEN", "")).endswith(f":{port.get('targetPort', port['port'])}"):
+                        errors.append(f"{where}: port {e.get('port')} of Service {s['metadata']['name']} is not the metrics port of {w['metadata']['name']}")
+                names = scraped_names(docs, certificates, w)
+                if names is not None and tls.get("serverName") not in names:
+                    errors.append(f"{where}: serverName {tls.get('serverName')!r} is not a DNS name of {w['kind']}/{w['metadata']['name']}'s "
+                                  f"certificate ({sorted(names)}): every scrape would fail verification")
 
 
 BIND = "${CAIRN_BIND:-127.0.0.1}:"
@@ -743,17 +1123,47 @@ def check_compose_services(label, raws, text):
                               "only the coordinators and node daemons may")
 
 
-for overlay in ("base", "external-etcd", "external-s3"):
-    text = subprocess.run(["kubectl", "kustomize", f"deploy/k8s/{overlay}"], capture_output=True, text=True, check=True).stdout
+def kustomize(path):
+    return subprocess.run(["kubectl", "kustomize", path], capture_output=True, text=True, check=True).stdout
+
+
+def with_monitoring(overlay):
+    """An overlay with the monitoring component (deploy/k8s/monitoring), built from a
+    kustomization in a temporary directory that includes both (by relative paths: kustomize
+    refuses absolute ones)."""
+    with tempfile.TemporaryDirectory() as d:
+        with open(f"{d}/kustomization.yaml", "w") as f:
+            yaml.safe_dump({"apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization",
+                            "resources": [os.path.relpath(overlay, d)],
+                            "components": [os.path.relpath("deploy/k8s/monitoring", d)]}, f)
+        return kustomize(d)
+
+
+for overlay in ("base", "external-etcd", "external-s3", "cert-manager-csi"):
+    text = kustomize(f"deploy/k8s/{overlay}")
     check_kubernetes(overlay, text)
     if overlay == "external-etcd" and "cairn-etcd:2379" in text:
         errors.append("k8s external-etcd: the coordinator still points at the bundled etcd")
     if overlay == "external-s3" and "s3://" not in text:
         errors.append("k8s external-s3: no container has an s3:// blob store")
+    if overlay == "cert-manager-csi" and CSI_DRIVER not in text:
+        errors.append(f"k8s cert-manager-csi: no {CSI_DRIVER} volume")
+# The monitoring component over the cert-manager overlay: its ServiceMonitors' server names
+# against the csi volumes' and Certificates' names, and their client certificate's role.
+text = with_monitoring("deploy/k8s/cert-manager-csi")
+check_kubernetes("cert-manager-csi + monitoring", text)
+if sorted(d["kind"] for d in yaml.safe_load_all(text) if d and d["apiVersion"].startswith("monitoring.coreos.com/")) != \
+        ["PrometheusRule", "ServiceMonitor", "ServiceMonitor"]:
+    errors.append("k8s monitoring: the component does not add two ServiceMonitors and a PrometheusRule")
 if DEV_CERTS:
-    text = subprocess.run(["kubectl", "kustomize", DEV_CERTS], capture_output=True, text=True, check=True).stdout
+    text = kustomize(DEV_CERTS)
     check_kubernetes("dev-certs", text)
     check_secrets("dev-certs", text)
+    # dev-certs with the monitoring component (the ready overlay beside it in the copy):
+    # the server names against the certificates' real SANs.
+    text = kustomize(os.path.join(os.path.dirname(os.path.abspath(DEV_CERTS)), "dev-certs-monitoring"))
+    check_kubernetes("dev-certs-monitoring", text)
+    check_secrets("dev-certs-monitoring", text)
 # Resolved with the defaults: no CAIRN_BIND or port variable from the caller's environment.
 defaults = {k: v for k, v in os.environ.items() if not (k == "CAIRN_BIND" or re.fullmatch(r"CAIRN_[A-Z0-9]+_PORT", k))}
 compose = subprocess.run(["docker-compose", "-f", "deploy/docker-compose.yml", "-f", "deploy/docker-compose.faults.yml", "config"],

@@ -195,10 +195,21 @@ impl PgServer {
     /// its data: a crash. Connections fail until [`PgServer::start_again`].
     pub fn kill(&mut self) {
         if let Some(mut p) = self.process.take() {
-            let _ = Command::new("kill")
-                .args(["-KILL", "--", &format!("-{}", p.pid())])
-                .status();
+            let group = format!("-{}", p.pid());
+            let _ = Command::new("kill").args(["-KILL", "--", &group]).status();
             p.kill();
+            // Until every backend is gone too: a server started while one lives refuses
+            // to start ("pre-existing shared memory block is still in use").
+            let deadline = std::time::Instant::now() + Duration::from_secs(10);
+            while std::time::Instant::now() < deadline
+                && Command::new("kill")
+                    .args(["-0", "--", &group])
+                    .stderr(Stdio::null())
+                    .status()
+                    .is_ok_and(|s| s.success())
+            {
+                std::thread::sleep(Duration::from_millis(10));
+            }
         }
     }
 

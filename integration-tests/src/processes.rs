@@ -118,6 +118,21 @@ pub fn binary(name: &str) -> anyhow::Result<PathBuf> {
     Ok(path)
 }
 
+/// Runs the built `cairnctl` with `args`; panics with its stderr unless it exits 0; its
+/// stdout.
+pub fn cairnctl_ok(args: &[&str]) -> String {
+    let out = Command::new(binary("cairnctl").unwrap())
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "cairnctl {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
 /// Retries `probe` every 20 ms until it succeeds or `timeout` passes.
 pub async fn eventually<T, F, Fut>(what: &str, timeout: Duration, mut probe: F) -> anyhow::Result<T>
 where

@@ -132,6 +132,7 @@ pub async fn run(
     let buffer = config.channel_buffer.max(1);
     let metrics = metrics::NodeMetrics::default();
     let mut registry = prometheus_client::registry::Registry::default();
+    cairn_rpc::server::metrics::register_process(&mut registry, "cairn-node");
     metrics.register(&mut registry);
     config.auth.register(&mut registry);
     let tls_metrics = cairn_rpc::server::tls::TlsMetrics::default();

@@ -17,7 +17,7 @@ use clap::{Parser, ValueEnum};
 ///
 /// Every flag can also be set by the environment variable shown.
 #[derive(Debug, Parser)]
-#[command(version, max_term_width = 100)]
+#[command(name = "cairn-node", version = cairn_rpc::version::VERSION, max_term_width = 100)]
 struct Args {
     /// This node's id (stable: e.g. n1, or a StatefulSet pod name).
     #[arg(long, env = "CAIRN_NODE_ID")]

@@ -66,6 +66,16 @@ pub(crate) struct NodeMetrics {
     pub state_bytes: Family<UploadLabel, Counter>,
     /// Messages of channels to removed members that were dropped.
     pub removed_peer_messages: Counter,
+    /// Messages queued on each outgoing channel, not yet sent: its backlog, as of the last
+    /// status taken (each heartbeat to the coordinator, each `GetNodeStatus`).
+    pub channel_queued: Family<PeerLabel, Gauge>,
+}
+
+/// The peer an outgoing channel goes to.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PeerLabel {
+    /// The peer's node id.
+    pub to: String,
 }
 
 impl NodeMetrics {
@@ -129,6 +139,12 @@ impl NodeMetrics {
              not acknowledged by it, sent to it by the application after it left, or received \
              from it and not yet taken in",
             self.removed_peer_messages.clone(),
+        );
+        registry.register(
+            "cairn_node_channel_queued_messages",
+            "Messages queued on each outgoing channel and not yet sent (its backlog), as of the \
+             last status (every heartbeat)",
+            self.channel_queued.clone(),
         );
         registry.register(
             "cairn_node_state_upload_bytes",

@@ -442,25 +442,8 @@ impl State {
                 let _ = watcher.try_send(Ok(told.clone()));
             }
         }
-        self.count_end(&record);
+        self.metrics.snapshot_ended(&record);
         self.refresh().await;
-    }
-
-    pub(super) fn count_end(&self, record: &SnapshotRecord) {
-        let status = record.status.name().to_lowercase();
-        self.metrics
-            .snapshots
-            .get_or_create(&crate::metrics::StatusLabel { status })
-            .inc();
-        if record.status == SnapshotStatus::Completed {
-            let seconds =
-                record.finished_at_ms.saturating_sub(record.started_at_ms) as f64 / 1000.0;
-            self.metrics.duration.observe(seconds);
-            self.metrics.bytes_new.inc_by(record.bytes_new);
-            self.metrics.bytes_reused.inc_by(record.bytes_reused);
-            let recorded = record.verdict.as_ref().map_or(0, |v| v.recorded_messages);
-            self.metrics.recorded_messages.inc_by(recorded);
-        }
     }
 
     /// Tells the record's watchers of a snapshot's progress. Progress of a snapshot in

@@ -128,6 +128,19 @@ impl State {
 
     /// A restore's end is stored: logged (automatic recovery is the engine's).
     pub(super) fn restore_ended(&self, record: &RestoreRecord) {
+        let outcome = match record.status {
+            RestoreStatus::Done => Some("done"),
+            RestoreStatus::Failed => Some("failed"),
+            RestoreStatus::InProgress => None,
+        };
+        if let Some(outcome) = outcome {
+            self.metrics
+                .restores
+                .get_or_create(&crate::metrics::OutcomeLabel {
+                    outcome: outcome.to_owned(),
+                })
+                .inc();
+        }
         match record.status {
             RestoreStatus::Done => tracing::info!(
                 restore = %record.id,

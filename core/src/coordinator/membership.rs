@@ -18,6 +18,8 @@ pub const MAX_REPORTED: u64 = 1 << 48;
 /// What a registering node still has to do about a restore.
 enum OnRegister {
     Nothing,
+    /// It is behind a restore that ended: it keeps its epoch, and the cluster is fenced.
+    Missed,
     /// It had applied the restore under way (its word was lost with a session).
     Applied(String),
     /// It has not: send it the restore.
@@ -269,6 +271,21 @@ impl Roles {
             self.snapshots.node_lost(out, now.wall_ms, &node);
         }
         let (epoch, next) = self.epoch_on_register(out, &node, &registration, fresh);
+        if matches!(next, OnRegister::Missed) {
+            // Behind a restore that ended, the cluster is fenced until one brings every node
+            // to one state: automatic recovery's. Due at each such registration, so that a
+            // leader of a later term recovers too: the restart behind it may have been seen
+            // only by a term that ended before its recovery ran (the long nemesis run: 40 s
+            // fenced, until an operator restored).
+            self.restores.recovery_due(
+                format!(
+                    "{node} missed a restore (in epoch {}, the cluster in {})",
+                    registration.epoch,
+                    self.restores.epoch()
+                ),
+                None,
+            );
+        }
         out.push(Action::Note(Note::Registered {
             node: node.clone(),
             address: record.address.clone(),
@@ -306,7 +323,7 @@ impl Roles {
             except: Some(node.clone()),
         });
         match next {
-            OnRegister::Nothing => {}
+            OnRegister::Nothing | OnRegister::Missed => {}
             OnRegister::Applied(restore_id) => {
                 self.restore_applied(out, now, &node, &restore_id);
             }
@@ -367,7 +384,7 @@ impl Roles {
             node_epoch: register.epoch,
             epoch,
         }));
-        (register.epoch, OnRegister::Nothing)
+        (register.epoch, OnRegister::Missed)
     }
 
     /// A node's session ended (`session`: only its current one counts).

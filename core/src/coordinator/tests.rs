@@ -1450,24 +1450,73 @@ fn a_restarted_member_makes_recovery_restore_the_newest_snapshot_that_verifies()
     assert_eq!(engine.active_restore().map(|r| r.epoch), Some(3));
 }
 
+/// An engine of four nodes whose cluster is in epoch 2, restored from snapshot 5.
+fn restored_in_epoch_2(auto_restore: bool) -> CoordinatorEngine<E> {
+    let mut engine = CoordinatorEngine::<E>::new(Config {
+        auto_restore,
+        ..config(4)
+    });
+    engine.handle(
+        at(T0),
+        Input::RestoresLoaded {
+            epoch: 2,
+            active: None,
+            unfinished: None,
+            restored: Some(SnapshotId(5)),
+        },
+    );
+    engine
+}
+
+#[test]
+fn a_member_behind_a_restore_makes_recovery_due_in_any_term() {
+    // A leader of a later term: the restart that left b behind was seen by another, whose
+    // recovery never ran. b's process registered then (its incarnation is on the roster),
+    // but never heard the epoch it was to enter, so it comes back in epoch 0.
+    for auto_restore in [true, false] {
+        let mut engine = restored_in_epoch_2(auto_restore);
+        engine.drain_actions();
+        let in_epoch = |node, incarnation| Registration {
+            epoch: 2,
+            ..registration(node, incarnation)
+        };
+        register(&mut engine, 100, in_epoch("a", 1));
+        register(&mut engine, 101, in_epoch("b", 1));
+        engine.handle(
+            at(T0),
+            Input::SessionEnded {
+                node: NodeId::new("b"),
+                session: 101,
+            },
+        );
+        engine.drain_actions();
+        let actions = register(&mut engine, 102, registration("b", 1));
+        assert!(
+            actions.iter().any(|a| matches!(
+                a,
+                Action::Note(Note::MissedRestore {
+                    node_epoch: 0,
+                    epoch: 2,
+                    ..
+                })
+            )),
+            "{actions:?}"
+        );
+        assert!(engine.fence().is_some(), "fenced until a restore");
+        let recovering = actions.last()
+            == Some(&Action::List {
+                purpose: Listing::Recovery,
+            });
+        assert_eq!(recovering, auto_restore, "{actions:?}");
+    }
+}
+
 #[test]
 fn recovery_stays_on_the_history_the_cluster_is_on_after_a_restore() {
     // Snapshot 5 was restored (epoch 2); 6 to 8 were taken before that restore, in epoch 1:
     // a history it discarded. Then 9 and 10 were taken in epoch 2.
     let candidates_after = |records: Vec<SnapshotRecord>| {
-        let mut engine = CoordinatorEngine::<E>::new(Config {
-            auto_restore: true,
-            ..config(4)
-        });
-        engine.handle(
-            at(T0),
-            Input::RestoresLoaded {
-                epoch: 2,
-                active: None,
-                unfinished: None,
-                restored: Some(SnapshotId(5)),
-            },
-        );
+        let mut engine = restored_in_epoch_2(true);
         register(&mut engine, 100, registration("a", 1));
         let gone = Input::SessionEnded {
             node: NodeId::new("a"),

@@ -9,7 +9,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use cairn_integration_tests::coordinated::{CoordinatedCluster, Store, channel_fault, http_get};
-use cairn_integration_tests::processes::{binary, eventually, free_port};
+use cairn_integration_tests::processes::{binary, cairnctl_ok, eventually, free_port};
 use cairn_integration_tests::restore::{restore, wait_restore};
 use cairn_proto::v1 as pb;
 
@@ -70,6 +70,12 @@ async fn chromium_load(profile: &Profile, url: &str, screenshot: Option<&Path>) 
 }
 
 /// `grpcurl -plaintext` against the coordinator, with reflection; its JSON output.
+/// What `cairnctl -o json ARGS` prints: the same JSON as grpcurl and the HTTP API.
+fn cairnctl_json(address: &str, args: &[&str]) -> serde_json::Value {
+    let args = [&["--coordinator", address, "-o", "json"][..], args].concat();
+    serde_json::from_str(&cairnctl_ok(&args)).unwrap()
+}
+
 fn grpcurl(address: &str, method: &str, request: &str) -> serde_json::Value {
     let out = Command::new("grpcurl")
         .args(["-plaintext", "-d", request, address, method])
@@ -466,6 +472,9 @@ async fn the_console_shows_every_snapshot_its_cut_and_its_failure_and_the_api_ma
             &format!("{{\"snapshotId\": \"{id}\"}}"),
         );
         assert_eq!(json, printed, "snapshot {id}: the API and grpcurl differ");
+        let id = id.to_string();
+        let printed = cairnctl_json(&grpc, &["snapshot", "get", &id]);
+        assert_eq!(json, printed, "snapshot {id}: the API and cairnctl differ");
     }
     let list = client
         .list_snapshots(pb::ListSnapshotsRequest::default())
@@ -480,6 +489,10 @@ async fn the_console_shows_every_snapshot_its_cut_and_its_failure_and_the_api_ma
     assert_eq!(
         api(&http, "/api/v1/snapshots").await,
         grpcurl(&grpc, "cairn.v1.Coordinator/ListSnapshots", "{}")
+    );
+    assert_eq!(
+        api(&http, "/api/v1/snapshots").await,
+        cairnctl_json(&grpc, &["snapshot", "list"])
     );
     let aligned = api(&http, "/api/v1/snapshots?mode=ALIGNED").await;
     let aligned = aligned["snapshots"].as_array().unwrap();
@@ -502,6 +515,10 @@ async fn the_console_shows_every_snapshot_its_cut_and_its_failure_and_the_api_ma
     assert_eq!(
         api(&http, "/api/v1/restores").await,
         serde_json::to_value(&restores).unwrap()
+    );
+    assert_eq!(
+        api(&http, "/api/v1/restores").await,
+        cairnctl_json(&grpc, &["restore", "list"])
     );
     assert_eq!(
         api(&http, &format!("/api/v1/restores/{}", op.restore_id)).await["restoreId"],
@@ -593,19 +610,7 @@ async fn the_console_shows_every_snapshot_its_cut_and_its_failure_and_the_api_ma
         .await
         .unwrap_err();
     assert_eq!(missing.code(), tonic::Code::NotFound, "{missing:?}");
-    let cairnctl = |args: &[&str]| {
-        let out = Command::new(binary("cairnctl").unwrap())
-            .args(["--coordinator", &grpc])
-            .args(args)
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "cairnctl {args:?}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8(out.stdout).unwrap()
-    };
+    let cairnctl = |args: &[&str]| cairnctl_ok(&[&["--coordinator", &grpc][..], args].concat());
     let table = cairnctl(&["snapshot", "diff", &first.to_string(), &second.to_string()]);
     let lines: Vec<&str> = table.lines().collect();
     assert!(

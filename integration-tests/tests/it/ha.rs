@@ -615,7 +615,7 @@ async fn a_follower_answers_every_call_and_a_revoked_lease_deposes_the_leader() 
                 );
                 let status: serde_json::Value = serde_json::from_slice(&out.stdout)?;
                 anyhow::ensure!(
-                    status["replicas"].as_array().map(Vec::len) == Some(2),
+                    status["leadership"]["replicas"].as_array().map(Vec::len) == Some(2),
                     "{status}"
                 );
                 Ok(status)
@@ -624,8 +624,10 @@ async fn a_follower_answers_every_call_and_a_revoked_lease_deposes_the_leader() 
     )
     .await
     .unwrap();
-    assert_eq!(status["leader"], leader_address.as_str(), "{status}");
-    assert_eq!(status["term"], term, "{status}");
+    // `-o json` is the protobuf JSON mapping: a uint64 is a string.
+    let leadership = &status["leadership"];
+    assert_eq!(leadership["leader"], leader_address.as_str(), "{status}");
+    assert_eq!(leadership["term"], term.to_string(), "{status}");
     assert_eq!(status["coordinator"], leader_address.as_str(), "{status}");
 
     // The leader's lease, revoked from outside (etcd's election key ends in the lease id).
@@ -777,7 +779,10 @@ async fn without_etcd_no_replica_leads_and_service_returns_with_it() {
         "cairnctl snapshot start --wait: {stderr}"
     );
     let done: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    assert_eq!(done["status"], "COMPLETED", "{done} ({stderr})");
+    assert_eq!(
+        done["status"], "SNAPSHOT_STATUS_COMPLETED",
+        "{done} ({stderr})"
+    );
     // A member down: a start with --wait waits for it (saying so) and completes once it is
     // back, instead of failing at once.
     let mut cluster = cluster;
@@ -833,7 +838,7 @@ async fn without_etcd_no_replica_leads_and_service_returns_with_it() {
         .unwrap();
     assert!(out.status.success(), "{out:?}");
     let done: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    assert_eq!(done["status"], "COMPLETED", "{done}");
+    assert_eq!(done["status"], "SNAPSHOT_STATUS_COMPLETED", "{done}");
     // A refusal that is not about members connecting is not waited on.
     let out = Command::new(binary("cairnctl").unwrap())
         .args(["--coordinator", &cluster.coordinator_list()])

@@ -5,6 +5,7 @@
 
 mod auth;
 mod bank_snapshots;
+mod cli;
 mod console;
 mod console_login;
 mod coordinator;
@@ -25,6 +26,7 @@ mod netns;
 mod node_channels;
 mod object_storage;
 mod operational;
+mod prometheus;
 mod restore;
 mod roundtrip;
 mod s3_server;

@@ -606,8 +606,11 @@ async fn record_request_waits_behind_nothing(mode: pb::SnapshotMode, alignment_m
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     // Now b's application reads: the record request's early copy went out when the marker
-    // came, before the status said so; the window the daemon had handed over (all of it:
-    // the application read nothing) is behind it.
+    // came, on the session's other stream; the window the daemon had handed over (all of
+    // it: the application read nothing) is behind it. The application is a slow one, 1 ms
+    // of work a message until it records: the early copy is a message on another stream,
+    // which comes while the window is worked through, never ahead of a reader that takes
+    // the whole window in microseconds (CI saw that once).
     let mut next = 0u64;
     let mut before_record = None;
     while next < N {
@@ -616,6 +619,9 @@ async fn record_request_waits_behind_nothing(mode: pb::SnapshotMode, alignment_m
                 let got = u64::from_be_bytes(payload.as_ref().try_into().unwrap());
                 assert_eq!(got, next, "out of order");
                 next += 1;
+                if before_record.is_none() {
+                    tokio::time::sleep(Duration::from_millis(1)).await;
+                }
             }
             Some(AppEvent::RecordState { snapshot_id: 1 }) => {
                 before_record = Some(next);

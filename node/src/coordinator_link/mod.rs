@@ -249,7 +249,7 @@ impl CoordinatorLink {
                 // A membership this daemon cannot follow ends the session: the coordinator
                 // sees it go, and the daemon tries again later.
                 self.wirer.apply(&m).await?;
-                self.coordinators.registered();
+                self.coordinators.registered(address);
                 self.shared
                     .registered
                     .store(true, std::sync::atomic::Ordering::Release);

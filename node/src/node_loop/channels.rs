@@ -423,9 +423,17 @@ impl NodeLoop {
                 } as i32,
             });
         }
+        // The backlog gauges: a removed peer's goes with it.
+        let queued = &self.shared.metrics.channel_queued;
+        queued.clear();
         for (channel, out) in &self.outgoing {
             let stats = &out.handles.stats;
             use std::sync::atomic::Ordering::Relaxed;
+            queued
+                .get_or_create(&crate::metrics::PeerLabel {
+                    to: channel.to.to_string(),
+                })
+                .set(i64::try_from(out.queue.len()).unwrap_or(i64::MAX));
             channels.push(pb::ChannelStatus {
                 channel: Some(channel.into()),
                 connected: stats.connected.load(Relaxed),

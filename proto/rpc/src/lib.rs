@@ -41,6 +41,21 @@ pub mod bank {
     }
 }
 
+/// What the programs say of their build (`--version`, `cairn_build_info`).
+pub mod version {
+    /// The release (the workspace's version).
+    pub const RELEASE: &str = env!("CARGO_PKG_VERSION");
+    /// The git revision built from (12 hex digits), or `unknown` (see the build script).
+    pub const REVISION: &str = env!("CAIRN_GIT_REVISION");
+    /// `--version`'s text after the program's name: `0.1.0 (git 0123456789ab)`.
+    pub const VERSION: &str = concat!(
+        env!("CARGO_PKG_VERSION"),
+        " (git ",
+        env!("CAIRN_GIT_REVISION"),
+        ")"
+    );
+}
+
 pub mod leader;
 pub mod limits;
 #[cfg(feature = "server")]

@@ -821,8 +821,10 @@ fn refused_by_server(alert: rustls::AlertDescription) -> String {
 }
 
 /// An error with its causes, `a: b: c` — tonic's transport errors say little on their own.
-/// A TLS failure starts with what it means in words ([`explain`]: the server's
-/// certificate has expired, the server refused this client's certificate, ...).
+/// A cause that only repeats what is already said (hyper's "tcp connect error" wraps
+/// another "tcp connect error"; some errors print their cause themselves) is left out. A
+/// TLS failure starts with what it means in words ([`explain`]: the server's certificate
+/// has expired, the server refused this client's certificate, ...).
 pub fn with_causes(error: &(dyn std::error::Error + 'static)) -> String {
     let mut text = match explain(error) {
         Some(words) => format!("{words}: {error}"),
@@ -830,8 +832,11 @@ pub fn with_causes(error: &(dyn std::error::Error + 'static)) -> String {
     };
     let mut source = error.source();
     while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
+        let said = cause.to_string();
+        if !said.is_empty() && !text.ends_with(&said) {
+            text.push_str(": ");
+            text.push_str(&said);
+        }
         source = cause.source();
     }
     text
@@ -874,5 +879,35 @@ mod tests {
             "{e}"
         );
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn causes_that_repeat_what_is_said_are_left_out() {
+        #[derive(Debug)]
+        struct E(&'static str, Option<Box<E>>);
+        impl std::fmt::Display for E {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str(self.0)
+            }
+        }
+        impl std::error::Error for E {
+            fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+                self.1.as_deref().map(|e| e as _)
+            }
+        }
+        let chain = E(
+            "transport error",
+            Some(Box::new(E(
+                "tcp connect error",
+                Some(Box::new(E(
+                    "tcp connect error",
+                    Some(Box::new(E("Connection refused (os error 111)", None))),
+                ))),
+            ))),
+        );
+        assert_eq!(
+            with_causes(&chain),
+            "transport error: tcp connect error: Connection refused (os error 111)"
+        );
     }
 }

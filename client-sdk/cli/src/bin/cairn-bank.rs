@@ -14,7 +14,7 @@ use clap::Parser;
 ///
 /// Every flag can also be set by the environment variable shown.
 #[derive(Debug, Parser)]
-#[command(version, max_term_width = 100)]
+#[command(name = "cairn-bank", version = cairn_rpc::version::VERSION, max_term_width = 100)]
 struct Args {
     /// The application address of the node daemon beside this bank.
     #[arg(long, env = "CAIRN_NODE_ADDR", default_value = "127.0.0.1:7200")]

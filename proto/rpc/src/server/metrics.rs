@@ -17,6 +17,53 @@ use tokio_util::sync::CancellationToken;
 use super::tls::TlsMetrics;
 use crate::tls::Tls;
 
+mod process;
+
+pub use process::register_process;
+
+/// What `/metrics` answers with: Prometheus' classic text format, which Prometheus,
+/// `promtool check metrics` and every scraper read, and which [`classic`] makes of the
+/// registry's OpenMetrics text.
+pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
+
+/// The registry's OpenMetrics text (what `prometheus-client` writes) in Prometheus' classic
+/// text format, so that the body is what its content type says: a counter's `HELP` and
+/// `TYPE` name its samples (`cairn_snapshots_total`, where OpenMetrics says
+/// `cairn_snapshots`), an info metric is a gauge named `…_info`, and OpenMetrics' own lines
+/// (`# UNIT`, `# EOF`) go. Samples are the same in both.
+pub fn classic(open_metrics: &str) -> String {
+    use std::fmt::Write as _;
+    let mut out = String::with_capacity(open_metrics.len());
+    // A family's HELP comes before its TYPE, which says what to call it.
+    let mut help: Option<&str> = None;
+    for line in open_metrics.lines() {
+        if let Some(rest) = line.strip_prefix("# HELP ") {
+            help = Some(rest.split_once(' ').map_or("", |(_, text)| text));
+            continue;
+        }
+        if let Some(rest) = line.strip_prefix("# TYPE ") {
+            let (name, kind) = rest.rsplit_once(' ').unwrap_or((rest, "unknown"));
+            let (name, kind) = match kind {
+                "counter" => (format!("{name}_total"), "counter"),
+                "info" => (format!("{name}_info"), "gauge"),
+                "gauge" | "histogram" | "summary" => (name.to_owned(), kind),
+                _ => (name.to_owned(), "untyped"),
+            };
+            if let Some(text) = help.take() {
+                let _ = writeln!(out, "# HELP {name} {text}");
+            }
+            let _ = writeln!(out, "# TYPE {name} {kind}");
+            continue;
+        }
+        if line.starts_with("# UNIT ") || line == "# EOF" {
+            continue;
+        }
+        out.push_str(line);
+        out.push('\n');
+    }
+    out
+}
+
 /// How an HTTP client is connected: what a handler of the routes given to [`serve`] takes
 /// as `ConnectInfo<ClientCert>` to check a role (`Auth::check`'s `cert`).
 #[derive(Debug, Clone)]
@@ -53,7 +100,7 @@ impl Connected<IncomingStream<'_, TlsListener>> for ClientCert {
     }
 }
 
-/// Serves `registry` as Prometheus text at `GET /metrics`, and `routes` beside it, until
+/// Serves `registry` as Prometheus' classic text ([`classic`]) at `GET /metrics`, and `routes` beside it, until
 /// `shutdown`; with `tls` (the daemon's `--tls-*`), over mutual TLS like its gRPC ports (a
 /// scraper presents a certificate of the CA: Prometheus' `tls_config`
 /// `cert_file`/`key_file`), refusals counted in the same metrics.
@@ -77,11 +124,8 @@ pub async fn serve(
             let mut body = String::new();
             match prometheus_client::encoding::text::encode(&mut body, &registry) {
                 Ok(()) => (
-                    [(
-                        axum::http::header::CONTENT_TYPE,
-                        "text/plain; version=0.0.4; charset=utf-8",
-                    )],
-                    body,
+                    [(axum::http::header::CONTENT_TYPE, CONTENT_TYPE)],
+                    classic(&body),
                 )
                     .into_response(),
                 Err(e) => (
@@ -207,5 +251,62 @@ impl axum::serve::Listener for TlsListener {
 
     fn local_addr(&self) -> std::io::Result<Self::Addr> {
         Ok(self.local)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use prometheus_client::metrics::counter::Counter;
+    use prometheus_client::metrics::family::Family;
+    use prometheus_client::metrics::gauge::Gauge;
+    use prometheus_client::metrics::histogram::Histogram;
+    use prometheus_client::metrics::info::Info;
+    use prometheus_client::registry::{Registry, Unit};
+
+    use super::classic;
+
+    #[test]
+    fn the_registry_reads_as_classic_text_each_family_typed_by_its_samples_name() {
+        let mut registry = Registry::default();
+        let counter = Family::<Vec<(String, String)>, Counter>::default();
+        counter
+            .get_or_create(&vec![("status".into(), "completed".into())])
+            .inc();
+        registry.register("cairn_snapshots", "Snapshots ended", counter);
+        registry.register("cairn_members", "Members", Gauge::<i64>::default());
+        registry.register_with_unit(
+            "cairn_snapshot_new",
+            "Bytes stored anew",
+            Unit::Bytes,
+            Counter::<u64>::default(),
+        );
+        let histogram = Histogram::new([1.0]);
+        histogram.observe(0.5);
+        registry.register("cairn_snapshot_duration_seconds", "Duration", histogram);
+        registry.register("cairn_build", "The build", Info::new(vec![("v", "1")]));
+        let mut open_metrics = String::new();
+        prometheus_client::encoding::text::encode(&mut open_metrics, &registry).unwrap();
+        assert!(open_metrics.contains("# TYPE cairn_snapshots counter\n"));
+        assert_eq!(
+            classic(&open_metrics),
+            "# HELP cairn_snapshots_total Snapshots ended.\n\
+             # TYPE cairn_snapshots_total counter\n\
+             cairn_snapshots_total{status=\"completed\"} 1\n\
+             # HELP cairn_members Members.\n\
+             # TYPE cairn_members gauge\n\
+             cairn_members 0\n\
+             # HELP cairn_snapshot_new_bytes_total Bytes stored anew.\n\
+             # TYPE cairn_snapshot_new_bytes_total counter\n\
+             cairn_snapshot_new_bytes_total 0\n\
+             # HELP cairn_snapshot_duration_seconds Duration.\n\
+             # TYPE cairn_snapshot_duration_seconds histogram\n\
+             cairn_snapshot_duration_seconds_sum 0.5\n\
+             cairn_snapshot_duration_seconds_count 1\n\
+             cairn_snapshot_duration_seconds_bucket{le=\"1.0\"} 1\n\
+             cairn_snapshot_duration_seconds_bucket{le=\"+Inf\"} 1\n\
+             # HELP cairn_build_info The build.\n\
+             # TYPE cairn_build_info gauge\n\
+             cairn_build_info{v=\"1\"} 1\n"
+        );
     }
 }

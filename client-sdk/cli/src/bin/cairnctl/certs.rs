@@ -119,7 +119,7 @@ pub(crate) fn certs(command: CertsCommand) -> anyhow::Result<ExitCode> {
         } => (cluster, nodes, users, san, servers, dir, force),
         CertsCommand::Revoke { dir, days, names } => {
             let listed = revoke(&dir, &names, days)?;
-            println!(
+            outln!(
                 "wrote {}: {listed} certificate(s) revoked (give the daemons --tls-crl {})",
                 dir.join("crl.pem").display(),
                 dir.join("crl.pem").display()
@@ -132,7 +132,7 @@ pub(crate) fn certs(command: CertsCommand) -> anyhow::Result<ExitCode> {
         .map(|user| parse_user(user))
         .collect::<anyhow::Result<Vec<_>>>()?;
     let files = init(&cluster, &nodes, &people, &san, &servers, &dir, force)?;
-    println!(
+    outln!(
         "wrote {} files to {} (CA: ca.pem{}; keys 0600)",
         files.len(),
         dir.display(),

@@ -285,7 +285,7 @@ pub(crate) async fn demo(
         .unwrap_or_else(|| std::env::temp_dir().join(format!("cairn-demo-{}", std::process::id())));
     let initial_balance = 1000;
     let (security, token) = if insecure {
-        println!("{INSECURE}");
+        outln!("{INSECURE}");
         (None, None)
     } else {
         let (security, token) = secure_files(&data_dir, nodes, coordinator.as_deref())?;
@@ -301,7 +301,7 @@ pub(crate) async fn demo(
         bin_dir: bin_dir()?,
         security,
     };
-    println!(
+    outln!(
         "starting a local cluster: 1 coordinator (embedded store), {nodes} node daemons, {nodes} banks at {workload} transfers/s each{}",
         if insecure {
             ""
@@ -312,7 +312,7 @@ pub(crate) async fn demo(
     let cluster = LocalCluster::start(&spec).await?;
     let result = demo_story(&cluster, initial_balance * nodes as u64, token.as_deref()).await;
     if stay && result.is_ok() {
-        println!(
+        outln!(
             "the cluster keeps running (--stay): open the web console at {}://{}/ ; Ctrl-C stops it.",
             if insecure { "http" } else { "https" },
             cluster.addresses.coordinator_metrics
@@ -327,7 +327,7 @@ pub(crate) async fn demo(
     if temporary && result.is_ok() {
         let _ = std::fs::remove_dir_all(&data_dir);
     } else {
-        println!("data and logs kept in {}", data_dir.display());
+        outln!("data and logs kept in {}", data_dir.display());
     }
     result
 }
@@ -352,12 +352,12 @@ async fn demo_story(
     };
     cluster.wait_ready(Duration::from_secs(30)).await?;
     let scheme = if token.is_some() { "https" } else { "http" };
-    println!(
+    outln!(
         "web console: {scheme}://{}/ (snapshots as they happen; --stay keeps the cluster up after the table)",
         cluster.addresses.coordinator_metrics
     );
     if let (Some(security), Some(token)) = (&cluster.addresses.security, token) {
-        println!(
+        outln!(
             "{}",
             access(
                 "to call the cluster while the demo runs (--dir keeps the files):",
@@ -408,7 +408,7 @@ async fn demo_story(
             row[6].clone(),
         ]);
     }
-    println!();
+    outln!();
     table(
         &[
             "ID",
@@ -421,12 +421,12 @@ async fn demo_story(
         ],
         rows,
     );
-    println!();
+    outln!();
     if all_good {
-        println!("every snapshot completed, verified as a consistent cut, and the money adds up.");
+        outln!("every snapshot completed, verified as a consistent cut, and the money adds up.");
         Ok(ExitCode::SUCCESS)
     } else {
-        println!(
+        outln!(
             "FAILED: a snapshot did not complete, or its money does not add up (logs in {}).",
             cluster.addresses.data_dir.join("logs").display()
         );

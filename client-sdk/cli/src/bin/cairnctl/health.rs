@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use cairn_rpc::v1 as pb;
 
-use crate::output::{Output, mode_word, status_word, table};
-use crate::policy::{age, freshness, human, policy_json, policy_mode};
+use crate::output::{Output, mode_word, print_json, proto_json, table};
+use crate::policy::{age, freshness, human, policy_mode};
 
 /// `cairnctl nodes`: the registered node daemons.
 pub(crate) async fn nodes(coordinator: &str, output: Output) -> anyhow::Result<ExitCode> {
@@ -35,7 +35,7 @@ pub(crate) async fn remove_node(
         .await?
         .into_inner();
     if output == Output::Table {
-        println!("node {node_id} removed; the nodes now:");
+        outln!("node {node_id} removed; the nodes now:");
     }
     print_nodes(&nodes, output)
 }
@@ -66,42 +66,22 @@ pub(crate) async fn node_status(address: &str, output: Output) -> anyhow::Result
         })
     };
     if output == Output::Json {
-        let window = status.delivery_window.as_ref().map(|w| {
-            serde_json::json!({"acknowledges": w.acknowledges, "size_messages": w.size_messages,
-                "size_bytes": w.size_bytes, "handed": w.handed, "handed_bytes": w.handed_bytes,
-                "consumed": w.consumed, "consumed_bytes": w.consumed_bytes,
-                "records_pending": w.records_pending})
-        });
-        let rows: Vec<_> = channels()
-            .map(|(r, incoming, c)| {
-                serde_json::json!({"from": r.from, "to": r.to,
-                    "direction": if incoming { "in" } else { "out" },
-                    "connected": c.connected, "data_messages": c.data_messages,
-                    "markers": c.markers, "queued": c.queued, "next_held": kind(c.next_held),
-                    "alignment_blocked": c.alignment_blocked, "fault_held": c.fault_held,
-                    "release_budget": c.release_budget, "credit_limit": c.credit_limit,
-                    "next_index": c.next_index, "unacked_frames": c.unacked_frames,
-                    "reconnects": c.reconnects})
-            })
-            .collect();
-        let out = serde_json::json!({"node_id": status.node_id, "cluster": status.cluster,
-            "incarnation": status.incarnation, "epoch": status.epoch,
-            "application_attached": status.application_attached,
-            "inbox_depth": status.inbox_depth, "snapshots_in_flight": status.snapshots_in_flight,
-            "delivery_window": window, "channels": rows});
-        println!("{}", serde_json::to_string_pretty(&out)?);
+        print_json(&status)?;
         return Ok(ExitCode::SUCCESS);
     }
-    println!(
+    outln!(
         "node {} of cluster {} (incarnation {}, epoch {})",
-        status.node_id, status.cluster, status.incarnation, status.epoch
+        status.node_id,
+        status.cluster,
+        status.incarnation,
+        status.epoch
     );
     let in_flight: Vec<String> = status
         .snapshots_in_flight
         .iter()
         .map(u64::to_string)
         .collect();
-    println!(
+    outln!(
         "inbox {}; snapshots in flight: {}",
         status.inbox_depth,
         if in_flight.is_empty() {
@@ -111,12 +91,13 @@ pub(crate) async fn node_status(address: &str, output: Output) -> anyhow::Result
         }
     );
     match &status.delivery_window {
-        None => println!("application: none attached"),
-        Some(w) if !w.acknowledges => println!(
+        None => outln!("application: none attached"),
+        Some(w) if !w.acknowledges => outln!(
             "application: attached, no delivery window (handed {}, record requests unanswered {})",
-            w.handed, w.records_pending
+            w.handed,
+            w.records_pending
         ),
-        Some(w) => println!(
+        Some(w) => outln!(
             "application: window {} messages / {} bytes; handed {}, consumed {} ({} out); record requests unanswered {}",
             w.size_messages,
             w.size_bytes,
@@ -190,12 +171,7 @@ pub(crate) async fn node_status(address: &str, output: Output) -> anyhow::Result
 
 fn print_nodes(nodes: &pb::ListNodesResponse, output: Output) -> anyhow::Result<ExitCode> {
     if output == Output::Json {
-        let rows: Vec<_> = nodes
-            .nodes
-            .iter()
-            .map(|n| serde_json::json!({"node_id": n.node_id, "address": n.address, "incarnation": n.incarnation, "connected": n.connected, "application_attached": n.application_attached, "last_seen_ms": n.last_seen_ms}))
-            .collect();
-        println!("{}", serde_json::to_string_pretty(&rows)?);
+        print_json(nodes)?;
     } else {
         table(
             &["NODE", "ADDRESS", "CONNECTED", "INCARNATION", "APPLICATION"],
@@ -240,11 +216,11 @@ pub(crate) async fn health(
     };
     match tokio::time::timeout(timeout, ask).await {
         Ok(Ok(ServingStatus::Serving)) => {
-            println!("SERVING");
+            outln!("SERVING");
             Ok(ExitCode::SUCCESS)
         }
         Ok(Ok(status)) => {
-            println!("{}", status.as_str_name());
+            outln!("{}", status.as_str_name());
             Ok(ExitCode::FAILURE)
         }
         Ok(Err(e)) => {
@@ -337,26 +313,24 @@ pub(crate) async fn status(coordinator: &str, output: Output) -> anyhow::Result<
         .collect();
     let id = |s: &pb::Snapshot| s.plan.as_ref().map_or(0, |p| p.snapshot_id);
     if output == Output::Json {
-        let json = serde_json::json!({
+        // The answers it is made of, each in the protobuf JSON mapping, under the names of
+        // the table's rows.
+        let mut json = serde_json::json!({
             "coordinator": coordinator,
-            "leader": leadership.as_ref().map(|l| &l.leader),
-            "term": leadership.as_ref().map(|l| l.term),
-            "replicas": leadership.as_ref().map(|l| l.replicas.iter().map(|r| serde_json::json!({
-                "address": r.address, "revision": r.revision, "leader": r.leader,
-            })).collect::<Vec<_>>()),
-            "nodes": nodes.nodes.len(),
-            "connected": connected,
-            "not_connected": down,
-            "in_progress": running.iter().map(id).collect::<Vec<_>>(),
-            "newest_completed": newest.as_ref().map(|s| serde_json::json!({
-                "id": id(s), "mode": mode_word(s), "status": status_word(s.status),
-                "finished_at_ms": s.finished_at_ms,
-                "duration_ms": s.finished_at_ms.saturating_sub(s.started_at_ms),
-            })),
-            "policy": policy_json(&policy),
-            "last_restore": restore_text,
+            "nodes": proto_json(&nodes)?,
+            "inProgress": running.iter().map(proto_json).collect::<anyhow::Result<Vec<_>>>()?,
+            "policy": proto_json(&policy)?,
         });
-        println!("{}", serde_json::to_string_pretty(&json)?);
+        if let Some(leadership) = &leadership {
+            json["leadership"] = proto_json(leadership)?;
+        }
+        if let Some(newest) = &newest {
+            json["newestCompleted"] = proto_json(newest)?;
+        }
+        if let Some(restore) = &last_restore {
+            json["lastRestore"] = proto_json(restore)?;
+        }
+        print_json(&json)?;
         return Ok(ExitCode::SUCCESS);
     }
     let [leader, term, replicas] = leadership_rows(leadership.as_ref());

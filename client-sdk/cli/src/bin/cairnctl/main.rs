@@ -6,9 +6,28 @@
 //! [`snapshot`], [`restore`], [`policy`], [`cluster`] (`cluster up`, `demo`), [`health`]
 //! (`nodes`, `status`, `health`); [`output`] prints tables and JSON.
 
+/// `print!` to stdout that ends the program quietly (exit 0) when stdout is a pipe closed
+/// by its reader (`cairnctl … | head -1`), as `ls | head` does, instead of panicking.
+macro_rules! out {
+    ($($arg:tt)*) => {
+        $crate::output::write_stdout(format_args!($($arg)*))
+    };
+}
+
+/// `println!`, as [`out!`].
+macro_rules! outln {
+    () => {
+        $crate::output::write_stdout(format_args!("\n"))
+    };
+    ($($arg:tt)*) => {
+        $crate::output::write_stdout(format_args!("{}\n", format_args!($($arg)*)))
+    };
+}
+
 mod certs;
 mod cluster;
 mod health;
+mod hints;
 mod output;
 mod policy;
 mod restore;
@@ -28,7 +47,7 @@ use crate::output::Output;
 ///
 /// Every flag can also be set by the environment variable shown.
 #[derive(Debug, Parser)]
-#[command(version)]
+#[command(name = "cairnctl", version = cairn_rpc::version::VERSION)]
 struct Cli {
     /// The coordinator's address (HOST:PORT), or its replicas' as a comma-separated list
     /// (at most 16): cairnctl asks each in turn whether it leads, goes to the leader a
@@ -136,6 +155,15 @@ enum Command {
     /// Run a local cluster (a coordinator, N node daemons, N bank apps) on loopback.
     #[command(subcommand)]
     Cluster(cluster::ClusterCommand),
+    /// Print a completion script for SHELL to stdout. Bash: `cairnctl completion bash >
+    /// ~/.local/share/bash-completion/completions/cairnctl`; zsh: `cairnctl completion zsh >
+    /// "${fpath[1]}/_cairnctl"`; fish: `cairnctl completion fish >
+    /// ~/.config/fish/completions/cairnctl.fish`.
+    Completion {
+        /// The shell.
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
     /// The whole story: a local cluster on the embedded store, a bank workload, one snapshot
     /// in each mode while transfers run, and a table of results. Exits 0 only if every
     /// snapshot verified and the money adds up. The cluster runs mutual TLS and bearer
@@ -280,7 +308,12 @@ fn main() -> ExitCode {
     }
     // `certs` and `auth` call no server, and the local cluster uses its own certificates:
     // their TLS flags (or variables) are not read.
-    if !local && !matches!(cli.command, Command::Certs(_) | Command::Auth(_)) {
+    if !local
+        && !matches!(
+            cli.command,
+            Command::Certs(_) | Command::Auth(_) | Command::Completion { .. }
+        )
+    {
         match cli.tls.load_client() {
             Ok(tls) => {
                 let _ = TLS.set(tls);
@@ -326,15 +359,14 @@ fn main() -> ExitCode {
                         ),
                         None => eprintln!("error: {}{why} ({:?})", status.message(), status.code()),
                     }
-                    if let Some(hint) = plaintext_hint(&why) {
+                    if let Some(hint) = hints::for_status(status.code(), &why, tls().is_some()) {
                         eprintln!("{hint}");
                     }
                 }
                 None => {
                     eprintln!("error: {e:#}");
-                    // A plaintext connection a TLS server closed, seen while connecting.
-                    if let Some(cairn_sdk::Error::Connect { reason, .. }) = e.downcast_ref()
-                        && let Some(hint) = plaintext_hint(reason)
+                    if let Some(cairn_sdk::Error::Connect { address, reason }) = e.downcast_ref()
+                        && let Some(hint) = hints::for_connect(address, reason, tls().is_some())
                     {
                         eprintln!("{hint}");
                     }
@@ -343,21 +375,6 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
-}
-
-/// A hint when a plaintext connection failed after it was made (`why`: the transport
-/// error's causes): a server with TLS closes plaintext connections without a word, as a
-/// secure local cluster does.
-fn plaintext_hint(why: &str) -> Option<&'static str> {
-    let connection_lost = why.contains("transport error")
-        && !why.contains("tcp connect error")
-        && !why.contains("Connection refused");
-    (tls().is_none() && connection_lost).then_some(
-        "hint: no --tls-ca was given and the server closed the connection: it probably serves \
-         TLS (as `cairnctl cluster up` and `demo` start it unless --insecure); give --tls-ca, \
-         --tls-cert, --tls-key and --token, or the CAIRN_TLS_* and CAIRN_TOKEN lines `cluster \
-         up` printed",
-    )
 }
 
 /// The coordinator the commands that talk to one use.
@@ -391,19 +408,30 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Auth(AuthCommand::Token { role, name }) => {
             let (token, line) = cli::auth::new_token(role, name.as_deref());
             match cli.output {
-                Output::Json => println!(
+                Output::Json => outln!(
                     "{}",
                     serde_json::json!({ "token": token, "role": role.as_str(), "line": line })
                 ),
                 _ => {
-                    println!("token: {token}");
-                    println!("add this line to the --auth-tokens file:");
-                    println!("{line}");
+                    outln!("token: {token}");
+                    outln!("add this line to the --auth-tokens file:");
+                    outln!("{line}");
                 }
             }
             Ok(ExitCode::SUCCESS)
         }
         Command::Certs(command) => certs::certs(command),
+        Command::Completion { shell } => {
+            let mut script = Vec::new();
+            clap_complete::generate(
+                shell,
+                &mut <Cli as clap::CommandFactory>::command(),
+                "cairnctl",
+                &mut script,
+            );
+            out!("{}", String::from_utf8_lossy(&script));
+            Ok(ExitCode::SUCCESS)
+        }
         Command::Cluster(command) => cluster::cluster(command, listen).await,
         Command::Demo {
             nodes,
@@ -476,8 +504,9 @@ mod tests {
         let cairn_sdk::Error::Connect { reason, .. } = &e else {
             panic!("{e:?}")
         };
-        assert!(plaintext_hint(reason).is_some(), "{reason}");
-        // Nothing listening: no hint.
+        let hint = hints::for_connect(&address, reason, false).unwrap_or_default();
+        assert!(hint.contains("--tls-ca"), "{reason}: {hint}");
+        // Nothing listening: where to point cairnctl, not TLS.
         let closed = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let nobody = closed.local_addr().unwrap().to_string();
         drop(closed);
@@ -488,7 +517,11 @@ mod tests {
         let cairn_sdk::Error::Connect { reason, .. } = &e else {
             panic!("{e:?}")
         };
-        assert!(plaintext_hint(reason).is_none(), "{reason}");
+        let hint = hints::for_connect(&nobody, reason, false).unwrap_or_default();
+        assert!(
+            hint.contains(&format!("nothing answers at {nobody}")) && !hint.contains("--tls-ca"),
+            "{reason}: {hint}"
+        );
     }
 
     #[test]

@@ -1,5 +1,5 @@
-//! How `cairnctl` prints: the output format, aligned tables, and a snapshot as a table row
-//! or as JSON.
+//! How `cairnctl` prints: the output format, aligned tables, a snapshot as a table row, and
+//! JSON in the protobuf JSON mapping.
 
 use cairn_proto::v1 as pb;
 use clap::ValueEnum;
@@ -30,40 +30,17 @@ pub(crate) fn mode_word(snapshot: &pb::Snapshot) -> &'static str {
     }
 }
 
-pub(crate) fn snapshot_json(s: &pb::Snapshot) -> serde_json::Value {
-    serde_json::json!({
-        "id": s.plan.as_ref().map_or(0, |p| p.snapshot_id),
-        "mode": mode_word(s),
-        "initiators": s.plan.as_ref().map(|p| p.initiators.clone()).unwrap_or_default(),
-        "epoch": s.plan.as_ref().map_or(0, |p| p.epoch),
-        "status": status_word(s.status),
-        "failure": s.failure.as_ref().map(|f| f.message.clone()),
-        "verdict": s.verdict.as_ref().map(|v| serde_json::json!({"consistent": v.consistent, "violation": v.violation, "recorded_messages": v.recorded_messages})),
-        "started_at_ms": s.started_at_ms,
-        "finished_at_ms": s.finished_at_ms,
-        "duration_ms": s.finished_at_ms.saturating_sub(s.started_at_ms),
-        "nodes": s.nodes.iter().map(|n| serde_json::json!({
-            "node_id": n.node_id, "recorded": n.recorded, "reported": n.reported,
-            "local_state_bytes": n.local_state_bytes,
-            "recorded_messages": n.channel_states.iter().map(|c| c.messages.len()).sum::<usize>(),
-        })).collect::<Vec<_>>(),
-        "bytes_new": s.bytes_new,
-        "bytes_reused": s.bytes_reused,
-        "labels": s.labels,
-        "events": s.events.iter().map(|e| serde_json::json!({
-            "at_ms": e.at_ms,
-            "kind": event_word(e.kind),
-            "node_id": e.node_id,
-            "local_state_bytes": e.local_state_bytes,
-            "recorded_messages": e.recorded_messages,
-            "bytes_new": e.bytes_new,
-            "bytes_reused": e.bytes_reused,
-            "detail": e.detail,
-            "start_delay_ms": e.start_delay_ms,
-            "alignment_ms": e.alignment_ms,
-            "held_messages": e.held_messages,
-        })).collect::<Vec<_>>(),
-    })
+/// `message` in the protobuf JSON mapping, as grpcurl and the coordinator's HTTP API give it:
+/// field names in lowerCamelCase, 64-bit integers as strings, enums by name, fields at their
+/// default (0, "", false, empty) left out. The one dialect of `-o json`.
+pub(crate) fn proto_json(message: &impl serde::Serialize) -> anyhow::Result<serde_json::Value> {
+    Ok(serde_json::to_value(message)?)
+}
+
+/// Prints `value` as indented JSON.
+pub(crate) fn print_json(value: &impl serde::Serialize) -> anyhow::Result<()> {
+    outln!("{}", serde_json::to_string_pretty(value)?);
+    Ok(())
 }
 
 /// An event's kind as its stable word: `STARTED`, `STATE_RECORDED`, `PART_STORED`, …
@@ -162,13 +139,26 @@ pub(crate) const SNAPSHOT_HEADER: [&str; 7] = [
 
 pub(crate) fn print_snapshot(snapshot: &pb::Snapshot, output: Output) -> anyhow::Result<()> {
     match output {
-        Output::Json => println!(
-            "{}",
-            serde_json::to_string_pretty(&snapshot_json(snapshot))?
-        ),
+        Output::Json => print_json(snapshot)?,
         Output::Table => table(&SNAPSHOT_HEADER, [snapshot_row(snapshot)]),
     }
     Ok(())
+}
+
+/// Writes to stdout (what [`out!`] and [`outln!`] expand to). A reader that closed the pipe
+/// wants no more: the program ends at once, quietly, with 0. Any other failure to write
+/// (a full disk behind a redirection) ends it with 74 (EX_IOERR), saying so: output cut
+/// short must not look like success.
+pub(crate) fn write_stdout(args: std::fmt::Arguments<'_>) {
+    use std::io::Write as _;
+    let mut stdout = std::io::stdout().lock();
+    if let Err(e) = stdout.write_fmt(args).and_then(|()| stdout.flush()) {
+        if e.kind() == std::io::ErrorKind::BrokenPipe {
+            std::process::exit(0);
+        }
+        eprintln!("error: cannot write the output: {e}");
+        std::process::exit(74);
+    }
 }
 
 pub(crate) fn table(header: &[&str], rows: impl IntoIterator<Item = Vec<String>>) {
@@ -185,7 +175,7 @@ pub(crate) fn table(header: &[&str], rows: impl IntoIterator<Item = Vec<String>>
             .zip(&widths)
             .map(|(c, w)| format!("{c:<w$}"))
             .collect();
-        println!("{}", padded.join("  ").trim_end());
+        outln!("{}", padded.join("  ").trim_end());
     };
     line(header.iter().map(|h| (*h).to_owned()).collect());
     for row in rows {

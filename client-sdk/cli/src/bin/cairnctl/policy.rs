@@ -7,7 +7,7 @@ use std::time::Duration;
 use cairn_proto::v1 as pb;
 use clap::Subcommand;
 
-use crate::output::{Output, table};
+use crate::output::{Output, print_json, table};
 use crate::snapshot::Mode;
 
 #[derive(Debug, Subcommand)]
@@ -134,7 +134,7 @@ pub(crate) async fn policy(
     }
     .into_inner();
     match output {
-        Output::Json => println!("{}", serde_json::to_string_pretty(&policy_json(&policy))?),
+        Output::Json => print_json(&policy)?,
         Output::Table => table(
             &["POLICY", "VALUE"],
             policy_rows(&policy)
@@ -217,27 +217,4 @@ fn policy_rows(p: &pb::Policy) -> Vec<(&'static str, String)> {
         ("newest completed", age(p)),
         ("freshness", freshness(p)),
     ]
-}
-
-pub(crate) fn policy_json(p: &pb::Policy) -> serde_json::Value {
-    serde_json::json!({
-        "interval_ms": p.interval_ms,
-        "mode": policy_mode(p),
-        "timeout_ms": p.timeout_ms,
-        "alignment_timeout_ms": p.alignment_timeout_ms,
-        "min_pause_ms": p.min_pause_ms,
-        "jitter_ms": p.jitter_ms,
-        "max_concurrent": p.max_concurrent,
-        "tolerated_failures": p.tolerated_failures,
-        "freshness_threshold_ms": p.freshness_threshold_ms,
-        "source": p.source,
-        "started": p.started,
-        "skipped": p.skipped,
-        "consecutive_failures": p.consecutive_failures,
-        "failing": p.failing,
-        "last_failure": p.last_failure,
-        "next_due_in_ms": p.next_due_in_ms,
-        "newest_completed_age_ms": p.has_completed.then_some(p.newest_completed_age_ms),
-        "stale": p.stale,
-    })
 }

@@ -8,7 +8,7 @@ use cairn_proto::v1 as pb;
 use cairn_sdk::CoordinatorClient;
 use clap::Subcommand;
 
-use crate::output::{Output, table};
+use crate::output::{Output, print_json, table};
 
 #[derive(Debug, Subcommand)]
 pub(crate) enum RestoreCommand {
@@ -54,24 +54,9 @@ const HEADER: [&str; 7] = [
     "RESTORE", "SNAPSHOT", "EPOCH", "STATUS", "APPLIED", "BY", "FAILURE",
 ];
 
-fn json(r: &pb::RestoreOperation) -> serde_json::Value {
-    serde_json::json!({
-        "restore_id": r.restore_id,
-        "snapshot_id": r.snapshot_id,
-        "epoch": r.epoch,
-        "status": status(r),
-        "nodes": r.nodes,
-        "applied": r.applied,
-        "requested_by": r.requested_by,
-        "failure": r.failure.as_ref().map(|f| f.message.clone()),
-        "started_at_ms": r.started_at_ms,
-        "finished_at_ms": r.finished_at_ms,
-    })
-}
-
 fn print(r: &pb::RestoreOperation, output: Output) -> anyhow::Result<()> {
     match output {
-        Output::Json => println!("{}", serde_json::to_string_pretty(&json(r))?),
+        Output::Json => print_json(r)?,
         Output::Table => table(&HEADER, [row(r)]),
     }
     Ok(())
@@ -147,12 +132,7 @@ pub(crate) async fn restore(
                 .await?
                 .into_inner();
             match output {
-                Output::Json => println!(
-                    "{}",
-                    serde_json::to_string_pretty(
-                        &list.restores.iter().map(json).collect::<Vec<_>>()
-                    )?
-                ),
+                Output::Json => print_json(&list)?,
                 Output::Table => table(&HEADER, list.restores.iter().map(row)),
             }
         }

@@ -10,8 +10,8 @@ use cairn_sdk::CoordinatorClient;
 use clap::{Subcommand, ValueEnum};
 
 use crate::output::{
-    EVENT_HEADER, Output, SNAPSHOT_HEADER, event_rows, print_snapshot, snapshot_json, snapshot_row,
-    table,
+    EVENT_HEADER, Output, SNAPSHOT_HEADER, event_rows, print_json, print_snapshot, proto_json,
+    snapshot_row, table,
 };
 use crate::restore;
 
@@ -19,7 +19,7 @@ mod export;
 mod progress;
 
 use export::export;
-use progress::{progress_json, progress_line, start_when_connected};
+use progress::{progress_line, start_when_connected};
 
 #[derive(Debug, Subcommand)]
 pub(crate) enum SnapshotCommand {
@@ -213,8 +213,8 @@ pub(crate) async fn snapshot(
             let id = start_when_connected(&mut client, request, patience).await?;
             if !wait {
                 match output {
-                    Output::Json => println!("{}", serde_json::json!({ "snapshot_id": id })),
-                    Output::Table => println!("{id}"),
+                    Output::Json => print_json(&pb::StartSnapshotResponse { snapshot_id: id })?,
+                    Output::Table => outln!("{id}"),
                 }
                 return Ok(ExitCode::SUCCESS);
             }
@@ -230,12 +230,12 @@ pub(crate) async fn snapshot(
             let snapshot = client.get_snapshot(id, data).await?;
             print_snapshot(&snapshot, output)?;
             if events && output == Output::Table {
-                println!();
+                outln!();
                 table(&EVENT_HEADER, event_rows(&snapshot));
             }
             if data && output == Output::Table {
                 for node in &snapshot.nodes {
-                    println!(
+                    outln!(
                         "\n{}: local state {}",
                         node.node_id,
                         String::from_utf8_lossy(&node.local_state)
@@ -246,7 +246,7 @@ pub(crate) async fn snapshot(
                             .as_ref()
                             .map(|c| format!("{}->{}", c.from, c.to))
                             .unwrap_or_default();
-                        println!("  {channel}: {} recorded messages", state.messages.len());
+                        outln!("  {channel}: {} recorded messages", state.messages.len());
                     }
                 }
             }
@@ -255,21 +255,23 @@ pub(crate) async fn snapshot(
         SnapshotCommand::Export { id, dir, node } => {
             let exported = export(&mut client, id, &dir, node.as_deref()).await?;
             match output {
-                Output::Json => println!(
-                    "{}",
-                    serde_json::json!({
-                        "snapshot_id": id,
+                Output::Json => {
+                    // Each node's end of its data (`NodeDataEnd`), with its id.
+                    let mut nodes = Vec::new();
+                    for (node, end) in &exported {
+                        let mut end = proto_json(end)?;
+                        end["nodeId"] = node.clone().into();
+                        nodes.push(end);
+                    }
+                    print_json(&serde_json::json!({
+                        "snapshotId": id.to_string(),
                         "dir": dir.display().to_string(),
-                        "nodes": exported.iter().map(|(node, end)| serde_json::json!({
-                            "node_id": node,
-                            "local_state_bytes": end.local_state_bytes,
-                            "recorded_messages": end.recorded_messages,
-                        })).collect::<Vec<_>>(),
-                    })
-                ),
+                        "nodes": nodes,
+                    }))?;
+                }
                 Output::Table => {
                     for (node, end) in &exported {
-                        println!(
+                        outln!(
                             "{node}: {} bytes of state, {} recorded messages -> {}",
                             end.local_state_bytes,
                             end.recorded_messages,
@@ -303,12 +305,7 @@ pub(crate) async fn snapshot(
                 .await?
                 .into_inner();
             match output {
-                Output::Json => println!(
-                    "{}",
-                    serde_json::to_string_pretty(
-                        &list.snapshots.iter().map(snapshot_json).collect::<Vec<_>>()
-                    )?
-                ),
+                Output::Json => print_json(&list)?,
                 Output::Table => table(&SNAPSHOT_HEADER, list.snapshots.iter().map(snapshot_row)),
             }
             Ok(ExitCode::SUCCESS)
@@ -327,17 +324,17 @@ pub(crate) async fn snapshot(
                 last = progress.status;
                 let running = progress.status == pb::SnapshotStatus::InProgress as i32;
                 match output {
-                    Output::Json => println!("{}", progress_json(&progress)),
+                    Output::Json => outln!("{}", serde_json::to_string(&progress)?),
                     Output::Table if redraw && running => {
-                        print!("\r\x1b[2K{}", progress_line(&progress));
+                        out!("\r\x1b[2K{}", progress_line(&progress));
                         std::io::stdout().flush()?;
                     }
-                    Output::Table if redraw => println!("\r\x1b[2K{}", progress_line(&progress)),
-                    Output::Table => println!("{}", progress_line(&progress)),
+                    Output::Table if redraw => outln!("\r\x1b[2K{}", progress_line(&progress)),
+                    Output::Table => outln!("{}", progress_line(&progress)),
                 }
             }
             if redraw && last == pb::SnapshotStatus::InProgress as i32 {
-                println!();
+                outln!();
             }
             Ok(if last == pb::SnapshotStatus::Completed as i32 {
                 ExitCode::SUCCESS
@@ -379,7 +376,7 @@ pub(crate) async fn snapshot(
                 .await?
                 .into_inner();
             match output {
-                Output::Json => println!("{}", serde_json::to_string_pretty(&diff)?),
+                Output::Json => print_json(&diff)?,
                 Output::Table => table(&DIFF_HEADER, diff.nodes.iter().map(diff_row)),
             }
             Ok(ExitCode::SUCCESS)
@@ -391,13 +388,11 @@ pub(crate) async fn snapshot(
                 .await?
                 .into_inner();
             match output {
-                Output::Json => println!(
-                    "{}",
-                    serde_json::json!({"snapshot_id": id, "verified": true, "chunks": response.chunks, "bytes": response.bytes})
-                ),
-                Output::Table => println!(
+                Output::Json => print_json(&response)?,
+                Output::Table => outln!(
                     "snapshot {id} verifies: {} chunks, {} bytes, each matching its SHA-256",
-                    response.chunks, response.bytes
+                    response.chunks,
+                    response.bytes
                 ),
             }
             Ok(ExitCode::SUCCESS)
@@ -409,11 +404,8 @@ pub(crate) async fn snapshot(
                 .await?
                 .into_inner();
             match output {
-                Output::Json => println!(
-                    "{}",
-                    serde_json::json!({"snapshot_id": id, "bytes_freed": response.bytes_freed})
-                ),
-                Output::Table => println!(
+                Output::Json => print_json(&response)?,
+                Output::Table => outln!(
                     "deleted snapshot {id}; {} bytes of chunks freed",
                     response.bytes_freed
                 ),

@@ -93,37 +93,6 @@ pub(super) fn progress_line(p: &pb::SnapshotProgress) -> String {
     line.replace(|c: char| c.is_control(), " ")
 }
 
-/// One progress message of `snapshot watch -o json`, a JSON object per line.
-pub(super) fn progress_json(p: &pb::SnapshotProgress) -> serde_json::Value {
-    serde_json::json!({
-        "snapshot_id": p.snapshot_id,
-        "status": status_word(p.status),
-        "elapsed_ms": p.elapsed_ms,
-        "nodes": p.nodes,
-        "recorded": p.recorded,
-        "reported": p.reported,
-        "waiting_for": p.waiting_for,
-        "bytes_stored": p.bytes_stored,
-        "bytes_uploading": p.bytes_uploading,
-        "recorded_messages": p.recorded_messages,
-        "node_progress": p.node_progress.iter().map(|n| serde_json::json!({
-            "node_id": n.node_id,
-            "recorded": n.recorded,
-            "stored": n.stored,
-            "state_recorded_after_ms": n.state_recorded_after_ms,
-            "part_stored_after_ms": n.part_stored_after_ms,
-            "local_state_bytes": n.local_state_bytes,
-            "recorded_messages": n.recorded_messages,
-            "bytes_stored": n.bytes_stored,
-            "bytes_uploading": n.bytes_uploading,
-            "start_delay_ms": n.start_delay_ms,
-            "alignment_ms": n.alignment_ms,
-            "held_messages": n.held_messages,
-        })).collect::<Vec<_>>(),
-        "failure": p.failure.as_ref().map(|f| f.message.clone()),
-    })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -164,8 +133,12 @@ mod tests {
             line.contains("bad [2Jnews") && !line.contains('\x1b'),
             "{line}"
         );
-        let json = progress_json(&progress);
-        assert_eq!(json["elapsed_ms"], 3_300);
-        assert_eq!(json["waiting_for"], serde_json::json!(["n2", "n3"]));
+        // `-o json`: the protobuf JSON mapping, as grpcurl prints it.
+        let json = crate::output::proto_json(&progress).unwrap();
+        assert_eq!(json["snapshotId"], "7");
+        assert_eq!(json["elapsedMs"], "3300");
+        assert_eq!(json["status"], "SNAPSHOT_STATUS_IN_PROGRESS");
+        assert_eq!(json["waitingFor"], serde_json::json!(["n2", "n3"]));
+        assert!(json.get("bytesUploading").is_none(), "{json}");
     }
 }
