@@ -423,9 +423,8 @@ impl NodeLoop {
                 } as i32,
             });
         }
-        // The backlog gauges: a removed peer's goes with it.
+        // The backlog gauges (a removed peer's goes with its channel: `drop_channels`).
         let queued = &self.shared.metrics.channel_queued;
-        queued.clear();
         for (channel, out) in &self.outgoing {
             let stats = &out.handles.stats;
             use std::sync::atomic::Ordering::Relaxed;

@@ -35,6 +35,12 @@ impl NodeLoop {
             .collect();
         for channel in gone {
             let out = self.outgoing.remove(&channel).expect("listed");
+            self.shared
+                .metrics
+                .channel_queued
+                .remove(&crate::metrics::PeerLabel {
+                    to: channel.to.to_string(),
+                });
             // A send waiting for room on it wakes and drops its message (counted there).
             out.handles.credits.close();
             let queued = out
